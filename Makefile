@@ -1,0 +1,36 @@
+# Two commands do the whole set-up on a fresh machine with Python 3.10+ and pip:
+#   make demo   installs into .venv, builds a calibrated index over the standard library's docs, searches it
+#   make test   installs into .venv (with test extras) and runs the test suite
+# CPU machines get the CPU build of torch pinned; on a CUDA machine: make demo TORCH=torch
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+DATA ?= ../shared/data
+
+.PHONY: install demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Re-run pip only when the dependency list changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/python -m retriever.demo_corpus indexes/stdlib-docs.jsonl
+	$(BIN)/retriever build indexes/stdlib-docs.jsonl --name stdlib-docs
+	$(BIN)/retriever search "read a file line by line" --name stdlib-docs -k 5
+	$(BIN)/retriever search "random number from a normal distribution" --name stdlib-docs -k 5
+	$(BIN)/retriever search "compress data with gzip" --name stdlib-docs -k 5
+
+test: install
+	RETRIEVER_DATA=$(DATA) $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,144 @@
+"""Encoder throughput: our `Encoder` against sentence-transformers' `encode`, same process, same everything.
+
+Same model folder, sentences (real STS-B sentences), max_length, batch size, device and dtype. Each side is
+warmed up, then timed `--repeats` times alternately; the median is reported. JSON on stdout.
+
+    python benchmarks/encode_speed.py                                # all-MiniLM-L6-v2, CPU, fp32 and bf16
+    python benchmarks/encode_speed.py --random-bert ../shared/models/bert-base-uncased-config --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from retriever.encoder import DTYPES, Encoder  # noqa: E402
+from retriever.models import default_model_path  # noqa: E402
+
+
+def stsb_sentences(data_dir: Path, count: int) -> list[str]:
+    sentences = []
+    for split in ("train", "dev", "test"):
+        for line in (data_dir / "stsb" / f"sts-{split}.csv").read_text(encoding="utf-8").splitlines():
+            fields = line.split("\t")  # tab-separated despite .csv; stray quotes forbid the csv module
+            sentences.extend(fields[5:7])
+    return sentences[:count]
+
+
+def random_bert_folder(config_dir: Path) -> str:
+    """A randomly initialised model saved with its tokenizer, so both sides load the same weights by folder."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    folder = tempfile.mkdtemp(prefix="random-bert-")
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_pretrained(config_dir)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(config_dir).save_pretrained(folder)
+    return folder
+
+
+def sentence_transformer(folder: str, max_length: int, device: str, dtype: torch.dtype):
+    from sentence_transformers import SentenceTransformer, models
+
+    transformer = models.Transformer(folder, max_seq_length=max_length)
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    return SentenceTransformer(modules=[transformer, pooling], device=device).to(dtype)
+
+
+def timed(fn, sentences) -> tuple[float, np.ndarray]:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    vectors = fn(sentences)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, vectors
+
+
+def measure(folder, sentences, max_length, device, dtype, batch_size, repeats) -> dict:
+    ours = Encoder(folder, max_length=max_length, device=device, dtype=dtype, batch_size=batch_size)
+    peer = sentence_transformer(folder, max_length, str(ours.device), DTYPES[dtype])
+
+    def ours_encode(texts):
+        return ours.encode(texts)
+
+    def peer_encode(texts):
+        return np.asarray(peer.encode(texts, batch_size=batch_size, convert_to_numpy=False, convert_to_tensor=True).float().cpu())
+
+    warm = sentences[: 4 * batch_size]
+    ours_encode(warm), peer_encode(warm)
+    ours_times, peer_times = [], []
+    for _ in range(repeats):
+        seconds, ours_vectors = timed(ours_encode, sentences)
+        ours_times.append(seconds)
+        seconds, peer_vectors = timed(peer_encode, sentences)
+        peer_times.append(seconds)
+    cosine = (ours_vectors * peer_vectors).sum(1) / (
+        np.linalg.norm(ours_vectors, axis=1) * np.linalg.norm(peer_vectors, axis=1)
+    )
+    ours_rate = len(sentences) / statistics.median(ours_times)
+    peer_rate = len(sentences) / statistics.median(peer_times)
+    return {
+        "dtype": dtype,
+        "ours_sentences_per_s": round(ours_rate, 1),
+        "sentence_transformers_sentences_per_s": round(peer_rate, 1),
+        "ratio": round(ours_rate / peer_rate, 3),
+        "min_cosine_ours_vs_peer": float(cosine.min()),
+        "ours_seconds": [round(t, 3) for t in ours_times],
+        "peer_seconds": [round(t, 3) for t in peer_times],
+        "vectors": ours_vectors,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model folder [default: embedded all-MiniLM-L6-v2]")
+    parser.add_argument("--random-bert", type=Path, help="config folder: time a randomly initialised model of that shape")
+    parser.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--sentences", type=int, default=4000)
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    folder = random_bert_folder(args.random_bert) if args.random_bert else (args.model or str(default_model_path()))
+    sentences = stsb_sentences(args.data_dir, args.sentences)
+    runs = [measure(folder, sentences, args.max_length, args.device, dtype, args.batch_size, args.repeats)
+            for dtype in args.dtypes.split(",")]
+    fp32 = next((run["vectors"] for run in runs if run["dtype"] == "fp32"), None)
+    for run in runs:
+        vectors = run.pop("vectors")
+        if fp32 is not None and run["dtype"] != "fp32":
+            cosine = (vectors * fp32).sum(1) / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(fp32, axis=1))
+            run["min_cosine_vs_ours_fp32"] = float(cosine.min())
+    report = {
+        "benchmark": "encode_speed",
+        "model": "random " + str(args.random_bert) if args.random_bert else (args.model or "all-MiniLM-L6-v2"),
+        "sentences": len(sentences),
+        "max_length": args.max_length,
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "runs": runs,
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The `retriever` command line: a thin typer layer over the `retriever` library."""

@@ -1,0 +1,83 @@
+"""`retriever` console script: wires typer commands to the library and turns user errors into one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli import options
+from retriever import __version__
+from retriever.errors import RetrieverError
+
+app = typer.Typer(
+    help="Vector search over a calibrated index (BERT-flow): encode, build, search, bench.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"retriever {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="show the version and exit")
+    ] = None,
+) -> None:
+    """Vector search over a calibrated index (BERT-flow): encode, build, search, bench."""
+
+
+@app.command()
+def encode(
+    file: Annotated[Path, typer.Argument(help="text file, one text per non-blank line (.jsonl/.csv/.tsv corpora work too)")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="where to write the float32 .npy matrix")],
+    model: options.Model = None,
+    pooling: options.Pooling = "last-avg",
+    layers: options.Layers = None,
+    max_length: options.MaxLength = None,
+    device: options.Device = "auto",
+    dtype: options.Dtype = "fp32",
+    batch_size: options.BatchSize = 64,
+    encoding: options.Encoding = "utf-8",
+) -> None:
+    """Encode FILE into a (lines x dim) float32 matrix; the encoder settings go to OUT with a .json suffix."""
+    from retriever.corpus import read_corpus
+    from retriever.encoder import Encoder
+    from retriever.progress import stderr_console
+
+    if out.suffix != ".npy":
+        raise RetrieverError(f"--out must end in .npy (got {out})")
+    texts = [document.text for document in read_corpus(file, encoding=encoding)]
+    encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
+    vectors, truncated = encoder.encode_counting_truncated(texts, progress=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import numpy as np
+
+    np.save(out, vectors)
+    record = {"source": str(file), "count": len(texts), "truncated": truncated, "encoder": encoder.config()}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    stderr_console.print(
+        f"wrote {out} ({vectors.shape[0]} x {vectors.shape[1]}), {truncated} texts truncated at {encoder.max_length} tokens"
+    )
+
+
+def main() -> None:
+    """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback."""
+    try:
+        app()  # standalone: typer reports usage errors itself and exits 2
+    except RetrieverError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

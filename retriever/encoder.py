@@ -1,0 +1,125 @@
+"""Text -> sentence vectors with a frozen transformer. The one encode path used by build, search and bench.
+
+Texts are tokenized in chunks, sorted by token length so each batch pads to a similar length (this is what makes
+batching cheap), run under `torch.inference_mode`, pooled, and put back in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from retriever.device import resolve_device
+from retriever.errors import RetrieverError
+from retriever.models import load_model
+from retriever.pooling import Pooling, pool
+from retriever.progress import progress_bar
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Tokenize this many texts at a time: bounds memory on big corpora while sorting still removes most padding.
+TOKENIZE_CHUNK = 16384
+
+
+class Encoder:
+    """A frozen Hugging Face encoder with a pooling mode. `encode(texts)` gives float32 (n, d)."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        pooling: str | None = "last-avg",
+        layers: str | Sequence[int] | None = None,
+        max_length: int | None = None,
+        device: str | None = "auto",
+        dtype: str = "fp32",
+        batch_size: int = 64,
+    ):
+        if dtype not in DTYPES:
+            raise RetrieverError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
+        if batch_size < 1:
+            raise RetrieverError(f"batch size must be at least 1 (got {batch_size})")
+        if max_length is not None and max_length < 2:
+            raise RetrieverError(f"max_length must be at least 2 tokens (got {max_length})")
+        self.pooling = Pooling.parse(pooling, layers)
+        self.device = resolve_device(device)
+        self.dtype = dtype
+        self.batch_size = batch_size
+        loaded = load_model(model)
+        self.model_name = loaded.name
+        self.tokenizer = loaded.tokenizer
+        self.model = loaded.model.to(self.device, DTYPES[dtype])
+        self.max_length = max_length or loaded.max_length
+        self.num_hidden_layers = self.model.config.num_hidden_layers
+        self.pooling.layer_indices(self.num_hidden_layers)  # validate --layers against this model now
+        self.dim = self.model.config.hidden_size
+        self._input_names = [name for name in self.tokenizer.model_input_names if name != "attention_mask"]
+        self._pad_id = self.tokenizer.pad_token_id or 0
+
+    @classmethod
+    def from_config(cls, config: dict, device: str | None = "auto", batch_size: int = 64) -> Encoder:
+        """Rebuild the exact encoder recorded in an index manifest or a benchmark result."""
+        return cls(
+            model=config["model"],
+            pooling=config["pooling"],
+            layers=config.get("layers"),
+            max_length=config["max_length"],
+            device=device,
+            dtype=config.get("dtype", "fp32"),
+            batch_size=batch_size,
+        )
+
+    def config(self) -> dict:
+        return {
+            "model": self.model_name,
+            "pooling": self.pooling.mode,
+            "layers": list(self.pooling.layers) if self.pooling.layers else None,
+            "max_length": self.max_length,
+            "dtype": self.dtype,
+            "dim": self.dim,
+        }
+
+    def encode(self, texts: Sequence[str], progress: bool = False, description: str = "Encoding") -> np.ndarray:
+        return self.encode_counting_truncated(texts, progress, description)[0]
+
+    def encode_counting_truncated(
+        self, texts: Sequence[str], progress: bool = False, description: str = "Encoding"
+    ) -> tuple[np.ndarray, int]:
+        """Vectors (n, d) float32 in input order, and how many texts were cut at max_length."""
+        texts = list(texts)
+        output = np.empty((len(texts), self.dim), dtype=np.float32)
+        truncated = 0
+        with progress_bar(description, total=len(texts), enabled=progress) as advance:
+            for start in range(0, len(texts), TOKENIZE_CHUNK):
+                chunk = texts[start : start + TOKENIZE_CHUNK]
+                encoded = self.tokenizer(chunk, truncation=True, max_length=self.max_length)
+                truncated += sum(1 for encoding in encoded.encodings if encoding.overflowing)
+                lengths = np.fromiter((len(ids) for ids in encoded["input_ids"]), dtype=np.int64, count=len(chunk))
+                order = np.argsort(-lengths, kind="stable")  # longest first: peak memory shows up at once
+                for batch_start in range(0, len(order), self.batch_size):
+                    rows = order[batch_start : batch_start + self.batch_size]
+                    output[start + rows] = self._encode_batch(encoded, rows, int(lengths[rows].max()))
+                    advance(len(rows))
+        return output, truncated
+
+    def _encode_batch(self, encoded, rows: np.ndarray, width: int) -> np.ndarray:
+        inputs = {}
+        for name in self._input_names:
+            pad_value = self._pad_id if name == "input_ids" else 0
+            inputs[name] = _pad([encoded[name][row] for row in rows], width, pad_value)
+        attention_mask = _pad([encoded["attention_mask"][row] for row in rows], width, 0)
+        inputs = {name: torch.from_numpy(array).to(self.device) for name, array in inputs.items()}
+        attention_mask = torch.from_numpy(attention_mask).to(self.device)
+        with torch.inference_mode():
+            outputs = self.model(
+                **inputs, attention_mask=attention_mask, output_hidden_states=self.pooling.needs_hidden_states
+            )
+            vectors = pool(self.pooling, outputs, attention_mask, self.num_hidden_layers)
+        return vectors.cpu().numpy()
+
+
+def _pad(sequences: list[list[int]], width: int, value: int) -> np.ndarray:
+    array = np.full((len(sequences), width), value, dtype=np.int64)
+    for row, sequence in enumerate(sequences):
+        array[row, : len(sequence)] = sequence
+    return array

@@ -1,0 +1,44 @@
+"""Rich progress bars on stderr, so stdout stays clean for JSON output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+stderr_console = Console(stderr=True)
+
+
+class RateColumn(TextColumn):
+    """Items per second, e.g. '812 it/s'."""
+
+    def __init__(self, unit: str = "it"):
+        super().__init__("")
+        self.unit = unit
+
+    def render(self, task):
+        speed = task.finished_speed or task.speed
+        return f"{speed:,.0f} {self.unit}/s" if speed else f"- {self.unit}/s"
+
+
+@contextmanager
+def progress_bar(description: str, total: int, enabled: bool = True, unit: str = "texts") -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`. Disabled bars cost nothing, so library code can always call advance."""
+    if not enabled:
+        yield lambda n: None
+        return
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        RateColumn(unit),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=stderr_console, transient=False) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n: progress.advance(task, n)

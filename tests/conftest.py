@@ -1,0 +1,44 @@
+"""Shared fixtures: the real embedded model, a tiny random BERT, and the shared benchmark data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The benchmark files beside the checkout (../shared/data), or $RETRIEVER_DATA."""
+    path = Path(os.environ.get("RETRIEVER_DATA", REPO.parent / "shared" / "data"))
+    assert path.is_dir(), f"benchmark data not found at {path}; set RETRIEVER_DATA"
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_encoder():
+    from retriever.encoder import Encoder
+
+    return Encoder(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A randomly initialised 3-layer BERT saved as a local folder, with the real MiniLM tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from retriever.models import default_model_path
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=37
+    )
+    BertModel(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(folder)
+    return folder

@@ -1,0 +1,141 @@
+"""The encoder: pooling excludes padding, batching/sorting keeps order, and it matches sentence-transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from retriever.encoder import Encoder
+from retriever.errors import RetrieverError
+
+# Very different lengths, so length-sorted batches pad a lot and reorder the inputs.
+TEXTS = [
+    "Hi.",
+    "A man is playing a large flute while standing on a stage in front of a quiet audience of several hundred people.",
+    "Dogs run.",
+    "The quick brown fox jumps over the lazy dog, then sleeps in the warm afternoon sun near the river bank.",
+    "Tea?",
+    "Three children are building a sandcastle.",
+]
+
+POOLINGS = [
+    ("cls", None, None),
+    ("last-avg", None, [-1]),
+    ("last2-avg", None, [-2, -1]),
+    ("first-last-avg", None, [1, -1]),
+    ("last-avg", "0,2", [0, 2]),
+    ("last-avg", "0", [0]),
+]
+
+
+def reference_vectors(folder, texts, layers):
+    """Each text run alone (no padding at all): the mean of the chosen layers over all its tokens."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder).eval()
+    vectors = []
+    with torch.no_grad():
+        for text in texts:
+            outputs = model(**tokenizer(text, return_tensors="pt"), output_hidden_states=True)
+            if layers is None:  # cls
+                vectors.append(outputs.last_hidden_state[0, 0])
+            else:
+                states = torch.stack([outputs.hidden_states[layer][0] for layer in layers]).mean(0)
+                vectors.append(states.mean(0))
+    return torch.stack(vectors).numpy()
+
+
+@pytest.mark.parametrize("pooling, layers, reference_layers", POOLINGS)
+def test_every_pooling_mode_equals_unpadded_mean(tiny_bert, pooling, reference_layers, layers):
+    encoder = Encoder(str(tiny_bert), pooling=pooling, layers=layers, device="cpu", batch_size=2)
+    got = encoder.encode(TEXTS)
+    expected = reference_vectors(tiny_bert, TEXTS, reference_layers)
+    assert got.dtype == np.float32 and got.shape == (len(TEXTS), 32)
+    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_hand_computed_masked_mean_on_a_padded_batch(tiny_bert):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    model = AutoModel.from_pretrained(tiny_bert).eval()
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = model(**batch).last_hidden_state
+    expected = []
+    for row, mask in zip(states, batch["attention_mask"]):
+        expected.append(row[mask.bool()].mean(0))  # only the real tokens of this row
+    got = Encoder(str(tiny_bert), device="cpu", batch_size=4).encode(TEXTS)
+    np.testing.assert_allclose(got, torch.stack(expected).numpy(), atol=2e-5, rtol=1e-4)
+
+
+def test_length_sorting_restores_input_order(tiny_bert):
+    encoder = Encoder(str(tiny_bert), device="cpu", batch_size=2)
+    forward = encoder.encode(TEXTS)
+    permutation = np.random.default_rng(0).permutation(len(TEXTS))
+    shuffled = encoder.encode([TEXTS[i] for i in permutation])
+    np.testing.assert_allclose(shuffled, forward[permutation], atol=1e-5)
+    one_by_one = np.stack([encoder.encode([text])[0] for text in TEXTS])
+    np.testing.assert_allclose(forward, one_by_one, atol=2e-5, rtol=1e-4)
+
+
+def test_truncation_is_counted_and_max_length_respected(tiny_bert):
+    encoder = Encoder(str(tiny_bert), device="cpu", max_length=8)
+    vectors, truncated = encoder.encode_counting_truncated(TEXTS)
+    assert truncated == 3  # the two long sentences and "Three children are building a sandcastle."
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    cut = tokenizer(TEXTS[1], truncation=True, max_length=8, return_tensors="pt")
+    with torch.no_grad():
+        expected = AutoModel.from_pretrained(tiny_bert).eval()(**cut).last_hidden_state[0].mean(0)
+    np.testing.assert_allclose(vectors[1], expected.numpy(), atol=2e-5, rtol=1e-4)
+
+
+def test_empty_input_gives_empty_matrix(tiny_bert):
+    assert Encoder(str(tiny_bert), device="cpu").encode([]).shape == (0, 32)
+
+
+def test_config_round_trip(tiny_bert):
+    encoder = Encoder(str(tiny_bert), layers="0,2", max_length=64, device="cpu")
+    again = Encoder.from_config(encoder.config(), device="cpu")
+    assert again.config() == encoder.config() == {
+        "model": str(tiny_bert), "pooling": "layers", "layers": [0, 2], "max_length": 64, "dtype": "fp32", "dim": 32,
+    }
+    np.testing.assert_array_equal(again.encode(TEXTS), encoder.encode(TEXTS))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model": "no-such-org/no-such-model"}, "cannot be reached"),
+        ({"layers": "0,9"}, "layer 9 does not exist"),
+        ({"pooling": "max"}, "unknown pooling"),
+        ({"layers": "a,b"}, "comma-separated integers"),
+        ({"dtype": "int8"}, "unknown dtype"),
+    ],
+)
+def test_bad_settings_give_one_clear_line(tiny_bert, monkeypatch, kwargs, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never wait on the network in tests
+    kwargs = {"model": str(tiny_bert), **kwargs}
+    with pytest.raises(RetrieverError, match=message) as error:
+        Encoder(device="cpu", **kwargs)
+    assert "\n" not in str(error.value)
+
+
+def test_default_model_defaults(minilm_encoder):
+    assert minilm_encoder.config() == {
+        "model": "all-MiniLM-L6-v2", "pooling": "last-avg", "layers": None, "max_length": 256, "dtype": "fp32",
+        "dim": 384,
+    }
+
+
+def test_matches_sentence_transformers_on_real_sentences(minilm_encoder, shared_data):
+    from sentence_transformers import SentenceTransformer
+
+    from retriever.models import default_model_path
+
+    lines = (shared_data / "stsb" / "sts-dev.csv").read_text(encoding="utf-8").splitlines()
+    sentences = [line.split("\t")[5] for line in lines[:25]] + [line.split("\t")[6] for line in lines[:25]]
+    assert len(sentences) == 50
+    ours = minilm_encoder.encode(sentences)
+    peer = SentenceTransformer(str(default_model_path()), device="cpu").encode(sentences, batch_size=16)
+    cosine = (ours * peer).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(peer, axis=1)
+    assert cosine.min() >= 0.99999
