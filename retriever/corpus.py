@@ -1,0 +1,216 @@
+"""Reading corpora and query files.
+
+Formats, picked by extension:
+
+- ``.txt``: one document per non-blank line; the id is the 1-based line number.
+- ``.jsonl``: one JSON object per line, BEIR layout: ``_id`` (or ``id``), ``text``, optional ``title``.
+- ``.csv`` / ``.tsv``: a header row naming ``id`` and ``text`` (optional ``title``); ``.tsv`` fields are not
+  quoted (a tab or newline cannot occur inside one), ``.csv`` follows the usual quoting rules.
+
+Ids are always strings (a JSON id ``7`` becomes ``"7"``). Every problem with the input raises
+``RetrieverError`` with one line naming the file and, where there is one, the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from retriever.errors import RetrieverError
+
+CORPUS_FORMATS = (".txt", ".jsonl", ".csv", ".tsv")
+
+# How many offending ids an error message lists before "and N more".
+_SHOWN = 5
+
+# Files are decoded with errors="surrogateescape": an undecodable byte 0xNN becomes the lone surrogate
+# U+DCNN, so a line can be checked for bad bytes (and the exact line and column reported) while the
+# file is still read as a stream.
+_BAD_BYTE = re.compile("[\udc80-\udcff]")
+
+# csv refuses fields over 128 KiB by default; long documents are legitimate.
+csv.field_size_limit(2**31 - 1)
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    text: str
+    title: str | None
+    source: str  # the file the document was read from
+    line: int  # 1-based line where the document starts in that file
+
+
+def read_corpus(path: str | Path, encoding: str = "utf-8") -> list[Document]:
+    """All documents of a corpus file; refuses an empty corpus and duplicate ids."""
+    docs = list(iter_corpus(path, encoding))
+    if not docs:
+        raise RetrieverError(f"{path}: no documents (the file is empty or all blank lines)")
+    check_unique_ids(docs)
+    return docs
+
+
+def read_queries(path: str | Path, encoding: str = "utf-8") -> list[tuple[str, str]]:
+    """(query_id, text) pairs from a ``.txt`` file (id = line number) or BEIR ``queries.jsonl``.
+
+    ``.csv``/``.tsv`` with ``id`` and ``text`` columns are read too; titles, if any, are ignored.
+    """
+    queries = list(iter_corpus(path, encoding))
+    if not queries:
+        raise RetrieverError(f"{path}: no queries (the file is empty or all blank lines)")
+    check_unique_ids(queries)
+    return [(q.doc_id, q.text) for q in queries]
+
+
+def iter_corpus(path: str | Path, encoding: str = "utf-8") -> Iterator[Document]:
+    """Documents of a corpus file in file order, streamed; no duplicate-id or empty-corpus checks."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in CORPUS_FORMATS:
+        formats = ", ".join(CORPUS_FORMATS)
+        raise RetrieverError(f"{path}: unsupported format {suffix or '(no extension)'!r}; use {formats}")
+    if not path.exists():
+        raise RetrieverError(f"{path}: no such file")
+    if not path.is_file():
+        raise RetrieverError(f"{path}: not a file")
+    # utf-8-sig reads plain utf-8 too and drops a BOM at the start of the file.
+    codec = "utf-8-sig" if encoding.lower().replace("_", "-") in ("utf-8", "utf8") else encoding
+    # csv wants newline="" (quoted fields may hold newlines); elsewhere only "\n" ends a line, so a
+    # stray "\r" inside a line does not split it and shift every later line number.
+    newline = "" if suffix in (".csv", ".tsv") else "\n"
+    try:
+        with open(path, encoding=codec, errors="surrogateescape", newline=newline) as file:
+            lines = _checked_lines(file, path, encoding)
+            if suffix == ".txt":
+                yield from _read_txt(lines, path)
+            elif suffix == ".jsonl":
+                yield from _read_jsonl(lines, path)
+            else:
+                yield from _read_table(lines, path, delimiter="\t" if suffix == ".tsv" else ",")
+    except LookupError:
+        raise RetrieverError(f"{path}: unknown encoding {encoding!r}") from None
+    except UnicodeError as error:  # a decoding error surrogateescape cannot absorb, e.g. truncated utf-16
+        raise RetrieverError(f"{path}: not valid {encoding} ({error}); pass --encoding") from None
+    except OSError as error:
+        raise RetrieverError(f"{path}: cannot read ({error.strerror or error})") from None
+
+
+def check_unique_ids(docs: Iterable[Document], existing: set[str] | frozenset[str] | None = None) -> None:
+    """Refuse ids repeated within ``docs`` or already in ``existing`` (e.g. the ids of an index being added to)."""
+    first_seen: dict[str, Document] = {}
+    repeated: list[str] = []
+    clashing: list[Document] = []
+    for doc in docs:
+        earlier = first_seen.get(doc.doc_id)
+        if earlier is not None:
+            repeated.append(f"{doc.doc_id!r} (lines {earlier.line} and {doc.line})")
+            continue
+        first_seen[doc.doc_id] = doc
+        if existing and doc.doc_id in existing:
+            clashing.append(doc)
+    if repeated:
+        source = next(iter(first_seen.values())).source
+        raise RetrieverError(f"{source}: duplicate ids: {_first_few(repeated)}")
+    if clashing:
+        source = clashing[0].source
+        listed = _first_few([f"{d.doc_id!r} (line {d.line})" for d in clashing])
+        raise RetrieverError(f"{source}: {len(clashing)} ids already in the index: {listed}")
+
+
+def _first_few(items: list[str]) -> str:
+    shown = ", ".join(items[:_SHOWN])
+    return shown if len(items) <= _SHOWN else f"{shown} and {len(items) - _SHOWN} more"
+
+
+def _checked_lines(file: TextIO, path: Path, encoding: str) -> Iterator[str]:
+    """The file's lines as read (line endings kept), refusing undecodable bytes with their line and column."""
+    for number, line in enumerate(file, start=1):
+        bad = _BAD_BYTE.search(line)
+        if bad:
+            byte = ord(bad.group()) - 0xDC00
+            raise RetrieverError(
+                f"{path} line {number}: not valid {encoding} (byte 0x{byte:02x} at column {bad.start() + 1}); "
+                "pass --encoding"
+            )
+        yield line
+
+
+def _read_txt(lines: Iterator[str], path: Path) -> Iterator[Document]:
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if text:
+            yield Document(doc_id=str(number), text=text, title=None, source=str(path), line=number)
+
+
+def _read_jsonl(lines: Iterator[str], path: Path) -> Iterator[Document]:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            # strict=False lets raw tabs and other control characters inside strings through: real dumps have them.
+            record = json.loads(line, strict=False)
+        except json.JSONDecodeError as error:
+            raise RetrieverError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise RetrieverError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        key = "_id" if "_id" in record else "id"
+        if key not in record:
+            raise RetrieverError(f'{where}: missing "_id" (or "id")')
+        if "text" not in record:
+            raise RetrieverError(f'{where}: missing "text"')
+        yield _document(record[key], record["text"], record.get("title"), where, path, number)
+
+
+def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Document]:
+    # TSV as IR collections write it (e.g. MS MARCO): no quoting, so a '"' in a text is just a character.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(lines, delimiter=delimiter, quoting=quoting)
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        columns = [name.strip().lower() for name in header]
+        missing = [name for name in ("id", "text") if name not in columns]
+        if missing:
+            lacking = " and ".join(repr(c) for c in missing)
+            found = ", ".join(repr(c) for c in columns)
+            raise RetrieverError(f"{path} line 1: header lacks column {lacking} (found {found})")
+        id_at, text_at = columns.index("id"), columns.index("text")
+        title_at = columns.index("title") if "title" in columns else None
+
+        start = reader.line_num + 1  # a quoted field can span lines; report the line a row starts on
+        for row in reader:
+            number, start = start, reader.line_num + 1
+            if not any(field.strip() for field in row):
+                continue
+            where = f"{path} line {number}"
+            if len(row) != len(columns):
+                raise RetrieverError(f"{where}: {len(row)} fields, the header has {len(columns)}")
+            title = row[title_at] if title_at is not None else None
+            yield _document(row[id_at], row[text_at], title, where, path, number)
+    except csv.Error as error:
+        raise RetrieverError(f"{path} line {reader.line_num}: malformed {path.suffix[1:]} ({error})") from None
+
+
+def _document(raw_id: object, raw_text: object, raw_title: object, where: str, path: Path, line: int) -> Document:
+    # bool is an int subclass; true/false as an id is almost certainly a mistake.
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+        raise RetrieverError(f"{where}: id must be a string or an integer, got {json.dumps(raw_id)}")
+    doc_id = str(raw_id).strip()
+    if not doc_id:
+        raise RetrieverError(f"{where}: empty id")
+    if not isinstance(raw_text, str):
+        raise RetrieverError(f'{where}: "text" must be a string, got {json.dumps(raw_text)}')
+    text = raw_text.strip()
+    if not text:
+        raise RetrieverError(f"{where}: empty text (document {doc_id!r})")
+    if raw_title is not None and not isinstance(raw_title, str):
+        raise RetrieverError(f'{where}: "title" must be a string, got {json.dumps(raw_title)}')
+    title = raw_title.strip() if raw_title else None
+    return Document(doc_id=doc_id, text=text, title=title or None, source=str(path), line=line)

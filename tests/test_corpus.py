@@ -1,0 +1,195 @@
+import json
+
+import pytest
+
+from retriever.corpus import Document, check_unique_ids, iter_corpus, read_corpus, read_queries
+from retriever.errors import RetrieverError
+
+
+def write(tmp_path, name, content):
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8", newline="")
+    return path
+
+
+def error_of(path, **kwargs):
+    with pytest.raises(RetrieverError) as caught:
+        read_corpus(path, **kwargs)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+# --- formats ---
+
+
+def test_txt_one_document_per_non_blank_line(tmp_path):
+    path = write(tmp_path, "corpus.txt", "\ufefffirst doc\r\n\n   \nsecond doc  \nthird\n")
+    docs = read_corpus(path)
+    assert docs == [
+        Document(doc_id="1", text="first doc", title=None, source=str(path), line=1),
+        Document(doc_id="4", text="second doc", title=None, source=str(path), line=4),
+        Document(doc_id="5", text="third", title=None, source=str(path), line=5),
+    ]
+
+
+def test_txt_stray_carriage_return_does_not_split_a_line(tmp_path):
+    docs = read_corpus(write(tmp_path, "corpus.txt", "a\rb\nc\n"))
+    assert [(d.doc_id, d.text) for d in docs] == [("1", "a\rb"), ("2", "c")]
+
+
+def test_jsonl_beir_layout(tmp_path):
+    lines = [
+        {"_id": "doc-a", "title": "Alpha", "text": "alpha text", "metadata": {}},
+        {"_id": 7, "title": "", "text": "  numeric id  "},
+        {"id": "plain-id", "text": "no title key"},
+    ]
+    content = "\n".join(json.dumps(line) for line in lines[:2]) + "\n\n" + json.dumps(lines[2]) + "\n"
+    path = write(tmp_path, "corpus.jsonl", content)
+    docs = read_corpus(path)
+    assert [(d.doc_id, d.title, d.text, d.line) for d in docs] == [
+        ("doc-a", "Alpha", "alpha text", 1),
+        ("7", None, "numeric id", 2),
+        ("plain-id", None, "no title key", 4),
+    ]
+
+
+def test_csv_with_title_and_quoted_multiline_field(tmp_path):
+    content = 'ID,Title,text\n1,First,"hello, world"\n2,,"spans\ntwo lines"\nx3,Third,plain\n'
+    docs = read_corpus(write(tmp_path, "corpus.csv", content))
+    assert [(d.doc_id, d.title, d.text, d.line) for d in docs] == [
+        ("1", "First", "hello, world", 2),
+        ("2", None, "spans\ntwo lines", 3),
+        ("x3", "Third", "plain", 5),
+    ]
+
+
+def test_tsv_without_title_keeps_quotes_as_text(tmp_path):
+    content = '\ufeffid\ttext\n10\tsays "hi" there\n\n20\tsecond\n'
+    docs = read_corpus(write(tmp_path, "corpus.tsv", content))
+    assert [(d.doc_id, d.title, d.text, d.line) for d in docs] == [
+        ("10", None, 'says "hi" there', 2),
+        ("20", None, "second", 4),
+    ]
+
+
+def test_other_encoding(tmp_path):
+    path = write(tmp_path, "corpus.txt", "café\n".encode("latin-1"))
+    assert read_corpus(path, encoding="latin-1")[0].text == "café"
+
+
+def test_iter_corpus_streams_lazily(tmp_path):
+    path = write(tmp_path, "corpus.jsonl", '{"_id": "a", "text": "ok"}\nnot json\n')
+    documents = iter_corpus(path)
+    assert next(documents).doc_id == "a"
+    with pytest.raises(RetrieverError, match="line 2"):
+        next(documents)
+
+
+def test_read_queries_txt_and_jsonl(tmp_path):
+    txt = write(tmp_path, "queries.txt", "what is x\n\nwho is y\n")
+    assert read_queries(txt) == [("1", "what is x"), ("3", "who is y")]
+    content = '{"_id": 42, "text": "q one", "metadata": {}}\n{"_id": "b", "text": "q two"}\n'
+    jsonl = write(tmp_path, "queries.jsonl", content)
+    assert read_queries(jsonl) == [("42", "q one"), ("b", "q two")]
+
+
+def test_read_queries_refuses_empty_and_duplicates(tmp_path):
+    with pytest.raises(RetrieverError, match=r"queries.txt: no queries"):
+        read_queries(write(tmp_path, "queries.txt", "\n \n"))
+    with pytest.raises(RetrieverError, match=r"duplicate ids: 'q' \(lines 1 and 2\)"):
+        read_queries(write(tmp_path, "queries.jsonl", '{"_id": "q", "text": "a"}\n{"_id": "q", "text": "b"}\n'))
+
+
+# --- bad input: every message names the file and, where there is one, the line ---
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.txt"
+    assert error_of(path) == f"{path}: no such file"
+
+
+def test_unknown_extension(tmp_path):
+    path = write(tmp_path, "corpus.xml", "<doc/>")
+    assert error_of(path) == f"{path}: unsupported format '.xml'; use .txt, .jsonl, .csv, .tsv"
+
+
+def test_directory_is_not_a_file(tmp_path):
+    (tmp_path / "dir.txt").mkdir()
+    assert error_of(tmp_path / "dir.txt").endswith("dir.txt: not a file")
+
+
+@pytest.mark.parametrize(
+    "name, content", [("corpus.txt", ""), ("corpus.txt", "\n  \n\t\n"), ("corpus.jsonl", "\n"), ("corpus.csv", "")]
+)
+def test_empty_corpus(tmp_path, name, content):
+    path = write(tmp_path, name, content)
+    assert error_of(path) == f"{path}: no documents (the file is empty or all blank lines)"
+
+
+def test_undecodable_bytes_name_line_and_column(tmp_path):
+    lines = [b"ok line"] * 11 + [b"abcd\xffef"]
+    path = write(tmp_path, "corpus.txt", b"\n".join(lines) + b"\n")
+    assert error_of(path) == f"{path} line 12: not valid utf-8 (byte 0xff at column 5); pass --encoding"
+
+
+def test_undecodable_bytes_in_csv(tmp_path):
+    path = write(tmp_path, "corpus.csv", b"id,text\n1,fine\n2,caf\xe9\n")
+    assert error_of(path) == f"{path} line 3: not valid utf-8 (byte 0xe9 at column 6); pass --encoding"
+
+
+def test_unknown_encoding(tmp_path):
+    path = write(tmp_path, "corpus.txt", "x\n")
+    assert error_of(path, encoding="no-such-codec") == f"{path}: unknown encoding 'no-such-codec'"
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("{not json", "not valid JSON (Expecting property name enclosed in double quotes at column 2)"),
+        ('["a list"]', "expected a JSON object, got list"),
+        ('{"text": "no id"}', 'missing "_id" (or "id")'),
+        ('{"_id": "d"}', 'missing "text"'),
+        ('{"_id": "d", "text": "   "}', "empty text (document 'd')"),
+        ('{"_id": "d", "text": 5}', '"text" must be a string, got 5'),
+        ('{"_id": true, "text": "t"}', "id must be a string or an integer, got true"),
+        ('{"_id": "", "text": "t"}', "empty id"),
+        ('{"_id": "d", "text": "t", "title": 3}', '"title" must be a string, got 3'),
+    ],
+)
+def test_bad_jsonl_line(tmp_path, line, expected):
+    path = write(tmp_path, "corpus.jsonl", '{"_id": "ok", "text": "fine"}\n\n' + line + "\n")
+    assert error_of(path) == f"{path} line 3: {expected}"
+
+
+def test_csv_without_required_columns(tmp_path):
+    path = write(tmp_path, "corpus.csv", "doc,body\n1,x\n")
+    assert error_of(path) == f"{path} line 1: header lacks column 'id' and 'text' (found 'doc', 'body')"
+
+
+def test_csv_row_with_wrong_field_count_and_empty_text(tmp_path):
+    path = write(tmp_path, "corpus.csv", "id,text\n1,a\n2,b,extra\n")
+    assert error_of(path) == f"{path} line 3: 3 fields, the header has 2"
+    path = write(tmp_path, "corpus.tsv", "id\ttext\n1\ta\n2\t  \n")
+    assert error_of(path) == f"{path} line 3: empty text (document '2')"
+
+
+def test_duplicate_ids_listed_with_lines(tmp_path):
+    rows = ["id,text"] + [f"{i % 7},text {i}" for i in range(14)]
+    path = write(tmp_path, "corpus.csv", "\n".join(rows) + "\n")
+    # ids 0..6 then 0..6 again on lines 9..15: seven repeats, five shown.
+    assert error_of(path) == (
+        f"{path}: duplicate ids: '0' (lines 2 and 9), '1' (lines 3 and 10), '2' (lines 4 and 11), "
+        "'3' (lines 5 and 12), '4' (lines 6 and 13) and 2 more"
+    )
+
+
+def test_check_unique_ids_against_existing(tmp_path):
+    docs = [Document(str(i), "t", None, "new.jsonl", i) for i in range(1, 4)]
+    check_unique_ids(docs, existing={"9"})
+    with pytest.raises(RetrieverError) as caught:
+        check_unique_ids(docs, existing={"2", "3", "x"})
+    assert str(caught.value) == "new.jsonl: 2 ids already in the index: '2' (line 2), '3' (line 3)"
