@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import numpy as np
 import typer
 
 from cli import options
@@ -60,14 +61,23 @@ def encode(
     encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
     vectors, truncated = encoder.encode_counting_truncated(texts, progress=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    import numpy as np
-
     np.save(out, vectors)
     record = {"source": str(file), "count": len(texts), "truncated": truncated, "encoder": encoder.config()}
     out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     stderr_console.print(
         f"wrote {out} ({vectors.shape[0]} x {vectors.shape[1]}), {truncated} texts truncated at {encoder.max_length} tokens"
     )
+
+
+from cli import index_commands  # noqa: E402  (registered after `encode`, in workflow order)
+
+for command in (index_commands.build, index_commands.search, index_commands.add, index_commands.delete,
+                index_commands.refit, index_commands.info):
+    app.command()(command)
+
+from cli.bench import bench  # noqa: E402
+
+app.command("bench")(bench)
 
 
 def main() -> None:

@@ -1,0 +1,136 @@
+"""`retriever bench`: STS / QNLI scores of raw and calibrated embeddings, shaped like BERT-flow's Table 2.
+
+A thin layer: parse options -> plan (validates input, loads no model) -> encoder -> runner -> render.
+The table (or, with --json, one JSON object) goes to stdout; progress and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli import options
+
+Datasets = Annotated[
+    str,
+    typer.Argument(
+        help="stsb | sickr | sts12 | sts13 | sts14 | sts15 | sts16 | qnli, the groups sts and all, or a comma list",
+        show_default=False,
+    ),
+]
+Calibrators = Annotated[
+    str,
+    typer.Option(
+        "--calibrator", "-c",
+        help="comma-separated: none, flow, whitening, whitening-K, sn, natsv-K, sn+natsv-K (one table row each)",
+    ),
+]
+FitOn = Annotated[
+    str,
+    typer.Option(
+        "--fit-on",
+        help="what each dataset's calibrators are fitted on: target (all its sentences, no labels; the paper's "
+        "'flow (target)'), train (its train split's sentences), or FILE (unlabeled sentences, one per line)",
+    ),
+]
+BenchMaxLength = Annotated[int, typer.Option("--max-length", help="tokens per sentence (the paper's setting)")]
+
+
+def bench(
+    datasets: Datasets,
+    model: options.Model = None,
+    pooling: options.Pooling = "last-avg",
+    layers: options.Layers = None,
+    calibrator: Calibrators = "none,flow",
+    fit_on: FitOn = "target",
+    seed: Annotated[int, typer.Option("--seed", help="seed of the flow's initialisation and batch order")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="print one JSON object instead of the table")] = False,
+    plot: Annotated[
+        Optional[Path],
+        typer.Option("--plot", help="write a figure (e.g. FILE.png): similarity vs edit distance on STS-B dev "
+                     "and the singular-value spectrum, raw and calibrated"),
+    ] = None,
+    lexical: Annotated[
+        bool, typer.Option("--lexical", help="add the paper's Table 6: Spearman of each similarity with word edit "
+                           "distance and with gold on STS-B dev")
+    ] = False,
+    data_dir: Annotated[
+        Optional[Path], typer.Option("--data-dir", help="folder holding stsb/, sick/, sts12/ ... qnli/ "
+                                     "(default: $RETRIEVER_DATA, else ../shared/data)")
+    ] = None,
+    layout: Annotated[
+        Optional[str], typer.Option("--layout", help="original | senteval, for STS-B and SICK-R (STS12-16 "
+                                    "exist only in the SentEval layout; default: original)")
+    ] = None,
+    max_length: BenchMaxLength = 64,
+    device: options.Device = "auto",
+    dtype: options.Dtype = "fp32",
+    batch_size: options.BatchSize = 64,
+    cache_dir: Annotated[
+        Optional[Path], typer.Option("--cache-dir", help="where encoded sentences are kept "
+                                     "(default: $RETRIEVER_CACHE, else ~/.cache/retriever/embeddings)")
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="encode everything again; write no cache")] = False,
+    limit: Annotated[
+        Optional[int], typer.Option("--limit", help="only the first N pairs of each file: a smoke test, "
+                                    "scores not comparable")
+    ] = None,
+) -> None:
+    """Score raw and calibrated embeddings on STS (Spearman x100) and QNLI (ROC-AUC x100)."""
+    from retriever.encoder import Encoder
+    from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
+    from retriever.evaluation.runner import plan_benchmark, run_benchmark
+    from retriever.progress import stderr_console
+
+    started = time.perf_counter()
+    plan = plan_benchmark(datasets, calibrator, data_dir, layout, fit_on, seed, limit, lexical, plot)
+    encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
+    cached = CachedEncoder(encoder, None if no_cache else resolve_cache_dir(cache_dir))
+    report = run_benchmark(plan, cached, progress=True, log=lambda line: stderr_console.print(line, highlight=False))
+    where = "no disk cache" if cached.folder is None else f"cache {cached.folder}"
+    stderr_console.print(
+        f"encoded {cached.encoded:,} sentences, {cached.hits:,} from cache ({where}); "
+        f"{time.perf_counter() - started:.1f} s in all",
+        highlight=False,
+    )
+    if json_output:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        _print_tables(report)
+
+
+def _print_tables(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from retriever.evaluation.runner import format_score, lexical_table, score_table
+
+    # Off a terminal (a pipe, a file) rich would wrap at 80 columns; the Table-2 layout needs about 150.
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    settings = report.settings
+    pooling = f"layers {','.join(map(str, settings['layers']))}" if settings.get("layers") else settings["pooling"]
+    title = (
+        f"{settings['model']} · {pooling} · max_length {settings['max_length']} · {settings['dtype']} · "
+        f"fit on {settings['fit_on']} · seed {settings['seed']}"
+    )
+    headers, rows = score_table(report.results)
+    caption = "Spearman x100 of cosine vs gold on test splits (STS12-16: wmean and all); QNLI: ROC-AUC x100 on dev"
+    console.print(_rich_table(Table, title, caption, headers, rows, format_score))
+    if report.lexical is not None:
+        headers, rows = lexical_table(report.lexical)
+        caption = f"Spearman x100 on {report.lexical['pairs']} STS-B dev pairs (BERT-flow Table 6)"
+        console.print(_rich_table(Table, "Similarity vs lexical overlap", caption, headers, rows, format_score))
+
+
+def _rich_table(Table, title, caption, headers, rows, format_score):
+    table = Table(title=title, caption=caption)
+    for index, header in enumerate(headers):
+        table.add_column(header, justify="left" if index == 0 else "right", no_wrap=index == 0)
+    for row in rows:
+        table.add_row(*(format_score(value) for value in row))
+    return table
