@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -80,8 +81,13 @@ from cli.bench import bench  # noqa: E402
 app.command("bench")(bench)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr)  # a user needs the advice, not our source line
+
+
 def main() -> None:
     """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback."""
+    warnings.showwarning = _show_warning
     try:
         app()  # standalone: typer reports usage errors itself and exits 2
     except RetrieverError as error:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,29 @@ def tiny_bert(tmp_path_factory) -> Path:
     BertModel(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(folder)
     return folder
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture()
+def cli(capsys, monkeypatch):
+    """Run the `retriever` console-script entry point in this process (no interpreter start-up per call)."""
+    from cli.main import main
+
+    def run(*args) -> CliResult:
+        capsys.readouterr()  # drop anything printed before
+        monkeypatch.setattr(sys, "argv", ["retriever", *map(str, args)])
+        code = 0
+        try:
+            main()
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run

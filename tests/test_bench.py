@@ -1,0 +1,213 @@
+"""`retriever bench`: the runner on the real encode path, the JSON schema, the embedding cache, fit sets, errors.
+
+Scores are not checked here (random models); the pipeline, record shapes and bookkeeping are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retriever.encoder import Encoder
+from retriever.errors import RetrieverError
+from retriever.evaluation.cache import CachedEncoder
+from retriever.evaluation.runner import plan_benchmark, run_benchmark, score_table
+
+RECORD_KEYS = {"dataset", "split", "calibrator", "metric", "aggregation", "score"}
+STSB_PAIRS = {"train": 5749, "dev": 1500, "test": 1379}  # the task checks these counts at load time
+
+
+def run_cli(*args, env=None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "cli.main", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def fake_data(tmp_path_factory) -> Path:
+    """A data folder in the real STS-B layout and pair counts, made of few distinct short sentences so that
+    encoding is cheap: train, dev and test draw on disjoint sentence pools (16, 8 and 8 sentences)."""
+    root = tmp_path_factory.mktemp("data")
+    (root / "stsb").mkdir()
+    rng = np.random.default_rng(0)
+    subjects = ["A man", "A woman", "The dog", "A child", "The cat", "A chef", "Two birds", "The band"]
+    actions = ["is running", "plays a guitar", "eats an apple", "sleeps", "is swimming", "reads a book",
+               "slices an onion", "dances"]
+    sentences = [f"{s} {a}." for s in subjects for a in actions]
+    pools = {"train": sentences[:16], "dev": sentences[16:24], "test": sentences[24:32]}
+    for split, pairs in STSB_PAIRS.items():
+        pool = pools[split]
+        rows = []
+        for index in range(pairs):
+            first, second = rng.choice(len(pool), size=2, replace=False)
+            score = rng.uniform(0, 5)
+            rows.append(f"main-captions\tMSRvid\t2012test\t{index:04d}\t{score:.3f}\t{pool[first]}\t{pool[second]}")
+        (root / "stsb" / f"sts-{split}.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def random_bert_base(shared_data, tmp_path_factory) -> Path:
+    """bert-base-uncased's shape with random weights, saved with its tokenizer (the real weights are not here)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    config_dir = shared_data.parent / "models" / "bert-base-uncased-config"
+    folder = tmp_path_factory.mktemp("random-bert-base")
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_pretrained(config_dir)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(config_dir).save_pretrained(folder)
+    return folder
+
+
+def test_paper_setting_on_real_data_with_random_bert_base(shared_data, random_bert_base, tmp_path):
+    """first-last-avg, none and flow, STS-B + STS13 (two aggregations) + QNLI (AUC), first 8 pairs of each file."""
+    plan = plan_benchmark("stsb,sts13,qnli", "none,flow", data_dir=shared_data, limit=8)
+    encoder = CachedEncoder(Encoder(str(random_bert_base), "first-last-avg", max_length=64, device="cpu"), tmp_path)
+    report = run_benchmark(plan, encoder, progress=False)
+
+    assert encoder.dim == 768 and encoder.encode(["A man is playing a flute."]).shape == (1, 768)
+    got = {(r["dataset"], r["calibrator"], r["metric"], r["aggregation"], r["split"]) for r in report.results}
+    assert got == {
+        (dataset, calibrator, metric, aggregation, split)
+        for calibrator in ("none", "flow")
+        for dataset, metric, aggregation, split in [
+            ("stsb", "spearman", "test", "test"),
+            ("sts13", "spearman", "wmean", "test"),
+            ("sts13", "spearman", "all", "test"),
+            ("qnli", "auc", "dev", "dev"),
+        ]
+    }
+    assert len(report.results) == len(got)
+    for record in report.results:
+        assert set(record) == RECORD_KEYS
+        assert isinstance(record["score"], float) and -100 <= record["score"] <= 100
+
+    settings = report.settings
+    assert settings["model"] == str(random_bert_base)
+    assert (settings["pooling"], settings["layers"], settings["max_length"]) == ("first-last-avg", None, 64)
+    assert settings["limit"] == 8 and settings["fit_on"] == "target"
+    # Target fit set: distinct sentences of every split (STS-B: 8 pairs of each of train, dev and test).
+    assert 24 < report.fit_sets["stsb"]["sentences"] <= 48 and report.fit_sets["qnli"]["sentences"] == 16
+    assert set(report.data_checksums) >= {"stsb/sts-train.csv", "stsb/sts-test.csv", "qnli/dev.tsv",
+                                          "sts13/STS.gs.FNWN.txt"}
+    document = json.loads(json.dumps(report.to_json(), allow_nan=False))
+    assert set(document["versions"]) == {"torch", "transformers", "numpy", "retriever", "python"}
+
+    headers, rows = score_table(report.results)
+    assert headers == ["calibrator", "STS-B", "STS-13 wmean", "STS-13 all", "avg", "QNLI (AUC)"]
+    assert [row[0] for row in rows] == ["none", "flow"]
+    stsb, sts13_wmean = rows[0][1], rows[0][2]
+    assert rows[0][4] == pytest.approx((stsb + sts13_wmean) / 2)  # average of the main aggregations
+
+
+def test_cli_json_is_one_object_with_the_schema(fake_data, tiny_bert, tmp_path):
+    figure = tmp_path / "figure.png"
+    done = run_cli(
+        "bench", "stsb", "--model", tiny_bert, "--data-dir", fake_data, "--calibrator", "none,flow,whitening",
+        "--json", "--lexical", "--plot", figure, "--cache-dir", tmp_path / "cache", "--max-length", "16",
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)  # the whole of stdout is one JSON object; logs went to stderr
+    assert {"model", "pooling", "layers", "max_length", "seed", "versions", "data_checksums", "results"} <= set(document)
+    assert document["max_length"] == 16 and document["seed"] == 0 and document["pooling"] == "last-avg"
+    assert set(document["versions"]) == {"torch", "transformers", "numpy", "retriever", "python"}
+    import hashlib
+
+    assert document["data_checksums"] == {
+        f"stsb/sts-{split}.csv": hashlib.sha256((fake_data / "stsb" / f"sts-{split}.csv").read_bytes()).hexdigest()
+        for split in STSB_PAIRS
+    }
+    results = document["results"]
+    assert [r["calibrator"] for r in results] == ["none", "flow", "whitening"]
+    for record in results:
+        assert set(record) == RECORD_KEYS
+        assert (record["dataset"], record["split"], record["metric"], record["aggregation"]) == (
+            "stsb", "test", "spearman", "test")
+        assert isinstance(record["score"], float)
+
+    lexical = document["lexical"]
+    assert (lexical["dataset"], lexical["split"], lexical["pairs"]) == ("stsb", "dev", 1500)
+    assert [row["similarity"] for row in lexical["rows"]] == ["gold", "none", "flow", "whitening"]
+    assert lexical["rows"][0]["gold"] == pytest.approx(100.0)
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_second_run_encodes_nothing_and_gives_identical_results(fake_data, tiny_bert, tmp_path, monkeypatch):
+    encoded = []
+    real_encode = Encoder.encode
+
+    def counting_encode(self, texts, *args, **kwargs):
+        encoded.append(len(texts))
+        return real_encode(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "encode", counting_encode)
+    plan = plan_benchmark("stsb", "none,flow,sn+natsv-2", data_dir=fake_data)
+
+    def run():
+        encoder = CachedEncoder(Encoder(str(tiny_bert), max_length=16, device="cpu"), tmp_path / "cache")
+        return encoder, run_benchmark(plan, encoder, progress=False)
+
+    first_encoder, first = run()
+    assert sum(encoded) == first_encoder.encoded == 32  # each distinct sentence once, for three calibrators
+    encoded.clear()
+    second_encoder, second = run()
+    assert encoded == [] and second_encoder.encoded == 0 and second_encoder.hits > 0
+    assert second.results == first.results
+
+    # Interrupted writes leave only temporary files, which are ignored; so are unreadable shards.
+    folder = second_encoder.folder
+    (folder / ".shard-interrupted.npz.tmp").write_bytes(b"partial")
+    (folder / "shard-damaged.npz").write_bytes(b"not an npz")
+    third = CachedEncoder(Encoder(str(tiny_bert), max_length=16, device="cpu"), tmp_path / "cache")
+    assert third.encode(["The dog sleeps."]).shape == (1, 32) and third.encoded == 0
+    # Another max_length gives other vectors, so another cache folder.
+    other = CachedEncoder(Encoder(str(tiny_bert), max_length=8, device="cpu"), tmp_path / "cache")
+    assert other.folder != folder and other.encode(["The dog sleeps."]).shape == (1, 32) and other.encoded == 1
+
+
+def test_fit_on_target_train_and_file_use_different_sentences(fake_data, tiny_bert, tmp_path):
+    fit_file = tmp_path / "sentences.txt"
+    fit_file.write_text("One unlabeled line.\n\nAnother line.\nOne unlabeled line.\n  A third line. \n", "utf-8")
+    encoder = CachedEncoder(Encoder(str(tiny_bert), max_length=16, device="cpu"))
+    fitted_rows = {}
+    for fit_on in ("target", "train", str(fit_file)):
+        plan = plan_benchmark("stsb", "whitening-4", data_dir=fake_data, fit_on=fit_on)
+        report = run_benchmark(plan, encoder, progress=False)
+        fitted_rows[fit_on] = report.fit_sets["stsb"]["sentences"]
+        assert report.fit_sets["stsb"]["source"] == fit_on and len(report.results) == 1
+    # Target: all 32 distinct sentences of train+dev+test; train: its 16; the file: 3 distinct non-blank lines.
+    assert fitted_rows == {"target": 32, "train": 16, str(fit_file): 3}
+
+    with pytest.raises(RetrieverError, match="sts12, qnli have no train split"):
+        plan_benchmark("sts12,qnli", data_dir=fake_data, fit_on="train")
+    with pytest.raises(RetrieverError, match="not a file"):
+        plan_benchmark("stsb", data_dir=fake_data, fit_on=str(tmp_path / "missing.txt"))
+
+
+def test_bad_names_are_one_line_errors(fake_data):
+    with pytest.raises(RetrieverError, match="unknown calibrator 'flw'"):
+        plan_benchmark("stsb", "none,flw", data_dir=fake_data)
+    with pytest.raises(RetrieverError, match="unknown layout 'tokenized'"):
+        plan_benchmark("stsb", data_dir=fake_data, layout="tokenized")
+    with pytest.raises(RetrieverError, match="unknown pooling 'max'"):
+        Encoder(pooling="max")
+
+
+def test_cli_errors_exit_1_with_one_line(fake_data, tmp_path):
+    unknown = run_cli("bench", "sts17", "--data-dir", fake_data)
+    missing = run_cli("bench", "stsb", "--data-dir", tmp_path / "nowhere")
+    # The paper's model is not available offline: the encoder's one-line message, fast, no traceback.
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    paper = run_cli("bench", "stsb", "--model", "bert-base-uncased", "--pooling", "first-last-avg",
+                    "--data-dir", fake_data, "--no-cache", env=offline)
+    for done, phrase in [(unknown, "unknown dataset 'sts17'"), (missing, "nowhere is not a folder"),
+                         (paper, "'bert-base-uncased' is not in the local cache")]:
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().count("\n") == 0 and phrase in done.stderr
+        assert done.stdout == ""

@@ -1,0 +1,116 @@
+"""build / search / add / delete / refit / info through the CLI entry point, and every bad input as one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+TEXTS = [
+    "A man is playing a guitar on stage.",
+    "A woman slices an onion in the kitchen.",
+    "Stock markets fell sharply on Monday.",
+    "The football team won the final.",
+]
+
+
+@pytest.fixture()
+def built(tmp_path, tiny_bert, cli):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    index_dir = tmp_path / "indexes"
+    done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--index-dir", index_dir)
+    assert done.returncode == 0, done.stderr
+    return index_dir
+
+
+def assert_one_line_error(done, *fragments):
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_build_names_the_index_after_the_corpus_and_search_prints_json(built, cli):
+    done = cli("search", TEXTS[2], "--name", "docs", "-k", "2", "--json", "--index-dir", built)
+    assert done.returncode == 0, done.stderr
+    hits = json.loads(done.stdout)
+    assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "title", "text"}] * 2
+    assert hits[0]["doc_id"] == "3" and hits[0]["text"] == TEXTS[2] and hits[0]["rank"] == 1  # txt ids: line numbers
+
+
+def test_search_queries_file_gives_one_json_line_per_query(built, cli, tmp_path):
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"_id": "q1", "text": "%s"}\n{"_id": "q2", "text": "%s"}\n' % (TEXTS[0], TEXTS[3]))
+    done = cli("search", "--queries", queries, "--name", "docs", "-k", "3", "--json", "--index-dir", built)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["query_id"] for r in records] == ["q1", "q2"]
+    assert [r["results"][0]["doc_id"] for r in records] == ["1", "4"]
+    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"doc_id", "score"} for r in records)
+
+
+def test_search_table_add_delete_info(built, cli, tmp_path):
+    table = cli("search", TEXTS[1], "--name", "docs", "--index-dir", built)
+    assert table.returncode == 0 and "onion" in table.stdout and "rank" in table.stdout
+    extra = tmp_path / "extra.csv"
+    extra.write_text("id,text\nnew-1,A kitten plays with yarn.\n", encoding="utf-8")
+    assert cli("add", extra, "--name", "docs", "--index-dir", built).returncode == 0
+    assert cli("delete", "2", "--name", "docs", "--index-dir", built).returncode == 0
+    info = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)
+    assert info["documents"] == 4 and info["manifest"]["calibrator"] == {"name": "none"}
+    assert cli("refit", "--name", "docs", "-c", "whitening", "--index-dir", built).returncode == 0
+    info = cli("info", "--name", "docs", "--index-dir", built)
+    assert info.returncode == 0 and "whitening" in info.stdout and "isotropy" in info.stdout
+
+
+def test_bad_inputs_are_one_line_errors(built, cli, tmp_path, tiny_bert):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n\n")
+    assert_one_line_error(cli("build", blank, "--index-dir", built), "blank.txt")
+
+    binary = tmp_path / "latin.txt"
+    binary.write_bytes(b"fine line\ncaf\xe9 au lait\n")
+    assert_one_line_error(cli("build", binary, "--index-dir", built), "latin.txt", "line 2", "--encoding")
+    done = cli("build", binary, "--encoding", "latin-1", "--model", tiny_bert, "--calibrator", "none",
+                   "--index-dir", built)
+    assert done.returncode == 0, done.stderr
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"_id": "a", "text": "ok"}\n{"_id": "b", "text": \n')
+    assert_one_line_error(cli("build", broken, "--index-dir", built), "broken.jsonl", "line 2")
+    textless = tmp_path / "textless.jsonl"
+    textless.write_text('{"_id": "a", "title": "no text"}\n')
+    assert_one_line_error(cli("build", textless, "--index-dir", built), "textless.jsonl", "line 1")
+    duplicated = tmp_path / "dups.jsonl"
+    duplicated.write_text('{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')
+    assert_one_line_error(cli("build", duplicated, "--index-dir", built), "'a'")
+
+    assert_one_line_error(cli("search", "q", "--name", "absent", "--index-dir", built),
+                          "no index named 'absent'", "retriever build")
+    assert_one_line_error(cli("build", blank.with_name("nothing.txt"), "--index-dir", built), "nothing.txt")
+    good = tmp_path / "docs.txt"
+    assert_one_line_error(cli("build", good, "--calibrator", "magic", "--index-dir", built), "unknown calibrator")
+    assert_one_line_error(cli("build", good, "--layers", "0,99", "--model", tiny_bert, "--index-dir", built),
+                          "layer 99 does not exist")
+
+
+def test_an_index_whose_model_is_gone_says_so(built, cli, tmp_path, tiny_bert):
+    moved = tmp_path / "moved-model"
+    shutil.copytree(tiny_bert, moved)
+    corpus = tmp_path / "docs.txt"
+    assert cli("build", corpus, "--name", "orphan", "--model", moved, "--calibrator", "none",
+                   "--index-dir", built).returncode == 0
+    shutil.rmtree(moved)
+    assert_one_line_error(cli("search", "q", "--name", "orphan", "--index-dir", built),
+                          "index 'orphan' cannot encode queries", "moved-model")
+
+
+def test_a_damaged_index_is_refused(built, cli):
+    manifest = json.loads((built / "docs" / "manifest.json").read_text())
+    (built / "docs" / "documents.db").write_bytes(b"not a database")
+    assert manifest["files"]["documents.db"]
+    assert_one_line_error(cli("search", "q", "--name", "docs", "--index-dir", built),
+                          "documents.db does not match its manifest checksum")
