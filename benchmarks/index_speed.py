@@ -1,0 +1,135 @@
+"""Index speed: build time and its encoding share, search QPS against raw FAISS, HNSW recall against flat.
+
+    python benchmarks/index_speed.py [--documents 20000] [--vectors 100000] [--out results.json]
+
+1. Build: `Index.build` on N real sentences (STS-B, SICK, STS12-16, QNLI from ../shared/data), default model and
+   calibrator (flow); reports wall time and the share spent encoding (target >= 90%).
+2. Vector search: 100,000 calibrated vectors (flow output is a standard Gaussian, so L2-normalized Gaussian
+   samples are what the index holds); our `VectorStore.search` against `faiss.IndexFlatIP.search` on the same
+   vectors and queries, one query at a time and in batches (target: within 10%).
+3. End to end: `Index.search` on real query texts, including query encoding, reported separately.
+4. HNSW recall@10 against exact flat search on the real calibrated embeddings from step 1.
+JSON on stdout (and --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from retriever.evaluation import TASKS, resolve_data_dir  # noqa: E402
+from retriever.index import Index, l2_normalize  # noqa: E402
+from retriever.store.vectors import VectorStore, set_threads  # noqa: E402
+
+
+def real_sentences(data_dir: Path) -> list[str]:
+    """Distinct sentences across all benchmark datasets, in a fixed order."""
+    seen: dict[str, None] = {}
+    for task in TASKS.values():
+        for sentence in task.all_sentences(data_dir):
+            seen.setdefault(sentence)
+    return list(seen)
+
+
+def best_qps(search, queries: np.ndarray, batch: int, repeats: int = 3) -> float:
+    """Queries per second, best of `repeats` passes over all queries in batches of `batch`."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for offset in range(0, len(queries), batch):
+            search(queries[offset : offset + batch])
+        best = min(best, time.perf_counter() - start)
+    return len(queries) / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--documents", type=int, default=20000)
+    parser.add_argument("--vectors", type=int, default=100000)
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    set_threads()
+    report: dict = {"benchmark": "index_speed", "machine": platform.machine(), "cpus": os.cpu_count(),
+                    "faiss_threads": faiss.omp_get_max_threads(), "device": args.device}
+
+    sentences = real_sentences(resolve_data_dir(args.data_dir))
+    documents, queries = sentences[: args.documents], sentences[args.documents : args.documents + args.queries]
+    with tempfile.TemporaryDirectory() as workspace:
+        corpus = Path(workspace) / "corpus.txt"
+        corpus.write_text("\n".join(documents) + "\n", encoding="utf-8")
+        summary = Index.build(corpus, "bench", Path(workspace) / "indexes", device=args.device, progress=True)
+        report["build"] = {
+            "documents": summary.documents,
+            "seconds": round(summary.seconds, 2),
+            "timings": {key: round(value, 3) for key, value in summary.timings.items()},
+            "encoding_share": round(summary.timings["encode"] / summary.seconds, 4),
+            "documents_per_second": round(summary.documents / summary.seconds, 1),
+        }
+        index = Index.open("bench", Path(workspace) / "indexes", device=args.device)
+
+        # End to end: query texts through encoder + calibrator + search + metadata.
+        index.search(queries[:32], args.k)  # warm up
+        start = time.perf_counter()
+        for offset in range(0, len(queries), 64):
+            index.search(queries[offset : offset + 64], args.k)
+        report["end_to_end"] = {"queries": len(queries), "batch": 64,
+                                "qps": round(len(queries) / (time.perf_counter() - start), 1)}
+
+        # HNSW recall@k on the real calibrated vectors.
+        raw, ids = index.raw_vectors()
+        calibrated = l2_normalize(index.calibrator.transform(raw))
+        query_vectors = index.embed(queries)
+        flat = VectorStore.create(calibrated.shape[1], "flat", device="cpu")
+        flat.add(ids, calibrated)
+        exact = flat.search(query_vectors, args.k)[1]
+        hnsw = VectorStore.create(calibrated.shape[1], "hnsw", device="cpu")
+        start = time.perf_counter()
+        hnsw.add(ids, calibrated)
+        hnsw_build = time.perf_counter() - start
+        approximate = hnsw.search(query_vectors, args.k)[1]
+        recall = np.mean([len(set(a) & set(e)) / args.k for a, e in zip(approximate, exact)])
+        report["hnsw"] = {"vectors": len(ids), "k": args.k, "ef_search": hnsw.ef_search,
+                          f"recall_at_{args.k}": round(float(recall), 4), "build_seconds": round(hnsw_build, 2)}
+
+    # Vector search on 100k calibrated vectors: our store against raw faiss, same vectors and queries.
+    rng = np.random.default_rng(0)
+    dim = calibrated.shape[1]
+    vectors = l2_normalize(rng.standard_normal((args.vectors, dim), dtype=np.float32))
+    probe = l2_normalize(rng.standard_normal((args.queries, dim), dtype=np.float32))
+    ours = VectorStore.create(dim, "flat", device=args.device)
+    ours.add(np.arange(args.vectors, dtype=np.int64), vectors)
+    raw_faiss = faiss.IndexFlatIP(dim)
+    raw_faiss.add(vectors)
+    np.testing.assert_array_equal(ours.search(probe[:50], args.k)[1], raw_faiss.search(probe[:50], args.k)[1])
+    search_report = {"vectors": args.vectors, "dim": dim, "k": args.k, "backend": ours.backend}
+    for batch in (1, 64):
+        ours_qps = best_qps(lambda q: ours.search(q, args.k), probe, batch)
+        faiss_qps = best_qps(lambda q: raw_faiss.search(q, args.k), probe, batch)
+        search_report[f"batch_{batch}"] = {"ours_qps": round(ours_qps, 1), "faiss_qps": round(faiss_qps, 1),
+                                           "ratio": round(ours_qps / faiss_qps, 3)}
+    report["vector_search"] = search_report
+
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
