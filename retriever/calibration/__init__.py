@@ -1,0 +1,68 @@
+"""Calibrators: maps from raw sentence vectors to a space where cosine similarity ranks better.
+
+    make_calibrator("flow", epochs=1).fit(X).save(folder)
+    load_calibrator(folder, expected_dim=encoder.dim).transform(X)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from retriever.calibration.base import Calibrator, read_config
+from retriever.calibration.flow import FlowCalibrator
+from retriever.calibration.linear import make_linear
+from retriever.errors import RetrieverError
+
+DEFAULT_CALIBRATOR = "flow"
+CALIBRATOR_NAMES = (
+    "flow (default): BERT-flow, a normalizing flow that Gaussianizes the vectors; "
+    "whitening or whitening-K: BERT-whitening, optionally keeping the top K dimensions; "
+    "sn: per-dimension mean 0, std 1; "
+    "natsv-K: center, then null the top K singular directions; "
+    "sn+natsv-K: sn, then natsv-K; "
+    "none: raw vectors"
+)
+_VALID_NAMES = "flow, whitening, whitening-K, sn, natsv-K, sn+natsv-K, none"
+# Options every calibrator accepts so callers can pass them uniformly; linear calibrators are deterministic
+# numpy code and need neither.
+_COMMON_OPTIONS = ("seed", "device")
+
+
+def make_calibrator(name: str | None = DEFAULT_CALIBRATOR, **options) -> Calibrator:
+    """An unfitted calibrator by name; keyword options configure the flow (levels, depth, width, lr, ...)."""
+    name = (name or DEFAULT_CALIBRATOR).strip().lower()
+    if name == FlowCalibrator.name:
+        try:
+            return FlowCalibrator(**options)
+        except TypeError:
+            allowed = FlowCalibrator().config().keys() - {"name"} | {"device"}
+            unknown = sorted(set(options) - allowed)
+            raise RetrieverError(
+                f"unknown flow option {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}"
+            ) from None
+    calibrator = make_linear(name)
+    if calibrator is None:
+        raise RetrieverError(f"unknown calibrator '{name}'; valid names: {_VALID_NAMES} (K a positive integer)")
+    unknown = sorted(set(options) - set(_COMMON_OPTIONS))
+    if unknown:
+        raise RetrieverError(f"calibrator '{name}' takes no option {', '.join(unknown)}")
+    return calibrator
+
+
+def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Calibrator:
+    """The fitted calibrator saved in folder; refuses one fitted on vectors of another dimension."""
+    record = read_config(folder)
+    if expected_dim is not None and int(record["dim"]) != expected_dim:
+        raise RetrieverError(
+            f"calibrator in {folder} was fitted on {record['dim']}-dim vectors, this encoder gives {expected_dim}"
+        )
+    name = str(record["name"])
+    if name == FlowCalibrator.name:
+        return FlowCalibrator.load(folder)
+    calibrator = make_linear(name)
+    if calibrator is None:
+        raise RetrieverError(f"calibrator in {folder} has unknown name '{name}'; valid names: {_VALID_NAMES}")
+    return type(calibrator).load(folder)
+
+
+__all__ = ["Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "make_calibrator", "load_calibrator"]

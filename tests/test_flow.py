@@ -1,0 +1,228 @@
+"""The BERT-flow calibrator: exact invertibility and log-determinants, a proper density, Gaussianization of a
+correlated sample, determinism, persistence and memmap streaming."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+
+from retriever.calibration import base, load_calibrator, make_calibrator
+from retriever.calibration.flow import ActNorm, AdditiveCoupling, FlowCalibrator, Glow, Permutation, Reverse
+from retriever.errors import RetrieverError
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Small flows train on 32-vector batches, where one thread is as fast as two and cannot oversubscribe the
+    shared CPU; restored afterwards for the rest of the test session."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def correlated_sample(n: int, dim: int, rho: float = 0.9, seed: int = 0) -> np.ndarray:
+    """Equicorrelated Gaussian (correlation rho between every pair), random scales 0.5-3, means around 5."""
+    rng = np.random.default_rng(seed)
+    cholesky = np.linalg.cholesky(np.full((dim, dim), rho) + (1 - rho) * np.eye(dim))
+    scales = rng.uniform(0.5, 3.0, dim)
+    return ((rng.normal(size=(n, dim)) @ cholesky.T) * scales + rng.normal(5.0, 2.0, dim)).astype(np.float32)
+
+
+def randomized_glow(dim: int, seed: int = 0, scale: float = 0.3, **options) -> Glow:
+    """A float64 Glow with every parameter random, so that no transform is the identity."""
+    flow = Glow(dim, seed=seed, **options).double()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in flow.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64) * scale)
+    return flow
+
+
+def jacobian_logdet(function, x: torch.Tensor) -> float:
+    jacobian = torch.autograd.functional.jacobian(lambda v: function(v[None])[0], x)
+    sign, logabsdet = torch.linalg.slogdet(jacobian)
+    assert sign != 0
+    return logabsdet.item()
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [ActNorm(7), Reverse(), Permutation(torch.tensor([3, 0, 6, 1, 5, 2, 4])),
+     AdditiveCoupling(7, width=5)],
+    ids=["actnorm", "reverse", "random-permutation", "coupling"],
+)
+def test_each_transform_inverts_and_reports_its_logdet(transform):
+    transform = transform.double()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in transform.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
+    x = torch.randn(5, 7, generator=generator, dtype=torch.float64)
+    y, logdet = transform(x)
+    assert torch.allclose(transform.inverse(y), x, atol=1e-12)
+    for row in range(3):
+        assert logdet[row].item() == pytest.approx(jacobian_logdet(lambda v: transform(v)[0], x[row]), abs=1e-9)
+
+
+@pytest.mark.parametrize("dim", [6, 7])
+@pytest.mark.parametrize("permutation", ["reverse", "random"])
+def test_glow_logdet_equals_autograd_jacobian(dim, permutation):
+    flow = randomized_glow(dim, permutation=permutation, width=8)
+    x = torch.randn(4, dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    z, logdet = flow(x)
+    assert z.shape == (4, dim)
+    for row in range(4):
+        assert logdet[row].item() == pytest.approx(jacobian_logdet(lambda v: flow(v)[0], x[row]), abs=1e-9)
+    assert torch.allclose(flow.inverse(z), x, atol=1e-10)
+
+
+def test_log_prob_is_a_normalized_density():
+    # Integrate exp(log_prob) over a fine 2-D grid: a correct change of variables gives total mass 1.
+    flow = randomized_glow(2, seed=1, levels=1, depth=3, width=8, scale=0.4)
+    with torch.no_grad():  # moderate ActNorm scales keep the mass well inside the grid
+        for module in flow.modules():
+            if isinstance(module, ActNorm):
+                module.scaled_log_scale.mul_(0.2)
+    samples = flow.inverse(torch.randn(20000, 2, dtype=torch.float64)).detach()
+    assert samples.abs().max() < 9 and samples.std(0).min() > 0.5  # the grid below covers the mass, finely enough
+    axis = torch.linspace(-12, 12, 801, dtype=torch.float64)
+    grid = torch.cartesian_prod(axis, axis)
+    with torch.no_grad():
+        density = flow.log_prob(grid).exp()
+    mass = density.sum().item() * (axis[1] - axis[0]).item() ** 2
+    assert mass == pytest.approx(1.0, abs=2e-3)
+
+
+def test_untrained_flow_is_the_diagonal_gaussian_of_its_init_batch():
+    # Zero-initialised couplings: the flow is ActNorm only, so log_prob is the per-dimension normal density with
+    # the first batch's mean and std (the first ActNorm standardizes, the later ones see mean 0, std 1).
+    x = torch.from_numpy(correlated_sample(64, 6)).double()
+    flow = Glow(6).double()
+    flow.initialize(x)
+    mean, std = x.mean(0).numpy(), x.std(0, unbiased=False).numpy()
+    expected = norm.logpdf(x.numpy(), mean, std + 1e-6).sum(1)
+    assert np.allclose(flow.log_prob(x).detach().numpy(), expected, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def correlated_fit():
+    """An 8-dim strongly correlated, shifted sample, and the pure maximum-likelihood flow fitted on it."""
+    X = correlated_sample(10000, 8)
+    flow = make_calibrator("flow", device="cpu", epochs=4, shift_penalty=0.0, seed=0).fit(X[:8000])
+    return X[:8000], X[8000:], flow
+
+
+def test_flow_gaussianizes_a_correlated_shifted_sample(correlated_fit):
+    X, held_out, flow = correlated_fit
+    off_diagonal = ~np.eye(8, dtype=bool)
+    assert np.corrcoef(X.T)[off_diagonal].min() > 0.85 and np.abs(X.mean(0)).min() > 1  # the task is not trivial
+    Z = flow.transform(X)
+    assert Z.dtype == np.float32 and Z.shape == X.shape
+    Z = Z.astype(np.float64)
+    # 4 epochs of additive couplings leave some correlation; measured: |mean| <= 0.13, |cov - I| <= 0.11.
+    assert np.abs(Z.mean(0)).max() < 0.25
+    assert np.abs(np.cov(Z.T) - np.eye(8)).max() < 0.25
+    # Training raised the likelihood of held-out vectors well above that of the init (a diagonal Gaussian).
+    untrained = Glow(8)
+    untrained.initialize(torch.from_numpy(X[:32]))
+    with torch.no_grad():
+        untrained_log_prob = untrained.log_prob(torch.from_numpy(held_out)).mean().item()
+    assert flow.log_prob(held_out).mean() > untrained_log_prob + 2.0
+
+
+def test_inverse_of_transform_recovers_the_input(correlated_fit):
+    X, _, flow = correlated_fit
+    assert np.abs(flow.inverse(flow.transform(X)) - X).max() <= 1e-4
+
+
+def test_shift_penalty_shortens_the_transport(correlated_fit):
+    X, _, mle_flow = correlated_fit
+    penalized = make_calibrator("flow", device="cpu", epochs=4, shift_penalty=1.0, seed=0).fit(X)
+
+    def mean_transport(calibrator):
+        with torch.no_grad():
+            _, transport = calibrator.flow.log_prob_and_transport(torch.from_numpy(X))
+        return transport.mean().item()
+
+    assert mean_transport(penalized) < 0.2 * mean_transport(mle_flow)  # measured: 0.53 vs 15.5
+
+
+def test_same_seed_gives_identical_flows_and_another_seed_does_not():
+    X = correlated_sample(1500, 10)
+    first = make_calibrator("flow", device="cpu", seed=3, epochs=1).fit(X).transform(X)
+    second = make_calibrator("flow", device="cpu", seed=3, epochs=1).fit(X).transform(X)
+    other = make_calibrator("flow", device="cpu", seed=4, epochs=1).fit(X).transform(X)
+    assert np.array_equal(first, second)
+    assert not np.allclose(first, other, atol=1e-3)
+
+
+def test_save_and_load_give_identical_output(tmp_path):
+    X = correlated_sample(1500, 10)
+    flow = make_calibrator("flow", device="cpu", epochs=1, permutation="random", width=16).fit(X)
+    flow.save(tmp_path)
+    assert (tmp_path / "calibrator.json").is_file() and (tmp_path / "flow.pt").is_file()
+    loaded = load_calibrator(tmp_path, expected_dim=10)
+    assert isinstance(loaded, FlowCalibrator) and loaded.config() == flow.config()
+    assert np.array_equal(loaded.transform(X), flow.transform(X))
+    assert np.array_equal(loaded.log_prob(X), flow.log_prob(X))
+
+
+@pytest.mark.parametrize("dim, levels", [(7, 2), (9, 3), (5, 1)])
+def test_odd_dimensions(dim, levels):
+    X = correlated_sample(1000, dim)
+    flow = make_calibrator("flow", device="cpu", epochs=1, levels=levels).fit(X)
+    Z = flow.transform(X)
+    assert Z.shape == (1000, dim) and Z.dtype == np.float32 and np.isfinite(Z).all()
+    assert np.abs(flow.inverse(Z) - X).max() <= 1e-4
+
+
+def test_near_constant_dimensions_train_without_overflow():
+    # MiniLM's last layer has dimensions that are ~0 everywhere. Glow's 1/(std + 1e-6) init scales such a dimension
+    # by 1e6 at every ActNorm it crosses (measured here: losses of 1e17 and more); it must keep scale 1 instead.
+    X = correlated_sample(2000, 8)
+    X[:, 6] = 1e-12 * np.random.default_rng(0).normal(size=2000)  # index 6 stays in the flow through both levels
+    X[:, 1] = 3.0
+    flow = make_calibrator("flow", device="cpu", epochs=1).fit(X)
+    assert np.isfinite(flow.losses).all() and max(flow.losses) < 10
+    assert np.mean(flow.losses[-6:]) < np.mean(flow.losses[:6]) - 0.2  # and it still learns
+    assert np.isfinite(flow.transform(X)).all()
+
+
+class RowSpy:
+    """Array stand-in that records the most rows handed out by a single read."""
+
+    def __init__(self, array):
+        self.array, self.most_rows = array, 0
+        self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
+
+    def __getitem__(self, index):
+        rows = self.array[index]
+        self.most_rows = max(self.most_rows, len(rows))
+        return rows
+
+
+def test_fits_from_a_memmap_batch_by_batch(tmp_path, monkeypatch):
+    X = correlated_sample(3000, 12)
+    np.save(tmp_path / "vectors.npy", X)
+    monkeypatch.setattr(base, "CHUNK_ROWS", 256)  # input checks stream in chunks of this size
+    spy = RowSpy(np.load(tmp_path / "vectors.npy", mmap_mode="r"))
+    from_memmap = make_calibrator("flow", device="cpu", epochs=1).fit(spy)
+    assert spy.most_rows <= 256
+    from_array = make_calibrator("flow", device="cpu", epochs=1).fit(X)
+    assert np.array_equal(from_memmap.transform(X), from_array.transform(X))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"levels": 0}, {"depth": -1}, {"width": 2.5}, {"batch_size": 0}, {"epochs": True}, {"lr": 0},
+     {"shift_penalty": -1}, {"permutation": "sideways"}],
+)
+def test_bad_flow_options_are_refused(options):
+    with pytest.raises(RetrieverError, match="flow option"):
+        make_calibrator("flow", **options)
+
+
+def test_too_few_dimensions_for_the_levels():
+    with pytest.raises(RetrieverError, match="at least 4 dimensions"):
+        make_calibrator("flow", levels=2).fit(np.ones((10, 3), dtype=np.float32))
