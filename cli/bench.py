@@ -82,20 +82,23 @@ def bench(
     ] = None,
 ) -> None:
     """Score raw and calibrated embeddings on STS (Spearman x100) and QNLI (ROC-AUC x100)."""
-    from retriever.encoder import Encoder
-    from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
     from retriever.evaluation.runner import plan_benchmark, run_benchmark
-    from retriever.progress import stderr_console
 
     started = time.perf_counter()
     plan = plan_benchmark(datasets, calibrator, data_dir, layout, fit_on, seed, limit, lexical, plot)
+    from retriever.encoder import Encoder
+    from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
+    from retriever.progress import stderr_console
+
     encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
     cached = CachedEncoder(encoder, None if no_cache else resolve_cache_dir(cache_dir))
-    report = run_benchmark(plan, cached, progress=True, log=lambda line: stderr_console.print(line, highlight=False))
+    log = lambda line: stderr_console.print(line, markup=False, highlight=False)  # noqa: E731
+    report = run_benchmark(plan, cached, progress=True, log=log)
     where = "no disk cache" if cached.folder is None else f"cache {cached.folder}"
     stderr_console.print(
-        f"encoded {cached.encoded:,} sentences, {cached.hits:,} from cache ({where}); "
+        f"encoded {cached.encoded:,} new sentences ({where}); "
         f"{time.perf_counter() - started:.1f} s in all",
+        markup=False,
         highlight=False,
     )
     if json_output:
@@ -106,9 +109,8 @@ def bench(
 
 def _print_tables(report) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    from retriever.evaluation.runner import format_score, lexical_table, score_table
+    from retriever.evaluation.runner import lexical_table, score_table
 
     # Off a terminal (a pipe, a file) rich would wrap at 80 columns; the Table-2 layout needs about 150.
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -119,18 +121,25 @@ def _print_tables(report) -> None:
         f"fit on {settings['fit_on']} · seed {settings['seed']}"
     )
     headers, rows = score_table(report.results)
-    caption = "Spearman x100 of cosine vs gold on test splits (STS12-16: wmean and all); QNLI: ROC-AUC x100 on dev"
-    console.print(_rich_table(Table, title, caption, headers, rows, format_score))
+    note = "Spearman x100 of cosine vs gold on test splits (STS-12..16: wmean and all); QNLI: ROC-AUC x100 on dev"
+    _print_table(console, title, headers, rows, note)
     if report.lexical is not None:
         headers, rows = lexical_table(report.lexical)
-        caption = f"Spearman x100 on {report.lexical['pairs']} STS-B dev pairs (BERT-flow Table 6)"
-        console.print(_rich_table(Table, "Similarity vs lexical overlap", caption, headers, rows, format_score))
+        _print_table(console, "Similarity vs lexical overlap (BERT-flow Table 6)", headers, rows,
+                     f"Spearman x100 over {report.lexical['pairs']} STS-B dev pairs")
 
 
-def _rich_table(Table, title, caption, headers, rows, format_score):
-    table = Table(title=title, caption=caption)
+def _print_table(console, title: str, headers: list[str], rows: list[list], note: str) -> None:
+    from rich.table import Table
+
+    from retriever.evaluation.runner import format_score
+
+    # Title and note as lines of their own: as table title/caption rich would wrap them to the table's width.
+    console.print(title, style="bold", markup=False, highlight=False)
+    table = Table()
     for index, header in enumerate(headers):
-        table.add_column(header, justify="left" if index == 0 else "right", no_wrap=index == 0)
+        table.add_column(header, justify="left" if index == 0 else "right", no_wrap=True)
     for row in rows:
         table.add_row(*(format_score(value) for value in row))
-    return table
+    console.print(table)
+    console.print(note + "\n", style="dim", markup=False, highlight=False)

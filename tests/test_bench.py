@@ -114,8 +114,11 @@ def test_cli_json_is_one_object_with_the_schema(fake_data, tiny_bert, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)  # the whole of stdout is one JSON object; logs went to stderr
-    assert {"model", "pooling", "layers", "max_length", "seed", "versions", "data_checksums", "results"} <= set(document)
+    required = {"model", "pooling", "layers", "max_length", "seed", "versions", "data_checksums", "results"}
+    assert required <= set(document)
     assert document["max_length"] == 16 and document["seed"] == 0 and document["pooling"] == "last-avg"
+    assert document["calibrators"]["whitening"] == {"name": "whitening"}
+    assert document["calibrators"]["flow"]["name"] == "flow" and document["calibrators"]["flow"]["seed"] == 0
     assert set(document["versions"]) == {"torch", "transformers", "numpy", "retriever", "python"}
     import hashlib
 
