@@ -70,15 +70,13 @@ def encode(
     )
 
 
-from cli import index_commands  # noqa: E402  (registered after `encode`, in workflow order)
-
-for command in (index_commands.build, index_commands.search, index_commands.add, index_commands.delete,
-                index_commands.refit, index_commands.info):
-    app.command()(command)
-
+# The index and bench commands live in their own modules; registered after `encode`, in workflow order.
+from cli import index_commands  # noqa: E402
 from cli.bench import bench  # noqa: E402
 
-app.command("bench")(bench)
+for command in (index_commands.build, index_commands.search, index_commands.add, index_commands.delete,
+                index_commands.refit, index_commands.info, bench):
+    app.command()(command)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
