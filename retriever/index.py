@@ -25,7 +25,7 @@ from retriever.encoder import Encoder
 from retriever.errors import RetrieverError
 from retriever.index_folder import read_manifest, resolve_existing, write_manifest, writing
 from retriever.store.metadata import MetadataStore
-from retriever.store.vectors import VectorStore
+from retriever.store.vectors import INDEX_TYPES, VectorStore
 
 DEFAULT_INDEX_DIR = "indexes"
 FORMAT_VERSION = 1
@@ -174,7 +174,8 @@ class Index:
         started = time.perf_counter()
         documents = read_corpus(corpus, encoding=encoding)  # bad input fails here, before the model loads
         fitted = make_calibrator(calibrator, **(calibrator_options or {}))  # so does a bad calibrator name
-        VectorStore.create(1, index_type)  # and a bad index type
+        if index_type not in INDEX_TYPES:  # and a bad index type
+            raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
         encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
         timings = {"read_and_load": time.perf_counter() - started}
 
@@ -218,8 +219,7 @@ class Index:
     def add(self, corpus: str | Path, encoding: str = "utf-8", progress: bool = False) -> ChangeSummary:
         """Encode new documents with the saved calibrator (no refit) and append them."""
         started = time.perf_counter()
-        documents = read_corpus(corpus, encoding=encoding)
-        check_unique_ids(documents)
+        documents = read_corpus(corpus, encoding=encoding)  # refuses ids repeated within the file
         with writing(self.index_dir, self.name) as writer:
             current = self._current_version()
             with MetadataStore(current.folder / DOCUMENTS, readonly=True) as metadata:
