@@ -24,6 +24,15 @@ Seed = Annotated[Optional[int], typer.Option("--seed", help="seed for the flow's
 Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
+def _pick(index_dir: str, name: str | None, writing: bool = False) -> str:
+    from retriever.index_folder import pick_index
+
+    chosen = pick_index(index_dir, name, writing)
+    if name is None:
+        stderr_console.print(f"using index '{chosen}'")
+    return chosen
+
+
 def _snippet(text: str, width: int = 100) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -71,7 +80,7 @@ def build(
 
 def search(
     query: Annotated[Optional[str], typer.Argument(help="the query text")] = None,
-    name: options.IndexName = "default",
+    name: options.IndexName = None,
     k: Annotated[int, typer.Option("-k", help="results per query")] = 10,
     queries: Annotated[Optional[Path], typer.Option("--queries", help=".txt (one per line) or BEIR queries.jsonl")] = None,
     as_json: Json = False,
@@ -86,7 +95,7 @@ def search(
 
     if (query is None) == (queries is None):
         raise RetrieverError('give either a query ("...") or --queries FILE')
-    index = Index.open(name, index_dir, device=device)
+    index = Index.open(_pick(index_dir, name), index_dir, device=device)
     if queries is None:
         hits = index.search(query, k)[0]
         if as_json:
@@ -118,7 +127,7 @@ def _hits_table(title: str, hits) -> None:
 
 def add(
     corpus: Annotated[Path, typer.Argument(help="new documents, in any corpus format build accepts")],
-    name: options.IndexName = "default",
+    name: options.IndexName = None,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = "indexes",
@@ -126,22 +135,24 @@ def add(
     """Encode new documents with the saved calibrator (no refit) and append them."""
     from retriever.index import Index
 
-    _report("updated", Index.open(name, index_dir, device=device).add(corpus, encoding, progress=True), "added")
+    index = Index.open(_pick(index_dir, name, writing=True), index_dir, device=device)
+    _report("updated", index.add(corpus, encoding, progress=True), "added")
 
 
 def delete(
     doc_ids: Annotated[list[str], typer.Argument(help="document ids to remove")],
-    name: options.IndexName = "default",
+    name: options.IndexName = None,
     index_dir: options.IndexDir = "indexes",
 ) -> None:
     """Remove documents from the vector index and the metadata together."""
     from retriever.index import Index
 
-    _report("updated", Index.open(name, index_dir, device="cpu").delete(doc_ids), "removed")
+    index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
+    _report("updated", index.delete(doc_ids), "removed")
 
 
 def refit(
-    name: options.IndexName = "default",
+    name: options.IndexName = None,
     calibrator: Annotated[Optional[str], typer.Option("--calibrator", "-c", help="[default: the index's own]")] = None,
     seed: Seed = None,
     index_dir: options.IndexDir = "indexes",
@@ -149,20 +160,20 @@ def refit(
     """Refit the calibrator on the stored raw vectors (no re-encoding) and rewrite the vector index."""
     from retriever.index import Index
 
-    index = Index.open(name, index_dir, device="cpu")
+    index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
     summary = index.refit(calibrator, {"seed": seed} if seed is not None else None)
     _report("refitted", summary, "re-calibrated")
 
 
 def info(
-    name: options.IndexName = "default",
+    name: options.IndexName = None,
     as_json: Json = False,
     index_dir: options.IndexDir = "indexes",
 ) -> None:
     """Show the manifest, counts, and isotropy before and after calibration."""
     from retriever.index import Index
 
-    details = Index.open(name, index_dir, device="cpu").info()
+    details = Index.open(_pick(index_dir, name), index_dir, device="cpu").info()
     if as_json:
         print(json.dumps(details, indent=2))
         return

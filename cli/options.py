@@ -22,6 +22,9 @@ MaxLength = Annotated[
 Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda (auto picks CUDA when present)")]
 Dtype = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="texts per forward pass")]
-IndexName = Annotated[str, typer.Option("--name", "-n", help="index name, a folder under --index-dir")]
+IndexName = Annotated[
+    Optional[str],
+    typer.Option("--name", "-n", help="index name [default: the only index, or for search/info the latest built]"),
+]
 IndexDir = Annotated[str, typer.Option("--index-dir", envvar="RETRIEVER_INDEX_DIR", help="where indexes live")]
 Encoding = Annotated[str, typer.Option("--encoding", help="text encoding of the input file")]

@@ -165,3 +165,24 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def list_indexes(index_dir: str | Path) -> list[str]:
+    """Names of the indexes in index_dir, most recently written first."""
+    folder = Path(index_dir)
+    if not folder.is_dir():
+        return []
+    links = [path for path in folder.iterdir() if not path.name.startswith(".") and (path / MANIFEST).is_file()]
+    return [path.name for path in sorted(links, key=lambda path: (path / MANIFEST).stat().st_mtime, reverse=True)]
+
+
+def pick_index(index_dir: str | Path, name: str | None, writing: bool = False) -> str:
+    """NAME when given; else the only index, or for reading the most recently written one."""
+    if name:
+        return check_name(name)
+    names = list_indexes(index_dir)
+    if not names:
+        raise RetrieverError(f"no index in {index_dir}; build one with: retriever build CORPUS")
+    if len(names) > 1 and writing:
+        raise RetrieverError(f"{len(names)} indexes in {index_dir} ({', '.join(names)}); say which with --name")
+    return names[0]

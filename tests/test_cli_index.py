@@ -114,3 +114,16 @@ def test_a_damaged_index_is_refused(built, cli):
     assert manifest["files"]["documents.db"]
     assert_one_line_error(cli("search", "q", "--name", "docs", "--index-dir", built),
                           "documents.db does not match its manifest checksum")
+
+
+def test_commands_without_name_pick_the_index(built, cli, tmp_path, tiny_bert):
+    done = cli("search", TEXTS[0], "--json", "--index-dir", built)  # the only index: docs
+    assert done.returncode == 0 and json.loads(done.stdout)[0]["doc_id"] == "1"
+    assert "using index 'docs'" in done.stderr
+    newer = tmp_path / "newer.txt"
+    newer.write_text("A brand new document.\n", encoding="utf-8")
+    assert cli("build", newer, "--model", tiny_bert, "--calibrator", "none", "--index-dir", built).returncode == 0
+    done = cli("search", "anything", "--json", "--index-dir", built)  # reads take the latest built
+    assert done.returncode == 0 and json.loads(done.stdout)[0]["text"] == "A brand new document."
+    assert_one_line_error(cli("delete", "1", "--index-dir", built), "newer, docs", "--name")  # writes never guess
+    assert_one_line_error(cli("search", "q", "--index-dir", tmp_path / "empty"), "no index in", "retriever build")
