@@ -1,8 +1,8 @@
 """Real-data acceptance table: STS-B test Spearman x 100 of cosine similarity after each calibrator.
 
 all-MiniLM-L6-v2 in float32, mean pooling of one hidden layer over non-padding tokens ([CLS]/[SEP] included),
-max_length 64. Every calibrator is fitted on all 15,487 distinct sentences of the original STS-B train, dev and
-test files, as in the reference figures of shared/README.md. Prints a markdown table; `--out` writes JSON.
+max_length 64. Every calibrator is fitted on all distinct sentences of the original STS-B train, dev and test
+files (the `stsb` task's target corpus, as in the reference figures of shared/README.md). Prints a markdown table; `--out` writes JSON.
 
     python benchmarks/calibration_table.py --out benchmarks/results/calibration_table.json
     python benchmarks/calibration_table.py --seeds 0,1,2        # flow over several seeds: mean and min
@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from retriever.calibration import make_calibrator  # noqa: E402
 from retriever.encoder import Encoder  # noqa: E402
+from retriever.evaluation import get_task, resolve_data_dir  # noqa: E402
+from retriever.evaluation.evaluators import cosine_rows, spearman_x100  # noqa: E402
 from retriever.models import default_model_path  # noqa: E402
 
 MAX_LENGTH = 64
@@ -44,22 +45,6 @@ SEEDED = {"flow", "flow (paper)"}
 REFERENCE = {"raw": {0: 55.60, 4: 59.59, 6: 82.03}, "whitening": {0: 70.42, 4: 70.93, 6: 80.73}}
 FLOW_TARGETS = {0: 69.5, 4: 70.5, 6: 81.9}
 WHITENING_TOLERANCE = 0.1
-
-
-def shared_dir() -> Path:
-    for candidate in (REPO / "shared", REPO.parent / "shared"):
-        if (candidate / "data").is_dir():
-            return candidate
-    raise SystemExit("shared/data not found next to or inside the repository")
-
-
-def read_stsb(path: Path) -> list[tuple[float, str, str]]:
-    """(score, sentence1, sentence2). Tab-separated despite .csv, with stray quotes: split on tabs only."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        fields = line.split("\t")[:7]  # some rows carry 2 extra source columns
-        rows.append((float(fields[4]), fields[5], fields[6]))
-    return rows
 
 
 def embeddings(sentences: list[str], layer: int, device: str, cache: Path | None) -> np.ndarray:
@@ -85,6 +70,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache", default=str(REPO / ".cache" / "calibration_table"),
                         help="embedding cache folder ('' = none)")
+    parser.add_argument("--data-dir", default=None, help="benchmark data [default: $RETRIEVER_DATA or ../shared/data]")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
 
@@ -92,18 +78,15 @@ def main() -> None:
     last = json.loads((default_model_path() / "config.json").read_text())["num_hidden_layers"]
     layers = [last if layer.strip() == "last" else int(layer) for layer in args.layers.split(",")]
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    data = shared_dir() / "data" / "stsb"
-    splits = {split: read_stsb(data / f"sts-{split}.csv") for split in ("train", "dev", "test")}
-    sentences = list(dict.fromkeys(s for rows in splits.values() for _, first, second in rows for s in (first, second)))
+    stsb, data_dir = get_task("stsb"), resolve_data_dir(args.data_dir)
+    sentences = stsb.all_sentences(data_dir)
     row_of = {sentence: row for row, sentence in enumerate(sentences)}
-    test = splits["test"]
-    first = np.array([row_of[first] for _, first, _ in test])
-    second = np.array([row_of[second] for _, _, second in test])
-    gold = np.array([score for score, _, _ in test])
+    (test,) = stsb.load_split(data_dir, "test")
+    first = np.array([row_of[sentence] for sentence in test.sent1])
+    second = np.array([row_of[sentence] for sentence in test.sent2])
 
     def spearman(Z: np.ndarray) -> float:
-        Z = Z / np.linalg.norm(Z, axis=1, keepdims=True)
-        return float(100 * spearmanr((Z[first] * Z[second]).sum(1), gold).correlation)
+        return spearman_x100(cosine_rows(Z[first], Z[second]), test.labels)
 
     results = {}
     for layer in layers:
@@ -149,7 +132,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({
             "benchmark": "calibration_table",
             "model": "all-MiniLM-L6-v2", "max_length": MAX_LENGTH, "fit_sentences": len(sentences),
-            "test_pairs": len(test), "seeds": seeds, "device": args.device, "threads": args.threads,
+            "test_pairs": len(test.labels), "seeds": seeds, "device": args.device, "threads": args.threads,
             "calibrators": {label: {"name": name, "options": opts} for label, (name, opts) in CALIBRATORS.items()},
             "flow_default_config": make_calibrator("flow").config(),
             "results": {str(layer): value for layer, value in results.items()},

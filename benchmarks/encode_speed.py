@@ -24,16 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from retriever.encoder import DTYPES, Encoder  # noqa: E402
+from retriever.evaluation import get_task, resolve_data_dir  # noqa: E402
 from retriever.models import default_model_path  # noqa: E402
-
-
-def stsb_sentences(data_dir: Path, count: int) -> list[str]:
-    sentences = []
-    for split in ("train", "dev", "test"):
-        for line in (data_dir / "stsb" / f"sts-{split}.csv").read_text(encoding="utf-8").splitlines():
-            fields = line.split("\t")  # tab-separated despite .csv; stray quotes forbid the csv module
-            sentences.extend(fields[5:7])
-    return sentences[:count]
 
 
 def random_bert_folder(config_dir: Path) -> str:
@@ -104,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model folder [default: embedded all-MiniLM-L6-v2]")
     parser.add_argument("--random-bert", type=Path, help="config folder: time a randomly initialised model of that shape")
-    parser.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--data-dir", default=None, help="[default: $RETRIEVER_DATA or ../shared/data]")
     parser.add_argument("--sentences", type=int, default=4000)
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -114,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
 
     folder = random_bert_folder(args.random_bert) if args.random_bert else (args.model or str(default_model_path()))
-    sentences = stsb_sentences(args.data_dir, args.sentences)
+    sentences = get_task("stsb").all_sentences(resolve_data_dir(args.data_dir))[: args.sentences]
     runs = [measure(folder, sentences, args.max_length, args.device, dtype, args.batch_size, args.repeats)
             for dtype in args.dtypes.split(",")]
     fp32 = next((run["vectors"] for run in runs if run["dtype"] == "fp32"), None)

@@ -132,8 +132,10 @@ def test_matches_sentence_transformers_on_real_sentences(minilm_encoder, shared_
 
     from retriever.models import default_model_path
 
-    lines = (shared_data / "stsb" / "sts-dev.csv").read_text(encoding="utf-8").splitlines()
-    sentences = [line.split("\t")[5] for line in lines[:25]] + [line.split("\t")[6] for line in lines[:25]]
+    from retriever.evaluation import get_task
+
+    (dev,) = get_task("stsb").load_split(shared_data, "dev")
+    sentences = dev.sent1[:25] + dev.sent2[:25]
     assert len(sentences) == 50
     ours = minilm_encoder.encode(sentences)
     peer = SentenceTransformer(str(default_model_path()), device="cpu").encode(sentences, batch_size=16)
