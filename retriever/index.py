@@ -176,8 +176,10 @@ class Index:
         fitted = make_calibrator(calibrator, **(calibrator_options or {}))  # so does a bad calibrator name
         if index_type not in INDEX_TYPES:  # and a bad index type
             raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
+        timings = {"read": time.perf_counter() - started}
+        clock = time.perf_counter()
         encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
-        timings = {"read_and_load": time.perf_counter() - started}
+        timings["load_model"] = time.perf_counter() - clock  # mostly transformers importing its model code
 
         clock = time.perf_counter()
         raw, truncated = encoder.encode_counting_truncated([document_text(d) for d in documents], progress=progress)
