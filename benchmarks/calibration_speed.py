@@ -51,22 +51,24 @@ def best_time(function, repeats: int) -> float:
     return min(times)
 
 
-def step_milliseconds(X: np.ndarray, device: str, batch_size: int, steps: int = 200) -> dict:
+def step_milliseconds(X: np.ndarray, config: dict, device: str, steps: int = 200) -> dict:
     """One training step's loss and gradients (no optimizer), hand-derived as the flow trains vs torch.autograd.
 
-    Same flow, same batch, one CPU thread as in training, interleaved runs; the best of 5 runs of `steps` steps."""
-    flow = Glow(X.shape[1]).to(device)
-    batch = torch.from_numpy(np.ascontiguousarray(X[:batch_size], dtype=np.float32)).to(device)
+    The calibrator's flow (`config`), one batch, one CPU thread as in training, the two taking turns; the best of
+    5 runs of `steps` steps each."""
+    flow = Glow(X.shape[1], config["levels"], config["depth"], config["width"], config["permutation"],
+                config["seed"]).to(device)
+    batch = torch.from_numpy(np.ascontiguousarray(X[: config["batch_size"]], dtype=np.float32)).to(device)
     flow.initialize(batch)
     for parameter in flow.parameters():
         parameter.grad = torch.zeros_like(parameter)
 
     def by_hand():
-        flow.loss_and_gradients(batch, 1.0)
+        flow.loss_and_gradients(batch, config["shift_penalty"])
 
     def by_autograd():
         flow.zero_grad(set_to_none=True)
-        flow.loss(batch, 1.0).backward()
+        flow.loss(batch, config["shift_penalty"]).backward()
 
     def run(step):
         step()  # warm-up
@@ -81,14 +83,16 @@ def step_milliseconds(X: np.ndarray, device: str, batch_size: int, steps: int = 
 
     threads = torch.get_num_threads()
     if not device.startswith("cuda"):
-        torch.set_num_threads(1)  # as the flow trains on CPU
-    times = {"by_hand": [], "autograd": []}
-    for _ in range(5):
-        times["by_hand"].append(run(by_hand))
-        times["autograd"].append(run(by_autograd))
-    torch.set_num_threads(threads)
+        torch.set_num_threads(1)
+    try:
+        times = {"by_hand": [], "autograd": []}
+        for _ in range(5):
+            times["by_hand"].append(run(by_hand))
+            times["autograd"].append(run(by_autograd))
+    finally:
+        torch.set_num_threads(threads)
     hand, autograd = min(times["by_hand"]), min(times["autograd"])
-    return {"by_hand_ms": round(hand, 3), "autograd_ms": round(autograd, 3),
+    return {"batch_size": config["batch_size"], "by_hand_ms": round(hand, 3), "autograd_ms": round(autograd, 3),
             "autograd_over_by_hand": round(autograd / hand, 2)}
 
 
@@ -130,8 +134,7 @@ def main() -> None:
         flow.fit(X)
         fit_seconds = time.perf_counter() - start
 
-        batch_size = flow.config()["batch_size"]
-        gradient_step = step_milliseconds(X, device, batch_size)
+        gradient_step = step_milliseconds(X, flow.config(), device)
 
         start = time.perf_counter()
         whitening = make_calibrator("whitening").fit(X)
@@ -163,7 +166,7 @@ def main() -> None:
         "flow_fit_seconds_per_epoch": round(fit_seconds / config["epochs"], 3),
         "flow_step_ms": round(1000 * fit_seconds / steps, 3),
         "flow_first_call_overhead_seconds": round(first_call_overhead, 3),
-        "flow_gradient_step": {"batch_size": batch_size, **gradient_step},
+        "flow_gradient_step": gradient_step,
         "flow_final_loss": round(float(np.mean(flow.losses[-50:])), 4),
         "transform_n": len(vectors),
         "flow_transform_vectors_per_second": round(len(vectors) / flow_transform),

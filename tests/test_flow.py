@@ -1,13 +1,23 @@
 """The BERT-flow calibrator: exact invertibility and log-determinants, a proper density, Gaussianization of a
 correlated sample, determinism, persistence and memmap streaming."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 from scipy.stats import norm
 
 from retriever.calibration import base, load_calibrator, make_calibrator
-from retriever.calibration.flow import ActNorm, AdditiveCoupling, FlowCalibrator, Glow, Permutation, Reverse
+from retriever.calibration.flow import (
+    ActNorm,
+    AdditiveCoupling,
+    FlowCalibrator,
+    Glow,
+    Permutation,
+    Reverse,
+    _share_one_buffer,
+)
 from retriever.errors import RetrieverError
 
 
@@ -77,20 +87,29 @@ def test_glow_logdet_equals_autograd_jacobian(dim, permutation):
     assert torch.allclose(flow.inverse(z), x, atol=1e-10)
 
 
-@pytest.mark.parametrize("dim, levels, permutation", [(12, 2, "reverse"), (7, 2, "random"), (9, 3, "reverse"),
-                                                       (5, 1, "random")])
-def test_hand_derived_gradients_equal_autograd(dim, levels, permutation):
+@pytest.mark.parametrize("dim, levels, permutation, n", [(12, 2, "reverse", 40), (7, 2, "random", 40),
+                                                          (9, 3, "reverse", 40), (5, 1, "random", 40),
+                                                          (8, 2, "reverse", 1)])
+def test_hand_derived_gradients_equal_autograd(dim, levels, permutation, n):
     flow = randomized_glow(dim, levels=levels, permutation=permutation, width=8)
-    x = torch.randn(40, dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2 + 1
-    expected_loss = flow.loss(x, shift_penalty=0.7)
+    x = torch.randn(n, dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2 + 1
+    reference = copy.deepcopy(flow)
+    expected_loss = reference.loss(x, shift_penalty=0.7)
     expected_loss.backward()
-    expected = {name: parameter.grad.clone() for name, parameter in flow.named_parameters()}
-    for parameter in flow.parameters():
-        parameter.grad.fill_(float("nan"))  # every gradient must be overwritten, not accumulated
+    # As in training: every parameter and its .grad are views of one flat buffer, here pre-filled with NaN so a
+    # gradient that is not written (or accumulated instead of overwritten) shows.
+    flat = _share_one_buffer(flow)
+    flat.grad.fill_(float("nan"))
     loss = flow.loss_and_gradients(x, shift_penalty=0.7)
     assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-12)
-    for name, parameter in flow.named_parameters():
-        assert torch.allclose(parameter.grad, expected[name], rtol=1e-9, atol=1e-12), name
+    for (name, parameter), expected in zip(flow.named_parameters(), reference.parameters()):
+        assert torch.allclose(parameter.grad, expected.grad, rtol=1e-9, atol=1e-12), name
+
+
+def test_hand_derived_gradients_need_existing_grads():
+    flow = Glow(6, width=4)
+    with pytest.raises(RuntimeError, match="existing .grad"):
+        flow.loss_and_gradients(torch.randn(8, 6), shift_penalty=1.0)
 
 
 def test_fit_gives_every_parameter_its_own_storage_back():

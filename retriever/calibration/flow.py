@@ -45,6 +45,23 @@ class LossWeights(NamedTuple):
     transport: float  # weight of the squared shift (AdditiveCoupling)
 
 
+class ActNormSaved(NamedTuple):
+    """What ActNorm's backward needs from its forward."""
+
+    y: Tensor
+    scale: Tensor
+    log_scale: Tensor
+
+
+class CouplingSaved(NamedTuple):
+    """What AdditiveCoupling's backward needs from its forward; `shift` is g(x1)."""
+
+    x1: Tensor
+    hidden1: Tensor
+    hidden2: Tensor
+    shift: Tensor
+
+
 class ActNorm(nn.Module):
     """y = (x + bias) * exp(log_scale), per dimension; `initialize` sets both so a batch gets mean 0, std 1."""
 
@@ -72,23 +89,22 @@ class ActNorm(nn.Module):
         y, _ = self.forward_saving(x)
         return y, self.log_scale.sum().expand(x.shape[0])
 
-    def forward_saving(self, x: Tensor) -> tuple[Tensor, tuple]:
+    def forward_saving(self, x: Tensor) -> tuple[Tensor, ActNormSaved]:
         """y and what `backward` needs."""
         log_scale = self.log_scale
         scale = log_scale.exp()
         y = torch.addcmul(self.bias * scale, x, scale)  # one pass over x
-        return y, (y, scale, log_scale)
+        return y, ActNormSaved(y, scale, log_scale)
 
-    def backward(self, saved: tuple, grad_y: Tensor, weights: LossWeights) -> Tensor:
+    def backward(self, saved: ActNormSaved, grad_y: Tensor, weights: LossWeights) -> Tensor:
         """d(loss)/dx; writes d(loss)/d(parameters) into their .grad.
 
         loss = <grad_y, y> + weights.logdet * (log|det| summed over the batch)."""
-        y, scale, _ = saved
-        grad_x = grad_y * scale
-        torch.sum(grad_x, 0, out=self.bias.grad)
+        grad_x = grad_y * saved.scale
+        torch.sum(grad_x, 0, out=_grad(self.bias))
         # dy/d(log_scale) = y, and every vector's log|det| is sum(log_scale).
-        grad_log_scale = torch.sum(grad_y * y, 0, out=self.scaled_log_scale.grad).add_(y.shape[0] * weights.logdet)
-        grad_log_scale.mul_(LOGSCALE_FACTOR)
+        grad_log_scale = torch.sum(grad_y * saved.y, 0, out=_grad(self.scaled_log_scale))
+        grad_log_scale.add_(len(grad_y) * weights.logdet).mul_(LOGSCALE_FACTOR)
         return grad_x
 
     def inverse(self, y: Tensor) -> Tensor:
@@ -157,16 +173,16 @@ class AdditiveCoupling(nn.Module):
         y, _ = self.forward_saving(x)
         return y, x.new_zeros(x.shape[0])
 
-    def forward_saving(self, x: Tensor) -> tuple[Tensor, tuple]:
-        """y and what `backward` needs; the shift g(x1), last, is how far this coupling moves each vector."""
+    def forward_saving(self, x: Tensor) -> tuple[Tensor, CouplingSaved]:
+        """y and what `backward` needs, including the shift: how far this coupling moves each vector."""
         first, second, last = self._linears
         x1, x2 = x[:, : self.split], x[:, self.split :]
         hidden1 = torch.relu(F.linear(x1, first.weight, first.bias))
         hidden2 = torch.relu(F.linear(hidden1, second.weight, second.bias))
         shift = F.linear(hidden2, last.weight, last.bias)
-        return torch.cat([x1, x2 + shift], dim=1), (x1, hidden1, hidden2, shift)
+        return torch.cat([x1, x2 + shift], dim=1), CouplingSaved(x1, hidden1, hidden2, shift)
 
-    def backward(self, saved: tuple, grad_y: Tensor, weights: LossWeights) -> Tensor:
+    def backward(self, saved: CouplingSaved, grad_y: Tensor, weights: LossWeights) -> Tensor:
         """d(loss)/dx; writes d(loss)/d(parameters) into their .grad.
 
         loss = <grad_y, y> + weights.transport * (squared shifts summed over the batch)."""
@@ -174,14 +190,14 @@ class AdditiveCoupling(nn.Module):
         x1, hidden1, hidden2, shift = saved
         grad_y1, grad_y2 = grad_y[:, : self.split], grad_y[:, self.split :]
         grad_shift = torch.add(grad_y2, shift, alpha=2 * weights.transport)
-        torch.mm(grad_shift.t(), hidden2, out=last.weight.grad)
-        torch.sum(grad_shift, 0, out=last.bias.grad)
+        torch.mm(grad_shift.t(), hidden2, out=_grad(last.weight))
+        torch.sum(grad_shift, 0, out=_grad(last.bias))
         grad_hidden2 = _relu_backward(grad_shift @ last.weight, hidden2)
-        torch.mm(grad_hidden2.t(), hidden1, out=second.weight.grad)
-        torch.sum(grad_hidden2, 0, out=second.bias.grad)
+        torch.mm(grad_hidden2.t(), hidden1, out=_grad(second.weight))
+        torch.sum(grad_hidden2, 0, out=_grad(second.bias))
         grad_hidden1 = _relu_backward(grad_hidden2 @ second.weight, hidden1)
-        torch.mm(grad_hidden1.t(), x1, out=first.weight.grad)
-        torch.sum(grad_hidden1, 0, out=first.bias.grad)
+        torch.mm(grad_hidden1.t(), x1, out=_grad(first.weight))
+        torch.sum(grad_hidden1, 0, out=_grad(first.bias))
         grad_x1 = torch.addmm(grad_y1, grad_hidden1, first.weight)  # x1 also passes straight through to y1
         return torch.cat([grad_x1, grad_y2], dim=1)
 
@@ -233,8 +249,8 @@ class Glow(nn.Module):
         for index, level in enumerate(self.levels):
             for transform in level:
                 if measure_transport and isinstance(transform, AdditiveCoupling):
-                    x, (*_, shift) = transform.forward_saving(x)
-                    transport = transport + shift.pow(2).sum(1)
+                    x, saved = transform.forward_saving(x)
+                    transport = transport + saved.shift.pow(2).sum(1)
                 else:
                     x, step_logdet = transform(x)
                     logdet = logdet + step_logdet
@@ -271,11 +287,12 @@ class Glow(nn.Module):
 
     @torch.no_grad()  # no autograd graph: the gradients are computed below
     def loss_and_gradients(self, x: Tensor, shift_penalty: float) -> Tensor:
-        """`loss(x, shift_penalty)`, with its gradient written into every parameter's existing .grad by hand.
+        """`loss(x, shift_penalty)`, with its gradient written by hand into every parameter's .grad, which must
+        exist (`_share_one_buffer` gives them; a missing one raises rather than losing the gradient).
 
         At batch 32 a step is ~250 tiny ops whose per-op overhead outweighs their arithmetic; autograd's recording
-        and replay add to it, and this hand-derived pass takes about half the time (benchmarks/calibration_speed.py:
-        2.42 ms against 4.35 ms per step on one 384-dimension batch, CPU)."""
+        and replay add to it, and this hand-derived pass takes about half the time (`flow_gradient_step` in
+        benchmarks/results/calibration_speed_cpu.json)."""
         n = x.shape[0]
         per_element = 1.0 / (n * self.dim)
         # Each transform's own terms in the loss, as weights of their sums over the batch.
@@ -286,9 +303,9 @@ class Glow(nn.Module):
                 x, context = transform.forward_saving(x)
                 tape.append((transform, context))
                 if isinstance(transform, AdditiveCoupling):
-                    shifts.append(context[-1])
+                    shifts.append(context.shift)
                 elif isinstance(transform, ActNorm):
-                    log_scales.append(context[-1])
+                    log_scales.append(context.log_scale)
             if index < len(self.levels) - 1:
                 keep = x.shape[1] - x.shape[1] // 2
                 factored.append(x[:, keep:])
@@ -319,7 +336,15 @@ class Glow(nn.Module):
 
 def _squared_norm(tensors: list[Tensor]) -> Tensor:
     """Sum of the squares of all elements of all tensors."""
-    return torch.stack(torch._foreach_norm(tensors)).square().sum()  # one norm kernel for the whole list
+    # One norm kernel for the whole list: the private op torch's own clip_grad_norm_ is built on.
+    return torch.stack(torch._foreach_norm(tensors)).square().sum()
+
+
+def _grad(parameter: nn.Parameter) -> Tensor:
+    """The .grad a hand-derived backward writes into. `out=None` would silently drop the gradient instead."""
+    if parameter.grad is None:
+        raise RuntimeError("loss_and_gradients writes into existing .grad tensors; this parameter has none")
+    return parameter.grad
 
 
 def _relu_backward(grad_output: Tensor, output: Tensor) -> Tensor:
@@ -367,7 +392,8 @@ def _adam(parameters, lr: float) -> torch.optim.Adam:
 @contextmanager
 def _single_thread_on(device: torch.device):
     """One CPU thread while training: at batch 32 every op is too small to split, and waking a second thread costs
-    more than it saves (an epoch over 15,000 x 384 on 2 cores: 1.26-1.34 s with 1 thread, 1.42-1.83 s with 2)."""
+    more than it saves (an epoch over 15,000 x 384 on 2 cores, alternating runs in one process: 1.26-1.34 s with 1
+    thread, 1.42-1.83 s with 2). The setting is process-wide, so torch work on other threads runs on one meanwhile."""
     if device.type != "cpu":
         yield
         return
@@ -410,8 +436,8 @@ class FlowCalibrator(Calibrator):
         # 81.99.
         lr: float = 3e-3,
         epochs: int = 1,  # the paper's
-        # The paper's batch (its code's train_batch_size 32). 64 halves the steps but costs the last layer ~0.1
-        # (mean of seeds 0-9 at lr 8e-3: 81.97 vs 82.08; worst 81.76 vs 81.98).
+        # The paper's batch (its code's train_batch_size 32). 64 halves the steps but costs the last layer ~0.1 even
+        # at its best lr among 5e-3, 6e-3, 8e-3 and 1e-2 (8e-3, seeds 0-9: mean 81.97 vs 82.08, worst 81.76 vs 81.98).
         batch_size: int = 32,
         # Not in the paper: weight of the transport cost (squared coupling shifts) added to the negative
         # log-likelihood. Pure likelihood (0) keeps decorrelating an already isotropic encoder and costs MiniLM's
@@ -479,6 +505,7 @@ class FlowCalibrator(Calibrator):
                     batch = torch.from_numpy(np.asarray(X[rows], dtype=np.float32)).to(device)
                     if epoch == 0 and start == 0:
                         flow.initialize(batch)
+                    # Writes every gradient into the flat buffer (never zero_grad: it would cut the views loose).
                     losses.append(flow.loss_and_gradients(batch, self.shift_penalty))  # no .item(): no GPU sync
                     _clip_grad_norm(parameters.grad, 1.0)
                     optimizer.step()
