@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from retriever.calibration import CALIBRATOR_NAMES, Calibrator, load_calibrator, make_calibrator
 from retriever.calibration.flow import FlowCalibrator
@@ -12,16 +11,6 @@ from retriever.errors import RetrieverError
 
 ALL_NAMES = ["none", "flow", "whitening", "whitening-4", "sn", "natsv-2", "sn+natsv-2"]
 SMALL_FLOW = {"epochs": 1, "width": 8, "device": "cpu"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Small flows train on 32-vector batches, where one thread is as fast as two and cannot oversubscribe the
-    shared CPU; restored afterwards for the rest of the test session."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def sample(n: int = 400, dim: int = 8, seed: int = 0) -> np.ndarray:

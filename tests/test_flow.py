@@ -21,16 +21,6 @@ from retriever.calibration.flow import (
 from retriever.errors import RetrieverError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Small flows train on 32-vector batches, where one thread is as fast as two and cannot oversubscribe the
-    shared CPU; restored afterwards for the rest of the test session."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def correlated_sample(n: int, dim: int, rho: float = 0.9, seed: int = 0) -> np.ndarray:
     """Equicorrelated Gaussian (correlation rho between every pair), random scales 0.5-3, means around 5."""
     rng = np.random.default_rng(seed)

@@ -255,7 +255,7 @@ class Glow(nn.Module):
                     x, step_logdet = transform(x)
                     logdet = logdet + step_logdet
             if index < len(self.levels) - 1:
-                keep = x.shape[1] - x.shape[1] // 2
+                keep = self.level_dims[index + 1]
                 factored.append(x[:, keep:])
                 x = x[:, :keep]
         return torch.cat(factored + [x], dim=1), logdet, transport
@@ -307,7 +307,7 @@ class Glow(nn.Module):
                 elif isinstance(transform, ActNorm):
                     log_scales.append(context.log_scale)
             if index < len(self.levels) - 1:
-                keep = x.shape[1] - x.shape[1] // 2
+                keep = self.level_dims[index + 1]
                 factored.append(x[:, keep:])
                 x = x[:, :keep]
         loss = ((0.5 * _squared_norm(factored + [x]) + shift_penalty * _squared_norm(shifts)) * per_element
@@ -331,7 +331,7 @@ class Glow(nn.Module):
                     transform.initialize(x)
                 x, _ = transform(x)
             if index < len(self.levels) - 1:
-                x = x[:, : x.shape[1] - x.shape[1] // 2]
+                x = x[:, : self.level_dims[index + 1]]
 
 
 def _squared_norm(tensors: list[Tensor]) -> Tensor:

@@ -264,3 +264,21 @@ class Task:
                 f"{where}: label {subset.labels[first]} of pair {first + 1} is outside {low}–{high} for {self.name}"
             )
         return subset
+
+
+def senteval_sts_task(name: str, description: str, subsets: dict[str, int]) -> Task:
+    """An STS12–16 test set in SentEval's layout: ``subsets`` maps each subset to its scored pairs; Spearman on 0-5
+    gold scores, reported as the subset-size-weighted mean as SentEval and BERT-flow do."""
+    return Task(
+        name=name,
+        description=description,
+        folder=name,
+        parser=parse_sts_input_gold,
+        splits={"test": tuple(sts_subset(subset, pairs) for subset, pairs in subsets.items())},
+        eval_split="test",
+        metric="spearman",
+        main_aggregation="wmean",
+        label_range=(0.0, 5.0),
+        default_layout="senteval",
+        layouts={"senteval": ""},
+    )
