@@ -5,9 +5,11 @@
 1. Build: `Index.build` on N real sentences (STS-B, SICK, STS12-16, QNLI from ../shared/data), default model and
    calibrator (flow); reports wall time, its parts (read, load_model, encode, calibrate, write) and the share
    spent encoding (target >= 90%): `encoding_share` counts the encoder's forward passes (tokenization included)
-   only, `encoder_share` adds loading the model. load_model includes transformers importing its model code (the
-   process has imported torch already, transformers not). `--build-only` stops here: one build per process, so repeated
-   runs each pay the same one-off costs.
+   only, `encoder_share` adds loading the model's weights and tokenizer. Importing the libraries is a one-off cost
+   per process that does not grow with the corpus, so it is timed on its own first, in the same cold process
+   (`library_import_seconds`: numpy, faiss and torch with retriever, then transformers' model code), and
+   `cold_process` gives the encoding share with it counted as non-encoding time. `--build-only` stops after the build: one
+   build per process, so repeated runs each pay the same one-off costs.
 2. Vector search: 100,000 calibrated vectors (flow output is a standard Gaussian, so L2-normalized Gaussian
    samples are what the index holds); our `VectorStore.search` against `faiss.IndexFlatIP.search` on the same
    vectors and queries, one query at a time and in batches (target: within 10%).
@@ -27,15 +29,20 @@ import tempfile
 import time
 from pathlib import Path
 
-import faiss
-import numpy as np
+STARTED = time.perf_counter()  # library imports (numpy, faiss, torch with retriever) are timed from here
+
+import faiss  # noqa: E402
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from retriever.evaluation import TASKS, resolve_data_dir  # noqa: E402
 from retriever.index import Index, l2_normalize  # noqa: E402
+from retriever.models import resolve_model_path  # noqa: E402
 from retriever.store.vectors import VectorStore, set_threads  # noqa: E402
+
+IMPORTED = time.perf_counter()
 
 
 def real_sentences(data_dir: Path) -> list[str]:
@@ -45,6 +52,15 @@ def real_sentences(data_dir: Path) -> list[str]:
         for sentence in task.all_sentences(data_dir):
             seen.setdefault(sentence)
     return list(seen)
+
+
+def import_model_code(model: str | None = None) -> float:
+    """Seconds spent importing transformers and the model class the encoder will load, without loading weights."""
+    start = time.perf_counter()
+    from transformers import MODEL_MAPPING, AutoConfig
+
+    MODEL_MAPPING[type(AutoConfig.from_pretrained(resolve_model_path(model)))]  # imports e.g. modeling_bert
+    return time.perf_counter() - start
 
 
 def best_qps(searches: dict, queries: np.ndarray, batch: int, repeats: int = 5) -> dict:
@@ -73,6 +89,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     set_threads()
+    library_import = {"numpy_faiss_torch": round(IMPORTED - STARTED, 3),
+                      "transformers_model_code": round(import_model_code(), 3)}  # before a model loads
     report: dict = {"benchmark": "index_speed", "machine": platform.machine(), "cpus": os.cpu_count(),
                     "faiss_threads": faiss.omp_get_max_threads(), "device": args.device}
 
@@ -82,14 +100,19 @@ def main() -> None:
         corpus = Path(workspace) / "corpus.txt"
         corpus.write_text("\n".join(documents) + "\n", encoding="utf-8")
         summary = Index.build(corpus, "bench", Path(workspace) / "indexes", device=args.device, progress=True)
+        encode, encoder = summary.timings["encode"], summary.timings["load_model"] + summary.timings["encode"]
+        cold_seconds = sum(library_import.values()) + summary.seconds
         report["build"] = {
             "documents": summary.documents,
             "seconds": round(summary.seconds, 2),
             "timings": {key: round(value, 3) for key, value in summary.timings.items()},
-            "encoding_share": round(summary.timings["encode"] / summary.seconds, 4),
-            # The frozen encoder's whole cost: loading it (imports included) and running it over the corpus.
-            "encoder_share": round((summary.timings["load_model"] + summary.timings["encode"]) / summary.seconds, 4),
+            "encoding_share": round(encode / summary.seconds, 4),
+            # The frozen encoder's whole cost: loading it and running it over the corpus.
+            "encoder_share": round(encoder / summary.seconds, 4),
             "documents_per_second": round(summary.documents / summary.seconds, 1),
+            "library_import_seconds": library_import,
+            # The strictest reading: everything the process did but the forward passes counts against encoding.
+            "cold_process": {"seconds": round(cold_seconds, 2), "encoding_share": round(encode / cold_seconds, 4)},
         }
         if args.build_only:
             return finish(report, args.out)
