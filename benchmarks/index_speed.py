@@ -8,8 +8,8 @@
    only, `encoder_share` adds loading the model's weights and tokenizer. Importing the libraries is a one-off cost
    per process that does not grow with the corpus, so it is timed on its own first, in the same cold process
    (`library_import_seconds`: numpy, faiss and torch with retriever, then transformers' model code), and
-   `cold_process` gives the encoding share with it counted as non-encoding time. `--build-only` stops after the build: one
-   build per process, so repeated runs each pay the same one-off costs.
+   `cold_process` gives the encoding share with it counted as non-encoding time. `--build-only` stops after the
+   build: one build per process, so repeated runs each pay the same one-off costs.
 2. Vector search: 100,000 calibrated vectors (flow output is a standard Gaussian, so L2-normalized Gaussian
    samples are what the index holds); our `VectorStore.search` against `faiss.IndexFlatIP.search` on the same
    vectors and queries, one query at a time and in batches (target: within 10%).

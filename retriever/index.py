@@ -179,7 +179,7 @@ class Index:
         timings = {"read": time.perf_counter() - started}
         clock = time.perf_counter()
         encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
-        timings["load_model"] = time.perf_counter() - clock  # in a fresh process, mostly transformers importing its code
+        timings["load_model"] = time.perf_counter() - clock  # in a fresh process: mostly importing model code
 
         clock = time.perf_counter()
         raw, truncated = encoder.encode_counting_truncated([document_text(d) for d in documents], progress=progress)
