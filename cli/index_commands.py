@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli import options
+from retriever.index_folder import index_options
 from retriever.progress import stderr_console
 
 stdout = Console(soft_wrap=True)
@@ -74,7 +75,7 @@ def build(
     _report("built", summary, "encoded")
     stderr_console.print(
         f"{summary.truncated} documents truncated at the max length; encoding took {share:.0%} of the time\n"
-        f"search it with: retriever search \"...\" --name {name}"
+        f"search it with: retriever search \"...\" {index_options(index_dir, name)}"
     )
 
 
@@ -136,7 +137,9 @@ def add(
     from retriever.index import Index
 
     index = Index.open(_pick(index_dir, name, writing=True), index_dir, device=device)
-    _report("updated", index.add(corpus, encoding, progress=True), "added")
+    summary = index.add(corpus, encoding, progress=True)
+    _report("updated", summary, "added")
+    stderr_console.print(f"{summary.truncated} documents truncated at the max length")
 
 
 def delete(

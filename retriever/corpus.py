@@ -2,7 +2,8 @@
 
 Formats, picked by extension:
 
-- ``.txt``: one document per non-blank line; the id is the 1-based line number.
+- ``.txt``: one document per non-blank line; the id is ``FILE:LINE`` (file name, 1-based line number), so
+  documents added later from another ``.txt`` file do not clash with the first file's.
 - ``.jsonl``: one JSON object per line, BEIR layout: ``_id`` (or ``id``), ``text``, optional ``title``.
 - ``.csv`` / ``.tsv``: a header row naming ``id`` and ``text`` (optional ``title``); ``.tsv`` fields are not
   quoted (a tab or newline cannot occur inside one), ``.csv`` follows the usual quoting rules.
@@ -64,6 +65,9 @@ def read_queries(path: str | Path, encoding: str = "utf-8") -> list[tuple[str, s
     if not queries:
         raise RetrieverError(f"{path}: no queries (the file is empty or all blank lines)")
     check_unique_ids(queries)
+    # Query ids only label output lines, so a .txt file's are plain line numbers (documents carry the file name).
+    if Path(path).suffix.lower() == ".txt":
+        return [(str(q.line), q.text) for q in queries]
     return [(q.doc_id, q.text) for q in queries]
 
 
@@ -144,7 +148,7 @@ def _read_txt(lines: Iterator[str], path: Path) -> Iterator[Document]:
     for number, line in enumerate(lines, start=1):
         text = line.strip()
         if text:
-            yield Document(doc_id=str(number), text=text, title=None, source=str(path), line=number)
+            yield Document(doc_id=f"{path.name}:{number}", text=text, title=None, source=str(path), line=number)
 
 
 def _read_jsonl(lines: Iterator[str], path: Path) -> Iterator[Document]:

@@ -23,17 +23,29 @@ from retriever.calibration import DEFAULT_CALIBRATOR, load_calibrator, make_cali
 from retriever.corpus import Document, check_unique_ids, read_corpus
 from retriever.encoder import Encoder
 from retriever.errors import RetrieverError
-from retriever.index_folder import read_manifest, resolve_existing, write_manifest, writing
+from retriever.index_folder import (
+    DEFAULT_INDEX_DIR,
+    check_target,
+    read_manifest,
+    resolve_existing,
+    write_manifest,
+    writing,
+)
 from retriever.store.metadata import MetadataStore
 from retriever.store.vectors import INDEX_TYPES, VectorStore
 
-DEFAULT_INDEX_DIR = "indexes"
 FORMAT_VERSION = 1
 # File names inside a version folder.
 VECTORS, DOCUMENTS, RAW_VECTORS, RAW_IDS, CALIBRATOR = (
     "vectors.faiss", "documents.db", "raw_vectors.npy", "raw_ids.npy", "calibrator",
 )
 FLOAT16_MAX = 65504.0
+# What readers take from a manifest, with the JSON type each must have; checksums cannot vouch for the manifest
+# itself, so a damaged one must fail here with a clear line rather than deep inside a command.
+MANIFEST_FIELDS = {"name": str, "created": str, "encoder": dict, "calibrator": dict, "index_type": str, "dim": int,
+                   "documents": int, "versions": dict}
+ENCODER_FIELDS = {"model": str, "pooling": str, "layers": (list, type(None)), "max_length": int, "dtype": str,
+                  "dim": int}
 
 
 @dataclass
@@ -81,12 +93,17 @@ class Index:
         self.metadata = MetadataStore(folder / DOCUMENTS, readonly=True)
         self.vectors = VectorStore.load(folder / VECTORS, device=device)
         self.calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=manifest["encoder"]["dim"])
+        # Mapped now, read on demand: the mapping keeps this version's data readable even after later writes
+        # prune its folder, as the open SQLite connection does for the documents.
+        self._raw = _load_mapped(folder / RAW_VECTORS), _load_mapped(folder / RAW_IDS)
         self._encoder: Encoder | None = None
 
     @classmethod
     def open(cls, name: str, index_dir: str | Path = DEFAULT_INDEX_DIR, device: str = "auto", verify: bool = True) -> Index:
         folder = resolve_existing(index_dir, name)  # resolved once: a concurrent swap cannot mix versions
-        return cls(folder, read_manifest(folder, verify=verify), device=device, index_dir=index_dir)
+        manifest = read_manifest(folder, verify=verify, name=name)
+        _check_manifest(manifest, name, folder)
+        return cls(folder, manifest, device=device, index_dir=index_dir)
 
     @property
     def encoder(self) -> Encoder:
@@ -94,8 +111,10 @@ class Index:
         if self._encoder is None:
             try:
                 self._encoder = Encoder.from_config(self.manifest["encoder"], device=self.device)
-            except RetrieverError as error:
-                raise RetrieverError(f"index '{self.name}' cannot encode queries: {error}") from None
+            except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have
+                raise RetrieverError(
+                    f"index '{self.name}' cannot encode text with the model it was built with: {error}"
+                ) from None
         return self._encoder
 
     def __len__(self) -> int:
@@ -128,7 +147,8 @@ class Index:
 
     def raw_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """The uncalibrated vectors (float32) and their row ids, as stored for refitting."""
-        return np.load(self.folder / RAW_VECTORS).astype(np.float32), np.load(self.folder / RAW_IDS)
+        raw, ids = self._raw
+        return raw.astype(np.float32), np.array(ids)
 
     def info(self, sample: int = 5000, seed: int = 0) -> dict:
         """Manifest, counts, and isotropy before and after calibration on a sample of the stored vectors."""
@@ -176,6 +196,7 @@ class Index:
         fitted = make_calibrator(calibrator, **(calibrator_options or {}))  # so does a bad calibrator name
         if index_type not in INDEX_TYPES:  # and a bad index type
             raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
+        check_target(index_dir, name)  # and a folder in the way
         timings = {"read": time.perf_counter() - started}
         clock = time.perf_counter()
         encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
@@ -299,6 +320,28 @@ class Index:
                 continue
             (shutil.copytree if path.is_dir() else shutil.copy2)(path, folder / path.name)
         return folder
+
+
+def _check_manifest(manifest: dict, name: str, folder: Path) -> None:
+    def damaged(problem: str) -> RetrieverError:
+        return RetrieverError(f"index '{name}' is damaged: {folder / 'manifest.json'} {problem}; rebuild the index")
+
+    sections = ((MANIFEST_FIELDS, manifest, ""), (ENCODER_FIELDS, manifest.get("encoder"), "encoder."))
+    for fields, record, where in sections:  # the encoder section is reached only once it is known to be a dict
+        for field_name, kind in fields.items():
+            if field_name not in record:
+                raise damaged(f"lacks '{where}{field_name}'")
+            if not isinstance(record[field_name], kind) or isinstance(record[field_name], bool):
+                raise damaged(f"has a wrong type for '{where}{field_name}'")
+    if not isinstance(manifest["calibrator"].get("name"), str):
+        raise damaged("lacks 'calibrator.name'")
+
+
+def _load_mapped(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r")
+    except ValueError:  # older numpy cannot map an empty array (every document deleted)
+        return np.load(path)
 
 
 def _save_raw(folder: Path, raw: np.ndarray, rowids: np.ndarray) -> None:

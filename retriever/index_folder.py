@@ -29,6 +29,7 @@ from retriever.errors import RetrieverError
 MANIFEST = "manifest.json"
 VERSIONS = ".versions"
 KEEP_VERSIONS = 2  # the current one and the one before it
+DEFAULT_INDEX_DIR = "indexes"
 
 
 def check_name(name: str) -> str:
@@ -41,14 +42,30 @@ def index_path(index_dir: str | Path, name: str) -> Path:
     return Path(index_dir) / check_name(name)
 
 
+def index_options(index_dir: str | Path, name: str | None = None) -> str:
+    """The CLI options that point at this index, for the hints in messages."""
+    options = [f"--name {name}"] if name else []
+    if Path(index_dir) != Path(DEFAULT_INDEX_DIR):
+        options.append(f"--index-dir {index_dir}")
+    return " ".join(options)
+
+
 def resolve_existing(index_dir: str | Path, name: str) -> Path:
     """The folder of the current version of NAME (a plain folder works too)."""
     link = index_path(index_dir, name)
     if not link.exists():
         raise RetrieverError(
-            f"no index named '{name}' in {index_dir}; build it with: retriever build CORPUS --name {name}"
+            f"no index named '{name}' in {index_dir}; build it with: "
+            f"retriever build CORPUS {index_options(index_dir, name)}"
         )
     return link.resolve()
+
+
+def check_target(index_dir: str | Path, name: str) -> None:
+    """Writing NAME replaces a link; a plain folder in its place is someone else's and is never replaced."""
+    link = index_path(index_dir, name)
+    if link.exists() and not link.is_symlink():
+        raise RetrieverError(f"{link} is a plain folder, not a retriever index link; move it away first")
 
 
 def sha256_file(path: Path) -> str:
@@ -68,24 +85,30 @@ def checksums(folder: Path) -> dict[str, str]:
     }
 
 
-def read_manifest(folder: Path, verify: bool = True) -> dict:
-    """The manifest of a complete version; with verify, every file's checksum is compared with it."""
+def read_manifest(folder: Path, verify: bool = True, name: str | None = None) -> dict:
+    """The manifest of a complete version; with verify, every file's checksum is compared with it.
+
+    NAME (the index's name) is what error messages call the index; the version folder's name otherwise."""
+    label = f"index '{name}'" if name else f"index {folder.name}"
     manifest_path = folder / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise RetrieverError(f"{folder}: no {MANIFEST}; the index is incomplete, rebuild it") from None
+        raise RetrieverError(f"{label} is incomplete: {folder} has no {MANIFEST}; rebuild the index") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RetrieverError(f"{manifest_path} is corrupted (not valid JSON); rebuild the index") from None
+        raise RetrieverError(f"{label} is damaged: {manifest_path} is not valid JSON; rebuild the index") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    # Without its checksums a manifest could vouch for nothing, so it is damaged too.
+    if not files or not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
+        raise RetrieverError(f"{label} is damaged: {manifest_path} lists no file checksums; rebuild the index")
     if verify:
-        expected = manifest.get("files", {})
-        for relative, digest in expected.items():
+        for relative, digest in files.items():
             path = folder / relative
             if not path.is_file():
-                raise RetrieverError(f"index {folder.name} is damaged: {relative} is missing; rebuild the index")
+                raise RetrieverError(f"{label} is damaged: {relative} is missing; rebuild the index")
             if sha256_file(path) != digest:
                 raise RetrieverError(
-                    f"index {folder.name} is damaged: {relative} does not match its manifest checksum; rebuild the index"
+                    f"{label} is damaged: {relative} does not match its manifest checksum; rebuild the index"
                 )
     return manifest
 
@@ -111,8 +134,7 @@ class IndexWriter:
         final = self.versions / self.version
         os.rename(self.folder, final)
         _fsync_dir(self.versions)
-        if self.link.exists() and not self.link.is_symlink():
-            raise RetrieverError(f"{self.link} is a plain folder, not a retriever index link; move it away first")
+        check_target(self.link.parent, self.link.name)  # again: a folder could have appeared meanwhile
         temporary_link = self.link.with_name(f".{self.link.name}.{self.version}.link")
         os.symlink(os.path.relpath(final, self.link.parent), temporary_link)
         os.replace(temporary_link, self.link)  # the atomic moment: readers now open the new version
@@ -135,6 +157,7 @@ def writing(index_dir: str | Path, name: str) -> Iterator[IndexWriter]:
     Read-modify-write operations (add, delete, refit) must read the current version inside this block.
     """
     writer = IndexWriter(index_dir, name)
+    check_target(index_dir, name)
     writer.versions.mkdir(parents=True, exist_ok=True)
     with open(writer.versions / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # writers of one name take turns; readers never wait
@@ -182,7 +205,7 @@ def pick_index(index_dir: str | Path, name: str | None, writing: bool = False) -
         return check_name(name)
     names = list_indexes(index_dir)
     if not names:
-        raise RetrieverError(f"no index in {index_dir}; build one with: retriever build CORPUS")
+        raise RetrieverError(f"no index in {index_dir}; build one with: retriever build CORPUS {index_options(index_dir)}".rstrip())
     if len(names) > 1 and writing:
         raise RetrieverError(f"{len(names)} indexes in {index_dir} ({', '.join(names)}); say which with --name")
     return names[0]

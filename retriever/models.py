@@ -81,6 +81,8 @@ def load_model(name: str | None) -> LoadedModel:
     is_folder = Path(path).is_dir()
     if not is_folder and Path(path).exists():
         raise RetrieverError(f"model '{name}': {path} is a file; pass the folder that holds config.json")
+    if not is_folder and _looks_like_a_path(path):
+        raise RetrieverError(f"model folder {path} does not exist")
 
     def load(local_only: bool):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
@@ -94,8 +96,8 @@ def load_model(name: str | None) -> LoadedModel:
             raise RetrieverError(f"model folder {path} could not be loaded: {_first_line(local_error)}") from None
         if not _hub_reachable():
             raise RetrieverError(
-                f"model '{name}' is not in the local cache and the Hugging Face hub cannot be reached (no network); "
-                "pass a local folder with --model /path/to/model"
+                f"model '{name}' is not in the local Hugging Face cache and the hub cannot be reached (no network); "
+                "use a local model folder, or a model in the cache"
             ) from None
         try:
             tokenizer, model = load(local_only=False)
@@ -111,6 +113,11 @@ def load_model(name: str | None) -> LoadedModel:
         model=model,
         max_length=model_max_length(path, tokenizer),
     )
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """Hub ids are NAME or OWNER/NAME; anything else that is not a folder was meant as a path."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def _first_line(error: Exception) -> str:

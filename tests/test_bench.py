@@ -210,7 +210,7 @@ def test_cli_errors_exit_1_with_one_line(fake_data, tmp_path):
     paper = run_cli("bench", "stsb", "--model", "bert-base-uncased", "--pooling", "first-last-avg",
                     "--data-dir", fake_data, "--no-cache", env=offline)
     for done, phrase in [(unknown, "unknown dataset 'sts17'"), (missing, "nowhere is not a folder"),
-                         (paper, "'bert-base-uncased' is not in the local cache")]:
+                         (paper, "'bert-base-uncased' is not in the local Hugging Face cache")]:
         assert done.returncode == 1, done.stderr
         assert done.stderr.strip().count("\n") == 0 and phrase in done.stderr
         assert done.stdout == ""

@@ -38,7 +38,7 @@ def test_build_names_the_index_after_the_corpus_and_search_prints_json(built, cl
     assert done.returncode == 0, done.stderr
     hits = json.loads(done.stdout)
     assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "title", "text"}] * 2
-    assert hits[0]["doc_id"] == "3" and hits[0]["text"] == TEXTS[2] and hits[0]["rank"] == 1  # txt ids: line numbers
+    assert hits[0]["doc_id"] == "docs.txt:3" and hits[0]["text"] == TEXTS[2] and hits[0]["rank"] == 1  # FILE:LINE
 
 
 def test_search_queries_file_gives_one_json_line_per_query(built, cli, tmp_path):
@@ -48,7 +48,7 @@ def test_search_queries_file_gives_one_json_line_per_query(built, cli, tmp_path)
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["query_id"] for r in records] == ["q1", "q2"]
-    assert [r["results"][0]["doc_id"] for r in records] == ["1", "4"]
+    assert [r["results"][0]["doc_id"] for r in records] == ["docs.txt:1", "docs.txt:4"]
     assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"doc_id", "score"} for r in records)
 
 
@@ -58,7 +58,7 @@ def test_search_table_add_delete_info(built, cli, tmp_path):
     extra = tmp_path / "extra.csv"
     extra.write_text("id,text\nnew-1,A kitten plays with yarn.\n", encoding="utf-8")
     assert cli("add", extra, "--name", "docs", "--index-dir", built).returncode == 0
-    assert cli("delete", "2", "--name", "docs", "--index-dir", built).returncode == 0
+    assert cli("delete", "docs.txt:2", "--name", "docs", "--index-dir", built).returncode == 0
     info = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)
     assert info["documents"] == 4 and info["manifest"]["calibrator"] == {"name": "none"}
     assert cli("refit", "--name", "docs", "-c", "whitening", "--index-dir", built).returncode == 0
@@ -89,7 +89,7 @@ def test_bad_inputs_are_one_line_errors(built, cli, tmp_path, tiny_bert):
     assert_one_line_error(cli("build", duplicated, "--index-dir", built), "'a'")
 
     assert_one_line_error(cli("search", "q", "--name", "absent", "--index-dir", built),
-                          "no index named 'absent'", "retriever build")
+                          "no index named 'absent'", f"retriever build CORPUS --name absent --index-dir {built}")
     assert_one_line_error(cli("build", blank.with_name("nothing.txt"), "--index-dir", built), "nothing.txt")
     good = tmp_path / "docs.txt"
     assert_one_line_error(cli("build", good, "--calibrator", "magic", "--index-dir", built), "unknown calibrator")
@@ -105,7 +105,7 @@ def test_an_index_whose_model_is_gone_says_so(built, cli, tmp_path, tiny_bert):
                    "--index-dir", built).returncode == 0
     shutil.rmtree(moved)
     assert_one_line_error(cli("search", "q", "--name", "orphan", "--index-dir", built),
-                          "index 'orphan' cannot encode queries", "moved-model")
+                          "index 'orphan' cannot encode text with the model it was built with", "moved-model")
 
 
 def test_a_damaged_index_is_refused(built, cli):
@@ -116,14 +116,22 @@ def test_a_damaged_index_is_refused(built, cli):
                           "documents.db does not match its manifest checksum")
 
 
+def test_add_counts_truncated_documents(built, cli, tmp_path):
+    more = tmp_path / "more.txt"  # a second .txt file: its ids (more.txt:1, ...) do not clash with docs.txt's
+    more.write_text("A short new document.\n" + "word " * 2000 + "\n", encoding="utf-8")
+    done = cli("add", more, "--name", "docs", "--index-dir", built)
+    assert done.returncode == 0, done.stderr
+    assert "6 documents (2 added)" in done.stderr and "1 documents truncated at the max length" in done.stderr
+
+
 def test_commands_without_name_pick_the_index(built, cli, tmp_path, tiny_bert):
     done = cli("search", TEXTS[0], "--json", "--index-dir", built)  # the only index: docs
-    assert done.returncode == 0 and json.loads(done.stdout)[0]["doc_id"] == "1"
+    assert done.returncode == 0 and json.loads(done.stdout)[0]["doc_id"] == "docs.txt:1"
     assert "using index 'docs'" in done.stderr
     newer = tmp_path / "newer.txt"
     newer.write_text("A brand new document.\n", encoding="utf-8")
     assert cli("build", newer, "--model", tiny_bert, "--calibrator", "none", "--index-dir", built).returncode == 0
     done = cli("search", "anything", "--json", "--index-dir", built)  # reads take the latest built
     assert done.returncode == 0 and json.loads(done.stdout)[0]["text"] == "A brand new document."
-    assert_one_line_error(cli("delete", "1", "--index-dir", built), "newer, docs", "--name")  # writes never guess
+    assert_one_line_error(cli("delete", "docs.txt:1", "--index-dir", built), "newer, docs", "--name")  # writes never guess
     assert_one_line_error(cli("search", "q", "--index-dir", tmp_path / "empty"), "no index in", "retriever build")

@@ -30,15 +30,15 @@ def test_txt_one_document_per_non_blank_line(tmp_path):
     path = write(tmp_path, "corpus.txt", "\ufefffirst doc\r\n\n   \nsecond doc  \nthird\n")
     docs = read_corpus(path)
     assert docs == [
-        Document(doc_id="1", text="first doc", title=None, source=str(path), line=1),
-        Document(doc_id="4", text="second doc", title=None, source=str(path), line=4),
-        Document(doc_id="5", text="third", title=None, source=str(path), line=5),
+        Document(doc_id="corpus.txt:1", text="first doc", title=None, source=str(path), line=1),
+        Document(doc_id="corpus.txt:4", text="second doc", title=None, source=str(path), line=4),
+        Document(doc_id="corpus.txt:5", text="third", title=None, source=str(path), line=5),
     ]
 
 
 def test_txt_stray_carriage_return_does_not_split_a_line(tmp_path):
     docs = read_corpus(write(tmp_path, "corpus.txt", "a\rb\nc\n"))
-    assert [(d.doc_id, d.text) for d in docs] == [("1", "a\rb"), ("2", "c")]
+    assert [(d.doc_id, d.text) for d in docs] == [("corpus.txt:1", "a\rb"), ("corpus.txt:2", "c")]
 
 
 def test_jsonl_beir_layout(tmp_path):

@@ -106,6 +106,7 @@ def test_config_round_trip(tiny_bert):
     "kwargs, message",
     [
         ({"model": "no-such-org/no-such-model"}, "cannot be reached"),
+        ({"model": "/no/such/model-folder"}, "model folder /no/such/model-folder does not exist"),
         ({"layers": "0,9"}, "layer 9 does not exist"),
         ({"pooling": "max"}, "unknown pooling"),
         ({"layers": "a,b"}, "comma-separated integers"),

@@ -16,7 +16,7 @@ import pytest
 
 from retriever.errors import RetrieverError
 from retriever.index import Index, l2_normalize
-from retriever.index_folder import MANIFEST, VERSIONS
+from retriever.index_folder import KEEP_VERSIONS, MANIFEST, VERSIONS
 
 DOCS = {
     "guitar": "A man is playing a guitar on stage.",
@@ -139,13 +139,78 @@ def test_corrupted_files_are_detected_by_checksums(tiny_index, tmp_path):
     with pytest.raises(RetrieverError, match="vectors.faiss does not match its manifest checksum"):
         Index.open("tiny", tmp_path / "indexes", device="cpu")
     (tiny_index.folder / MANIFEST).write_text('{"name": "tiny", "fil')
-    with pytest.raises(RetrieverError, match="corrupted"):
+    with pytest.raises(RetrieverError, match="index 'tiny' is damaged: .* is not valid JSON"):
+        Index.open("tiny", tmp_path / "indexes", device="cpu")
+
+
+def drop(mapping: dict, *path: str) -> dict:
+    """A deep copy of a manifest without the key at path."""
+    copy = json.loads(json.dumps(mapping))
+    parent = copy
+    for key in path[:-1]:
+        parent = parent[key]
+    del parent[path[-1]]
+    return copy
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda m: {}, "lists no file checksums"),
+        (lambda m: [m], "lists no file checksums"),
+        (lambda m: drop(m, "files"), "lists no file checksums"),
+        (lambda m: drop(m, "encoder", "model"), "lacks 'encoder.model'"),
+        (lambda m: drop(m, "index_type"), "lacks 'index_type'"),
+        (lambda m: {**m, "dim": "32"}, "wrong type for 'dim'"),
+        (lambda m: {**m, "encoder": "bert"}, "wrong type for 'encoder'"),
+        (lambda m: drop(m, "calibrator", "name"), "lacks 'calibrator.name'"),
+    ],
+)
+def test_a_manifest_that_parses_but_is_damaged_is_refused(tiny_index, tmp_path, damage, message):
+    # Checksums cannot vouch for the manifest itself, so its shape is checked before anything trusts it.
+    manifest = json.loads((tiny_index.folder / MANIFEST).read_text())
+    (tiny_index.folder / MANIFEST).write_text(json.dumps(damage(manifest)))
+    with pytest.raises(RetrieverError, match=f"index 'tiny' is damaged: .*{message}.*; rebuild the index"):
         Index.open("tiny", tmp_path / "indexes", device="cpu")
 
 
 def test_missing_index_says_how_to_build_it(tmp_path):
-    with pytest.raises(RetrieverError, match="retriever build CORPUS --name nowhere"):
+    with pytest.raises(RetrieverError, match=f"retriever build CORPUS --name nowhere --index-dir {tmp_path}$"):
         Index.open("nowhere", tmp_path)
+
+
+def test_an_opened_index_keeps_its_version_after_later_writes_prune_it(tiny_index, tmp_path):
+    query = DOCS["rain"]
+    before = tiny_index.search(query, k=3)
+    for number in range(KEEP_VERSIONS):
+        extra = write_jsonl(tmp_path / f"extra{number}.jsonl", {f"new{number}": f"Brand new document {number}."})
+        Index.open("tiny", tmp_path / "indexes", device="cpu").add(extra)
+    assert not tiny_index.folder.exists()  # pruned
+    assert tiny_index.search(query, k=3) == before
+    assert tiny_index.info()["documents"] == len(DOCS) and len(tiny_index.raw_vectors()[0]) == len(DOCS)
+
+
+def test_txt_documents_from_two_files_keep_apart(tmp_path, tiny_bert):
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text(f"{DOCS['guitar']}\n\n{DOCS['onion']}\n", encoding="utf-8")
+    second.write_text(f"{DOCS['dog']}\n", encoding="utf-8")
+    Index.build(first, "lines", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
+    Index.open("lines", tmp_path, device="cpu").add(second)  # line 1 again, in another file: no clash
+    index = Index.open("lines", tmp_path, device="cpu")
+    found = [hits[0].doc_id for hits in index.search([DOCS["guitar"], DOCS["onion"], DOCS["dog"]], k=1)]
+    assert found == ["first.txt:1", "first.txt:3", "second.txt:1"]
+
+
+def test_a_plain_folder_in_the_way_is_refused_before_encoding(tmp_path, corpus, monkeypatch):
+    from retriever.encoder import Encoder
+
+    monkeypatch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("encoded before refusing"))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.md").write_text("the user's own files")
+    with pytest.raises(RetrieverError, match="plain folder"):
+        Index.build(corpus, "mine", tmp_path)
+    assert (tmp_path / "mine" / "notes.md").read_text() == "the user's own files"
+    assert not (tmp_path / VERSIONS).exists()
 
 
 def test_a_failed_build_leaves_the_previous_index_intact(tiny_index, tmp_path, tiny_bert, monkeypatch):
