@@ -25,7 +25,9 @@ from retriever.encoder import Encoder
 from retriever.errors import RetrieverError
 from retriever.index_folder import (
     DEFAULT_INDEX_DIR,
+    MANIFEST,
     check_target,
+    damaged_index,
     read_manifest,
     resolve_existing,
     write_manifest,
@@ -95,7 +97,7 @@ class Index:
         self.calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=manifest["encoder"]["dim"])
         # Mapped now, read on demand: the mapping keeps this version's data readable even after later writes
         # prune its folder, as the open SQLite connection does for the documents.
-        self._raw = _load_mapped(folder / RAW_VECTORS), _load_mapped(folder / RAW_IDS)
+        self._raw = np.load(folder / RAW_VECTORS, mmap_mode="r"), np.load(folder / RAW_IDS, mmap_mode="r")
         self._encoder: Encoder | None = None
 
     @classmethod
@@ -324,7 +326,7 @@ class Index:
 
 def _check_manifest(manifest: dict, name: str, folder: Path) -> None:
     def damaged(problem: str) -> RetrieverError:
-        return RetrieverError(f"index '{name}' is damaged: {folder / 'manifest.json'} {problem}; rebuild the index")
+        return damaged_index(f"index '{name}'", f"{folder / MANIFEST} {problem}")
 
     sections = ((MANIFEST_FIELDS, manifest, ""), (ENCODER_FIELDS, manifest.get("encoder"), "encoder."))
     for fields, record, where in sections:  # the encoder section is reached only once it is known to be a dict
@@ -335,13 +337,6 @@ def _check_manifest(manifest: dict, name: str, folder: Path) -> None:
                 raise damaged(f"has a wrong type for '{where}{field_name}'")
     if not isinstance(manifest["calibrator"].get("name"), str):
         raise damaged("lacks 'calibrator.name'")
-
-
-def _load_mapped(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, mmap_mode="r")
-    except ValueError:  # older numpy cannot map an empty array (every document deleted)
-        return np.load(path)
 
 
 def _save_raw(folder: Path, raw: np.ndarray, rowids: np.ndarray) -> None:

@@ -68,6 +68,10 @@ def check_target(index_dir: str | Path, name: str) -> None:
         raise RetrieverError(f"{link} is a plain folder, not a retriever index link; move it away first")
 
 
+def damaged_index(label: str, problem: str) -> RetrieverError:
+    return RetrieverError(f"{label} is damaged: {problem}; rebuild the index")
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:
@@ -96,20 +100,18 @@ def read_manifest(folder: Path, verify: bool = True, name: str | None = None) ->
     except FileNotFoundError:
         raise RetrieverError(f"{label} is incomplete: {folder} has no {MANIFEST}; rebuild the index") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RetrieverError(f"{label} is damaged: {manifest_path} is not valid JSON; rebuild the index") from None
+        raise damaged_index(label, f"{manifest_path} is not valid JSON") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     # Without its checksums a manifest could vouch for nothing, so it is damaged too.
     if not files or not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
-        raise RetrieverError(f"{label} is damaged: {manifest_path} lists no file checksums; rebuild the index")
+        raise damaged_index(label, f"{manifest_path} lists no file checksums")
     if verify:
         for relative, digest in files.items():
             path = folder / relative
             if not path.is_file():
-                raise RetrieverError(f"{label} is damaged: {relative} is missing; rebuild the index")
+                raise damaged_index(label, f"{relative} is missing")
             if sha256_file(path) != digest:
-                raise RetrieverError(
-                    f"{label} is damaged: {relative} does not match its manifest checksum; rebuild the index"
-                )
+                raise damaged_index(label, f"{relative} does not match its manifest checksum")
     return manifest
 
 
@@ -205,7 +207,8 @@ def pick_index(index_dir: str | Path, name: str | None, writing: bool = False) -
         return check_name(name)
     names = list_indexes(index_dir)
     if not names:
-        raise RetrieverError(f"no index in {index_dir}; build one with: retriever build CORPUS {index_options(index_dir)}".rstrip())
+        build = f"retriever build CORPUS {index_options(index_dir)}".rstrip()
+        raise RetrieverError(f"no index in {index_dir}; build one with: {build}")
     if len(names) > 1 and writing:
         raise RetrieverError(f"{len(names)} indexes in {index_dir} ({', '.join(names)}); say which with --name")
     return names[0]
