@@ -1,4 +1,5 @@
-"""build, search, add, delete, refit, info: option parsing and rendering around `retriever.index.Index`."""
+"""build, search, add, delete, compact, refit, info, verify: option parsing and rendering around
+`retriever.index.Index`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli import options
+from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.index_folder import index_options
 from retriever.progress import stderr_console
 
@@ -40,43 +42,69 @@ def _snippet(text: str, width: int = 100) -> str:
 
 
 def _report(verb: str, summary, extra: str = "") -> None:
+    for note in summary.notes:
+        stderr_console.print(note)
     stderr_console.print(
-        f"{verb} index '{summary.name}': {summary.documents} documents ({summary.changed} {extra or 'changed'})"
-        f" in {summary.seconds:.1f}s"
+        f"{verb} index '{summary.name}': {_count(summary.documents, 'document')} ({summary.changed:,} "
+        f"{extra or 'changed'}) in {summary.seconds:.1f}s"
     )
 
 
 def build(
-    corpus: Annotated[Path, typer.Argument(help=".txt (one document per line), BEIR .jsonl, or .csv/.tsv with id,text")],
+    corpus: Annotated[Path, typer.Argument(help=".txt (one document per line), BEIR .jsonl, .csv/.tsv with id,text, or .gz of them")],
     name: Annotated[Optional[str], typer.Option("--name", "-n", help="index name [default: the corpus file's stem]")] = None,
+    vectors: Annotated[Optional[Path], typer.Option(
+        "--vectors", help="precomputed raw vectors: a .npy or a folder of .npy shards, row i = document i, made by "
+        "the encoder --model/--pooling/--layers/--max-length name (e.g. by `retriever encode`); nothing is encoded")] = None,
     model: options.Model = None,
     pooling: options.Pooling = "last-avg",
     layers: options.Layers = None,
     max_length: options.MaxLength = None,
     calibrator: Calibrator = "flow",
     seed: Seed = None,
-    index_type: Annotated[str, typer.Option("--index-type", help="flat (exact) | hnsw (approximate, large corpora)")] = "flat",
+    fit_sample: Annotated[int, typer.Option(
+        "--fit-sample", help="fit the calibrator on at most this many vectors (uniform, seeded by --seed)")] = DEFAULT_FIT_SAMPLE,
+    index_type: Annotated[str, typer.Option(
+        "--index-type", help="auto (by corpus size and memory) | flat (exact) | hnsw | ivf | ivfpq (compressed)")] = "auto",
+    opq: Annotated[bool, typer.Option("--opq", help="ivfpq: rotate with OPQ before quantizing")] = False,
+    fresh: Annotated[bool, typer.Option(
+        "--fresh", help="start over even if a killed build of this corpus can be resumed")] = False,
     device: options.Device = "auto",
     dtype: options.Dtype = "fp32",
     batch_size: options.BatchSize = 64,
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = "indexes",
 ) -> None:
-    """Encode CORPUS, fit the calibrator on it (unsupervised), and store a calibrated FAISS + SQLite index."""
+    """Encode CORPUS (or take --vectors), fit the calibrator on a sample of it (unsupervised), and store a
+    calibrated FAISS + SQLite index. Streamed in chunks; a killed build re-run with the same corpus and encoder
+    settings resumes from its last finished chunk."""
     from retriever.index import Index
 
-    name = name or corpus.stem
+    name = name or _stem(corpus)
     summary = Index.build(
-        corpus, name, index_dir, model=model, pooling=pooling, layers=layers, max_length=max_length,
-        calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None,
-        index_type=index_type, device=device, dtype=dtype, batch_size=batch_size, encoding=encoding, progress=True,
+        corpus, name, index_dir, vectors=vectors, model=model, pooling=pooling, layers=layers, max_length=max_length,
+        calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None, fit_sample=fit_sample,
+        index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
+        batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True,
     )
-    share = summary.timings["encode"] / summary.seconds if summary.seconds else 0.0
-    _report("built", summary, "encoded")
-    stderr_console.print(
-        f"{summary.truncated} documents truncated at the max length; encoding took {share:.0%} of the time\n"
-        f"search it with: retriever search \"...\" {index_options(index_dir, name)}"
-    )
+    _report("built", summary, "encoded" if vectors is None else "indexed")
+    if vectors is None:
+        share = summary.timings["encode"] / summary.seconds if summary.seconds else 0.0
+        stderr_console.print(f"{_count(summary.truncated, 'document')} truncated at the max length; "
+                             f"encoding took {share:.0%} of the time")
+    stderr_console.print(f"search it with: retriever search \"...\" {index_options(index_dir, name)}")
+
+
+def _stem(corpus: Path) -> str:
+    """corpus.jsonl.gz -> corpus."""
+    name = corpus.name
+    for suffix in reversed(corpus.suffixes):
+        name = name.removesuffix(suffix) if suffix.lower() in (".gz", ".txt", ".jsonl", ".csv", ".tsv") else name
+    return name or corpus.stem
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def search(
@@ -85,6 +113,12 @@ def search(
     k: Annotated[int, typer.Option("-k", help="results per query")] = 10,
     queries: Annotated[Optional[Path], typer.Option("--queries", help=".txt (one per line) or BEIR queries.jsonl")] = None,
     as_json: Json = False,
+    nprobe: Annotated[Optional[int], typer.Option(
+        "--nprobe", help="ivf/ivfpq: buckets scanned per query [default: the index's, set for recall@10 >= 0.95]")] = None,
+    ef_search: Annotated[Optional[int], typer.Option(
+        "--ef-search", help="hnsw: candidates kept per query [default: the index's]")] = None,
+    rerank: Annotated[Optional[int], typer.Option(
+        "--rerank", help="ivfpq: re-score k x this many candidates exactly [default: the index's]")] = None,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = "indexes",
@@ -98,14 +132,15 @@ def search(
         raise RetrieverError('give either a query ("...") or --queries FILE')
     index = Index.open(_pick(index_dir, name), index_dir, device=device)
     if queries is None:
-        hits = index.search(query, k)[0]
+        hits = index.search(query, k, nprobe=nprobe, ef_search=ef_search, rerank=rerank)[0]
         if as_json:
             print(json.dumps([asdict(hit) for hit in hits], ensure_ascii=False))
         else:
             _hits_table(query, hits)
         return
     batch = read_queries(queries, encoding=encoding)
-    results = index.search([text for _, text in batch], k, progress=True)
+    results = index.search([text for _, text in batch], k, progress=True, nprobe=nprobe, ef_search=ef_search,
+                           rerank=rerank)
     for (query_id, text), hits in zip(batch, results):
         if as_json:
             record = {"query_id": query_id, "results": [{"doc_id": h.doc_id, "score": h.score} for h in hits]}
@@ -129,17 +164,21 @@ def _hits_table(title: str, hits) -> None:
 def add(
     corpus: Annotated[Path, typer.Argument(help="new documents, in any corpus format build accepts")],
     name: options.IndexName = None,
+    vectors: Annotated[Optional[Path], typer.Option(
+        "--vectors", help="their precomputed raw vectors (.npy or folder of shards), made with the index's encoder")] = None,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = "indexes",
 ) -> None:
-    """Encode new documents with the saved calibrator (no refit) and append them."""
+    """Encode new documents (or take --vectors), calibrate them with the saved calibrator (no refit) and write
+    them as a new segment; the rest of the index is reused as it is."""
     from retriever.index import Index
 
     index = Index.open(_pick(index_dir, name, writing=True), index_dir, device=device)
-    summary = index.add(corpus, encoding, progress=True)
+    summary = index.add(corpus, encoding, progress=True, vectors=vectors)
     _report("updated", summary, "added")
-    stderr_console.print(f"{summary.truncated} documents truncated at the max length")
+    if vectors is None:
+        stderr_console.print(f"{_count(summary.truncated, 'document')} truncated at the max length")
 
 
 def delete(
@@ -154,6 +193,20 @@ def delete(
     _report("updated", index.delete(doc_ids), "removed")
 
 
+def compact(
+    name: options.IndexName = None,
+    index_dir: options.IndexDir = "indexes",
+) -> None:
+    """Merge the index's segments into one and drop deleted documents for good (writes also compact by
+    themselves once many segments or deletions pile up)."""
+    from retriever.index import Index
+
+    index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
+    before = len(index.segments)
+    summary = index.compact()
+    _report("compacted", summary, f"deleted dropped, {before} segments merged")
+
+
 def refit(
     name: options.IndexName = None,
     calibrator: Annotated[Optional[str], typer.Option("--calibrator", "-c", help="[default: the index's own]")] = None,
@@ -166,6 +219,22 @@ def refit(
     index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
     summary = index.refit(calibrator, {"seed": seed} if seed is not None else None)
     _report("refitted", summary, "re-calibrated")
+
+
+def verify(
+    name: options.IndexName = None,
+    index_dir: options.IndexDir = "indexes",
+) -> None:
+    """Re-hash every file of the index against its manifest (opening an index only checks sizes)."""
+    import time
+
+    from retriever.index import verify_index
+
+    started = time.perf_counter()
+    name = _pick(index_dir, name)
+    manifest, checked = verify_index(name, index_dir)
+    stderr_console.print(f"index '{name}' is intact: {len(manifest['files'])} files, {checked / 2**20:,.1f} MiB "
+                         f"re-hashed in {time.perf_counter() - started:.1f}s")
 
 
 def info(
@@ -184,12 +253,18 @@ def info(
     table = Table(title=f"index '{manifest['name']}'", show_header=False, title_justify="left")
     encoder = manifest["encoder"]
     pooling = f"layers {encoder['layers']}" if encoder["layers"] else encoder["pooling"]
+    spec = manifest["index"]
+    settings = ", ".join(f"{key} {value}" for key, value in spec.items() if key != "type")
+    fitted = manifest.get("fit", {})
     rows = [
         ("folder", details["folder"]),
-        ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors)"),
+        ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors in {len(details['segments'])} "
+                      f"segments, {details['deleted']:,} of them deleted until compaction)"),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", json.dumps(manifest["calibrator"])),
-        ("index", f"{manifest['index_type']}, {manifest['dim']} dims, search on {details['search_backend']}"),
+        ("fitted on", f"{fitted.get('sample', 0):,} of {fitted.get('of', 0):,} vectors (seed {fitted.get('seed', 0)})"),
+        ("index", f"{spec['type']} ({settings or 'exact'}), {manifest['dim']} dims, "
+                  f"search on {details['search_backend']}"),
         ("created", manifest["created"] + (f", refitted {manifest['refitted']}" if "refitted" in manifest else "")),
         ("versions", ", ".join(f"{k} {v}" for k, v in manifest["versions"].items())),
     ]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
-import numpy as np
 import typer
 
 from cli import options
@@ -40,7 +38,7 @@ def root(
 
 @app.command()
 def encode(
-    file: Annotated[Path, typer.Argument(help="text file, one text per non-blank line (.jsonl/.csv/.tsv corpora work too)")],
+    file: Annotated[Path, typer.Argument(help="corpus: .txt (one text per line), BEIR .jsonl, .csv/.tsv, or .gz of them")],
     out: Annotated[Path, typer.Option("--out", "-o", help="where to write the float32 .npy matrix")],
     model: options.Model = None,
     pooling: options.Pooling = "last-avg",
@@ -51,22 +49,20 @@ def encode(
     batch_size: options.BatchSize = 64,
     encoding: options.Encoding = "utf-8",
 ) -> None:
-    """Encode FILE into a (lines x dim) float32 matrix; the encoder settings go to OUT with a .json suffix."""
-    from retriever.corpus import read_corpus
+    """Encode FILE into a (documents x dim) float32 matrix, row i for document i, exactly as `build` encodes
+    (title and text); OUT.json records the encoder. Streamed in chunks: an interrupted run resumes when re-run.
+    The result feeds `retriever build CORPUS --vectors OUT`."""
     from retriever.encoder import Encoder
+    from retriever.pipeline import count_documents, encode_corpus
     from retriever.progress import stderr_console
 
     if out.suffix != ".npy":
         raise RetrieverError(f"--out must end in .npy (got {out})")
-    texts = [document.text for document in read_corpus(file, encoding=encoding)]
+    total = count_documents(file, encoding)  # a bad corpus fails here, before the model loads
     encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
-    vectors, truncated = encoder.encode_counting_truncated(texts, progress=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.save(out, vectors)
-    record = {"source": str(file), "count": len(texts), "truncated": truncated, "encoder": encoder.config()}
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    result = encode_corpus(file, out, encoder, encoding=encoding, total=total, progress=True)
     stderr_console.print(
-        f"wrote {out} ({vectors.shape[0]} x {vectors.shape[1]}), {truncated} texts truncated at {encoder.max_length} tokens"
+        f"wrote {out} ({result.count} x {encoder.dim}), {result.truncated} texts truncated at {encoder.max_length} tokens"
     )
 
 
@@ -75,7 +71,7 @@ from cli import index_commands  # noqa: E402
 from cli.bench import bench  # noqa: E402
 
 for command in (index_commands.build, index_commands.search, index_commands.add, index_commands.delete,
-                index_commands.refit, index_commands.info, bench):
+                index_commands.compact, index_commands.refit, index_commands.info, index_commands.verify, bench):
     app.command()(command)
 
 

@@ -7,6 +7,7 @@ Formats, picked by extension:
 - ``.jsonl``: one JSON object per line, BEIR layout: ``_id`` (or ``id``), ``text``, optional ``title``.
 - ``.csv`` / ``.tsv``: a header row naming ``id`` and ``text`` (optional ``title``); ``.tsv`` fields are not
   quoted (a tab or newline cannot occur inside one), ``.csv`` follows the usual quoting rules.
+- Any of these gzipped (``corpus.jsonl.gz``), decompressed as a stream.
 
 Ids are always strings (a JSON id ``7`` becomes ``"7"``). Every problem with the input raises
 ``RetrieverError`` with one line naming the file and, where there is one, the line.
@@ -15,7 +16,10 @@ Ids are always strings (a JSON id ``7`` becomes ``"7"``). Every problem with the
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
+import zlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ from typing import TextIO
 from retriever.errors import RetrieverError
 
 CORPUS_FORMATS = (".txt", ".jsonl", ".csv", ".tsv")
+COMPRESSED = ".gz"
 
 # How many offending ids an error message lists before "and N more".
 _SHOWN = 5
@@ -47,6 +52,11 @@ class Document:
     line: int  # 1-based line where the document starts in that file
 
 
+def document_text(document: Document) -> str:
+    """What gets encoded for a document: the title joined to the text, as BEIR models do."""
+    return f"{document.title} {document.text}" if document.title else document.text
+
+
 def read_corpus(path: str | Path, encoding: str = "utf-8") -> list[Document]:
     """All documents of a corpus file; refuses an empty corpus and duplicate ids."""
     docs = list(iter_corpus(path, encoding))
@@ -66,7 +76,7 @@ def read_queries(path: str | Path, encoding: str = "utf-8") -> list[tuple[str, s
         raise RetrieverError(f"{path}: no queries (the file is empty or all blank lines)")
     check_unique_ids(queries)
     # Query ids only label output lines, so a .txt file's are plain line numbers (documents carry the file name).
-    if Path(path).suffix.lower() == ".txt":
+    if corpus_format(path)[0] == ".txt":
         return [(str(q.line), q.text) for q in queries]
     return [(q.doc_id, q.text) for q in queries]
 
@@ -74,10 +84,7 @@ def read_queries(path: str | Path, encoding: str = "utf-8") -> list[tuple[str, s
 def iter_corpus(path: str | Path, encoding: str = "utf-8") -> Iterator[Document]:
     """Documents of a corpus file in file order, streamed; no duplicate-id or empty-corpus checks."""
     path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in CORPUS_FORMATS:
-        formats = ", ".join(CORPUS_FORMATS)
-        raise RetrieverError(f"{path}: unsupported format {suffix or '(no extension)'!r}; use {formats}")
+    suffix, compressed = corpus_format(path)
     if not path.exists():
         raise RetrieverError(f"{path}: no such file")
     if not path.is_file():
@@ -88,7 +95,7 @@ def iter_corpus(path: str | Path, encoding: str = "utf-8") -> Iterator[Document]
     # stray "\r" inside a line does not split it and shift every later line number.
     newline = "" if suffix in (".csv", ".tsv") else "\n"
     try:
-        with open(path, encoding=codec, errors="surrogateescape", newline=newline) as file:
+        with _open_text(path, compressed, codec, newline) as file:
             lines = _checked_lines(file, path, encoding)
             if suffix == ".txt":
                 yield from _read_txt(lines, path)
@@ -100,8 +107,30 @@ def iter_corpus(path: str | Path, encoding: str = "utf-8") -> Iterator[Document]
         raise RetrieverError(f"{path}: unknown encoding {encoding!r}") from None
     except UnicodeError as error:  # a decoding error surrogateescape cannot absorb, e.g. truncated utf-16
         raise RetrieverError(f"{path}: not valid {encoding} ({error}); pass --encoding") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise RetrieverError(f"{path}: not a complete gzip file ({error})") from None
     except OSError as error:
         raise RetrieverError(f"{path}: cannot read ({error.strerror or error})") from None
+
+
+def corpus_format(path: str | Path) -> tuple[str, bool]:
+    """(the corpus format's suffix, whether the file is gzipped): (".jsonl", True) for corpus.jsonl.gz."""
+    path = Path(path)
+    suffixes = [suffix.lower() for suffix in path.suffixes]
+    compressed = bool(suffixes) and suffixes[-1] == COMPRESSED
+    suffix = (suffixes[-2] if len(suffixes) > 1 else "") if compressed else path.suffix.lower()
+    if suffix not in CORPUS_FORMATS:
+        formats = ", ".join(CORPUS_FORMATS)
+        shown = suffix + COMPRESSED if compressed else suffix
+        raise RetrieverError(f"{path}: unsupported format {shown or '(no extension)'!r}; use {formats} (or .gz of them)")
+    return suffix, compressed
+
+
+def _open_text(path: Path, compressed: bool, codec: str, newline: str) -> TextIO:
+    if not compressed:
+        return open(path, encoding=codec, errors="surrogateescape", newline=newline)
+    # Decompressed as a stream, so a corpus of any size reads in constant memory.
+    return io.TextIOWrapper(gzip.open(path, "rb"), encoding=codec, errors="surrogateescape", newline=newline)
 
 
 def check_unique_ids(docs: Iterable[Document], existing: set[str] | frozenset[str] | None = None) -> None:
@@ -199,7 +228,8 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Do
             title = row[title_at] if title_at is not None else None
             yield _document(row[id_at], row[text_at], title, where, path, number)
     except csv.Error as error:
-        raise RetrieverError(f"{path} line {reader.line_num}: malformed {path.suffix[1:]} ({error})") from None
+        kind = "tsv" if delimiter == "\t" else "csv"
+        raise RetrieverError(f"{path} line {reader.line_num}: malformed {kind} ({error})") from None
 
 
 def _document(raw_id: object, raw_text: object, raw_title: object, where: str, path: Path, line: int) -> Document:

@@ -1,15 +1,22 @@
 """The calibrated index: text -> Encoder -> Calibrator -> L2 -> FAISS, with documents in SQLite.
 
-`Index.build` fits the calibrator unsupervised on the corpus's own embeddings; `Index.open(...).search` sends
-queries through exactly the encode path the manifest records. Every change (build, add, delete, refit) writes a
-new version folder and swaps it in atomically (see `index_folder`), so a failed or killed write loses nothing.
+`Index.build` streams a corpus through the pipeline stages (`retriever.pipeline`) and fits the calibrator
+unsupervised on a sample of the corpus's own embeddings; `Index.open(...).search` sends queries through exactly
+the encode path the manifest records. A version is a manifest over immutable segments plus tombstones:
+
+- `add` writes one new segment; `delete` writes tombstones that searches filter out; both reuse everything else
+  through hard links (`index_folder.link_tree`), so a write costs what it changes, not the size of the index;
+- `compact` merges segments and drops tombstones (and runs by itself past `COMPACT_*` thresholds);
+- `refit` fits a new calibrator on the stored raw vectors and rewrites the vector indexes, without re-encoding.
+
+Every write builds a new version folder and swaps it in atomically (see `index_folder`), so a failed or killed
+write loses nothing and readers see one version or the other, never a mix.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import platform
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,33 +26,59 @@ from pathlib import Path
 import numpy as np
 
 from retriever import __version__
-from retriever.calibration import DEFAULT_CALIBRATOR, load_calibrator, make_calibrator
-from retriever.corpus import Document, check_unique_ids, read_corpus
+from retriever.calibration import (
+    DEFAULT_CALIBRATOR,
+    DEFAULT_FIT_SAMPLE,
+    Calibrator,
+    fit_sample_rows,
+    load_calibrator,
+    make_calibrator,
+)
+from retriever.corpus import corpus_format, document_text, iter_corpus
 from retriever.encoder import Encoder
 from retriever.errors import RetrieverError
 from retriever.index_folder import (
+    BUILD_STATE,
     DEFAULT_INDEX_DIR,
     MANIFEST,
     check_target,
     damaged_index,
+    link_tree,
     read_manifest,
     resolve_existing,
+    verify_files,
     write_manifest,
     writing,
 )
-from retriever.store.metadata import MetadataStore
-from retriever.store.vectors import INDEX_TYPES, VectorStore
-
-FORMAT_VERSION = 1
-# File names inside a version folder.
-VECTORS, DOCUMENTS, RAW_VECTORS, RAW_IDS, CALIBRATOR = (
-    "vectors.faiss", "documents.db", "raw_vectors.npy", "raw_ids.npy", "calibrator",
+from retriever.pipeline import (
+    CHUNK_ROWS,
+    BuildState,
+    calibrated_blocks,
+    check_vectors,
+    encode_table,
+    fit,
+    ingest,
+    l2_normalize,
+    source_fingerprint,
+    write_segment_vectors,
 )
-FLOAT16_MAX = 65504.0
-# What readers take from a manifest, with the JSON type each must have; checksums cannot vouch for the manifest
-# itself, so a damaged one must fail here with a clear line rather than deep inside a command.
-MANIFEST_FIELDS = {"name": str, "created": str, "encoder": dict, "calibrator": dict, "index_type": str, "dim": int,
-                   "documents": int, "versions": dict}
+from retriever.progress import stderr_console
+from retriever.store.arrays import VectorSource
+from retriever.store.documents import DocumentTable
+from retriever.store.segment import DOCUMENTS, RAW, ROWIDS, VECTORS, RawWriter, Segment
+from retriever.store.vectors import INDEX_TYPES, IndexSpec, VectorStore, choose_spec, train_template
+
+FORMAT_VERSION = 2
+CALIBRATOR, TEMPLATE, TOMBSTONES, SEGMENTS = "calibrator", "trained.faiss", "tombstones.npy", "segments"
+ENCODED = "encoded.npy"  # a build's float32 vectors, in its partial folder until the segment is written
+# Automatic compaction after a write: a segment whose tombstones reach this share of its rows is rewritten...
+COMPACT_TOMBSTONE_SHARE = 0.3
+# ...and past this many segments, the adjacent run with the fewest rows is merged into one.
+COMPACT_MAX_SEGMENTS = 8
+# What readers take from a manifest, with the JSON type each must have; the manifest's checksum catches damage,
+# but not a manifest written by hand or by a buggy tool, which must still fail with a clear line.
+MANIFEST_FIELDS = {"name": str, "created": str, "encoder": dict, "calibrator": dict, "index": dict, "dim": int,
+                   "documents": int, "segments": list, "next_rowid": int, "next_segment": int, "versions": dict}
 ENCODER_FIELDS = {"model": str, "pooling": str, "layers": (list, type(None)), "max_length": int, "dtype": str,
                   "dim": int}
 
@@ -61,7 +94,7 @@ class SearchHit:
 
 @dataclass
 class ChangeSummary:
-    """What a build/add/delete/refit did, for the CLI's closing line and for benchmarks."""
+    """What a build/add/delete/refit/compact did, for the CLI's closing line and for benchmarks."""
 
     name: str
     folder: str
@@ -70,16 +103,7 @@ class ChangeSummary:
     truncated: int = 0
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def document_text(document: Document) -> str:
-    """What gets encoded: the title joined to the text, as BEIR models do."""
-    return f"{document.title} {document.text}" if document.title else document.text
-
-
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+    notes: list[str] = field(default_factory=list)  # e.g. "resumed after 32,768 encoded documents"
 
 
 class Index:
@@ -92,18 +116,19 @@ class Index:
         self.name = manifest["name"]
         self.index_dir = Path(index_dir)
         self.device = device
-        self.metadata = MetadataStore(folder / DOCUMENTS, readonly=True)
-        self.vectors = VectorStore.load(folder / VECTORS, device=device)
+        self.spec = IndexSpec.from_dict(manifest["index"])
+        self.segments = [Segment(folder / SEGMENTS / entry["name"], self.spec, device=device)
+                         for entry in manifest["segments"]]
         self.calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=manifest["encoder"]["dim"])
-        # Mapped now, read on demand: the mapping keeps this version's data readable even after later writes
-        # prune its folder, as the open SQLite connection does for the documents.
-        self._raw = np.load(folder / RAW_VECTORS, mmap_mode="r"), np.load(folder / RAW_IDS, mmap_mode="r")
+        self.tombstones = (np.load(folder / TOMBSTONES) if (folder / TOMBSTONES).is_file()
+                           else np.empty(0, dtype=np.int64))
         self._encoder: Encoder | None = None
 
     @classmethod
-    def open(cls, name: str, index_dir: str | Path = DEFAULT_INDEX_DIR, device: str = "auto", verify: bool = True) -> Index:
+    def open(cls, name: str, index_dir: str | Path = DEFAULT_INDEX_DIR, device: str = "auto") -> Index:
+        """Open the current version: checks the manifest's checksum and every file's size (`verify` re-hashes)."""
         folder = resolve_existing(index_dir, name)  # resolved once: a concurrent swap cannot mix versions
-        manifest = read_manifest(folder, verify=verify, name=name)
+        manifest = read_manifest(folder, name=name)
         _check_manifest(manifest, name, folder)
         return cls(folder, manifest, device=device, index_dir=index_dir)
 
@@ -120,7 +145,7 @@ class Index:
         return self._encoder
 
     def __len__(self) -> int:
-        return self.vectors.ntotal
+        return int(self.manifest["documents"])
 
     # --- reading -------------------------------------------------------------------------------------------
 
@@ -128,14 +153,16 @@ class Index:
         """Texts to the index's space: the recorded encoder, the saved calibrator, L2 normalization."""
         return l2_normalize(self.calibrator.transform(self.encoder.encode(texts, progress=progress)))
 
-    def search(self, queries: str | Sequence[str], k: int = 10, progress: bool = False) -> list[list[SearchHit]]:
-        """Top-k documents for each query (a single string gives a one-element list)."""
+    def search(self, queries: str | Sequence[str], k: int = 10, progress: bool = False, nprobe: int | None = None,
+               ef_search: int | None = None, rerank: int | None = None) -> list[list[SearchHit]]:
+        """Top-k documents for each query (a single string gives a one-element list).
+
+        NPROBE (ivf, ivfpq), EF_SEARCH (hnsw) and RERANK (ivfpq) override the index's defaults."""
         queries = [queries] if isinstance(queries, str) else list(queries)
         if k < 1:
             raise RetrieverError(f"-k must be at least 1 (got {k})")
-        scores, ids = self.vectors.search(self.embed(queries, progress=progress), k)
-        found = ids[ids >= 0]
-        rows = {row["rowid"]: row for row in self.metadata.get(np.unique(found))} if len(found) else {}
+        scores, ids = self.search_vectors(self.embed(queries, progress=progress), k, nprobe, ef_search, rerank)
+        rows = self._rows(ids)
         results = []
         for query_scores, query_ids in zip(scores, ids):
             hits = []
@@ -147,28 +174,117 @@ class Index:
             results.append(hits)
         return results
 
+    def search_vectors(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
+                       rerank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k row ids and scores for calibrated, L2-normalized query vectors, over every segment, deleted
+        documents excluded; rows padded with id -1 where fewer than k documents exist."""
+        if rerank is not None and rerank < 1:
+            raise RetrieverError(f"--rerank must be at least 1 (got {rerank})")
+        rerank = rerank if rerank is not None else self.spec.rerank
+        candidates = k * rerank if self.spec.type == "ivfpq" and rerank else k
+        all_scores, all_ids = [], []
+        for segment in self.segments:
+            scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search)
+            if candidates > k:
+                scores, ids = self._rerank(segment, queries, ids, k)
+            all_scores.append(scores)
+            all_ids.append(ids)
+        if not all_scores:
+            return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
+        scores, ids = np.concatenate(all_scores, axis=1), np.concatenate(all_ids, axis=1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+    def _rerank(self, segment: Segment, queries: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact scores for approximate candidates: their raw vectors, calibrated as at build, against the query."""
+        found = ids >= 0
+        unique = np.unique(ids[found])
+        exact = np.full(ids.shape, -np.inf, dtype=np.float32)
+        if len(unique):
+            vectors = l2_normalize(self.calibrator.transform(segment.raw_for(unique)))
+            positions = np.searchsorted(unique, ids[found])
+            rows = np.nonzero(found)[0]
+            exact[found] = np.einsum("ij,ij->i", queries[rows], vectors[positions])
+        order = np.argsort(-exact, axis=1, kind="stable")[:, :k]
+        scores, best = np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+        best[np.isneginf(scores)] = -1
+        return scores, best
+
+    def _rows(self, ids: np.ndarray) -> dict[int, dict]:
+        """Document rows for the found row ids, fetched from each segment that holds some."""
+        wanted = np.unique(ids[ids >= 0])
+        rows: dict[int, dict] = {}
+        for segment in self.segments:
+            here = wanted[segment.contains(wanted)]
+            if len(here):
+                rows.update((row["rowid"], row) for row in segment.documents.get(here))
+        return rows
+
+    def document(self, doc_id: str) -> dict | None:
+        """The stored row of DOC_ID (doc_id, title, text, source, line), or None if it is not in the index."""
+        for segment in self.segments:
+            rowid = segment.documents.rowids_for([doc_id]).get(doc_id)
+            if rowid is not None and not _in(rowid, self.tombstones):
+                return segment.documents.get([rowid])[0]
+        return None
+
+    def live_rowids(self, doc_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """doc_id -> (row id, segment position) for those of DOC_IDS in the index (deleted ones are not)."""
+        found: dict[str, tuple[int, int]] = {}
+        for position, segment in enumerate(self.segments):
+            for doc_id, rowid in segment.documents.rowids_for(doc_ids).items():
+                if not _in(rowid, self.tombstones):
+                    found[doc_id] = (rowid, position)
+        return found
+
     def raw_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """The uncalibrated vectors (float32) and their row ids, as stored for refitting."""
-        raw, ids = self._raw
-        return raw.astype(np.float32), np.array(ids)
+        """All uncalibrated vectors (float32) of documents in the index, with their row ids. Holds every vector
+        in memory: for small indexes and tests; the library itself streams (`Segment.raw_blocks`)."""
+        raws, ids = [], []
+        for segment in self.segments:
+            keep = ~np.isin(segment.rowids, self.tombstones)
+            raws.append(np.asarray(segment.raw[keep], dtype=np.float32))
+            ids.append(np.asarray(segment.rowids[keep]))
+        dim = self.manifest["encoder"]["dim"]
+        return (np.concatenate(raws) if raws else np.empty((0, dim), np.float32),
+                np.concatenate(ids) if ids else np.empty(0, np.int64))
+
+    def raw_sample(self, size: int, seed: int = 0) -> np.ndarray:
+        """At most SIZE raw vectors (float32) of documents in the index, drawn uniformly with SEED."""
+        total = sum(len(segment) for segment in self.segments)
+        rows = fit_sample_rows(total, size, seed)
+        parts, offset = [], 0
+        for segment in self.segments:
+            local = np.arange(len(segment)) if rows is None else rows[(rows >= offset) & (rows < offset + len(segment))] - offset
+            if len(local):
+                vectors = np.asarray(segment.raw[local], dtype=np.float32)
+                parts.append(vectors[~np.isin(np.asarray(segment.rowids[local]), self.tombstones)])
+            offset += len(segment)
+        return np.concatenate(parts) if parts else np.empty((0, self.manifest["encoder"]["dim"]), np.float32)
 
     def info(self, sample: int = 5000, seed: int = 0) -> dict:
         """Manifest, counts, and isotropy before and after calibration on a sample of the stored vectors."""
-        raw, _ = self.raw_vectors()
+        raw = self.raw_sample(sample, seed)
         rng = np.random.default_rng(seed)
-        if len(raw) > sample:
-            raw = raw[rng.choice(len(raw), sample, replace=False)]
         return {
-            "manifest": {key: value for key, value in self.manifest.items() if key != "files"},
+            "manifest": {key: value for key, value in self.manifest.items() if key not in ("files", "checksum")},
             "folder": str(self.folder),
-            "documents": self.metadata.count(),
-            "vectors": self.vectors.ntotal,
-            "search_backend": self.vectors.backend,
+            "documents": len(self),
+            "vectors": sum(segment.vectors.ntotal for segment in self.segments),
+            "deleted": len(self.tombstones),
+            "segments": [{"name": s.name, "rows": len(s),
+                          "index_bytes": self.manifest["files"][f"{SEGMENTS}/{s.name}/{VECTORS}"]["bytes"]}
+                         for s in self.segments],
+            "search_backend": self.segments[0].vectors.backend if self.segments else "none",
             "isotropy": {
                 "raw": isotropy(raw, rng),
                 "calibrated": isotropy(l2_normalize(self.calibrator.transform(raw)), rng) if len(raw) else {},
             },
         }
+
+    def verify(self, progress=None) -> int:
+        """Re-hash every file against the manifest (opening only checks sizes); returns the bytes checked."""
+        return verify_files(self.folder, self.manifest, name=self.name, progress=progress)
 
     # --- writing -------------------------------------------------------------------------------------------
 
@@ -179,135 +295,280 @@ class Index:
         name: str,
         index_dir: str | Path = DEFAULT_INDEX_DIR,
         *,
+        vectors: str | Path | None = None,
         model: str | None = None,
         pooling: str | None = "last-avg",
         layers: str | Sequence[int] | None = None,
         max_length: int | None = None,
-        calibrator: str = DEFAULT_CALIBRATOR,
+        calibrator: str | Calibrator = DEFAULT_CALIBRATOR,
         calibrator_options: dict | None = None,
-        index_type: str = "flat",
+        fit_sample: int | None = DEFAULT_FIT_SAMPLE,
+        index_type: str = "auto",
+        index_options: dict | None = None,
         device: str = "auto",
         dtype: str = "fp32",
         batch_size: int = 64,
         encoding: str = "utf-8",
+        resume: bool = True,
         progress: bool = False,
+        chunk_rows: int = CHUNK_ROWS,
     ) -> ChangeSummary:
-        """Encode a corpus, fit the calibrator on it, and swap the new index in under NAME."""
+        """Stream CORPUS through the pipeline into a new index version under NAME and swap it in.
+
+        VECTORS: precomputed raw vectors (a .npy or a folder of .npy shards, row i = document i) made with the
+        encoder that MODEL/POOLING/LAYERS/MAX_LENGTH name; no encoding happens. CALIBRATOR may be a name or an
+        already fitted calibrator (then nothing is fitted). With RESUME, a killed build of the same corpus with
+        the same encoder settings continues from its last finished chunk."""
         started = time.perf_counter()
-        documents = read_corpus(corpus, encoding=encoding)  # bad input fails here, before the model loads
-        fitted = make_calibrator(calibrator, **(calibrator_options or {}))  # so does a bad calibrator name
-        if index_type not in INDEX_TYPES:  # and a bad index type
+        # Cheap refusals first: bad arguments never wait for a corpus read or a model load.
+        corpus_format(corpus)
+        if not Path(corpus).is_file():
+            raise RetrieverError(f"{corpus}: no such file")
+        fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
+        if index_type not in INDEX_TYPES:
             raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
-        check_target(index_dir, name)  # and a folder in the way
-        timings = {"read": time.perf_counter() - started}
-        clock = time.perf_counter()
-        encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
-        timings["load_model"] = time.perf_counter() - clock  # in a fresh process: mostly importing model code
-
-        clock = time.perf_counter()
-        raw, truncated = encoder.encode_counting_truncated([document_text(d) for d in documents], progress=progress)
-        timings["encode"] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        fitted.fit(raw)
-        calibrated = l2_normalize(fitted.transform(raw))
-        timings["calibrate"] = time.perf_counter() - clock
-
-        clock = time.perf_counter()
-        with writing(index_dir, name) as writer:
+        fit_sample_rows(0, fit_sample)  # validates the bound
+        check_target(index_dir, name)
+        source = VectorSource(vectors) if vectors is not None else None
+        encoder_settings = {"model": model, "pooling": pooling, "layers": _layers_key(layers),
+                            "max_length": max_length, "dtype": dtype}
+        key = {"corpus": source_fingerprint(corpus), "encoding": encoding, "encoder": encoder_settings,
+               "vectors": source.fingerprint() if source else None}
+        timings: dict[str, float] = {}
+        notes: list[str] = []
+        with writing(index_dir, name, resume_key=key if resume else None) as writer:
             folder = writer.folder
-            with MetadataStore(folder / DOCUMENTS) as metadata:
-                rowids = metadata.add(documents)
-            store = VectorStore.create(calibrated.shape[1], index_type, device="cpu")
-            store.add(rowids, calibrated)
-            store.save(folder / VECTORS)
-            _save_raw(folder, raw, rowids)
+            segment = folder / SEGMENTS / _segment_name(1)
+            segment.mkdir(parents=True, exist_ok=True)
+            state = BuildState.load(folder / BUILD_STATE) if writer.resumed else BuildState(folder / BUILD_STATE, key)
+
+            clock = time.perf_counter()
+            if state.documents is None:
+                table = DocumentTable.create(segment / DOCUMENTS)
+                state.documents = ingest(iter_corpus(corpus, encoding), table, 1, progress, chunk_rows)
+                table.close()
+                if state.documents == 0:
+                    raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
+                state.save()
+            timings["read"] = time.perf_counter() - clock
+            if source is not None and source.rows != state.documents:
+                raise RetrieverError(f"{vectors} holds {source.rows} vectors for {state.documents} documents in "
+                                     f"{corpus}; row i must be document i")
+
+            clock = time.perf_counter()
+            encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
+            timings["load_model"] = time.perf_counter() - clock  # in a fresh process: mostly importing model code
+            if source is not None and source.dim != encoder.dim:
+                raise RetrieverError(f"{vectors} holds {source.dim}-dimensional vectors; {encoder.model_name} "
+                                     f"gives {encoder.dim}")
+
+            clock = time.perf_counter()
+            if source is None:
+                if state.encoded:
+                    notes.append(f"resumed a killed build: {state.encoded:,} of {state.documents:,} documents "
+                                 "were already encoded")
+                    if progress:
+                        stderr_console.print(notes[-1])
+                with DocumentTable.open(segment / DOCUMENTS) as table:
+                    encode_table(encoder, table, folder / ENCODED, state, progress=progress, chunk_rows=chunk_rows)
+                source = VectorSource(folder / ENCODED)
+                timings["encode"] = time.perf_counter() - clock
+            else:
+                check_vectors(source, progress)
+                timings["check_vectors"] = time.perf_counter() - clock
+
+            clock = time.perf_counter()
+            seed = getattr(fitted, "seed", 0)
+            calibrated_sample = fit(fitted, source, fit_sample, seed)
+            spec = choose_spec(state.documents, calibrated_sample.shape[1], index_type)
+            spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(calibrated_sample.shape[1])
+            template = train_template(spec, calibrated_sample)
+            del calibrated_sample
+            timings["fit"] = time.perf_counter() - clock
+
+            clock = time.perf_counter()
+            blocks = calibrated_blocks(source, fitted, 1, progress)
+            write_segment_vectors(segment, blocks, encoder.dim, fitted_out_dim(fitted, encoder.dim), spec, template)
+            (folder / ENCODED).unlink(missing_ok=True)
+            timings["index"] = time.perf_counter() - clock
+
+            clock = time.perf_counter()
             fitted.save(folder / CALIBRATOR)
+            if template is not None:
+                VectorStore(template, spec).save(folder / TEMPLATE)
             manifest = {
                 "format_version": FORMAT_VERSION,
                 "name": name,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "created": _now(),
                 "source": str(Path(corpus).resolve()),
+                "vectors_from": str(Path(vectors).resolve()) if vectors is not None else None,
                 "encoder": encoder.config(),
                 "calibrator": fitted.config(),
-                "index_type": index_type,
-                "dim": int(calibrated.shape[1]),
-                "documents": len(documents),
-                "truncated_at_build": truncated,
+                "fit": {"sample": min(state.documents, fit_sample or state.documents), "of": state.documents,
+                        "seed": seed},
+                "index": spec.to_dict(),
+                "index_type": spec.type,
+                "dim": fitted_out_dim(fitted, encoder.dim),
+                "documents": state.documents,
+                "segments": [{"name": segment.name, "rows": state.documents}],
+                "next_rowid": state.documents + 1,
+                "next_segment": 2,
+                "deleted": 0,
+                "truncated_at_build": state.truncated,
                 "versions": library_versions(),
             }
             write_manifest(folder, manifest)
             final = writer.commit()
-        timings["write"] = time.perf_counter() - clock
-        return ChangeSummary(name, str(final), len(documents), len(documents), truncated,
-                             time.perf_counter() - started, timings)
+            timings["write"] = time.perf_counter() - clock
+        return ChangeSummary(name, str(final), state.documents, state.documents, state.truncated,
+                             time.perf_counter() - started, timings, notes)
 
-    def add(self, corpus: str | Path, encoding: str = "utf-8", progress: bool = False) -> ChangeSummary:
-        """Encode new documents with the saved calibrator (no refit) and append them."""
+    def add(self, corpus: str | Path, encoding: str = "utf-8", progress: bool = False,
+            vectors: str | Path | None = None, chunk_rows: int = CHUNK_ROWS) -> ChangeSummary:
+        """Write CORPUS's documents as one new segment, encoded (or taken from VECTORS) and calibrated with the
+        saved calibrator (no refit); every existing segment is reused as it is."""
         started = time.perf_counter()
-        documents = read_corpus(corpus, encoding=encoding)  # refuses ids repeated within the file
+        corpus_format(corpus)
+        source = VectorSource(vectors) if vectors is not None else None
+        timings: dict[str, float] = {}
         with writing(self.index_dir, self.name) as writer:
             current = self._current_version()
-            with MetadataStore(current.folder / DOCUMENTS, readonly=True) as metadata:
-                clashes, _ = metadata.rowids_for(d.doc_id for d in documents)
-            check_unique_ids(documents, existing=set(clashes))  # refused before any encoding
-            raw, truncated = current.encoder.encode_counting_truncated(
-                [document_text(d) for d in documents], progress=progress
-            )
-            calibrated = l2_normalize(current.calibrator.transform(raw))
-            folder = current._copy_into(writer.folder)
-            with MetadataStore(folder / DOCUMENTS) as metadata:
-                rowids = metadata.add(documents)
-            store = VectorStore.load(folder / VECTORS, device="cpu")
-            store.add(rowids, calibrated)
-            store.save(folder / VECTORS)
-            old_raw, old_ids = current.raw_vectors()
-            _save_raw(folder, np.concatenate([old_raw, raw]), np.concatenate([old_ids, rowids]))
-            count = current.metadata.count() + len(documents)
-            write_manifest(folder, {**current.manifest, "documents": count})
+            folder = writer.folder
+            link_tree(current.folder, folder)
+            segment = folder / SEGMENTS / _segment_name(current.manifest["next_segment"])
+            segment.mkdir(parents=True)
+            first = current.manifest["next_rowid"]
+
+            clock = time.perf_counter()
+            table = DocumentTable.create(segment / DOCUMENTS)
+            count = ingest(iter_corpus(corpus, encoding), table, first, chunk_rows=chunk_rows)
+            if count == 0:
+                raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
+            current._refuse_existing_ids(table)  # before any encoding
+            table.close()
+            timings["read"] = time.perf_counter() - clock
+            if source is not None and source.rows != count:
+                raise RetrieverError(f"{vectors} holds {source.rows} vectors for {count} documents in {corpus}")
+            if source is not None and source.dim != current.manifest["encoder"]["dim"]:
+                raise RetrieverError(f"{vectors} holds {source.dim}-dimensional vectors; this index's encoder "
+                                     f"gives {current.manifest['encoder']['dim']}")
+
+            clock = time.perf_counter()
+            state = BuildState(folder / "add-state.json", {}, documents=count)
+            if source is None:
+                with DocumentTable.open(segment / DOCUMENTS) as table:
+                    encode_table(current.encoder, table, folder / ENCODED, state, first, progress, chunk_rows)
+                source = VectorSource(folder / ENCODED)
+                timings["encode"] = time.perf_counter() - clock
+            else:
+                check_vectors(source)
+                timings["check_vectors"] = time.perf_counter() - clock
+
+            clock = time.perf_counter()
+            template = current._template()
+            blocks = calibrated_blocks(source, current.calibrator, first)
+            write_segment_vectors(segment, blocks, current.manifest["encoder"]["dim"], current.manifest["dim"],
+                                  current.spec, template)
+            (folder / ENCODED).unlink(missing_ok=True)
+            (folder / "add-state.json").unlink(missing_ok=True)
+            manifest = {**current.manifest,
+                        "segments": [*current.manifest["segments"], {"name": segment.name, "rows": count}],
+                        "documents": len(current) + count, "next_rowid": first + count,
+                        "next_segment": current.manifest["next_segment"] + 1}
+            manifest, merged = _compact_if_needed(folder, manifest, current.tombstones, template, current.spec)
+            write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
-        return ChangeSummary(self.name, str(final), count, len(documents), truncated, time.perf_counter() - started)
+            timings["write"] = time.perf_counter() - clock
+        notes = [f"merged {merged} segments"] if merged else []
+        return ChangeSummary(self.name, str(final), manifest["documents"], count, state.truncated,
+                             time.perf_counter() - started, timings, notes)
 
     def delete(self, doc_ids: Sequence[str]) -> ChangeSummary:
-        """Remove documents from FAISS and SQLite together; unknown ids refuse the whole deletion."""
+        """Delete documents by id, all or nothing: their row ids become tombstones that searches filter out."""
         started = time.perf_counter()
+        doc_ids = list(dict.fromkeys(doc_ids))
         if not doc_ids:
             raise RetrieverError("give at least one document id to delete")
         with writing(self.index_dir, self.name) as writer:
             current = self._current_version()
-            folder = current._copy_into(writer.folder)
-            with MetadataStore(folder / DOCUMENTS) as metadata:
-                rowids = metadata.delete(list(dict.fromkeys(doc_ids)))
-                count = metadata.count()
-            store = VectorStore.load(folder / VECTORS, device="cpu")
-            store.remove(rowids)
-            store.save(folder / VECTORS)
-            raw, ids = current.raw_vectors()
-            keep = ~np.isin(ids, rowids)
-            _save_raw(folder, raw[keep], ids[keep])
-            write_manifest(folder, {**current.manifest, "documents": count})
+            found = current.live_rowids(doc_ids)
+            missing = [doc_id for doc_id in doc_ids if doc_id not in found]
+            if missing:
+                shown = ", ".join(repr(d) for d in missing[:5])
+                more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+                noun = "id is" if len(missing) == 1 else "ids are"
+                raise RetrieverError(f"{len(missing)} {noun} not in the index: {shown}{more}")
+            folder = writer.folder
+            link_tree(current.folder, folder, skip=lambda relative: relative == TOMBSTONES)
+            removed = np.fromiter((rowid for rowid, _ in found.values()), dtype=np.int64, count=len(found))
+            tombstones = np.union1d(current.tombstones, removed)
+            manifest = {**current.manifest, "documents": len(current) - len(removed), "deleted": len(tombstones)}
+            manifest, merged = _compact_if_needed(folder, manifest, tombstones, current._template(), current.spec)
+            write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
-        return ChangeSummary(self.name, str(final), count, len(rowids), 0, time.perf_counter() - started)
+        notes = [f"merged {merged} segments"] if merged else []
+        return ChangeSummary(self.name, str(final), manifest["documents"], len(removed),
+                             seconds=time.perf_counter() - started, notes=notes)
 
-    def refit(self, calibrator: str | None = None, calibrator_options: dict | None = None) -> ChangeSummary:
-        """Refit the calibrator on all stored raw vectors (no re-encoding) and rewrite the vector index."""
+    def compact(self) -> ChangeSummary:
+        """Merge every segment into one and drop the deleted documents for good."""
+        started = time.perf_counter()
+        with writing(self.index_dir, self.name) as writer:
+            current = self._current_version()
+            folder = writer.folder
+            link_tree(current.folder, folder, skip=lambda relative: relative == TOMBSTONES)
+            names = [entry["name"] for entry in current.manifest["segments"]]
+            manifest = _merge_segments(folder, current.manifest, names, current.tombstones, current._template(),
+                                       current.spec)
+            _write_tombstones(folder, np.empty(0, np.int64))
+            manifest["deleted"] = 0
+            write_manifest(folder, manifest, current.folder, current.manifest["files"])
+            final = writer.commit()
+        return ChangeSummary(self.name, str(final), manifest["documents"], len(current.tombstones),
+                             seconds=time.perf_counter() - started)
+
+    def refit(self, calibrator: str | None = None, calibrator_options: dict | None = None,
+              fit_sample: int | None = DEFAULT_FIT_SAMPLE) -> ChangeSummary:
+        """Fit a new calibrator on a sample of the stored raw vectors (no re-encoding) and rewrite every segment's
+        vector index with it; documents and raw vectors are reused as they are."""
         started = time.perf_counter()
         with writing(self.index_dir, self.name) as writer:
             current = self._current_version()
             name = calibrator or current.manifest["calibrator"]["name"]
             fitted = make_calibrator(name, **(calibrator_options or {}))
-            raw, ids = current.raw_vectors()
-            fitted.fit(raw)
-            calibrated = l2_normalize(fitted.transform(raw))
-            folder = current._copy_into(writer.folder, skip=(VECTORS, CALIBRATOR))
-            store = VectorStore.create(calibrated.shape[1], current.manifest["index_type"], device="cpu")
-            store.add(ids, calibrated)
-            store.save(folder / VECTORS)
+            sample = current.raw_sample(fit_sample or len(current), seed=getattr(fitted, "seed", 0))
+            fitted.fit(sample)
+            calibrated_sample = l2_normalize(fitted.transform(sample))
+            spec_record = dict(current.manifest["index"])
+            if calibrated_sample.shape[1] != current.manifest["dim"]:
+                spec_record.pop("pq_m", None)  # set again for the new dimension
+            spec = IndexSpec.from_dict(spec_record).for_dim(calibrated_sample.shape[1])
+            template = train_template(spec, calibrated_sample)
+            folder = writer.folder
+            link_tree(current.folder, folder, skip=lambda relative: relative.startswith((SEGMENTS + "/", CALIBRATOR,
+                                                                                          TEMPLATE)))
+            segments, next_segment = [], current.manifest["next_segment"]
+            for old in current.segments:
+                new = folder / SEGMENTS / _segment_name(next_segment)
+                new.mkdir(parents=True)
+                next_segment += 1
+                for file_name in (DOCUMENTS, RAW, ROWIDS):
+                    (new / file_name).hardlink_to(old.folder / file_name)
+                store = VectorStore.create(calibrated_sample.shape[1], spec, template, device="cpu")
+                for rowids, raw in old.raw_blocks():
+                    store.add(rowids, l2_normalize(fitted.transform(raw)))
+                store.save(new / VECTORS)
+                segments.append({"name": new.name, "rows": len(old)})
             fitted.save(folder / CALIBRATOR)
-            manifest = {**current.manifest, "calibrator": fitted.config(), "dim": int(calibrated.shape[1]),
-                        "refitted": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-            write_manifest(folder, manifest)
+            if template is not None:
+                VectorStore(template, spec).save(folder / TEMPLATE)
+            manifest = {**current.manifest, "calibrator": fitted.config(), "dim": int(calibrated_sample.shape[1]),
+                        "index": spec.to_dict(), "segments": segments, "next_segment": next_segment,
+                        "fit": {"sample": len(sample), "of": len(current), "seed": getattr(fitted, "seed", 0)},
+                        "refitted": _now()}
+            write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
-        return ChangeSummary(self.name, str(final), len(ids), len(ids), 0, time.perf_counter() - started)
+        return ChangeSummary(self.name, str(final), len(current), len(current), 0, time.perf_counter() - started)
 
     def _current_version(self) -> Index:
         """The version that is current now (another writer may have committed since this one was opened)."""
@@ -316,12 +577,138 @@ class Index:
             current._encoder = self._encoder  # reuse a loaded model
         return current
 
-    def _copy_into(self, folder: Path, skip: Sequence[str] = ()) -> Path:
-        for path in self.folder.iterdir():
-            if path.name in skip or path.name == "manifest.json":
-                continue
-            (shutil.copytree if path.is_dir() else shutil.copy2)(path, folder / path.name)
-        return folder
+    def _template(self):
+        if not (self.folder / TEMPLATE).is_file():
+            return None
+        return VectorStore.load(self.folder / TEMPLATE, self.spec, device="cpu", mmap=False)._index
+
+    def _refuse_existing_ids(self, table: DocumentTable) -> None:
+        """Refuse (one line, before any encoding) new documents whose ids are already in the index."""
+        clashes = []
+        batch = []
+        rows = table.documents()
+        for rowid, document in rows:
+            batch.append(document)
+            if len(batch) == 10000:
+                clashes += self._clashing(batch)
+                batch = []
+        clashes += self._clashing(batch)
+        if clashes:
+            shown = ", ".join(f"{d.doc_id!r} (line {d.line})" for d in clashes[:5])
+            more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
+            raise RetrieverError(f"{clashes[0].source}: {len(clashes)} ids already in the index: {shown}{more}")
+
+    def _clashing(self, documents: list) -> list:
+        found = self.live_rowids([d.doc_id for d in documents]) if documents else {}
+        return [d for d in documents if d.doc_id in found]
+
+
+def verify_index(name: str, index_dir: str | Path = DEFAULT_INDEX_DIR, progress=None) -> tuple[dict, int]:
+    """Re-hash every file of NAME's current version against its manifest, without opening (and so trusting)
+    any of them first; returns the manifest and the bytes checked."""
+    folder = resolve_existing(index_dir, name)
+    manifest = read_manifest(folder, name=name)
+    return manifest, verify_files(folder, manifest, name=name, progress=progress)
+
+
+def _compact_if_needed(folder: Path, manifest: dict, tombstones: np.ndarray, template, spec: IndexSpec):
+    """Apply the automatic compaction policy to the version being written in FOLDER; returns the manifest and
+    how many segments were merged (0: nothing to do). Only small segments or heavily deleted ones are rewritten,
+    so a write's cost stays proportional to what it changes."""
+    names = [entry["name"] for entry in manifest["segments"]]
+    rows = [entry["rows"] for entry in manifest["segments"]]
+    deleted = [int(np.isin(np.load(folder / SEGMENTS / n / ROWIDS, mmap_mode="r"), tombstones).sum())
+               if len(tombstones) else 0 for n in names]
+    merged = 0
+    for position, name in enumerate(names):
+        if rows[position] and deleted[position] >= COMPACT_TOMBSTONE_SHARE * rows[position]:
+            manifest = _merge_segments(folder, manifest, [name], tombstones, template, spec)
+            merged += 1
+    names = [entry["name"] for entry in manifest["segments"]]
+    if len(names) > COMPACT_MAX_SEGMENTS:
+        rows = [entry["rows"] for entry in manifest["segments"]]
+        run = len(names) - COMPACT_MAX_SEGMENTS + 1
+        start = min(range(len(names) - run + 1), key=lambda first: sum(rows[first : first + run]))
+        manifest = _merge_segments(folder, manifest, names[start : start + run], tombstones, template, spec)
+        merged += run
+    remaining = _live_tombstones(folder, manifest, tombstones)
+    _write_tombstones(folder, remaining)
+    return {**manifest, "deleted": len(remaining)}, merged
+
+
+def _merge_segments(folder: Path, manifest: dict, names: list[str], tombstones: np.ndarray, template,
+                    spec: IndexSpec) -> dict:
+    """Replace the adjacent segments NAMES of the version in FOLDER by one, without the TOMBSTONES' rows."""
+    new = folder / SEGMENTS / _segment_name(manifest["next_segment"])
+    new.mkdir(parents=True)
+    old = [Segment(folder / SEGMENTS / name, spec, device="cpu") for name in names]
+    try:
+        with DocumentTable.create(new / DOCUMENTS) as table:
+            for segment in old:
+                table.copy_from(segment.documents, tombstones)
+            table.finish()
+        raw = RawWriter(new, manifest["encoder"]["dim"])
+        for segment in old:
+            for rowids, block in segment.raw_blocks():
+                keep = ~np.isin(rowids, tombstones)
+                raw.append(rowids[keep], block[keep])
+        raw.close()
+        VectorStore.merged([s.vectors for s in old], tombstones, spec, template).save(new / VECTORS)
+    finally:
+        for segment in old:
+            segment.close()
+    rows = len(np.load(new / ROWIDS, mmap_mode="r"))
+    for folder_to_remove in [folder / SEGMENTS / name for name in names] + ([new] if rows == 0 else []):
+        for path in folder_to_remove.iterdir():
+            path.unlink()  # a hard link: the previous version keeps its file
+        folder_to_remove.rmdir()
+    segments = []
+    for entry in manifest["segments"]:
+        if entry["name"] == names[0] and rows:
+            segments.append({"name": new.name, "rows": rows})
+        elif entry["name"] not in names:
+            segments.append(entry)
+    return {**manifest, "segments": segments, "next_segment": manifest["next_segment"] + 1}
+
+
+def _live_tombstones(folder: Path, manifest: dict, tombstones: np.ndarray) -> np.ndarray:
+    """The tombstones that still point into one of the version's segments (merged ones dropped them)."""
+    if not len(tombstones):
+        return tombstones
+    alive = np.zeros(len(tombstones), dtype=bool)
+    for entry in manifest["segments"]:
+        rowids = np.load(folder / SEGMENTS / entry["name"] / ROWIDS, mmap_mode="r")
+        alive |= np.isin(tombstones, rowids)
+    return tombstones[alive]
+
+
+def _write_tombstones(folder: Path, tombstones: np.ndarray) -> None:
+    path = folder / TOMBSTONES
+    path.unlink(missing_ok=True)  # a hard link to the previous version's file must not be written through
+    if len(tombstones):
+        np.save(path, np.asarray(tombstones, dtype=np.int64))
+
+
+def _in(rowid: int, sorted_ids: np.ndarray) -> bool:
+    position = np.searchsorted(sorted_ids, rowid)
+    return bool(position < len(sorted_ids) and sorted_ids[position] == rowid)
+
+
+def _segment_name(number: int) -> str:
+    return f"{number:06d}"
+
+
+def _layers_key(layers: str | Sequence[int] | None):
+    return layers if layers is None or isinstance(layers, str) else list(layers)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def fitted_out_dim(calibrator: Calibrator, dim: int) -> int:
+    """The dimension of CALIBRATOR's output for DIM-dimensional input (whitening-K reduces it)."""
+    return int(calibrator.transform(np.zeros((1, dim), np.float32)).shape[1])
 
 
 def _check_manifest(manifest: dict, name: str, folder: Path) -> None:
@@ -337,13 +724,8 @@ def _check_manifest(manifest: dict, name: str, folder: Path) -> None:
                 raise damaged(f"has a wrong type for '{where}{field_name}'")
     if not isinstance(manifest["calibrator"].get("name"), str):
         raise damaged("lacks 'calibrator.name'")
-
-
-def _save_raw(folder: Path, raw: np.ndarray, rowids: np.ndarray) -> None:
-    # float16 halves the size; fall back to float32 for models with huge activations.
-    fits = raw.size == 0 or float(np.abs(raw).max()) < FLOAT16_MAX
-    np.save(folder / RAW_VECTORS, raw.astype(np.float16 if fits else np.float32))
-    np.save(folder / RAW_IDS, np.asarray(rowids, dtype=np.int64))
+    if not all(isinstance(entry, dict) and isinstance(entry.get("name"), str) for entry in manifest["segments"]):
+        raise damaged("has a malformed 'segments' list")
 
 
 def isotropy(vectors: np.ndarray, rng: np.random.Generator, pairs: int = 20000) -> dict:
@@ -371,4 +753,3 @@ def library_versions() -> dict[str, str]:
 
 
 __all__ = ["Index", "SearchHit", "ChangeSummary", "DEFAULT_INDEX_DIR", "document_text", "l2_normalize", "isotropy"]
-

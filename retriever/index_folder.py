@@ -1,14 +1,23 @@
 """Index folders on disk: immutable versions swapped in atomically, so readers never see a mix.
 
     indexes/NAME                     -> symlink to .versions/NAME/<version>  (what readers open)
-    indexes/.versions/NAME/<version>/  manifest.json, vectors.faiss, documents.db, raw_vectors.npy, ...
+    indexes/.versions/NAME/<version>/  manifest.json, calibrator/, segments/<segment>/..., tombstones.npy
     indexes/.versions/NAME/lock        held while a writer works on NAME
 
 A writer fills `<version>.partial/`, fsyncs it, renames it to `<version>/` and replaces the symlink with
-`os.replace` (atomic on POSIX). A build that fails or is killed leaves only a `.partial` folder, removed by the
-next writer; the symlink still points at the previous, complete version. Readers resolve the symlink once and
-read every file from that version, so a concurrent swap cannot mix two versions. The previous version is kept
-so that a reader that resolved it just before a swap can still open it.
+`os.replace` (atomic on POSIX). A write that fails or is killed leaves only a `.partial` folder, removed by the
+next writer (or, for a build, resumed by the same build re-run); the symlink still points at the previous,
+complete version. Readers resolve the symlink once and read every file from that version, so a concurrent swap
+cannot mix two versions. The previous version is kept so that a reader that resolved it just before a swap can
+still open it.
+
+A version shares what it does not change with the one before it through hard links (`link_tree`): an add writes
+one new segment, a delete one tombstone file, and neither copies the rest. Since files are never modified after
+they are written, a shared file is the same file in every version that lists it.
+
+The manifest lists every file with its size and sha256 and carries a checksum of itself. Opening checks the
+manifest's checksum and every file's size, which costs microseconds at any index size; `verify` re-hashes every
+file on demand.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +36,7 @@ from pathlib import Path
 from retriever.errors import RetrieverError
 
 MANIFEST = "manifest.json"
+BUILD_STATE = "build-state.json"  # in a build's partial folder: what it has finished, for resuming
 VERSIONS = ".versions"
 KEEP_VERSIONS = 2  # the current one and the one before it
 DEFAULT_INDEX_DIR = "indexes"
@@ -80,17 +90,18 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def checksums(folder: Path) -> dict[str, str]:
-    """sha256 of every file under folder except the manifest, keyed by relative path."""
-    return {
-        str(path.relative_to(folder)): sha256_file(path)
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.name != MANIFEST
-    }
+def file_entry(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def read_manifest(folder: Path, verify: bool = True, name: str | None = None) -> dict:
-    """The manifest of a complete version; with verify, every file's checksum is compared with it.
+def manifest_checksum(manifest: dict) -> str:
+    """sha256 of the manifest's canonical JSON, its own checksum field left out."""
+    body = {key: value for key, value in manifest.items() if key != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def read_manifest(folder: Path, name: str | None = None) -> dict:
+    """The manifest of a complete version, after the cheap checks: its own checksum and every file's size.
 
     NAME (the index's name) is what error messages call the index; the version folder's name otherwise."""
     label = f"index '{name}'" if name else f"index {folder.name}"
@@ -101,24 +112,85 @@ def read_manifest(folder: Path, verify: bool = True, name: str | None = None) ->
         raise RetrieverError(f"{label} is incomplete: {folder} has no {MANIFEST}; rebuild the index") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise damaged_index(label, f"{manifest_path} is not valid JSON") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    # Without its checksums a manifest could vouch for nothing, so it is damaged too.
-    if not files or not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
-        raise damaged_index(label, f"{manifest_path} lists no file checksums")
-    if verify:
-        for relative, digest in files.items():
-            path = folder / relative
-            if not path.is_file():
-                raise damaged_index(label, f"{relative} is missing")
-            if sha256_file(path) != digest:
-                raise damaged_index(label, f"{relative} does not match its manifest checksum")
+    if not isinstance(manifest, dict):
+        raise damaged_index(label, f"{manifest_path} lists no files")
+    if manifest.get("format_version") == 1:
+        raise RetrieverError(f"{label} was built by an older retriever (index format 1); rebuild it with this one")
+    files = manifest.get("files")
+    # Without its file list a manifest could vouch for nothing, so it is damaged too.
+    if not files or not isinstance(files, dict) or not all(_is_entry(entry) for entry in files.values()):
+        raise damaged_index(label, f"{manifest_path} lists no files")
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise damaged_index(label, f"{manifest_path} does not match its own checksum")
+    for relative, entry in files.items():
+        try:
+            size = (folder / relative).stat().st_size
+        except FileNotFoundError:
+            raise damaged_index(label, f"{relative} is missing") from None
+        if size != entry["bytes"]:
+            raise damaged_index(label, f"{relative} has {size} bytes, its manifest says {entry['bytes']}")
     return manifest
 
 
-def write_manifest(folder: Path, manifest: dict) -> dict:
-    manifest = {**manifest, "files": checksums(folder)}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+def verify_files(folder: Path, manifest: dict, name: str | None = None, progress=None) -> int:
+    """Re-hash every file the manifest lists (the full check `retriever verify` runs); returns the bytes read."""
+    label = f"index '{name}'" if name else f"index {folder.name}"
+    total = 0
+    for relative, entry in manifest["files"].items():
+        path = folder / relative
+        if not path.is_file():
+            raise damaged_index(label, f"{relative} is missing")
+        if sha256_file(path) != entry["sha256"]:
+            raise damaged_index(label, f"{relative} does not match its manifest checksum")
+        total += entry["bytes"]
+        if progress:
+            progress(entry["bytes"])
+    return total
+
+
+def _is_entry(entry: object) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str))
+
+
+def write_manifest(folder: Path, manifest: dict, previous: Path | None = None, known: dict | None = None) -> dict:
+    """Write MANIFEST into FOLDER with an entry for every file there and a checksum of itself.
+
+    A file that is a hard link to the same file in PREVIOUS (the version it was linked from, whose manifest
+    entries are KNOWN) keeps its entry without being hashed again: it is the very file hashed when written."""
+    known = known or {}
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file() or path.name in (MANIFEST, BUILD_STATE):
+            continue
+        relative = str(path.relative_to(folder))
+        entry = known.get(relative)
+        linked = entry is not None and previous is not None and _same_file(path, previous / relative)
+        files[relative] = entry if linked else file_entry(path)
+    manifest = {key: value for key, value in manifest.items() if key not in ("files", "checksum")}
+    manifest["files"] = files
+    manifest["checksum"] = manifest_checksum(manifest)
+    partial = folder / (MANIFEST + ".partial")
+    partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(partial, folder / MANIFEST)
     return manifest
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(path, other)
+    except OSError:
+        return False
+
+
+def link_tree(source: Path, target: Path, skip: Callable[[str], bool] = lambda relative: False) -> None:
+    """Hard-link every file under SOURCE into TARGET (same relative paths), except the manifest and SKIP's."""
+    for path in sorted(source.rglob("*")):
+        relative = str(path.relative_to(source))
+        if not path.is_file() or path.name == MANIFEST or skip(relative):
+            continue
+        destination = target / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.link(path, destination)
 
 
 class IndexWriter:
@@ -127,12 +199,15 @@ class IndexWriter:
     def __init__(self, index_dir: str | Path, name: str):
         self.link = index_path(index_dir, name)
         self.versions = Path(index_dir) / VERSIONS / name
-        # Sortable by creation time, so pruning keeps the newest.
-        self.version = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}-{uuid.uuid4().hex[:6]}"
+        self.version = _new_version_name()
         self.folder = self.versions / f"{self.version}.partial"
+        self.resumed = False  # True: the folder holds a killed build's finished work, matched by its resume key
+        self.keep_partial = False  # True: leave the partial folder for a later resume (an interrupted build)
 
     def commit(self) -> Path:
+        (self.folder / BUILD_STATE).unlink(missing_ok=True)
         _fsync_tree(self.folder)
+        self.version = _new_version_name()  # named at commit: a resumed build's folder dates from its first run
         final = self.versions / self.version
         os.rename(self.folder, final)
         _fsync_dir(self.versions)
@@ -153,24 +228,55 @@ class IndexWriter:
 
 
 @contextmanager
-def writing(index_dir: str | Path, name: str) -> Iterator[IndexWriter]:
-    """Hold NAME's lock, give a fresh partial folder, and clean it up unless committed.
+def writing(index_dir: str | Path, name: str, resume_key: dict | None = None) -> Iterator[IndexWriter]:
+    """Hold NAME's lock, give a partial folder, and clean it up unless committed.
 
-    Read-modify-write operations (add, delete, refit) must read the current version inside this block.
+    With RESUME_KEY (a build's corpus and encoder), a partial folder a killed build left with the same key is
+    handed back (`writer.resumed`) instead of a fresh one; every other leftover is removed. Read-modify-write
+    operations (add, delete, refit, compact) must read the current version inside this block.
     """
     writer = IndexWriter(index_dir, name)
     check_target(index_dir, name)
     writer.versions.mkdir(parents=True, exist_ok=True)
     with open(writer.versions / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # writers of one name take turns; readers never wait
-        for leftover in writer.versions.glob("*.partial"):  # from builds that were killed
+        for leftover in sorted(writer.versions.glob("*.partial")):  # from writes that were killed
+            if resume_key is not None and not writer.resumed and _build_key(leftover) == resume_key:
+                writer.folder, writer.version, writer.resumed = leftover, leftover.name[: -len(".partial")], True
+                continue
             shutil.rmtree(leftover, ignore_errors=True)
-        writer.folder.mkdir()
+        _remove_orphans(writer)
+        writer.folder.mkdir(exist_ok=writer.resumed)
         try:
             yield writer
+        except KeyboardInterrupt:
+            # An interrupted build keeps what it finished, to resume from; anything else is discarded.
+            writer.keep_partial = writer.keep_partial or (writer.folder / BUILD_STATE).is_file()
+            raise
         finally:
-            if writer.folder.name.endswith(".partial"):
+            if writer.folder.name.endswith(".partial") and not writer.keep_partial:
                 shutil.rmtree(writer.folder, ignore_errors=True)
+
+
+def _remove_orphans(writer: IndexWriter) -> None:
+    """Remove complete versions newer than the current one: a writer killed between renaming its folder and
+    swapping the link left them, and no reader ever saw them (pruning by age must not count them)."""
+    current = writer.link.resolve() if writer.link.is_symlink() else None
+    for folder in writer.versions.iterdir():
+        if folder.is_dir() and not folder.name.endswith(".partial") and (current is None or folder.name > current.name):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _new_version_name() -> str:
+    # Sortable by commit time, so pruning keeps the newest.
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}-{uuid.uuid4().hex[:6]}"
+
+
+def _build_key(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / BUILD_STATE).read_text(encoding="utf-8")).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _fsync_tree(folder: Path) -> None:

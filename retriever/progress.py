@@ -24,8 +24,12 @@ class RateColumn(TextColumn):
 
 
 @contextmanager
-def progress_bar(description: str, total: int, enabled: bool = True, unit: str = "texts") -> Iterator[Callable[[int], None]]:
-    """Yields `advance(n)`. Disabled bars cost nothing, so library code can always call advance."""
+def progress_bar(description: str, total: int | None, enabled: bool = True, unit: str = "texts",
+                 transient: bool = False) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`. Disabled bars cost nothing, so library code can always call advance.
+
+    TOTAL None: not known in advance (a streamed corpus). TRANSIENT: the bar disappears when done, for quick
+    stages whose bar would only clutter an error message that follows."""
     if not enabled:
         yield lambda n: None
         return
@@ -39,6 +43,6 @@ def progress_bar(description: str, total: int, enabled: bool = True, unit: str =
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=stderr_console, transient=False) as progress:
+    with Progress(*columns, console=stderr_console, transient=transient) as progress:
         task = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task, n)

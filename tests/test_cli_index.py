@@ -1,4 +1,5 @@
-"""build / search / add / delete / refit / info through the CLI entry point, and every bad input as one line."""
+"""build / search / add / delete / compact / refit / info / verify through the CLI entry point, and every bad
+input as one line."""
 
 from __future__ import annotations
 
@@ -109,11 +110,56 @@ def test_an_index_whose_model_is_gone_says_so(built, cli, tmp_path, tiny_bert):
 
 
 def test_a_damaged_index_is_refused(built, cli):
-    manifest = json.loads((built / "docs" / "manifest.json").read_text())
-    (built / "docs" / "documents.db").write_bytes(b"not a database")
-    assert manifest["files"]["documents.db"]
+    documents = built / "docs" / "segments" / "000001" / "documents.db"
+    size = documents.stat().st_size
+    documents.write_bytes(b"X" * size)  # same size: opening cannot tell, verify can
+    assert_one_line_error(cli("verify", "--name", "docs", "--index-dir", built),
+                          "segments/000001/documents.db does not match its manifest checksum")
+    documents.write_bytes(b"not a database")
     assert_one_line_error(cli("search", "q", "--name", "docs", "--index-dir", built),
-                          "documents.db does not match its manifest checksum")
+                          "documents.db has 14 bytes, its manifest says")
+
+
+def test_verify_compact_and_search_options(built, cli, tmp_path, tiny_bert):
+    done = cli("verify", "--name", "docs", "--index-dir", built)
+    assert done.returncode == 0 and "index 'docs' is intact" in done.stderr
+    assert cli("delete", "docs.txt:1", "--name", "docs", "--index-dir", built).returncode == 0
+    done = cli("compact", "--name", "docs", "--index-dir", built)
+    assert done.returncode == 0 and "compacted index 'docs': 3 documents" in done.stderr, done.stderr
+    corpus = tmp_path / "many.txt"
+    corpus.write_text("".join(f"document number {i} about topic {i % 7}\n" for i in range(300)), encoding="utf-8")
+    done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--index-type", "ivf",
+               "--index-dir", built)
+    assert done.returncode == 0, done.stderr
+    done = cli("search", "document number 5 about topic 5", "--name", "many", "--nprobe", "2", "--json",
+               "--index-dir", built)
+    assert done.returncode == 0 and json.loads(done.stdout)[0]["doc_id"] == "many.txt:6"
+    assert_one_line_error(cli("search", "q", "--name", "many", "--nprobe", "0", "--index-dir", built),
+                          "nprobe must be at least 1")
+    assert_one_line_error(cli("build", corpus, "--index-type", "annoy", "--index-dir", built),
+                          "unknown index type 'annoy'")
+    assert_one_line_error(cli("build", corpus, "--fit-sample", "1", "--index-dir", built),
+                          "--fit-sample must be at least 2")
+
+
+def test_build_from_vectors_made_by_encode(cli, tmp_path, tiny_bert):
+    import gzip
+
+    corpus = tmp_path / "docs.jsonl.gz"
+    with gzip.open(corpus, "wt", encoding="utf-8") as file:
+        for number, text in enumerate(TEXTS):
+            file.write(json.dumps({"_id": f"t{number}", "title": "Title", "text": text}) + "\n")
+    vectors = tmp_path / "vectors.npy"
+    done = cli("encode", corpus, "--out", vectors, "--model", tiny_bert)
+    assert done.returncode == 0, done.stderr
+    index_dir = tmp_path / "indexes"
+    done = cli("build", corpus, "--vectors", vectors, "--model", tiny_bert, "--calibrator", "none",
+               "--index-dir", index_dir)
+    assert done.returncode == 0 and "built index 'docs': 4 documents (4 indexed)" in done.stderr, done.stderr
+    done = cli("search", f"Title {TEXTS[2]}", "--json", "--index-dir", index_dir)
+    assert json.loads(done.stdout)[0]["doc_id"] == "t2" and json.loads(done.stdout)[0]["score"] > 0.999
+    assert_one_line_error(cli("build", corpus, "--vectors", tmp_path / "none.npy", "--index-dir", index_dir),
+                          "none.npy: no such file or folder")
 
 
 def test_add_counts_truncated_documents(built, cli, tmp_path):
@@ -121,7 +167,7 @@ def test_add_counts_truncated_documents(built, cli, tmp_path):
     more.write_text("A short new document.\n" + "word " * 2000 + "\n", encoding="utf-8")
     done = cli("add", more, "--name", "docs", "--index-dir", built)
     assert done.returncode == 0, done.stderr
-    assert "6 documents (2 added)" in done.stderr and "1 documents truncated at the max length" in done.stderr
+    assert "6 documents (2 added)" in done.stderr and "1 document truncated at the max length" in done.stderr
 
 
 def test_commands_without_name_pick_the_index(built, cli, tmp_path, tiny_bert):

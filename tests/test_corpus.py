@@ -114,7 +114,7 @@ def test_missing_file(tmp_path):
 
 def test_unknown_extension(tmp_path):
     path = write(tmp_path, "corpus.xml", "<doc/>")
-    assert error_of(path) == f"{path}: unsupported format '.xml'; use .txt, .jsonl, .csv, .tsv"
+    assert error_of(path) == f"{path}: unsupported format '.xml'; use .txt, .jsonl, .csv, .tsv (or .gz of them)"
 
 
 def test_directory_is_not_a_file(tmp_path):
@@ -193,3 +193,35 @@ def test_check_unique_ids_against_existing(tmp_path):
     with pytest.raises(RetrieverError) as caught:
         check_unique_ids(docs, existing={"2", "3", "x"})
     assert str(caught.value) == "new.jsonl: 2 ids already in the index: '2' (line 2), '3' (line 3)"
+
+
+def test_gzipped_corpora_read_as_a_stream(tmp_path):
+    import gzip
+
+    for name, content in {
+        "corpus.jsonl.gz": '{"_id": "a", "title": "T", "text": "first"}\n{"_id": "b", "text": "second"}\n',
+        "corpus.txt.gz": "first\n\nsecond\n",
+        "corpus.tsv.gz": "id\ttext\na\tfirst\nb\tsecond\n",
+    }.items():
+        path = tmp_path / name
+        with gzip.open(path, "wt", encoding="utf-8") as file:
+            file.write(content)
+        docs = read_corpus(path)
+        assert [d.text for d in docs] == ["first", "second"], name
+    assert [d.doc_id for d in read_corpus(tmp_path / "corpus.txt.gz")] == ["corpus.txt.gz:1", "corpus.txt.gz:3"]
+    assert read_queries(tmp_path / "corpus.txt.gz") == [("1", "first"), ("3", "second")]
+
+
+def test_a_damaged_or_unknown_gzip_is_one_line(tmp_path):
+    import gzip
+
+    whole = gzip.compress(b'{"_id": "a", "text": "first"}\n' * 1000)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "plain.jsonl.gz").write_text('{"_id": "a", "text": "not compressed"}\n')
+    (tmp_path / "corpus.xml.gz").write_bytes(gzip.compress(b"<doc/>"))
+    with pytest.raises(RetrieverError, match="cut.jsonl.gz: not a complete gzip file"):
+        read_corpus(tmp_path / "cut.jsonl.gz")
+    with pytest.raises(RetrieverError, match="plain.jsonl.gz: not a complete gzip file"):
+        read_corpus(tmp_path / "plain.jsonl.gz")
+    with pytest.raises(RetrieverError, match=r"unsupported format '.xml.gz'"):
+        read_corpus(tmp_path / "corpus.xml.gz")

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from retriever.errors import RetrieverError
-from retriever.store.vectors import VectorStore
+from retriever.store.vectors import IndexSpec, VectorStore, choose_spec, default_nlist, train_template
 
 
 def normalized(rng, n, dim):
@@ -13,9 +13,13 @@ def normalized(rng, n, dim):
 @pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(0)
-    vectors = normalized(rng, 5000, 64)
+    # Clustered, like real embeddings: IVF buckets then mean something.
+    centers = normalized(rng, 50, 64)
+    vectors = centers[rng.integers(0, 50, 5000)] + 0.35 * normalized(rng, 5000, 64)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = rng.permutation(np.arange(100, 100 + 3 * len(vectors), 3))  # sparse, shuffled: ids are not positions
-    return ids, vectors, normalized(rng, 100, 64)
+    queries = centers[rng.integers(0, 50, 100)] + 0.35 * normalized(rng, 100, 64)
+    return ids, vectors.astype(np.float32), (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
 
 
 def brute_force(ids, vectors, queries, k):
@@ -24,57 +28,89 @@ def brute_force(ids, vectors, queries, k):
     return np.take_along_axis(scores, order, axis=1), ids[order]
 
 
-def store_with(data, **kwargs):
+def recall(found, expected):
+    return np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(found, expected)])
+
+
+def store_with(data, index_type="flat", **kwargs):
     ids, vectors, _ = data
-    store = VectorStore.create(vectors.shape[1], device="cpu", **kwargs)
+    spec = IndexSpec(type=index_type, **kwargs).for_dim(vectors.shape[1])
+    store = VectorStore.create(vectors.shape[1], spec, train_template(spec, vectors), device="cpu")
     store.add(ids, vectors)
     return store
 
 
-def test_flat_search_is_exact(data):
+@pytest.fixture(scope="module")
+def stores(data):
+    """One store of each type, built once (hnsw and the IVF trainings are the slow part)."""
+    return {kind: store_with(data, kind) for kind in ("flat", "hnsw", "ivf", "ivfpq")}
+
+
+def test_flat_search_is_exact(data, stores):
     ids, vectors, queries = data
-    store = store_with(data)
-    scores, found = store.search(queries, 10)
+    scores, found = stores["flat"].search(queries, 10)
     expected_scores, expected_ids = brute_force(ids, vectors, queries, 10)
     assert found.dtype == np.int64 and scores.dtype == np.float32 and found.shape == (100, 10)
     np.testing.assert_array_equal(found, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, atol=1e-5)
+    store = stores["flat"]
     assert (store.ntotal, store.dim, store.index_type, store.backend) == (5000, 64, "flat", "faiss-cpu")
 
 
-@pytest.fixture(scope="module")
-def hnsw(data):
-    """Built once (the slow part); tests that change the store build their own."""
-    return store_with(data, index_type="hnsw", hnsw_m=32, ef_search=128)
-
-
-def test_hnsw_recall_against_flat(data, hnsw):
-    _, _, queries = data
-    _, exact = store_with(data).search(queries, 10)
-    _, approximate = hnsw.search(queries, 10)
-    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(exact, approximate)])
-    assert recall >= 0.95
-    assert hnsw.index_type == "hnsw" and hnsw.ef_search == 128
-
-
-def test_hnsw_returns_k_results_even_beyond_ef_search(data):
+@pytest.mark.parametrize("kind", ["hnsw", "ivf", "ivfpq"])
+def test_approximate_types_find_the_exact_neighbours_at_their_defaults(data, stores, kind):
     ids, vectors, queries = data
-    store = VectorStore.create(64, index_type="hnsw", ef_search=16, device="cpu")
-    store.add(ids[:1000], vectors[:1000])
-    _, found = store.search(queries[:3], 200)
-    assert (found >= 0).all() and all(len(set(row)) == 200 for row in found)
+    _, expected = brute_force(ids, vectors, queries, 10)
+    _, found = stores[kind].search(queries, 10 if kind != "ivfpq" else 100)
+    if kind == "ivfpq":  # codes are approximate: the exact top 10 must be among its top 100 (the index re-ranks)
+        assert np.mean([len(set(e) & set(f)) / 10 for e, f in zip(expected, found)]) >= 0.95
+    else:
+        assert recall(found, expected) >= 0.95
+    assert set(np.unique(found)) <= set(ids)
+
+
+def test_ivf_scans_more_buckets_with_a_larger_nprobe(data, stores):
+    ids, vectors, queries = data
+    _, expected = brute_force(ids, vectors, queries, 10)
+    narrow = recall(stores["ivf"].search(queries, 10, nprobe=1)[1], expected)
+    wide = recall(stores["ivf"].search(queries, 10, nprobe=stores["ivf"].spec.nlist)[1], expected)
+    assert wide == 1.0 and narrow < wide  # every bucket scanned is exact search
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf", "ivfpq"])
+def test_excluded_ids_never_come_back_and_k_others_take_their_place(data, stores, kind):
+    ids, vectors, queries = data
+    store = stores[kind]
+    _, before = store.search(queries, 5)
+    excluded = np.unique(before[before >= 0])
+    scores, after = store.search(queries, 10, exclude=excluded, nprobe=store.spec.nlist)
+    assert not np.isin(after, excluded).any()
+    assert (after >= 0).all()  # still 10 hits per query
+    if kind == "flat":
+        keep = ~np.isin(ids, excluded)
+        np.testing.assert_array_equal(after, brute_force(ids[keep], vectors[keep], queries, 10)[1])
 
 
 def test_single_query_and_padding_when_fewer_than_k():
     rng = np.random.default_rng(1)
     vectors = normalized(rng, 3, 8)
     for index_type in ("flat", "hnsw"):
-        store = VectorStore.create(8, index_type=index_type, device="cpu")
+        store = VectorStore.create(8, index_type, device="cpu")
         store.add(np.array([5, 6, 7]), vectors)
         scores, found = store.search(vectors[1], 5)  # a 1-d query is one query
         assert found.shape == (1, 5)
         assert found[0, 0] == 6 and sorted(found[0, :3]) == [5, 6, 7]
         assert list(found[0, 3:]) == [-1, -1] and np.isneginf(scores[0, 3:]).all()
+        _, found = store.search(vectors[1], 5, exclude=np.array([6]))
+        assert sorted(found[0, :2]) == [5, 7] and list(found[0, 2:]) == [-1, -1, -1]
+
+
+def test_hnsw_returns_k_results_even_beyond_ef_search(data):
+    ids, vectors, queries = data
+    store = VectorStore.create(64, "hnsw", ef_search=16, device="cpu")
+    store.add(ids[:1000], vectors[:1000])
+    _, found = store.search(queries[:3], 200)
+    assert (found >= 0).all() and all(len(set(row)) == 200 for row in found)
 
 
 def test_empty_store_returns_only_padding():
@@ -82,57 +118,57 @@ def test_empty_store_returns_only_padding():
     assert (found == -1).all() and np.isneginf(scores).all()
 
 
-@pytest.mark.parametrize("index_type", ["flat", "hnsw"])
-def test_removed_ids_never_come_back(data, index_type):
-    ids, vectors, queries = data
-    store = store_with(data, index_type=index_type)
-    # Remove the current top hits of every query, so removal is actually exercised by the searches.
-    _, before = store.search(queries, 5)
-    removed = np.unique(before)
-    assert store.remove(np.concatenate([removed, [10**9]])) == len(removed)  # an unknown id is ignored
-    assert store.ntotal == len(ids) - len(removed)
-    assert set(store.ids().tolist()) == set(ids.tolist()) - set(removed.tolist())
-    _, after = store.search(queries, 10)
-    assert not np.isin(after, removed).any()
-    keep = ~np.isin(ids, removed)
-    _, expected = brute_force(ids[keep], vectors[keep], queries, 10)
-    if index_type == "flat":
-        np.testing.assert_array_equal(after, expected)
-    else:
-        assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(after, expected)]) >= 0.95
-        assert store.ef_search == 128  # the rebuilt graph keeps its settings
-
-
-@pytest.mark.parametrize("index_type", ["flat", "hnsw"])
-def test_save_load_roundtrip(tmp_path, data, hnsw, index_type):
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf", "ivfpq"])
+def test_save_load_roundtrip(tmp_path, data, stores, kind):
     _, _, queries = data
-    store = hnsw if index_type == "hnsw" else store_with(data)
+    store = stores[kind]
     path = tmp_path / "vectors.faiss"
     store.save(path)
     assert not (tmp_path / "vectors.faiss.partial").exists()
-    loaded = VectorStore.load(path, device="cpu")
-    assert (loaded.ntotal, loaded.dim, loaded.index_type) == (store.ntotal, store.dim, index_type)
-    np.testing.assert_array_equal(loaded.ids(), store.ids())
+    loaded = VectorStore.load(path, store.spec, device="cpu")
+    assert (loaded.ntotal, loaded.dim, loaded.index_type) == (store.ntotal, store.dim, kind)
+    assert sorted(loaded.ids()) == sorted(store.ids())
     for got, expected in zip(loaded.search(queries, 10), store.search(queries, 10)):
         np.testing.assert_array_equal(got, expected)
-    assert loaded.ef_search == store.ef_search
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf", "ivfpq"])
+def test_merged_keeps_every_vector_but_the_excluded(data, kind):
+    ids, vectors, queries = data
+    spec = IndexSpec(type=kind).for_dim(64)
+    template = train_template(spec, vectors)
+    parts = []
+    for part in np.array_split(np.arange(len(ids)), 3):
+        store = VectorStore.create(64, spec, template, device="cpu")
+        store.add(ids[part], vectors[part])
+        parts.append(store)
+    whole = VectorStore.create(64, spec, template, device="cpu")
+    whole.add(ids, vectors)
+    dropped = np.sort(ids[::7])
+    merged = VectorStore.merged(parts, dropped, spec, template)
+    assert sorted(merged.ids()) == sorted(set(ids) - set(dropped))
+    expected = whole.search(queries, 10, exclude=dropped)
+    if kind in ("flat", "ivf", "ivfpq"):  # same vectors or codes in the same buckets: the same answers
+        np.testing.assert_array_equal(merged.search(queries, 10)[1], expected[1])
+    else:
+        assert recall(merged.search(queries, 10)[1], expected[1]) >= 0.95
+    assert parts[0].ntotal == len(np.array_split(np.arange(len(ids)), 3)[0])  # sources untouched
 
 
 def test_torch_backend_equals_faiss_flat(data):
     ids, vectors, queries = data
     faiss_store = store_with(data)
-    torch_store = store_with(data, backend="torch")
+    torch_store = VectorStore.create(64, "flat", device="cpu", backend="torch")
+    torch_store.add(ids, vectors)
     torch_store._get_searcher().chunk_bytes = 7 * len(ids) * 4  # force several chunks of 7 queries
     assert torch_store.backend == "torch-cpu"
     faiss_scores, faiss_ids = faiss_store.search(queries, 10)
     torch_scores, torch_ids = torch_store.search(queries, 10)
     np.testing.assert_array_equal(torch_ids, faiss_ids)
     np.testing.assert_allclose(torch_scores, faiss_scores, atol=1e-5)
-    # After a removal the searcher is rebuilt from the updated index.
-    removed = faiss_ids[:, 0]
-    faiss_store.remove(removed)
-    torch_store.remove(removed)
-    np.testing.assert_array_equal(torch_store.search(queries, 10)[1], faiss_store.search(queries, 10)[1])
+    excluded = np.sort(faiss_ids[:, 0])
+    np.testing.assert_array_equal(torch_store.search(queries, 10, exclude=excluded)[1],
+                                  faiss_store.search(queries, 10, exclude=excluded)[1])
 
 
 def test_torch_backend_pads_when_fewer_than_k():
@@ -179,13 +215,27 @@ def test_ids_in_any_order_across_batches():
     assert store.search(eye[2], 1)[1].tolist() == [[5]]
 
 
+def test_auto_chooses_by_corpus_size_and_memory():
+    assert choose_spec(50_000, 384).type == "flat"
+    big_memory, small_memory = 64 * 2**30, 4 * 2**30
+    ivf = choose_spec(1_000_000, 384, memory=big_memory)  # 1.5 GB of float vectors in 64 GB
+    assert ivf.type == "ivf" and ivf.nlist == default_nlist(1_000_000) and ivf.nprobe >= 8
+    pq = choose_spec(1_000_000, 384, memory=small_memory)  # would take more than a quarter of 4 GB
+    assert pq.type == "ivfpq" and pq.pq_m == 48 and pq.bytes_per_vector(384) == 56
+    assert choose_spec(10, 384, "hnsw").type == "hnsw"
+
+
 def test_bad_arguments_and_files(tmp_path):
-    with pytest.raises(RetrieverError, match="unknown index type 'ivf'"):
-        VectorStore.create(4, index_type="ivf")
+    with pytest.raises(RetrieverError, match="unknown index type 'ivfflat'"):
+        VectorStore.create(4, index_type="ivfflat")
+    with pytest.raises(RetrieverError, match="unknown index type 'annoy'"):
+        choose_spec(10, 4, "annoy")
     with pytest.raises(RetrieverError, match="unknown search backend 'numpy'"):
         VectorStore.create(4, backend="numpy")
-    with pytest.raises(RetrieverError, match="ef_search applies to hnsw indexes only"):
-        VectorStore.create(4, device="cpu").ef_search = 10
+    with pytest.raises(RetrieverError, match="starts from its index's trained template"):
+        VectorStore.create(4, "ivf")
+    with pytest.raises(RetrieverError, match="nprobe must be at least 1"):
+        IndexSpec(type="ivf", nprobe=-2)
     with pytest.raises(RetrieverError, match="no vector index there"):
         VectorStore.load(tmp_path / "missing.faiss")
     garbage = tmp_path / "garbage.faiss"

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from retriever.calibration.base import Calibrator, read_config
 from retriever.calibration.flow import FlowCalibrator
 from retriever.calibration.linear import make_linear
+from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.errors import RetrieverError
 
 DEFAULT_CALIBRATOR = "flow"
+
 CALIBRATOR_NAMES = (
     "flow (default): BERT-flow, a normalizing flow that Gaussianizes the vectors; "
     "whitening or whitening-K: BERT-whitening, optionally keeping the top K dimensions; "
@@ -49,6 +53,23 @@ def make_calibrator(name: str | None = DEFAULT_CALIBRATOR, **options) -> Calibra
     return calibrator
 
 
+def fit_sample_rows(rows: int, fit_sample: int | None, seed: int = 0) -> np.ndarray | None:
+    """Which rows a calibrator fits on: None for all of them (ROWS <= FIT_SAMPLE, or no bound), else FIT_SAMPLE
+    distinct rows drawn uniformly with SEED, ascending (so reading them from disk goes forward)."""
+    if fit_sample is not None and fit_sample < 2:
+        raise RetrieverError(f"--fit-sample must be at least 2 (got {fit_sample})")
+    if fit_sample is None or rows <= fit_sample:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(rows, size=fit_sample, replace=False))
+
+
+def fit_on_sample(calibrator: Calibrator, X: np.ndarray, fit_sample: int | None = DEFAULT_FIT_SAMPLE,
+                  seed: int = 0) -> Calibrator:
+    """Fit CALIBRATOR on at most FIT_SAMPLE rows of X (all of X, as given, when it has no more)."""
+    rows = fit_sample_rows(len(X), fit_sample, seed)
+    return calibrator.fit(X if rows is None else np.asarray(X[rows]))
+
+
 def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Calibrator:
     """The fitted calibrator saved in folder; refuses one fitted on vectors of another dimension."""
     record = read_config(folder)
@@ -65,4 +86,5 @@ def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Cali
     return type(calibrator).load(folder)
 
 
-__all__ = ["Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "make_calibrator", "load_calibrator"]
+__all__ = ["Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "DEFAULT_FIT_SAMPLE", "make_calibrator",
+           "load_calibrator", "fit_on_sample", "fit_sample_rows"]

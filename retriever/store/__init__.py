@@ -1,6 +1,7 @@
-"""Storage for an index folder: vectors in a FAISS index, document metadata in SQLite, joined by row id."""
+"""Storage for an index version: segments (FAISS vectors, raw vectors, SQLite documents) joined by row id."""
 
-from retriever.store.metadata import MetadataStore
-from retriever.store.vectors import VectorStore
+from retriever.store.documents import DocumentTable
+from retriever.store.segment import Segment
+from retriever.store.vectors import IndexSpec, VectorStore
 
-__all__ = ["MetadataStore", "VectorStore"]
+__all__ = ["DocumentTable", "IndexSpec", "Segment", "VectorStore"]

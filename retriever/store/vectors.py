@@ -1,23 +1,36 @@
-"""Vector store: a FAISS inner-product index keyed by int64 ids (the metadata store's row ids).
+"""Vector store: a FAISS inner-product index of L2-normalized vectors keyed by int64 row ids.
 
-The stored format is always a CPU FAISS index, ``IndexIDMap2`` around either ``IndexFlatIP`` (exact) or
-``IndexHNSWFlat`` (approximate graph search). Vectors must be L2-normalized, so inner product = cosine.
+Index types (`IndexSpec.type`), chosen per corpus by `choose_spec` when the type is "auto":
+
+- ``flat``: exact search over float32 vectors (``IndexIDMap(IndexFlatIP)``), 4 x dim bytes per vector.
+- ``hnsw``: approximate graph search over float32 vectors (``IndexIDMap(IndexHNSWFlat)``), exact vectors kept.
+- ``ivf``: IVF-Flat; the vectors are bucketed by a k-means quantizer and a search scans `nprobe` buckets.
+- ``ivfpq``: IVF with product-quantized codes (``pq_m`` bytes per vector, optionally after an OPQ rotation): the
+  index for corpora whose float vectors do not fit in memory. Scores are approximate; the index re-ranks the best
+  candidates exactly from the stored vectors (`rerank`), which is what brings recall back.
+
+IVF types are trained once per index on a sample (`train_template`); every segment of the index starts from a
+copy of that trained, empty template, so segments share buckets and codes and merge without retraining.
+
+Stored indexes are immutable: deletions are filtered at search time (`exclude`, FAISS ID selectors, so a search
+still returns k hits where k remain), and compaction writes a new store with `merged`. Loading maps the file
+instead of reading it where FAISS can (flat and IVF), so opening a large index costs milliseconds.
 
 Searching can run elsewhere; the first search builds a searcher for the chosen device and backend:
 
 - ``faiss-cpu``: the index itself.
 - ``faiss-gpu``: a flat index copied to the GPU, when the faiss build has GPU support.
-- ``torch``: exact search as one matrix product + top-k, chunked over queries to bound memory. Used on CUDA when
-  faiss has no GPU support, and for HNSW on a GPU (faiss cannot walk an HNSW graph there; scoring every vector
-  on a GPU is fast and exact). Also runs on CPU, which is how the tests check it against faiss.
-
-Any add/remove drops the searcher; the next search rebuilds it from the updated index.
+- ``torch``: exact search as one matrix product + top-k, chunked over queries to bound memory. Used on CUDA for
+  flat and hnsw when faiss has no GPU support (scoring every vector on a GPU is fast and exact). Also runs on
+  CPU, which is how the tests check it against faiss.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,9 +44,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INDEX_TYPES = ("flat", "hnsw")
+INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
 BACKENDS = ("auto", "faiss", "torch")
 
+# `auto` keeps exact search up to this many documents: a flat scan of 100k x 384 answers a query in ~15 ms on
+# two cores, and nothing approximate is needed below that.
+FLAT_MAX_DOCUMENTS = 100_000
+# `auto` keeps float vectors (ivf) while they take at most this share of the machine's memory, else ivfpq.
+IVF_FLAT_MEMORY_SHARE = 0.25
 # faiss GPU k-selection handles at most this many results per query.
 _FAISS_GPU_MAX_K = 2048
 # Row norms further than this from 1 mean the caller forgot to normalize.
@@ -52,13 +70,134 @@ def set_threads(threads: int | None = None) -> None:
     faiss.omp_set_num_threads(max(1, threads))
 
 
+def memory_bytes() -> int:
+    """Physical memory of this machine (what `auto` plans against)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+@dataclass
+class IndexSpec:
+    """What kind of FAISS index a version holds, and its search-time defaults (recorded in the manifest)."""
+
+    type: str = "flat"
+    nlist: int | None = None  # ivf, ivfpq: number of k-means buckets
+    pq_m: int | None = None  # ivfpq: bytes per vector (sub-quantizers of 8 bits)
+    opq: bool = False  # ivfpq: learn a rotation that balances the sub-spaces before quantizing
+    hnsw_m: int = 32  # hnsw: graph degree
+    ef_construction: int = 40  # hnsw: beam width while building
+    # Search-time defaults; each can be overridden per search.
+    nprobe: int | None = None  # ivf, ivfpq: buckets scanned per query
+    ef_search: int | None = None  # hnsw: beam width per query
+    rerank: int | None = None  # ivfpq: re-rank this many times k candidates exactly
+
+    def __post_init__(self) -> None:
+        if self.type not in INDEX_TYPES or self.type == "auto":
+            raise RetrieverError(f"unknown index type {self.type!r}; use one of {', '.join(INDEX_TYPES)}")
+        if self.type in ("ivf", "ivfpq"):
+            self.nlist = self.nlist or 1024
+            self.nprobe = self.nprobe or default_nprobe(self.nlist)
+        if self.type == "ivfpq":
+            self.pq_m = self.pq_m or 0  # 0: set from the dimension by `for_dim`
+            self.rerank = self.rerank if self.rerank is not None else 10
+        if self.type == "hnsw":
+            self.ef_search = self.ef_search or 128
+            if self.hnsw_m < 2:
+                raise RetrieverError(f"hnsw M must be at least 2, got {self.hnsw_m}")
+        for name in ("nlist", "nprobe", "ef_search"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise RetrieverError(f"{name.replace('_', '-')} must be at least 1, got {value}")
+
+    @classmethod
+    def from_dict(cls, record: dict) -> IndexSpec:
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in record.items() if key in known})
+
+    def to_dict(self) -> dict:
+        """The settings that matter for this type (what the manifest records and `info` shows)."""
+        relevant = {"flat": (), "hnsw": ("hnsw_m", "ef_construction", "ef_search"), "ivf": ("nlist", "nprobe"),
+                    "ivfpq": ("nlist", "pq_m", "opq", "nprobe", "rerank")}[self.type]
+        return {"type": self.type, **{key: value for key, value in asdict(self).items() if key in relevant}}
+
+    def for_dim(self, dim: int) -> IndexSpec:
+        """This spec with dimension-dependent settings filled in (pq_m: dim / 8, a divisor of dim)."""
+        if self.type == "ivfpq" and not self.pq_m:
+            self.pq_m = max(m for m in range(1, max(1, dim // 8) + 1) if dim % m == 0)
+        if self.type == "ivfpq" and dim % self.pq_m:
+            raise RetrieverError(f"pq_m {self.pq_m} must divide the dimension {dim}")
+        return self
+
+    def bytes_per_vector(self, dim: int) -> int:
+        """Memory the index holds per vector: codes plus the 8-byte id."""
+        if self.type == "ivfpq":
+            return self.pq_m + 8
+        graph = 2 * self.hnsw_m * 4 if self.type == "hnsw" else 0  # level-0 links, the bulk of the graph
+        return 4 * dim + 8 + graph
+
+
+def default_nlist(documents: int) -> int:
+    """Buckets for an IVF index: about 2 sqrt(n), a power of two, within [16, 16384].
+
+    Fewer, larger buckets than faiss's 4-16 sqrt(n) guideline: training k-means and assigning vectors to buckets
+    cost O(n x nlist) and dominate a CPU build, while scanning a bucket is cheap."""
+    return int(min(16384, max(16, 2 ** round(math.log2(2 * math.sqrt(max(documents, 1)))))))
+
+
+def default_nprobe(nlist: int) -> int:
+    """Buckets scanned per query: nlist / 16 (at least 8). Measured on real calibrated vectors, see README."""
+    return max(8, nlist // 16)
+
+
+def choose_spec(documents: int, dim: int, index_type: str = "auto", memory: int | None = None) -> IndexSpec:
+    """The index for DOCUMENTS vectors of DIM dimensions: INDEX_TYPE, or for "auto" by corpus size and memory."""
+    if index_type not in INDEX_TYPES:
+        raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
+    if index_type == "auto":
+        if documents <= FLAT_MAX_DOCUMENTS:
+            index_type = "flat"
+        elif documents * dim * 4 <= IVF_FLAT_MEMORY_SHARE * (memory or memory_bytes()):
+            index_type = "ivf"
+        else:
+            index_type = "ivfpq"
+    nlist = default_nlist(documents) if index_type in ("ivf", "ivfpq") else None
+    return IndexSpec(type=index_type, nlist=nlist).for_dim(dim)
+
+
+def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
+    """The trained, empty index every segment of an ivf/ivfpq index starts from (None for flat and hnsw).
+
+    SAMPLE holds calibrated, L2-normalized vectors; k-means wants 39 or more per bucket, so nlist shrinks to fit
+    a small sample rather than train on too few points.
+    """
+    if spec.type not in ("ivf", "ivfpq"):
+        return None
+    set_threads()
+    sample = np.ascontiguousarray(sample, dtype=np.float32)
+    n, dim = sample.shape
+    spec.nlist = max(1, min(spec.nlist, n // 39))
+    spec.nprobe = min(spec.nprobe or default_nprobe(spec.nlist), spec.nlist)
+    if spec.type == "ivf":
+        description = f"IVF{spec.nlist},Flat"
+    else:
+        spec.for_dim(dim)
+        description = f"{'OPQ%d,' % spec.pq_m if spec.opq else ''}IVF{spec.nlist},PQ{spec.pq_m}"
+    index = faiss.index_factory(dim, description, faiss.METRIC_INNER_PRODUCT)
+    index.train(sample)
+    return index
+
+
 class VectorStore:
-    def __init__(self, index: faiss.IndexIDMap2, device: str = "auto", backend: str = "auto", fp16: bool = False):
-        """Wrap ``index``; ``device`` ("auto", "cpu", "cuda", "cuda:N") and ``backend`` say where searches run."""
+    def __init__(self, index: faiss.Index, spec: IndexSpec, device: str = "auto", backend: str = "auto",
+                 fp16: bool = False):
+        """Wrap INDEX; DEVICE ("auto", "cpu", "cuda", "cuda:N") and BACKEND say where searches run."""
         if backend not in BACKENDS:
             raise RetrieverError(f"unknown search backend {backend!r}; use one of {', '.join(BACKENDS)}")
         self._index = index
-        self._inner = faiss.downcast_index(index.index)
+        self.spec = spec
+        self._ivf = faiss.extract_index_ivf(index) if spec.type in ("ivf", "ivfpq") else None
         self._gpu = None if device == "cpu" else _gpu_device(device)  # None: search on the CPU
         self._backend, self._fp16 = backend, fp16
         self._searcher: _FaissSearcher | _FaissGpuSearcher | _TorchSearcher | None = None
@@ -67,47 +206,44 @@ class VectorStore:
         self._id_bound: int | None = None
 
     @classmethod
-    def create(
-        cls,
-        dim: int,
-        index_type: str = "flat",
-        hnsw_m: int = 32,
-        ef_search: int = 128,
-        ef_construction: int = 40,
-        device: str = "auto",
-        backend: str = "auto",
-        fp16: bool = False,
-    ) -> VectorStore:
-        """An empty store. ``hnsw_m``/``ef_*`` matter only for ``index_type="hnsw"``."""
+    def create(cls, dim: int, index_type: IndexSpec | str = "flat", template: faiss.Index | None = None,
+               device: str = "auto", backend: str = "auto", fp16: bool = False, **spec_options) -> VectorStore:
+        """An empty store: flat/hnsw from scratch, ivf/ivfpq as a copy of the trained TEMPLATE.
+
+        INDEX_TYPE is an IndexSpec, or a type name whose settings SPEC_OPTIONS give (e.g. hnsw_m=32)."""
         set_threads()
         if dim < 1:
             raise RetrieverError(f"vector dimension must be positive, got {dim}")
-        if index_type == "flat":
-            inner = faiss.IndexFlatIP(dim)
-        elif index_type == "hnsw":
-            inner = _new_hnsw(dim, hnsw_m, ef_construction, ef_search)
+        spec = index_type if isinstance(index_type, IndexSpec) else IndexSpec(type=index_type, **spec_options)
+        spec = spec.for_dim(dim)
+        if spec.type == "flat":
+            index = faiss.IndexIDMap(faiss.IndexFlatIP(dim))
+        elif spec.type == "hnsw":
+            index = faiss.IndexIDMap(_new_hnsw(dim, spec))
         else:
-            raise RetrieverError(f"unknown index type {index_type!r}; use one of {', '.join(INDEX_TYPES)}")
-        return cls(faiss.IndexIDMap2(inner), device=device, backend=backend, fp16=fp16)
+            if template is None:
+                raise RetrieverError(f"an {spec.type} store starts from its index's trained template")
+            index = faiss.clone_index(template)
+        return cls(index, spec, device=device, backend=backend, fp16=fp16)
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", backend: str = "auto", fp16: bool = False) -> VectorStore:
+    def load(cls, path: str | Path, spec: IndexSpec | None = None, device: str = "auto", backend: str = "auto",
+             fp16: bool = False, mmap: bool = True) -> VectorStore:
+        """Load a saved store; with MMAP (flat and IVF) the data is mapped, not read, so opening is instant."""
         set_threads()
         path = Path(path)
         if not path.is_file():
             raise RetrieverError(f"{path}: no vector index there")
-        try:
-            index = faiss.read_index(str(path))
-        except RuntimeError:
-            raise RetrieverError(f"{path}: not a readable faiss index (corrupt or from another program)") from None
-        if not isinstance(index, faiss.IndexIDMap2) or index.metric_type != faiss.METRIC_INNER_PRODUCT:
-            raise RetrieverError(f"{path}: not a retriever vector index ({type(index).__name__})")
-        if not isinstance(faiss.downcast_index(index.index), (faiss.IndexFlat, faiss.IndexHNSWFlat)):
-            raise RetrieverError(f"{path}: unsupported index type {type(faiss.downcast_index(index.index)).__name__}")
-        return cls(index, device=device, backend=backend, fp16=fp16)
+        index = _read_index(path, mmap)
+        spec = spec or IndexSpec(type=_index_type(index, path))
+        if _index_type(index, path) != spec.type:
+            raise RetrieverError(f"{path}: holds a {_index_type(index, path)} index, the manifest says {spec.type}")
+        if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise RetrieverError(f"{path}: not a retriever vector index (metric {index.metric_type})")
+        return cls(index, spec, device=device, backend=backend, fp16=fp16)
 
     def save(self, path: str | Path) -> None:
-        """Write the index to ``path`` (written next to it, flushed to disk, then renamed into place)."""
+        """Write the index to PATH (written next to it, flushed to disk, then renamed into place)."""
         path = Path(path)
         partial = path.with_name(path.name + ".partial")
         faiss.write_index(self._index, str(partial))
@@ -120,7 +256,7 @@ class VectorStore:
 
     @property
     def ntotal(self) -> int:
-        return int(self._index.ntotal)
+        return int(self._ivf.ntotal if self._ivf is not None else self._index.ntotal)
 
     @property
     def dim(self) -> int:
@@ -128,17 +264,7 @@ class VectorStore:
 
     @property
     def index_type(self) -> str:
-        return "hnsw" if isinstance(self._inner, faiss.IndexHNSWFlat) else "flat"
-
-    @property
-    def ef_search(self) -> int | None:
-        return int(self._inner.hnsw.efSearch) if self.index_type == "hnsw" else None
-
-    @ef_search.setter
-    def ef_search(self, value: int) -> None:
-        if self.index_type != "hnsw":
-            raise RetrieverError("ef_search applies to hnsw indexes only")
-        self._inner.hnsw.efSearch = int(value)
+        return self.spec.type
 
     @property
     def backend(self) -> str:
@@ -146,11 +272,15 @@ class VectorStore:
         return self._get_searcher().name
 
     def ids(self) -> np.ndarray:
-        """All stored ids, int64, in insertion order."""
-        return faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+        """All stored ids, int64 (insertion order for flat and hnsw, bucket order for IVF)."""
+        if self._ivf is None:
+            return faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+        lists = self._ivf.invlists
+        parts = [_list_ids(lists, number) for number in range(lists.nlist)]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        """Add L2-normalized float32 ``vectors`` (n, dim) under new, unique, non-negative ``ids`` (n,)."""
+        """Add L2-normalized float32 VECTORS (n, dim) under new, unique, non-negative IDS (n,)."""
         vectors = self._as_matrix(vectors, "vectors")
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if ids.ndim != 1 or len(ids) != len(vectors):
@@ -172,47 +302,57 @@ class VectorStore:
         if len(off):
             raise RetrieverError(f"vectors must be L2-normalized; row {off[0]} has norm {norms[off[0]]:.4f}")
         self._index.add_with_ids(vectors, ids)
+        if self._ivf is not None:
+            self._index.ntotal = self._ivf.ntotal  # a pre-transform wrapper does not track its inner index
         self._id_bound = max(self._id_bound, int(ids.max()))
         self._searcher = None
 
-    def remove(self, ids: np.ndarray) -> int:
-        """Remove ``ids`` (unknown ones are ignored); returns how many vectors were removed.
+    def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None, nprobe: int | None = None,
+               ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-K by inner product: (scores (q, k) float32, ids (q, k) int64), best first.
 
-        A flat index removes in place. HNSW graphs cannot drop nodes, so the index is rebuilt from the vectors
-        it keeps (O(n log n), like building it): batch removals rather than removing one id at a time.
-        """
-        ids = np.ascontiguousarray(ids, dtype=np.int64).ravel()
-        if len(ids) == 0 or self.ntotal == 0:
-            return 0
-        if self.index_type == "flat":
-            removed = int(self._index.remove_ids(ids))
-        else:
-            all_ids = self.ids()
-            keep = ~np.isin(all_ids, ids)
-            removed = int(len(keep) - keep.sum())
-            if removed:
-                hnsw = self._inner.hnsw
-                inner = _new_hnsw(self.dim, hnsw.nb_neighbors(1), hnsw.efConstruction, hnsw.efSearch)
-                index = faiss.IndexIDMap2(inner)
-                index.add_with_ids(_stored_vectors(self._inner)[keep], all_ids[keep])
-                self._index, self._inner = index, inner
-        if removed:
-            self._searcher = None
-        return removed
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` by inner product: (scores (q, k) float32, ids (q, k) int64), best first.
-
-        Where fewer than ``k`` vectors are found the row is padded with id -1 and score -inf.
+        Ids in EXCLUDE (sorted) are never returned, and k others take their place. NPROBE / EF_SEARCH override
+        the spec's defaults for this search. Where fewer than K vectors are found the row is padded with id -1
+        and score -inf.
         """
         queries = self._as_matrix(queries, "queries", allow_single=True)
         if k < 1:
             raise RetrieverError(f"k must be at least 1, got {k}")
         if len(queries) == 0 or self.ntotal == 0:
             return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
-        scores, ids = self._get_searcher().search(queries, k)
+        for option, value in (("nprobe", nprobe), ("ef-search", ef_search)):
+            if value is not None and value < 1:
+                raise RetrieverError(f"{option} must be at least 1, got {value}")
+        exclude = None if exclude is None or len(exclude) == 0 else np.ascontiguousarray(exclude, dtype=np.int64)
+        options = _SearchOptions(nprobe or self.spec.nprobe, ef_search or self.spec.ef_search, exclude)
+        scores, ids = self._get_searcher().search(queries, k, options)
         scores[ids < 0] = -np.inf  # faiss pads with -FLT_MAX; one convention for every backend
         return scores, ids
+
+    def stored_vectors(self) -> np.ndarray:
+        """The float32 vectors of a flat or hnsw store, in insertion order (a view: no copy)."""
+        if self._ivf is not None:
+            raise RetrieverError(f"an {self.spec.type} store keeps no float vectors in insertion order")
+        return _stored_vectors(faiss.downcast_index(self._index.index))
+
+    @classmethod
+    def merged(cls, stores: list[VectorStore], exclude: np.ndarray, spec: IndexSpec,
+               template: faiss.Index | None) -> VectorStore:
+        """One new store holding every vector of STORES whose id is not in EXCLUDE (for compaction).
+
+        IVF stores copy their codes bucket by bucket (no re-encoding, the sources stay untouched); flat and hnsw
+        stores re-add their exact float vectors, in order."""
+        dim = stores[0].dim
+        merged = cls.create(dim, spec, template, device="cpu")
+        for store in stores:
+            if store._ivf is not None:
+                _copy_ivf_entries(store._ivf, merged._ivf, exclude)
+                merged._index.ntotal = merged._ivf.ntotal
+            else:
+                ids = store.ids()
+                keep = ~np.isin(ids, exclude)
+                merged.add(ids[keep], store.stored_vectors()[keep])
+        return merged
 
     def _as_matrix(self, array: np.ndarray, name: str, allow_single: bool = False) -> np.ndarray:
         array = np.asarray(array)
@@ -233,39 +373,64 @@ class VectorStore:
         return self._searcher
 
     def _make_searcher(self) -> _FaissSearcher | _FaissGpuSearcher | _TorchSearcher:
+        exact_capable = self.spec.type in ("flat", "hnsw")
         if self._backend == "faiss":
             if self._gpu is None:
-                return _FaissSearcher(self._index)
+                return _FaissSearcher(self._index, self.spec)
             if not _faiss_has_gpu():
                 raise RetrieverError("this faiss build has no GPU support; install faiss-gpu or use the torch backend")
-            if self.index_type != "flat":
-                raise RetrieverError("faiss cannot search an hnsw index on the GPU; use the torch backend")
+            if self.spec.type != "flat":
+                raise RetrieverError(f"faiss cannot search an {self.spec.type} index on the GPU here; use the torch backend")
             return _FaissGpuSearcher(self._index, self._gpu)
         if self._backend == "torch":
-            return _TorchSearcher(self.ids(), _stored_vectors(self._inner), self._gpu or "cpu", self._fp16)
-        # auto: CPU → the faiss index itself; GPU → faiss-gpu for flat if available, else exact torch search.
-        if self._gpu is None:
-            return _FaissSearcher(self._index)
-        if self.index_type == "flat" and _faiss_has_gpu():
+            if not exact_capable:
+                raise RetrieverError(f"the torch backend searches flat and hnsw indexes, not {self.spec.type}")
+            return _TorchSearcher(self.ids(), self.stored_vectors(), self._gpu or "cpu", self._fp16)
+        # auto: CPU -> the faiss index itself; GPU -> faiss-gpu for flat if available, else exact torch search.
+        if self._gpu is None or not exact_capable:
+            return _FaissSearcher(self._index, self.spec)
+        if self.spec.type == "flat" and _faiss_has_gpu():
             return _FaissGpuSearcher(self._index, self._gpu)
         if not _fits_on_gpu(self.ntotal * self.dim * (2 if self._fp16 else 4), self._gpu):
             log.warning("the %d vectors do not fit in free GPU memory; searching on the CPU with faiss", self.ntotal)
-            return _FaissSearcher(self._index)
-        return _TorchSearcher(self.ids(), _stored_vectors(self._inner), self._gpu, self._fp16)
+            return _FaissSearcher(self._index, self.spec)
+        return _TorchSearcher(self.ids(), self.stored_vectors(), self._gpu, self._fp16)
+
+
+@dataclass
+class _SearchOptions:
+    nprobe: int | None
+    ef_search: int | None
+    exclude: np.ndarray | None
 
 
 class _FaissSearcher:
     name = "faiss-cpu"
 
-    def __init__(self, index: faiss.Index):
-        self.index = index
+    def __init__(self, index: faiss.Index, spec: IndexSpec):
+        self.index, self.spec = index, spec
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        inner = faiss.downcast_index(self.index.index)
-        if isinstance(inner, faiss.IndexHNSWFlat) and k > inner.hnsw.efSearch:
+    def search(self, queries: np.ndarray, k: int, options: _SearchOptions) -> tuple[np.ndarray, np.ndarray]:
+        # The selector objects must outlive the search: SWIG parameters hold bare pointers to them.
+        keep_alive = []
+        selector = None
+        if options.exclude is not None:
+            batch = faiss.IDSelectorBatch(options.exclude)
+            selector = faiss.IDSelectorNot(batch)
+            keep_alive += [batch, selector]
+        if self.spec.type == "hnsw":
             # HNSW finds at most efSearch candidates; widen the beam so k results can come back.
-            return self.index.search(queries, k, params=faiss.SearchParametersHNSW(efSearch=k))
-        return self.index.search(queries, k)
+            params = faiss.SearchParametersHNSW(efSearch=max(k, options.ef_search or 0))
+        elif self.spec.type in ("ivf", "ivfpq"):
+            params = faiss.SearchParametersIVF(nprobe=options.nprobe)
+        else:
+            params = faiss.SearchParameters()
+        if selector is not None:
+            params.sel = selector
+        if isinstance(self.index, faiss.IndexPreTransform):
+            params = faiss.SearchParametersPreTransform(index_params=params)
+            keep_alive.append(params.index_params)
+        return self.index.search(queries, k, params=params)
 
 
 class _FaissGpuSearcher:
@@ -276,9 +441,10 @@ class _FaissGpuSearcher:
         self.resources = faiss.StandardGpuResources()  # must outlive the GPU index
         self.gpu_index = faiss.index_cpu_to_gpu(self.resources, device.index or 0, index)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        index = self.gpu_index if k <= _FAISS_GPU_MAX_K else self.cpu_index
-        return index.search(queries, k)
+    def search(self, queries: np.ndarray, k: int, options: _SearchOptions) -> tuple[np.ndarray, np.ndarray]:
+        if options.exclude is not None or k > _FAISS_GPU_MAX_K:  # GPU indexes take no ID selector
+            return _FaissSearcher(self.cpu_index, IndexSpec("flat")).search(queries, k, options)
+        return self.gpu_index.search(queries, k)
 
 
 class _TorchSearcher:
@@ -297,31 +463,74 @@ class _TorchSearcher:
         self.ids = ids
         # Copied once: the faiss storage may be reallocated by a later add.
         self.vectors = torch.tensor(vectors, dtype=self.dtype, device=self.device)
+        self._excluded: tuple[int, object] | None = None  # (id of the exclude array, its position mask)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, options: _SearchOptions) -> tuple[np.ndarray, np.ndarray]:
         import torch
 
         n = len(self.ids)
-        found = min(k, n)
+        mask = self._mask(options.exclude)
+        found = min(k, n - (int(mask.sum()) if mask is not None else 0))
         scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
         ids = np.full((len(queries), k), -1, dtype=np.int64)
+        if found <= 0:
+            return scores, ids
         rows = max(1, self.chunk_bytes // (n * self.vectors.element_size()))
         with torch.inference_mode():
             for start in range(0, len(queries), rows):
                 chunk = torch.from_numpy(queries[start : start + rows]).to(self.device, self.dtype)
-                top_scores, top_positions = torch.topk(chunk @ self.vectors.T, found, dim=1)
+                products = chunk @ self.vectors.T
+                if mask is not None:
+                    products.masked_fill_(mask, float("-inf"))
+                top_scores, top_positions = torch.topk(products, found, dim=1)
                 scores[start : start + rows, :found] = top_scores.float().cpu().numpy()
                 ids[start : start + rows, :found] = self.ids[top_positions.cpu().numpy()]
         return scores, ids
 
+    def _mask(self, exclude: np.ndarray | None):
+        import torch
 
-def _new_hnsw(dim: int, m: int, ef_construction: int, ef_search: int) -> faiss.IndexHNSWFlat:
-    if m < 2:
-        raise RetrieverError(f"hnsw M must be at least 2, got {m}")
-    index = faiss.IndexHNSWFlat(dim, int(m), faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = int(ef_construction)
-    index.hnsw.efSearch = int(ef_search)
+        if exclude is None:
+            return None
+        if self._excluded is None or self._excluded[0] is not exclude:
+            self._excluded = (exclude, torch.from_numpy(np.isin(self.ids, exclude)).to(self.device))
+        return self._excluded[1]
+
+
+def _new_hnsw(dim: int, spec: IndexSpec) -> faiss.IndexHNSWFlat:
+    index = faiss.IndexHNSWFlat(dim, int(spec.hnsw_m), faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = int(spec.ef_construction)
+    index.hnsw.efSearch = int(spec.ef_search)
     return index
+
+
+def _read_index(path: Path, mmap: bool) -> faiss.Index:
+    attempts = [faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY, faiss.IO_FLAG_MMAP_IFC, 0] if mmap else [0]
+    for flags in attempts:
+        try:
+            return faiss.read_index(str(path), flags)
+        except RuntimeError:
+            continue  # not mappable this way (e.g. an hnsw graph): the next way, finally a plain read
+    raise RetrieverError(f"{path}: not a readable faiss index (corrupt or from another program)")
+
+
+def _index_type(index: faiss.Index, path: Path) -> str:
+    if isinstance(index, faiss.IndexIDMap):
+        inner = faiss.downcast_index(index.index)
+        if isinstance(inner, faiss.IndexHNSWFlat):
+            return "hnsw"
+        if isinstance(inner, faiss.IndexFlat):
+            return "flat"
+    else:
+        try:
+            ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+        except RuntimeError:
+            ivf = None
+        if isinstance(ivf, faiss.IndexIVFFlat):
+            return "ivf"
+        if isinstance(ivf, faiss.IndexIVFPQ):
+            return "ivfpq"
+    raise RetrieverError(f"{path}: not a retriever vector index ({type(index).__name__})")
 
 
 def _stored_vectors(inner: faiss.Index) -> np.ndarray:
@@ -332,12 +541,36 @@ def _stored_vectors(inner: faiss.Index) -> np.ndarray:
     return faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * storage.d).reshape(storage.ntotal, storage.d)
 
 
+def _list_ids(lists: faiss.InvertedLists, number: int) -> np.ndarray:
+    size = lists.list_size(number)
+    if size == 0:
+        return np.empty(0, np.int64)
+    return faiss.rev_swig_ptr(lists.get_ids(number), size).astype(np.int64, copy=True)
+
+
+def _copy_ivf_entries(source: faiss.IndexIVF, target: faiss.IndexIVF, exclude: np.ndarray) -> None:
+    """Append SOURCE's entries, except ids in EXCLUDE, to the same buckets of TARGET (same trained template)."""
+    lists, code_size = source.invlists, source.code_size
+    for number in range(lists.nlist):
+        size = lists.list_size(number)
+        if size == 0:
+            continue
+        ids = faiss.rev_swig_ptr(lists.get_ids(number), size)
+        codes = faiss.rev_swig_ptr(lists.get_codes(number), size * code_size).reshape(size, code_size)
+        keep = ~np.isin(ids, exclude) if len(exclude) else slice(None)
+        kept_ids = np.ascontiguousarray(ids[keep], dtype=np.int64)
+        kept_codes = np.ascontiguousarray(codes[keep])
+        if len(kept_ids):
+            target.invlists.add_entries(number, len(kept_ids), faiss.swig_ptr(kept_ids), faiss.swig_ptr(kept_codes))
+    target.ntotal = sum(target.invlists.list_size(number) for number in range(target.invlists.nlist))
+
+
 def _faiss_has_gpu() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
 def _gpu_device(device: str) -> torch.device | None:
-    """The CUDA device ``device`` ("auto", "cuda", "cuda:N") resolves to, or None for the CPU."""
+    """The CUDA device DEVICE ("auto", "cuda", "cuda:N") resolves to, or None for the CPU."""
     from retriever.device import resolve_device  # imports torch: only when a GPU may be wanted
 
     resolved = resolve_device(device)

@@ -1,0 +1,246 @@
+"""The streamed stages that turn a corpus into a segment, in bounded memory and resumably:
+
+    1 ingest: chunked read -> SQLite       (every line checked before any model loads)
+    2 encode: SQLite -> encoder -> float32 vectors on disk     (or precomputed vectors: `--vectors`)
+    3 fit:    a bounded, seeded sample of the vectors -> calibrator
+    4 index:  vectors block by block -> calibrator -> L2 -> FAISS, and raw vectors -> the segment's raw store
+
+A corpus is never held whole: documents and vectors move in chunks, and only the FAISS index grows in memory.
+A build records its progress after every encoded chunk (`BuildState`), so a killed build re-run with the same
+corpus and encoder continues from its last finished chunk instead of encoding everything again. `Index` (the
+facade) strings these stages together for build and add.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from retriever.calibration import Calibrator, fit_sample_rows
+from retriever.corpus import Document, document_text, iter_corpus
+from retriever.errors import RetrieverError
+from retriever.progress import progress_bar, stderr_console
+from retriever.store.arrays import NpyAppender, VectorSource
+from retriever.store.documents import DocumentTable
+from retriever.store.segment import VECTORS, RawWriter
+from retriever.store.vectors import IndexSpec, VectorStore
+
+# Documents per chunk: the encoder sorts a chunk by length, so larger chunks pad less; 16,384 texts of a few
+# hundred characters each are a few MB, and their vectors 25 MB at 384 dimensions.
+CHUNK_ROWS = 16384
+
+T = TypeVar("T")
+
+
+def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def count_documents(corpus: str | Path, encoding: str = "utf-8") -> int:
+    """Read the whole corpus once, streamed: every format error surfaces here, before any model loads."""
+    return sum(1 for _ in iter_corpus(corpus, encoding))
+
+
+def source_fingerprint(path: str | Path) -> dict:
+    """What identifies an input file for resuming: its resolved path, size and modification time."""
+    path = Path(path).resolve()
+    status = path.stat()
+    return {"path": str(path), "bytes": status.st_size, "mtime_ns": status.st_mtime_ns}
+
+
+def write_json_atomically(path: Path, record: dict) -> None:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as file:
+        file.write(json.dumps(record, indent=2) + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+
+
+def encode_chunks(
+    encoder,
+    documents: Iterable[Document],
+    on_chunk: Callable[[list[Document], object, int], None],
+    skip: int = 0,
+    total: int | None = None,
+    progress: bool = False,
+) -> None:
+    """Encode DOCUMENTS chunk by chunk, after skipping the first SKIP; on_chunk(chunk, vectors, truncated) each."""
+    with progress_bar("Encoding", total=total or 0, enabled=progress) as advance:
+        advance(skip)
+        for chunk in chunked(islice(documents, skip, None), CHUNK_ROWS):
+            vectors, truncated = encoder.encode_counting_truncated([document_text(d) for d in chunk])
+            on_chunk(chunk, vectors, truncated)
+            advance(len(chunk))
+
+
+@dataclass
+class EncodeResult:
+    count: int
+    truncated: int
+    resumed_from: int  # documents already encoded by an earlier, interrupted run (0: a fresh run)
+
+
+def encode_corpus(corpus: str | Path, out: str | Path, encoder, encoding: str = "utf-8",
+                  total: int | None = None, progress: bool = False) -> EncodeResult:
+    """Encode every document of CORPUS (title and text, exactly what `build` encodes) into OUT, a float32 .npy.
+
+    OUT.json records the source, the encoder and the rows done; while it says the run is not complete, running
+    again with the same corpus and encoder settings resumes after the last finished chunk.
+    """
+    out = Path(out)
+    record_path = out.with_suffix(".json")
+    total = count_documents(corpus, encoding) if total is None else total
+    if total == 0:
+        raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
+    fresh = {"source": source_fingerprint(corpus), "encoder": encoder.config(), "count": total}
+    done, truncated = 0, 0
+    previous = _read_record(record_path)
+    if previous and not previous.get("complete") and {k: previous.get(k) for k in fresh} == fresh:
+        done, truncated = int(previous["rows"]), int(previous["truncated"])
+        if progress:
+            stderr_console.print(f"resuming: {done:,} of {total:,} documents were encoded by an interrupted run")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = NpyAppender.resume(out, encoder.dim, "float32", done) if done else NpyAppender(out, encoder.dim)
+    state = {"rows": done, "truncated": truncated}
+
+    def save(chunk: list[Document], vectors, chunk_truncated: int) -> None:
+        writer.append(vectors)
+        writer.flush()  # the rows are durable before the record says so
+        state["rows"] += len(chunk)
+        state["truncated"] += chunk_truncated
+        write_json_atomically(record_path, {**fresh, "complete": False, **state})
+
+    with writer:
+        encode_chunks(encoder, iter_corpus(corpus, encoding), save, skip=done, total=total, progress=progress)
+    write_json_atomically(record_path, {**fresh, "complete": True, **state})
+    return EncodeResult(state["rows"], state["truncated"], done)
+
+
+def _read_record(path: Path) -> dict | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+# --- the stages of writing a segment ---------------------------------------------------------------------------
+
+
+def ingest(documents: Iterable[Document], table: DocumentTable, first_rowid: int, progress: bool = False,
+           chunk_rows: int = CHUNK_ROWS) -> int:
+    """Stage 1: stream DOCUMENTS into TABLE under consecutive row ids from FIRST_ROWID; returns the count.
+
+    Every document is read and checked here, before any model loads, and then read back from TABLE to encode:
+    a bad line fails the build in seconds instead of after hours of encoding."""
+    count = 0
+    with progress_bar("Reading", total=None, enabled=progress, unit="docs", transient=True) as advance:
+        for chunk in chunked(documents, chunk_rows):
+            table.insert(np.arange(first_rowid + count, first_rowid + count + len(chunk)), chunk)
+            count += len(chunk)
+            advance(len(chunk))
+    table.finish()  # builds the doc_id index: a repeated id fails here, with its lines
+    return count
+
+
+@dataclass
+class BuildState:
+    """What a build in a partial folder has finished, saved after every chunk so a re-run can resume."""
+
+    path: Path
+    key: dict
+    documents: int | None = None  # set once every document is in SQLite
+    encoded: int = 0  # documents whose vectors are durable in the encoded-vectors file
+    truncated: int = 0
+
+    @classmethod
+    def load(cls, path: Path) -> BuildState:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return cls(path, record["key"], record.get("documents"), int(record.get("encoded", 0)),
+                   int(record.get("truncated", 0)))
+
+    def save(self) -> None:
+        write_json_atomically(self.path, {"key": self.key, "documents": self.documents, "encoded": self.encoded,
+                                          "truncated": self.truncated})
+
+
+def encode_table(encoder, table: DocumentTable, out: Path, state: BuildState, first_rowid: int = 1,
+                 progress: bool = False, chunk_rows: int = CHUNK_ROWS) -> None:
+    """Stage 2: encode TABLE's documents in row id order into OUT (float32 .npy), after the STATE.encoded
+    already there; STATE is saved after each chunk, once its vectors are durable."""
+    writer = (NpyAppender.resume(out, encoder.dim, "float32", state.encoded) if state.encoded
+              else NpyAppender(out, encoder.dim, "float32"))
+    documents = (document for _, document in table.documents(after_rowid=first_rowid - 1 + state.encoded))
+
+    def save(chunk: list[Document], vectors: np.ndarray, truncated: int) -> None:
+        writer.append(vectors)
+        writer.flush()
+        state.encoded += len(chunk)
+        state.truncated += truncated
+        state.save()
+
+    with writer, progress_bar("Encoding", total=state.documents or 0, enabled=progress) as advance:
+        advance(state.encoded)
+        for chunk in chunked(documents, chunk_rows):
+            vectors, truncated = encoder.encode_counting_truncated([document_text(d) for d in chunk])
+            save(chunk, vectors, truncated)
+            advance(len(chunk))
+
+
+def check_vectors(source: VectorSource, progress: bool = False) -> None:
+    """Read every precomputed vector once: a NaN or infinite value fails here, before anything is fitted."""
+    with progress_bar("Checking vectors", total=source.rows, enabled=progress, unit="vectors",
+                      transient=True) as advance:
+        for block in source.blocks():
+            advance(len(block))
+
+
+def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, seed: int) -> np.ndarray:
+    """Stage 3: fit CALIBRATOR on at most FIT_SAMPLE of SOURCE's vectors; returns them calibrated and
+    L2-normalized (what an IVF index trains its buckets on)."""
+    rows = fit_sample_rows(source.rows, fit_sample, seed)
+    sample = np.concatenate(list(source.blocks())) if rows is None else source.take(rows)
+    if not calibrator.fitted:
+        calibrator.fit(sample)
+    return l2_normalize(calibrator.transform(sample))
+
+
+def calibrated_blocks(source: VectorSource, calibrator: Calibrator, first_rowid: int,
+                      progress: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(row ids, raw vectors, calibrated unit vectors) block by block, for stage 4."""
+    with progress_bar("Indexing", total=source.rows, enabled=progress, unit="vectors") as advance:
+        start = first_rowid
+        for block in source.blocks():
+            rowids = np.arange(start, start + len(block), dtype=np.int64)
+            yield rowids, block, l2_normalize(calibrator.transform(block))
+            start += len(block)
+            advance(len(block))
+
+
+def write_segment_vectors(folder: Path, blocks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], dim: int,
+                          out_dim: int, spec: IndexSpec, template) -> VectorStore:
+    """Stage 4: add each block's calibrated vectors to a new vector store and its raw vectors to the segment's
+    raw store; save both. Only the vector store grows in memory."""
+    store = VectorStore.create(out_dim, spec, template, device="cpu")
+    raw = RawWriter(folder, dim)
+    for rowids, raw_block, calibrated in blocks:
+        store.add(rowids, calibrated)
+        raw.append(rowids, raw_block)
+    raw.close()
+    store.save(folder / VECTORS)
+    return store
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)

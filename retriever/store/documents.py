@@ -1,0 +1,235 @@
+"""The documents of one segment in SQLite: one row per document, whose row id is its id in the vector index.
+
+Row ids are handed out by the index (its manifest counts them), never by SQLite, so an id is unique across all
+segments and never reused. A segment is written once (`DocumentTable.create`, `insert` chunk by chunk, `finish`)
+and then only read: readers open it with SQLite's `immutable` flag (no locks, no journal files), which is safe
+because no one writes a finished segment again. The doc_id index is built by `finish`, after the bulk insert:
+sorting once is much faster than keeping a b-tree ordered through millions of inserts, and a duplicate id is
+reported there with the lines it came from. Source file names are stored once each, not once per row.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from retriever.corpus import Document
+from retriever.errors import RetrieverError
+
+COLUMNS = ("rowid", "doc_id", "title", "text", "source", "line")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sources (id INTEGER PRIMARY KEY, path TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS documents (
+    rowid INTEGER PRIMARY KEY,
+    doc_id TEXT NOT NULL,
+    title TEXT,
+    text TEXT NOT NULL,
+    source INTEGER REFERENCES sources(id),
+    line INTEGER
+);
+"""
+_DOC_ID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS documents_doc_id ON documents (doc_id)"
+
+# Id lists travel as one JSON array expanded by json_each: one statement for any number of ids, with no limit on
+# bound variables.
+_ROWIDS_IN = "d.rowid IN (SELECT value FROM json_each(?))"
+_SELECT = {"rowid": "d.rowid", "doc_id": "d.doc_id", "title": "d.title", "text": "d.text", "source": "s.path",
+           "line": "d.line"}
+_FROM = "documents d LEFT JOIN sources s ON s.id = d.source"
+_SHOWN = 5
+
+
+class DocumentTable:
+    def __init__(self, connection: sqlite3.Connection, path: Path, writable: bool):
+        self.db = connection
+        self.path = path
+        self.writable = writable
+        self._source_ids: dict[str, int] = {}
+
+    @classmethod
+    def create(cls, path: str | Path) -> DocumentTable:
+        """A new, empty table at PATH (an existing file there is replaced), to fill and then `finish`."""
+        path = Path(path)
+        path.unlink(missing_ok=True)
+        connection = sqlite3.connect(path)
+        # A segment being written is private to its writer until the version holding it is committed, and that
+        # commit fsyncs every file: no journal is needed for its durability, and inserts run much faster without.
+        connection.execute("PRAGMA journal_mode=OFF")
+        connection.execute("PRAGMA synchronous=OFF")
+        connection.execute("PRAGMA cache_size=-65536")  # 64 MiB: bounded, and enough to sort the doc_id index
+        connection.executescript(_SCHEMA)
+        return cls(connection, path, writable=True)
+
+    @classmethod
+    def reopen(cls, path: str | Path) -> DocumentTable:
+        """Reopen an unfinished table (a resumed build) to keep writing it."""
+        connection = cls._connect(Path(path), readonly=False)
+        connection.execute("PRAGMA journal_mode=OFF")
+        connection.execute("PRAGMA synchronous=OFF")
+        return cls(connection, Path(path), writable=True)
+
+    @classmethod
+    def open(cls, path: str | Path) -> DocumentTable:
+        """A finished table, read-only."""
+        return cls(cls._connect(Path(path), readonly=True), Path(path), writable=False)
+
+    @staticmethod
+    def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
+        if not path.is_file():
+            raise RetrieverError(f"{path}: no document database there")
+        uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1" if readonly else f"{path.resolve().as_uri()}?mode=rw"
+        try:
+            connection = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as error:
+            raise RetrieverError(f"{path}: cannot open document database ({error})") from None
+        if "documents" not in tables:
+            connection.close()
+            raise RetrieverError(f"{path}: not a retriever document database (no documents table)")
+        return connection
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> DocumentTable:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- writing ---------------------------------------------------------------------------------------------
+
+    def insert(self, rowids: np.ndarray, documents: Sequence[Document]) -> None:
+        """Insert DOCUMENTS under ROWIDS in one transaction (ids are checked for uniqueness by `finish`)."""
+        self._check_writable()
+        if len(rowids) != len(documents):
+            raise RetrieverError(f"{len(documents)} documents but {len(rowids)} row ids")
+        with self.db:
+            rows = ((rowid, d.doc_id, d.title, d.text, self._source_id(d.source), d.line)
+                    for rowid, d in zip(np.asarray(rowids).tolist(), documents))
+            self.db.executemany(
+                "INSERT INTO documents (rowid, doc_id, title, text, source, line) VALUES (?, ?, ?, ?, ?, ?)", rows
+            )
+
+    def copy_from(self, other: DocumentTable, dropped: np.ndarray) -> int:
+        """Copy OTHER's rows, except the row ids in DROPPED, in row id order (SQLite streams it); returns the count."""
+        self._check_writable()
+        self.db.execute("ATTACH DATABASE ? AS other", (f"{other.path.resolve().as_uri()}?mode=ro&immutable=1",))
+        try:
+            with self.db:
+                self.db.execute("INSERT OR IGNORE INTO sources (path) SELECT path FROM other.sources")
+                cursor = self.db.execute(
+                    "INSERT INTO documents (rowid, doc_id, title, text, source, line) "
+                    "SELECT d.rowid, d.doc_id, d.title, d.text, (SELECT m.id FROM main.sources m WHERE m.path = s.path), "
+                    "d.line FROM other.documents d LEFT JOIN other.sources s ON s.id = d.source "
+                    "WHERE d.rowid NOT IN (SELECT value FROM json_each(?)) ORDER BY d.rowid",
+                    (json.dumps(np.asarray(dropped, dtype=np.int64).tolist()),),
+                )
+                copied = cursor.rowcount
+        finally:
+            self.db.execute("DETACH DATABASE other")
+        self._source_ids.clear()
+        return copied
+
+    def finish(self) -> None:
+        """Build the doc_id index; a repeated id is refused here with the lines of its first two occurrences."""
+        self._check_writable()
+        try:
+            with self.db:
+                self.db.execute(_DOC_ID_INDEX)
+        except sqlite3.IntegrityError:
+            raise RetrieverError(self._duplicates_message()) from None
+        self.db.execute("ANALYZE")
+
+    def discard_after(self, rowid: int) -> None:
+        """Drop rows with ids above ROWID (what a killed writer inserted after its last recorded chunk)."""
+        self._check_writable()
+        with self.db:
+            self.db.execute("DELETE FROM documents WHERE rowid > ?", (int(rowid),))
+
+    def _duplicates_message(self) -> str:
+        cursor = self.db.execute(
+            "SELECT d.doc_id, min(d.line), (SELECT line FROM documents e WHERE e.doc_id = d.doc_id "
+            "ORDER BY e.rowid LIMIT 1 OFFSET 1), s.path FROM documents d LEFT JOIN sources s ON s.id = d.source "
+            "GROUP BY d.doc_id HAVING count(*) > 1 ORDER BY min(d.rowid) LIMIT ?",
+            (_SHOWN + 1,),
+        )
+        rows = cursor.fetchall()
+        listed = [f"{doc_id!r} (lines {first} and {second})" for doc_id, first, second, _ in rows[:_SHOWN]]
+        more = " and more" if len(rows) > _SHOWN else ""
+        return f"{rows[0][3]}: duplicate ids: {', '.join(listed)}{more}"
+
+    def _source_id(self, path: str) -> int:
+        known = self._source_ids.get(path)
+        if known is None:
+            self.db.execute("INSERT OR IGNORE INTO sources (path) VALUES (?)", (path,))
+            known = self.db.execute("SELECT id FROM sources WHERE path = ?", (path,)).fetchone()[0]
+            self._source_ids[path] = known
+        return known
+
+    def _check_writable(self) -> None:
+        if not self.writable:
+            raise RetrieverError(f"{self.path}: opened read-only")
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    def get(self, rowids: Sequence[int] | np.ndarray, columns: Sequence[str] = COLUMNS) -> list[dict]:
+        """The rows for ROWIDS, in the same order (repeats allowed); every id must be here."""
+        unknown = [c for c in columns if c not in COLUMNS]
+        if unknown:
+            raise RetrieverError(f"unknown document columns {unknown}; known: {', '.join(COLUMNS)}")
+        wanted = np.asarray(rowids, dtype=np.int64).ravel().tolist()
+        selected = ["rowid", *(c for c in columns if c != "rowid")]
+        cursor = self.db.execute(
+            f"SELECT {', '.join(_SELECT[c] for c in selected)} FROM {_FROM} WHERE {_ROWIDS_IN}", [json.dumps(wanted)]
+        )
+        by_rowid = {row[0]: dict(zip(selected, row)) for row in cursor}
+        missing = [r for r in wanted if r not in by_rowid]
+        if missing:
+            raise RetrieverError(
+                f"index is inconsistent: {len(missing)} vector ids have no document row, e.g. {missing[:_SHOWN]}"
+            )
+        return [by_rowid[r] for r in wanted]
+
+    def rowids_for(self, doc_ids: Iterable[str]) -> dict[str, int]:
+        """doc_id -> row id for those of DOC_IDS stored here."""
+        cursor = self.db.execute(
+            "SELECT doc_id, rowid FROM documents WHERE doc_id IN (SELECT value FROM json_each(?))",
+            [json.dumps(list(doc_ids))],
+        )
+        return dict(cursor.fetchall())
+
+    def count(self) -> int:
+        return self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
+
+    def max_rowid(self) -> int:
+        return self.db.execute("SELECT coalesce(max(rowid), 0) FROM documents").fetchone()[0]
+
+    def rowids(self) -> np.ndarray:
+        """All row ids (int64), ascending."""
+        cursor = self.db.execute("SELECT rowid FROM documents ORDER BY rowid")
+        return np.fromiter((row[0] for row in cursor), dtype=np.int64)
+
+    def doc_ids(self) -> list[str]:
+        """All document ids, in row id order."""
+        return [row[0] for row in self.db.execute("SELECT doc_id FROM documents ORDER BY rowid")]
+
+    def documents(self, after_rowid: int = 0, batch: int = 4096) -> Iterator[tuple[int, Document]]:
+        """(row id, document) in row id order, from the first id above AFTER_ROWID; read in batches."""
+        last = after_rowid
+        while True:
+            rows = self.db.execute(
+                f"SELECT d.rowid, d.doc_id, d.text, d.title, s.path, d.line FROM {_FROM} "
+                "WHERE d.rowid > ? ORDER BY d.rowid LIMIT ?",
+                (last, batch),
+            ).fetchall()
+            if not rows:
+                return
+            for rowid, doc_id, text, title, source, line in rows:
+                yield rowid, Document(doc_id, text, title, source, line)
+            last = rows[-1][0]

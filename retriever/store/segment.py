@@ -1,0 +1,114 @@
+"""Segments: the immutable parts an index version is made of.
+
+    segments/<name>/vectors.faiss   calibrated, L2-normalized vectors (FAISS), keyed by row id
+                    raw.npy         the uncalibrated vectors (float16 where they fit), for refits and re-ranking
+                    rowids.npy      row id of each raw vector, ascending
+                    documents.db    the documents (SQLite), keyed by the same row ids
+
+A segment is written once, by a build, an add, a compaction or a refit, and never changed: later versions reuse
+it through hard links, deletions are tombstones kept beside it (in the version), and compaction writes a new
+segment instead. So a reader that opened a version can keep reading it while writers make new ones.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from retriever.errors import RetrieverError
+from retriever.store.arrays import NpyAppender, read_rows
+from retriever.store.documents import DocumentTable
+from retriever.store.vectors import IndexSpec, VectorStore
+
+VECTORS, RAW, ROWIDS, DOCUMENTS = "vectors.faiss", "raw.npy", "rowids.npy", "documents.db"
+SEGMENT_FILES = (VECTORS, RAW, ROWIDS, DOCUMENTS)
+FLOAT16_MAX = 65504.0
+# Raw vectors are kept as float16 when the first block's largest value leaves this much headroom.
+FLOAT16_HEADROOM = 16.0
+
+
+class Segment:
+    """An opened segment: vectors to search, documents to show, raw vectors to re-rank and refit from."""
+
+    def __init__(self, folder: Path, spec: IndexSpec, device: str = "auto"):
+        self.folder = folder
+        self.name = folder.name
+        self.vectors = VectorStore.load(folder / VECTORS, spec, device=device)
+        self.documents = DocumentTable.open(folder / DOCUMENTS)
+        # Mapped now, read on demand: the mappings keep this segment readable after a later write prunes the
+        # version folder it was opened from, as the open SQLite connection does for the documents.
+        self.raw = np.load(folder / RAW, mmap_mode="r")
+        self.rowids = np.load(folder / ROWIDS, mmap_mode="r")
+
+    def __len__(self) -> int:
+        return len(self.rowids)
+
+    def raw_for(self, rowids: np.ndarray) -> np.ndarray:
+        """The raw vectors (float32) of ROWIDS, all of which are in this segment."""
+        positions = np.searchsorted(self.rowids, rowids)
+        return np.asarray(self.raw[positions], dtype=np.float32)
+
+    def contains(self, rowids: np.ndarray) -> np.ndarray:
+        """Which of ROWIDS are in this segment (boolean mask)."""
+        if len(self.rowids) == 0:
+            return np.zeros(len(rowids), bool)
+        positions = np.minimum(np.searchsorted(self.rowids, rowids), len(self.rowids) - 1)
+        return np.asarray(self.rowids)[positions] == rowids
+
+    def raw_blocks(self, rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(row ids, raw float32 vectors) in bounded blocks, read from the file (not mapped: RSS stays flat)."""
+        for start in range(0, len(self.rowids), rows):
+            ids = np.array(self.rowids[start : start + rows])
+            yield ids, read_rows(self.folder / RAW, start, len(ids))
+
+    def close(self) -> None:
+        self.documents.close()
+
+
+class RawWriter:
+    """Writes a segment's raw.npy and rowids.npy block by block; float16 unless the values need float32."""
+
+    def __init__(self, folder: Path, dim: int):
+        self.folder, self.dim = folder, dim
+        self._raw: NpyAppender | None = None
+        self._rowids = NpyAppender(folder / ROWIDS, None, "int64")
+        self._last = -1
+
+    def append(self, rowids: np.ndarray, raw: np.ndarray) -> None:
+        if len(rowids) and rowids[0] <= self._last:
+            raise RetrieverError("raw vectors must be written in ascending row id order")
+        largest = float(np.abs(raw).max()) if raw.size else 0.0
+        if self._raw is None:
+            dtype = "float16" if largest * FLOAT16_HEADROOM < FLOAT16_MAX else "float32"
+            self._raw = NpyAppender(self.folder / RAW, self.dim, dtype)
+        if self._raw.dtype == np.float16 and largest >= FLOAT16_MAX:
+            raise RetrieverError(
+                f"raw vectors reach {largest:.0f}, beyond float16 storage; this model's vectors are out of range"
+            )
+        self._raw.append(raw)
+        self._rowids.append(np.asarray(rowids, dtype=np.int64))
+        if len(rowids):
+            self._last = int(rowids[-1])
+
+    def close(self) -> None:
+        if self._raw is None:
+            self._raw = NpyAppender(self.folder / RAW, self.dim, "float16")
+        self._raw.close()
+        self._rowids.close()
+
+
+def new_segment_folder(version_folder: Path, name: str) -> Path:
+    folder = version_folder / "segments" / name
+    folder.mkdir(parents=True)
+    return folder
+
+
+def fsync_file(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
