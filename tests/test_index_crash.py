@@ -1,0 +1,224 @@
+"""Crash safety and resuming: a write killed at any stage loses nothing, a killed build resumes without
+re-encoding, and readers during writes see one version or the other, never a mix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from retriever.index import Index
+from retriever.index_folder import VERSIONS
+from tests.test_index import sentences, write_jsonl
+
+# Runs one write in a fresh process that SIGKILLs itself at a chosen moment: when the Nth call of a function
+# starts ("before") or returns ("after"). Deterministic, unlike killing from outside at a guessed time.
+DYING_WRITE = textwrap.dedent(
+    """
+    import importlib, os, signal, sys
+    target, call, when, operation, index_dir, argument, model = sys.argv[1:8]
+    module_name, _, attribute = target.partition(":")
+    owner = importlib.import_module(module_name)
+    *path, name = attribute.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    original, calls = getattr(owner, name), [0]
+
+    def dying(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == int(call) and when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        result = original(*args, **kwargs)
+        if calls[0] == int(call) and when == "after":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(owner, name, dying)
+    from retriever.index import Index
+    if operation == "build":
+        Index.build(argument, "crash", index_dir, model=model, calibrator="whitening", device="cpu", chunk_rows=10)
+    else:
+        index = Index.open("crash", index_dir, device="cpu")
+        if operation == "add":
+            index.add(argument, chunk_rows=10)
+        elif operation == "delete":
+            index.delete(argument.split(","))
+        else:
+            index.compact()
+    print("finished")  # never reached: the process dies first
+    """
+)
+
+# (operation, what to patch, which call, before or after it): one moment in each stage of each write.
+MOMENTS = {
+    "build while reading": ("build", "retriever.store.documents:DocumentTable.insert", 2, "after"),
+    "build while encoding": ("build", "retriever.store.arrays:NpyAppender.flush", 2, "after"),
+    "build while fitting": ("build", "retriever.index:fit", 1, "before"),
+    "build while writing the segment": ("build", "retriever.store.segment:RawWriter.append", 1, "after"),
+    "build between rename and link swap": ("build", "retriever.index_folder:_fsync_dir", 2, "after"),
+    "add while writing its segment": ("add", "retriever.store.segment:RawWriter.append", 1, "after"),
+    "add before its manifest": ("add", "retriever.index:write_manifest", 1, "before"),
+    "delete before its manifest": ("delete", "retriever.index:write_manifest", 1, "before"),
+    "delete between rename and link swap": ("delete", "retriever.index_folder:_fsync_dir", 2, "after"),
+    "compact after merging": ("compact", "retriever.store.vectors:VectorStore.merged", 1, "after"),
+    "compact before its manifest": ("compact", "retriever.index:write_manifest", 1, "before"),
+}
+
+
+@pytest.fixture()
+def crash_index(tmp_path, tiny_bert):
+    """An index of two segments with a deletion, so every write has something to keep."""
+    index_dir = tmp_path / "indexes"
+    Index.build(write_jsonl(tmp_path / "base.jsonl", sentences(40)), "crash", index_dir, model=str(tiny_bert),
+                calibrator="whitening", device="cpu")
+    Index.open("crash", index_dir, device="cpu").add(write_jsonl(tmp_path / "more.jsonl", sentences(5, start=40)))
+    Index.open("crash", index_dir, device="cpu").delete(["d3"])
+    return index_dir
+
+
+def snapshot(index_dir):
+    index = Index.open("crash", index_dir, device="cpu")
+    index.verify()  # every file re-hashed against the manifest
+    return len(index), index.search(list(sentences(45).values())[::4], k=5)
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_bert, moment):
+    operation, target, call, when = MOMENTS[moment]
+    argument = {
+        "build": write_jsonl(tmp_path / "other.jsonl", sentences(50, start=100)),
+        "add": write_jsonl(tmp_path / "extra.jsonl", sentences(25, start=200)),
+        "delete": "d1,d2,d40",
+        "compact": "-",
+    }[operation]
+    before = snapshot(crash_index)
+    previous = (crash_index / "crash").resolve().name
+    done = subprocess.run([sys.executable, "-c", DYING_WRITE, target, str(call), when, operation, crash_index,
+                           argument, tiny_bert], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -9 and "finished" not in done.stdout, done.stderr  # killed where intended
+    assert snapshot(crash_index) == before  # the link still points at the complete previous version
+    # The next writer clears what the killed one left (partial folders, a renamed but never linked version).
+    Index.open("crash", crash_index, device="cpu").add(write_jsonl(tmp_path / "after.jsonl", sentences(2, 300)))
+    versions = crash_index / VERSIONS / "crash"
+    current = (crash_index / "crash").resolve().name
+    assert sorted(folder.name for folder in versions.iterdir() if folder.is_dir()) == [previous, current]
+    assert len(Index.open("crash", crash_index, device="cpu")) == before[0] + 2
+
+
+def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, tiny_bert, monkeypatch):
+    from retriever.encoder import Encoder
+
+    index_dir = tmp_path / "indexes"
+    docs = sentences(50)
+    corpus = write_jsonl(tmp_path / "big.jsonl", docs)
+    # Killed after its third chunk's vectors were flushed, before recording them: 20 documents are on record.
+    done = subprocess.run([sys.executable, "-c", DYING_WRITE, "retriever.store.arrays:NpyAppender.flush", "3",
+                           "after", "build", index_dir, corpus, tiny_bert], capture_output=True, timeout=300)
+    assert done.returncode == -9
+    encoded: list[str] = []
+    original = Encoder.encode_counting_truncated
+
+    def counting(self, texts, *args, **kwargs):
+        encoded.extend(texts)
+        return original(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "encode_counting_truncated", counting)
+    summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening", device="cpu",
+                          chunk_rows=10)
+    assert encoded == list(docs.values())[20:]  # only what the killed build had not finished
+    assert summary.notes == ["resumed a killed build: 20 of 50 documents were already encoded"]
+    resumed = Index.open("crash", index_dir, device="cpu")
+    encoded.clear()
+    Index.build(corpus, "fresh", index_dir, model=str(tiny_bert), calibrator="whitening", device="cpu",
+                chunk_rows=10)
+    assert len(encoded) == 50  # nothing left to resume: a whole build
+    fresh = Index.open("fresh", index_dir, device="cpu")
+    np.testing.assert_allclose(resumed.segments[0].vectors.stored_vectors(),
+                               fresh.segments[0].vectors.stored_vectors(), atol=1e-6)
+    assert [h.doc_id for h in resumed.search(docs["d7"], k=5)[0]] == [h.doc_id for h in fresh.search(docs["d7"], k=5)[0]]
+
+
+def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tmp_path, tiny_bert, monkeypatch):
+    from retriever.encoder import Encoder
+
+    index_dir = tmp_path / "indexes"
+    corpus = write_jsonl(tmp_path / "big.jsonl", sentences(50))
+    encoded: list[str] = []
+    original = Encoder.encode_counting_truncated
+
+    def counting(self, texts, *args, **kwargs):
+        encoded.extend(texts)
+        return original(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "encode_counting_truncated", counting)
+    for change in ("resume=False", "another corpus"):
+        done = subprocess.run([sys.executable, "-c", DYING_WRITE, "retriever.store.arrays:NpyAppender.flush", "3",
+                               "after", "build", index_dir, corpus, tiny_bert], capture_output=True, timeout=300)
+        assert done.returncode == -9
+        encoded.clear()
+        if change == "resume=False":
+            summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening",
+                                  device="cpu", chunk_rows=10, resume=False)
+            assert len(encoded) == 50 and not summary.notes
+        else:
+            other = write_jsonl(tmp_path / "big.jsonl", sentences(50, start=1))  # same path, new content
+            summary = Index.build(other, "crash", index_dir, model=str(tiny_bert), calibrator="whitening",
+                                  device="cpu", chunk_rows=10)
+            assert len(encoded) == 50 and not summary.notes
+        assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
+
+
+READER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    from retriever.index import Index
+    index_dir, seconds = sys.argv[1], float(sys.argv[2])
+    opened, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        index = Index.open("swap", index_dir, device="cpu")
+        live = [doc_id for segment in index.segments for rowid, doc_id in
+                zip(segment.documents.rowids(), segment.documents.doc_ids()) if rowid not in set(index.tombstones)]
+        assert len(live) == len(set(live)) == len(index) == index.manifest["documents"], (len(live), len(index))
+        assert len({doc_id[0] for doc_id in live}) == 1, "documents of two builds in one version"
+        for segment in index.segments:
+            assert sorted(segment.vectors.ids()) == segment.documents.rowids().tolist() == list(segment.rowids)
+        hits = index.search_vectors(np.eye(1, index.manifest["dim"], dtype=np.float32), len(index))[1][0]
+        assert sorted(hits[hits >= 0].tolist()) == sorted(set(np.concatenate([s.rowids for s in index.segments]))
+                                                         - set(index.tombstones.tolist()))
+        opened += 1
+    print(opened)
+    """
+)
+
+
+def test_readers_during_writes_see_one_version_never_a_mix(tmp_path, tiny_bert):
+    index_dir = tmp_path / "indexes"
+    corpora = [write_jsonl(tmp_path / "a.jsonl", {f"a{i}": f"alpha text {i}" for i in range(300)}),
+               write_jsonl(tmp_path / "b.jsonl", {f"b{i}": f"beta text number {i}" for i in range(500)})]
+    Index.build(corpora[0], "swap", index_dir, model=str(tiny_bert), calibrator="none", device="cpu")
+    reader = subprocess.Popen([sys.executable, "-c", READER_SCRIPT, index_dir, "12"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writes, started = 0, time.monotonic()
+    while reader.poll() is None and time.monotonic() - started < 60:
+        cycle = writes % 4
+        if cycle == 0:
+            Index.build(corpora[(writes // 4) % 2], "swap", index_dir, model=str(tiny_bert), calibrator="none",
+                        device="cpu")
+        index = Index.open("swap", index_dir, device="cpu")
+        prefix = index.segments[0].documents.doc_ids()[0][0]
+        if cycle == 1:
+            extra = {f"{prefix}x{writes}-{i}": f"extra {prefix} text {writes} {i}" for i in range(20)}
+            index.add(write_jsonl(tmp_path / f"extra{writes}.jsonl", extra))
+        elif cycle == 2:
+            index.delete([f"{prefix}{i}" for i in range(writes, writes + 30)])
+        elif cycle == 3:
+            index.compact()
+        writes += 1
+    out, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0, err
+    assert writes >= 8 and int(out) >= 10
