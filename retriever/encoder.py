@@ -51,7 +51,8 @@ class Encoder:
         self.model = loaded.model.to(self.device, DTYPES[dtype])
         self.max_length = max_length or loaded.max_length
         self.num_hidden_layers = self.model.config.num_hidden_layers
-        self.pooling.layer_indices(self.num_hidden_layers)  # validate --layers against this model now
+        deepest = max(self.pooling.layer_indices(self.num_hidden_layers))  # validates --layers against this model
+        self.layers_run = _drop_unused_layers(self.model, deepest)
         self.dim = self.model.config.hidden_size
         self._input_names = [name for name in self.tokenizer.model_input_names if name != "attention_mask"]
         self._pad_id = self.tokenizer.pad_token_id or 0
@@ -116,6 +117,23 @@ class Encoder:
             )
             vectors = pool(self.pooling, outputs, attention_mask, self.num_hidden_layers)
         return vectors.cpu().numpy()
+
+
+def _drop_unused_layers(model, deepest: int) -> int:
+    """Run only the transformer layers up to DEEPEST: with `--layers 0` the pooled vector depends on the embedding
+    output alone, and later layers cannot change earlier hidden states, so skipping them changes no number and
+    saves their time. Applies to encoders that keep their layers in `encoder.layer` (BERT, MPNet, RoBERTa...);
+    returns how many layers run.
+
+    The list is cut in place: transformers records hidden states through hooks on these very modules, and it
+    reports the embedding output only as the first layer's input, so one layer always stays."""
+    layers = getattr(getattr(model, "encoder", None), "layer", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        return model.config.num_hidden_layers
+    keep = max(deepest, 1)
+    if keep < len(layers):
+        del layers[keep:]
+    return len(layers)
 
 
 def _pad(sequences: list[list[int]], width: int, value: int) -> np.ndarray:

@@ -142,3 +142,16 @@ def test_matches_sentence_transformers_on_real_sentences(minilm_encoder, shared_
     peer = SentenceTransformer(str(default_model_path()), device="cpu").encode(sentences, batch_size=16)
     cosine = (ours * peer).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(peer, axis=1)
     assert cosine.min() >= 0.99999
+
+
+def test_layers_past_the_deepest_pooled_one_are_not_run(tiny_bert):
+    """Later layers cannot change earlier hidden states: skipping them changes no number."""
+    from retriever.models import load_model
+
+    texts = ["A man is playing a guitar.", "The cat sat on the mat and purred softly while it rained."]
+    for layers, expected_run in (("0", 1), ("0,2", 2), ("1,3", 3)):
+        encoder = Encoder(str(tiny_bert), layers=layers, device="cpu")
+        assert encoder.layers_run == expected_run and len(encoder.model.encoder.layer) == expected_run
+        whole = Encoder(str(tiny_bert), layers=layers, device="cpu")
+        whole.model = load_model(str(tiny_bert)).model.eval()  # all 3 layers
+        np.testing.assert_array_equal(encoder.encode(texts), whole.encode(texts))
