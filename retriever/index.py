@@ -380,11 +380,14 @@ class Index:
             clock = time.perf_counter()
             seed = getattr(fitted, "seed", 0)
             calibrated_sample = fit(fitted, source, fit_sample, seed)
+            timings["fit"] = time.perf_counter() - clock
+
+            clock = time.perf_counter()
             spec = choose_spec(state.documents, calibrated_sample.shape[1], index_type)
             spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(calibrated_sample.shape[1])
             template = train_template(spec, calibrated_sample)
             del calibrated_sample
-            timings["fit"] = time.perf_counter() - clock
+            timings["train_index"] = time.perf_counter() - clock
 
             clock = time.perf_counter()
             blocks = calibrated_blocks(source, fitted, 1, progress)

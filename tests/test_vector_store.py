@@ -218,11 +218,12 @@ def test_ids_in_any_order_across_batches():
 def test_auto_chooses_by_corpus_size_and_memory():
     assert choose_spec(50_000, 384).type == "flat"
     big_memory, small_memory = 64 * 2**30, 4 * 2**30
-    ivf = choose_spec(1_000_000, 384, memory=big_memory)  # 1.5 GB of float vectors in 64 GB
-    assert ivf.type == "ivf" and ivf.nlist == default_nlist(1_000_000) and ivf.nprobe >= 8
+    graph = choose_spec(1_000_000, 384, memory=big_memory)  # 1.8 GB of vectors and graph in 64 GB
+    assert graph.type == "hnsw" and graph.ef_search >= 64
     pq = choose_spec(1_000_000, 384, memory=small_memory)  # would take more than a quarter of 4 GB
     assert pq.type == "ivfpq" and pq.pq_m == 48 and pq.bytes_per_vector(384) == 56
-    assert choose_spec(10, 384, "hnsw").type == "hnsw"
+    assert pq.nlist == default_nlist(1_000_000) == 1024 and pq.nprobe >= 8
+    assert choose_spec(10, 384, "ivf").type == "ivf"
 
 
 def test_bad_arguments_and_files(tmp_path):

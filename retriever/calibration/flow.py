@@ -14,7 +14,7 @@ Training computes its gradients by hand (`Glow.loss_and_gradients`, checked agai
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
@@ -34,6 +34,8 @@ LOGSCALE_FACTOR = 3.0
 CONSTANT_STD = 1e-6
 # Vectors per forward pass in `transform`: large enough to amortise per-call overhead, small enough for memory.
 TRANSFORM_BATCH = 16384
+# Transforms of at most this many rows run on one CPU thread (see FlowCalibrator._apply).
+SMALL_TRANSFORM = 2048
 PERMUTATIONS = ("reverse", "random")
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -530,10 +532,14 @@ class FlowCalibrator(Calibrator):
         return self._apply(X, lambda flow, batch: flow.log_prob(batch)[:, None], 1)[:, 0].astype(np.float64)
 
     def _apply(self, X: np.ndarray, function, out_dim: int) -> np.ndarray:
-        """function(flow, batch) over X in batches, on the flow's device, into one float32 (n, out_dim) array."""
+        """function(flow, batch) over X in batches, on the flow's device, into one float32 (n, out_dim) array.
+
+        A few rows (a batch of queries, re-ranked candidates) run on one CPU thread: their matrix products are too
+        small to split, and waking other threads costs more than the product itself, far more on a busy machine."""
         device = next(self.flow.parameters()).device
         out = np.empty((X.shape[0], out_dim), dtype=np.float32)
-        with torch.inference_mode():
+        small = X.shape[0] <= SMALL_TRANSFORM
+        with torch.inference_mode(), (_single_thread_on(device) if small else nullcontext()):
             for start in range(0, X.shape[0], TRANSFORM_BATCH):
                 batch = torch.from_numpy(np.asarray(X[start : start + TRANSFORM_BATCH], dtype=np.float32))
                 out[start : start + len(batch)] = function(self.flow, batch.to(device)).cpu().numpy()

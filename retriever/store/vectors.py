@@ -50,8 +50,13 @@ BACKENDS = ("auto", "faiss", "torch")
 # `auto` keeps exact search up to this many documents: a flat scan of 100k x 384 answers a query in ~15 ms on
 # two cores, and nothing approximate is needed below that.
 FLAT_MAX_DOCUMENTS = 100_000
-# `auto` keeps float vectors (ivf) while they take at most this share of the machine's memory, else ivfpq.
-IVF_FLAT_MEMORY_SHARE = 0.25
+# Above it, `auto` takes hnsw while its float vectors and graph take at most this share of the machine's memory,
+# else ivfpq. Not ivf: on calibrated (Gaussianized, isotropic) vectors k-means buckets separate neighbours poorly,
+# so IVF needs a large share of its buckets scanned for recall@10 >= 0.95, while the hnsw graph reaches it at a
+# small fraction of the cost of exact search (measured: benchmarks/results/scale.md).
+MEMORY_SHARE = 0.25
+# IVF training points per bucket (faiss warns below 39 and subsamples above 256).
+TRAIN_PER_BUCKET = 64
 # faiss GPU k-selection handles at most this many results per query.
 _FAISS_GPU_MAX_K = 2048
 # Row norms further than this from 1 mean the caller forgot to normalize.
@@ -139,16 +144,14 @@ class IndexSpec:
 
 
 def default_nlist(documents: int) -> int:
-    """Buckets for an IVF index: about 2 sqrt(n), a power of two, within [16, 16384].
-
-    Fewer, larger buckets than faiss's 4-16 sqrt(n) guideline: training k-means and assigning vectors to buckets
-    cost O(n x nlist) and dominate a CPU build, while scanning a bucket is cheap."""
-    return int(min(16384, max(16, 2 ** round(math.log2(2 * math.sqrt(max(documents, 1)))))))
+    """Buckets for an IVF index: about sqrt(n), a power of two, within [16, 8192]: training k-means and assigning
+    every vector to a bucket cost O(n x nlist) and dominate a CPU build."""
+    return int(min(8192, max(16, 2 ** round(math.log2(math.sqrt(max(documents, 1)))))))
 
 
 def default_nprobe(nlist: int) -> int:
-    """Buckets scanned per query: nlist / 16 (at least 8). Measured on real calibrated vectors, see README."""
-    return max(8, nlist // 16)
+    """Buckets scanned per query: nlist / 8 (at least 8). Measured on real calibrated vectors, see README."""
+    return max(8, nlist // 8)
 
 
 def choose_spec(documents: int, dim: int, index_type: str = "auto", memory: int | None = None) -> IndexSpec:
@@ -158,8 +161,8 @@ def choose_spec(documents: int, dim: int, index_type: str = "auto", memory: int 
     if index_type == "auto":
         if documents <= FLAT_MAX_DOCUMENTS:
             index_type = "flat"
-        elif documents * dim * 4 <= IVF_FLAT_MEMORY_SHARE * (memory or memory_bytes()):
-            index_type = "ivf"
+        elif documents * IndexSpec(type="hnsw").bytes_per_vector(dim) <= MEMORY_SHARE * (memory or memory_bytes()):
+            index_type = "hnsw"
         else:
             index_type = "ivfpq"
     nlist = default_nlist(documents) if index_type in ("ivf", "ivfpq") else None
@@ -175,9 +178,11 @@ def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
     if spec.type not in ("ivf", "ivfpq"):
         return None
     set_threads()
-    sample = np.ascontiguousarray(sample, dtype=np.float32)
     n, dim = sample.shape
     spec.nlist = max(1, min(spec.nlist, n // 39))
+    # k-means learns nothing more from over TRAIN_PER_BUCKET points a bucket, only slower.
+    step = max(1, n // (TRAIN_PER_BUCKET * spec.nlist))
+    sample = np.ascontiguousarray(sample[::step], dtype=np.float32)
     spec.nprobe = min(spec.nprobe or default_nprobe(spec.nlist), spec.nlist)
     if spec.type == "ivf":
         description = f"IVF{spec.nlist},Flat"
