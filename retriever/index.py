@@ -457,7 +457,7 @@ class Index:
                                      f"gives {current.manifest['encoder']['dim']}")
 
             clock = time.perf_counter()
-            state = BuildState(folder / "add-state.json", {}, documents=count)
+            state = BuildState(None, {}, documents=count)
             if source is None:
                 with DocumentTable.open(segment / DOCUMENTS) as table:
                     encode_table(current.encoder, table, folder / ENCODED, state, first, progress, chunk_rows)
@@ -473,7 +473,6 @@ class Index:
             write_segment_vectors(segment, blocks, current.manifest["encoder"]["dim"], current.manifest["dim"],
                                   current.spec, template)
             (folder / ENCODED).unlink(missing_ok=True)
-            (folder / "add-state.json").unlink(missing_ok=True)
             manifest = {**current.manifest,
                         "segments": [*current.manifest["segments"], {"name": segment.name, "rows": count}],
                         "documents": len(current) + count, "next_rowid": first + count,

@@ -66,20 +66,17 @@ def write_json_atomically(path: Path, record: dict) -> None:
     os.replace(partial, path)
 
 
-def encode_chunks(
-    encoder,
-    documents: Iterable[Document],
-    on_chunk: Callable[[list[Document], object, int], None],
-    skip: int = 0,
-    total: int | None = None,
-    progress: bool = False,
-) -> None:
-    """Encode DOCUMENTS chunk by chunk, after skipping the first SKIP; on_chunk(chunk, vectors, truncated) each."""
-    with progress_bar("Encoding", total=total or 0, enabled=progress) as advance:
-        advance(skip)
-        for chunk in chunked(islice(documents, skip, None), CHUNK_ROWS):
+def encode_into(encoder, documents: Iterable[Document], writer: NpyAppender, record: Callable[[int, int], None],
+                total: int | None = None, done: int = 0, progress: bool = False, chunk_rows: int = CHUNK_ROWS) -> None:
+    """Encode DOCUMENTS chunk by chunk into WRITER; each chunk's vectors are durable on disk before
+    RECORD(rows, truncated) notes the chunk as done (DONE: documents an earlier run already encoded)."""
+    with progress_bar("Encoding", total=total, enabled=progress) as advance:
+        advance(done)
+        for chunk in chunked(documents, chunk_rows):
             vectors, truncated = encoder.encode_counting_truncated([document_text(d) for d in chunk])
-            on_chunk(chunk, vectors, truncated)
+            writer.append(vectors)
+            writer.flush()
+            record(len(chunk), truncated)
             advance(len(chunk))
 
 
@@ -91,7 +88,7 @@ class EncodeResult:
 
 
 def encode_corpus(corpus: str | Path, out: str | Path, encoder, encoding: str = "utf-8",
-                  total: int | None = None, progress: bool = False) -> EncodeResult:
+                  total: int | None = None, progress: bool = False, chunk_rows: int = CHUNK_ROWS) -> EncodeResult:
     """Encode every document of CORPUS (title and text, exactly what `build` encodes) into OUT, a float32 .npy.
 
     OUT.json records the source, the encoder and the rows done; while it says the run is not complete, running
@@ -113,15 +110,14 @@ def encode_corpus(corpus: str | Path, out: str | Path, encoder, encoding: str = 
     writer = NpyAppender.resume(out, encoder.dim, "float32", done) if done else NpyAppender(out, encoder.dim)
     state = {"rows": done, "truncated": truncated}
 
-    def save(chunk: list[Document], vectors, chunk_truncated: int) -> None:
-        writer.append(vectors)
-        writer.flush()  # the rows are durable before the record says so
-        state["rows"] += len(chunk)
+    def record(rows: int, chunk_truncated: int) -> None:
+        state["rows"] += rows
         state["truncated"] += chunk_truncated
         write_json_atomically(record_path, {**fresh, "complete": False, **state})
 
     with writer:
-        encode_chunks(encoder, iter_corpus(corpus, encoding), save, skip=done, total=total, progress=progress)
+        encode_into(encoder, islice(iter_corpus(corpus, encoding), done, None), writer, record, total, done, progress,
+                    chunk_rows)
     write_json_atomically(record_path, {**fresh, "complete": True, **state})
     return EncodeResult(state["rows"], state["truncated"], done)
 
@@ -157,7 +153,7 @@ def ingest(documents: Iterable[Document], table: DocumentTable, first_rowid: int
 class BuildState:
     """What a build in a partial folder has finished, saved after every chunk so a re-run can resume."""
 
-    path: Path
+    path: Path | None  # None: nothing to resume (an add), so nothing is saved
     key: dict
     documents: int | None = None  # set once every document is in SQLite
     encoded: int = 0  # documents whose vectors are durable in the encoded-vectors file
@@ -170,6 +166,8 @@ class BuildState:
                    int(record.get("truncated", 0)))
 
     def save(self) -> None:
+        if self.path is None:
+            return
         write_json_atomically(self.path, {"key": self.key, "documents": self.documents, "encoded": self.encoded,
                                           "truncated": self.truncated})
 
@@ -182,19 +180,13 @@ def encode_table(encoder, table: DocumentTable, out: Path, state: BuildState, fi
               else NpyAppender(out, encoder.dim, "float32"))
     documents = (document for _, document in table.documents(after_rowid=first_rowid - 1 + state.encoded))
 
-    def save(chunk: list[Document], vectors: np.ndarray, truncated: int) -> None:
-        writer.append(vectors)
-        writer.flush()
-        state.encoded += len(chunk)
+    def record(rows: int, truncated: int) -> None:
+        state.encoded += rows
         state.truncated += truncated
         state.save()
 
-    with writer, progress_bar("Encoding", total=state.documents or 0, enabled=progress) as advance:
-        advance(state.encoded)
-        for chunk in chunked(documents, chunk_rows):
-            vectors, truncated = encoder.encode_counting_truncated([document_text(d) for d in chunk])
-            save(chunk, vectors, truncated)
-            advance(len(chunk))
+    with writer:
+        encode_into(encoder, documents, writer, record, state.documents, state.encoded, progress, chunk_rows)
 
 
 def check_vectors(source: VectorSource, progress: bool = False) -> None:

@@ -46,3 +46,38 @@ def test_encode_missing_file_is_one_line_and_nonzero(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0 and "missing.txt" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_encode_streams_title_and_text_and_resumes_after_a_kill(tmp_path, tiny_bert):
+    """What `encode` writes is what `build` encodes (title and text), so its output feeds `build --vectors`; a
+    killed run resumes from its last finished chunk."""
+    from retriever.corpus import read_corpus
+    from retriever.encoder import Encoder
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "title": f"Title {i}", "text": f"text number {i}"}) + "\n"
+                              for i in range(40)))
+    out = tmp_path / "vectors.npy"
+    script = (  # encodes in chunks of 8 and dies once the third chunk is on disk, before it is on record
+        "import os, signal\n"
+        "from retriever.encoder import Encoder\n"
+        "from retriever.pipeline import encode_corpus\n"
+        "from retriever.store.arrays import NpyAppender\n"
+        "flush, calls = NpyAppender.flush, [0]\n"
+        "def dying(self):\n"
+        "    flush(self); calls[0] += 1\n"
+        "    if calls[0] == 3: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "NpyAppender.flush = dying\n"
+        f"encode_corpus({str(corpus)!r}, {str(out)!r}, Encoder({str(tiny_bert)!r}, device='cpu'), chunk_rows=8)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["complete"] is False and record["rows"] == 16  # two chunks of 8 on record
+    done = run_cli("encode", corpus, "--out", out, "--model", tiny_bert)
+    assert done.returncode == 0, done.stderr
+    assert "resuming: 16 of 40 documents were encoded by an interrupted run" in done.stderr
+    expected = Encoder(str(tiny_bert), device="cpu").encode([f"Title {i} text number {i}" for i in range(40)])
+    np.testing.assert_allclose(np.load(out), expected, atol=1e-5)
+    assert json.loads(out.with_suffix(".json").read_text())["complete"] is True
+    assert len(read_corpus(corpus)) == 40
