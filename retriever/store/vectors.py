@@ -510,7 +510,9 @@ def _new_hnsw(dim: int, spec: IndexSpec) -> faiss.IndexHNSWFlat:
 
 
 def _read_index(path: Path, mmap: bool) -> faiss.Index:
-    attempts = [faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY, faiss.IO_FLAG_MMAP_IFC, 0] if mmap else [0]
+    # Flat storage and hnsw graphs map with MMAP_IFC, IVF lists with MMAP (and refuse MMAP_IFC with it).
+    read_only = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
+    attempts = [faiss.IO_FLAG_MMAP_IFC | read_only, read_only, 0] if mmap else [0]
     for flags in attempts:
         try:
             return faiss.read_index(str(path), flags)
