@@ -75,9 +75,11 @@ def build(
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = "indexes",
 ) -> None:
-    """Encode CORPUS (or take --vectors), fit the calibrator on a sample of it (unsupervised), and store a
-    calibrated FAISS + SQLite index. Streamed in chunks; a killed build re-run with the same corpus and encoder
-    settings resumes from its last finished chunk."""
+    """Build a calibrated index of CORPUS: encode, fit the calibrator, store FAISS + SQLite.
+
+    The calibrator is fitted unsupervised on a sample of the corpus (--fit-sample). With --vectors nothing is
+    encoded. Streamed in chunks: a killed build re-run with the same corpus and encoder settings resumes from its
+    last finished chunk (--fresh starts over)."""
     from retriever.index import Index
 
     name = name or _stem(corpus)
@@ -170,8 +172,10 @@ def add(
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = "indexes",
 ) -> None:
-    """Encode new documents (or take --vectors), calibrate them with the saved calibrator (no refit) and write
-    them as a new segment; the rest of the index is reused as it is."""
+    """Add documents, calibrated with the saved calibrator (no refit).
+
+    They are encoded (or taken from --vectors) and written as one new segment; the rest of the index is reused as
+    it is, not copied."""
     from retriever.index import Index
 
     index = Index.open(_pick(index_dir, name, writing=True), index_dir, device=device)
@@ -186,7 +190,7 @@ def delete(
     name: options.IndexName = None,
     index_dir: options.IndexDir = "indexes",
 ) -> None:
-    """Remove documents from the vector index and the metadata together."""
+    """Delete documents by id, all or nothing (searches skip them at once; compaction drops them)."""
     from retriever.index import Index
 
     index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
@@ -197,8 +201,9 @@ def compact(
     name: options.IndexName = None,
     index_dir: options.IndexDir = "indexes",
 ) -> None:
-    """Merge the index's segments into one and drop deleted documents for good (writes also compact by
-    themselves once many segments or deletions pile up)."""
+    """Merge the index's segments into one and drop deleted documents for good.
+
+    Writes also compact by themselves once many small segments or deletions pile up."""
     from retriever.index import Index
 
     index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
@@ -213,7 +218,7 @@ def refit(
     seed: Seed = None,
     index_dir: options.IndexDir = "indexes",
 ) -> None:
-    """Refit the calibrator on the stored raw vectors (no re-encoding) and rewrite the vector index."""
+    """Refit the calibrator on the stored raw vectors (no re-encoding) and rewrite the vector indexes."""
     from retriever.index import Index
 
     index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
@@ -225,7 +230,9 @@ def verify(
     name: options.IndexName = None,
     index_dir: options.IndexDir = "indexes",
 ) -> None:
-    """Re-hash every file of the index against its manifest (opening an index only checks sizes)."""
+    """Re-hash every file of the index against its manifest.
+
+    Opening an index checks only the manifest's own checksum and every file's size."""
     import time
 
     from retriever.index import verify_index

@@ -49,9 +49,10 @@ def encode(
     batch_size: options.BatchSize = 64,
     encoding: options.Encoding = "utf-8",
 ) -> None:
-    """Encode FILE into a (documents x dim) float32 matrix, row i for document i, exactly as `build` encodes
-    (title and text); OUT.json records the encoder. Streamed in chunks: an interrupted run resumes when re-run.
-    The result feeds `retriever build CORPUS --vectors OUT`."""
+    """Encode FILE into a (documents x dim) float32 .npy, row i for document i.
+
+    Each document is encoded exactly as `build` encodes it (title and text), so OUT feeds `retriever build FILE
+    --vectors OUT`; OUT.json records the encoder. Streamed in chunks: an interrupted run resumes when re-run."""
     from retriever.encoder import Encoder
     from retriever.pipeline import count_documents, encode_corpus
     from retriever.progress import stderr_console
