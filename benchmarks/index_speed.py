@@ -139,7 +139,7 @@ def main() -> None:
         hnsw_build = time.perf_counter() - start
         approximate = hnsw.search(query_vectors, args.k)[1]
         recall = np.mean([len(set(a) & set(e)) / args.k for a, e in zip(approximate, exact)])
-        report["hnsw"] = {"vectors": len(ids), "k": args.k, "ef_search": hnsw.spec.ef_search,
+        report["hnsw"] = {"vectors": len(ids), "k": args.k, "ef_search": hnsw.spec.search_ef,
                           f"recall_at_{args.k}": round(float(recall), 4), "build_seconds": round(hnsw_build, 2)}
 
     # Vector search on 100k calibrated vectors: our store against raw faiss, same vectors and queries.

@@ -18,12 +18,13 @@ max_length 256). `prepare` writes into DIR:
 `OUT.json` and `OUT.md`:
 
 - `build-*`: `Index.build(..., vectors=...)` with the stage times (read, check_vectors, fit, train_index, index,
-  write) and peak RSS; `fit` is the calibrator's fit on its sample (the default `--fit-sample`);
+  write) and peak RSS; `fit` is the calibrator's fit on its sample (the default `--fit-sample`). At 1M: the type
+  `auto` picks (`p1m`), and ivf, ivfpq, ivfpq with OPQ;
+- `search`: recall@10 against exact search and QPS (one query at a time, and batches of 64) of each 1M index at
+  its defaults, against exact search (`faiss.IndexFlatIP` over the same calibrated vectors) in the same run, and
+  recall by nprobe / ef_search; queries are 1,000 real questions (QNLI dev) through the index's encode path;
 - `writes`: add 1,000 documents (their vectors given, so no encoding) to the 1M index and to the 10k index, delete
-  1,000 from the 1M index, and `Index.open` of the 1M index (libraries already imported);
-- `search`: recall@10 against exact search and QPS (one query at a time, and batches of 64) of the 1M ivf and
-  ivfpq indexes, against exact search (`faiss.IndexFlatIP` over the same calibrated vectors) in the same run;
-  queries are 1,000 real questions (QNLI dev) through the index's encode path;
+  1,000 from the 1M index, and `Index.open` of each 1M index (libraries already imported);
 - `encode-build-100k`: a build that encodes 100,000 passages itself, and the share of its time spent encoding.
 """
 
@@ -46,7 +47,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 PASSAGES = REPO.parent / "shared" / "data" / "passages" / "passages.jsonl.gz"
-STEPS = ("build-10k", "build-1m-ivf", "build-1m-ivfpq", "writes", "search", "build-10m-ivfpq", "encode-build-100k")
+STEPS = ("build-10k", "build-1m-auto", "build-1m-ivf", "build-1m-ivfpq", "build-1m-ivfpq-opq", "search", "writes",
+         "build-10m-ivfpq", "encode-build-100k")
+# The 1M indexes the search step compares; "p1m" is what `--index-type auto` chose.
+SEARCHED = ("p1m", "p1m-ivf", "p1m-ivfpq", "p1m-ivfpq-opq")
 COPIES = 10
 
 
@@ -102,12 +106,12 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def step_build(work: Path, name: str, corpus: str, vectors: str, index_type: str) -> dict:
+def step_build(work: Path, name: str, corpus: str, vectors: str, index_type: str, options: dict | None = None) -> dict:
     from retriever.index import Index
 
     started = time.perf_counter()
     summary = Index.build(work / corpus, name, work / "indexes", vectors=work / vectors, index_type=index_type,
-                          device="cpu")
+                          index_options=options, device="cpu")
     index = Index.open(name, work / "indexes", device="cpu")
     index_bytes = sum(entry["bytes"] for path, entry in index.manifest["files"].items() if path.endswith("vectors.faiss"))
     return {"documents": summary.documents, "seconds": round(time.perf_counter() - started, 1),
@@ -122,26 +126,27 @@ def step_writes(work: Path) -> dict:
 
     indexes = work / "indexes"
     report: dict = {}
-    for name in ("p1m-ivf", "p10k"):
+    for name in ("p1m", "p10k"):
         timings = []
         for attempt in range(3):
             index = Index.open(name, indexes, device="cpu")
             corpus = work / f"add-1k-{attempt}.jsonl"
             records = [json.loads(line) for line in open(work / "add-1k.jsonl", encoding="utf-8")]
-            _write_jsonl(corpus, ({**r, "_id": f"{r['_id']}{attempt}"} for r in records))
+            run = int(time.time())  # ids new to the index even when the step runs again on the same indexes
+            _write_jsonl(corpus, ({**r, "_id": f"{r['_id']}{attempt}-{run}"} for r in records))
             start = time.perf_counter()
             summary = index.add(corpus, vectors=work / "add-1k.npy")
             timings.append(time.perf_counter() - start)
         report[f"add_1k_to_{name}"] = {"seconds": [round(t, 3) for t in timings], "median": round(sorted(timings)[1], 3),
                                        "documents_after": summary.documents}
-    report["add_ratio_1m_vs_10k"] = round(report["add_1k_to_p1m-ivf"]["median"] / report["add_1k_to_p10k"]["median"], 2)
+    report["add_ratio_1m_vs_10k"] = round(report["add_1k_to_p1m"]["median"] / report["add_1k_to_p10k"]["median"], 2)
     deleted = (work / "delete-1k.txt").read_text().split()
-    index = Index.open("p1m-ivf", indexes, device="cpu")
+    index = Index.open("p1m", indexes, device="cpu")
     start = time.perf_counter()
     summary = index.delete(deleted)
-    report["delete_1k_from_p1m-ivf"] = {"seconds": round(time.perf_counter() - start, 3),
-                                        "documents_after": summary.documents}
-    for name in ("p1m-ivf", "p1m-ivfpq"):
+    report["delete_1k_from_p1m"] = {"seconds": round(time.perf_counter() - start, 3),
+                                    "documents_after": summary.documents}
+    for name in SEARCHED:
         opens = []
         for _ in range(5):
             start = time.perf_counter()
@@ -196,21 +201,36 @@ def step_search(work: Path) -> dict:
                  "batch_64": timed_qps(lambda q: exact_index.search(q, k), queries, 64, 1000)}
     report: dict = {"vectors": exact_index.ntotal, "queries": len(queries), "k": k,
                     "exact_qps": {key: round(value, 1) for key, value in exact_qps.items()}}
-    for name in ("p1m-ivf", "p1m-ivfpq"):
+    for name in SEARCHED:
         index = Index.open(name, indexes, device="cpu")
         probe = reference.raw_sample(100)
         if not np.allclose(index.calibrator.transform(probe), reference.calibrator.transform(probe), atol=1e-5):
             raise SystemExit(f"{name} and p1m-ivfpq were calibrated differently; rebuild them from the same vectors")
         spec = index.spec
+        if spec.type == "hnsw":
+            knob, default, values = "ef_search", spec.search_ef, (32, 64, 128, 256, 512)
+        else:
+            knob, default, values = "nprobe", spec.search_nprobe, (16, 32, 64, 128, 256, 512)
         sweep = {}
-        for nprobe in sorted({8, 16, 32, spec.nprobe, 64, 128}):
-            found = index.search_vectors(queries, k, nprobe=nprobe)[1]
-            sweep[nprobe] = round(float(np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)])), 4)
+        for value in sorted({*values, default}):
+            start = time.perf_counter()
+            found = index.search_vectors(queries, k, **{knob: value})[1]
+            qps = len(queries) / (time.perf_counter() - start)  # all queries in one batch
+            recall = float(np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)]))
+            sweep[value] = {"recall": round(recall, 4), "qps_one_batch": round(qps, 1)}
+        if spec.type == "ivfpq":  # how many candidates the exact re-ranking needs, at the default nprobe
+            by_rerank = {}
+            for rerank in (1, 5, 10, 20, 40):
+                found = index.search_vectors(queries, k, rerank=rerank)[1]
+                by_rerank[rerank] = round(float(np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)])), 4)
         search = lambda q: index.search_vectors(q, k)  # noqa: E731 - the defaults, as users get them
         qps = {"single": timed_qps(search, queries, 1, 1000), "batch_64": timed_qps(search, queries, 64, 1000)}
-        report[name] = {"index": index.manifest["index"], f"recall_at_{k}": sweep[spec.nprobe],
-                        "recall_by_nprobe": sweep, "qps": {key: round(value, 1) for key, value in qps.items()},
-                        "speedup_over_exact": {key: round(qps[key] / exact_qps[key], 1) for key in qps}}
+        report[name] = {"index": {**index.manifest["index"], **spec.search_settings()},
+                        f"recall_at_{k}": sweep[default]["recall"],
+                        **({"recall_by_rerank": by_rerank} if spec.type == "ivfpq" else {}),
+                        f"by_{knob}": sweep, "qps": {key: round(value, 1) for key, value in qps.items()},
+                        "speedup_over_exact": {key: round(qps[key] / exact_qps[key], 1) for key in qps},
+                        "bytes_per_vector_in_memory": index.spec.bytes_per_vector(dim)}
     report["peak_rss_mb"] = peak_rss_mb()
     return report
 
@@ -233,10 +253,14 @@ def step_encode_build(work: Path) -> dict:
 def run_step(work: Path, name: str) -> dict:
     if name == "build-10k":
         return step_build(work, "p10k", "corpus-10k.jsonl", "vectors-10k.npy", "auto")
+    if name == "build-1m-auto":
+        return step_build(work, "p1m", "corpus-1m.jsonl.gz", "vectors-1m.npy", "auto")
     if name == "build-1m-ivf":
-        return step_build(work, "p1m-ivf", "corpus-1m.jsonl.gz", "vectors-1m.npy", "auto")
+        return step_build(work, "p1m-ivf", "corpus-1m.jsonl.gz", "vectors-1m.npy", "ivf")
     if name == "build-1m-ivfpq":
         return step_build(work, "p1m-ivfpq", "corpus-1m.jsonl.gz", "vectors-1m.npy", "ivfpq")
+    if name == "build-1m-ivfpq-opq":
+        return step_build(work, "p1m-ivfpq-opq", "corpus-1m.jsonl.gz", "vectors-1m.npy", "ivfpq", {"opq": True})
     if name == "build-10m-ivfpq":
         return step_build(work, "p10m-ivfpq", "corpus-10m.jsonl.gz", "vectors-10m", "ivfpq")
     if name == "writes":
@@ -286,24 +310,31 @@ def markdown(report: dict) -> str:
     if "writes" in steps:
         w = steps["writes"]
         lines += ["| write | seconds |", "|---|---:|",
-                  f"| add 1,000 to the 1M index (median of 3) | {w['add_1k_to_p1m-ivf']['median']} |",
+                  f"| add 1,000 to the 1M index (median of 3) | {w['add_1k_to_p1m']['median']} |",
                   f"| add 1,000 to the 10k index (median of 3) | {w['add_1k_to_p10k']['median']} |",
                   f"| ratio 1M / 10k | {w['add_ratio_1m_vs_10k']} |",
-                  f"| delete 1,000 from the 1M index | {w['delete_1k_from_p1m-ivf']['seconds']} |",
-                  f"| Index.open, 1M ivf (median of 5) | {w['open_p1m-ivf']['median']} |",
-                  f"| Index.open, 1M ivfpq (median of 5) | {w['open_p1m-ivfpq']['median']} |", ""]
+                  f"| delete 1,000 from the 1M index | {w['delete_1k_from_p1m']['seconds']} |"]
+        lines += [f"| Index.open, {name} (median of 5) | {w[f'open_{name}']['median']} |" for name in SEARCHED]
+        lines.append("")
     if "search" in steps:
         s = steps["search"]
         lines += [f"Search over {s['vectors']:,} calibrated vectors, {s['queries']} real questions, k={s['k']}; "
                   f"exact: {s['exact_qps']['single']} q/s single, {s['exact_qps']['batch_64']} q/s in batches of 64.", "",
-                  "| index | settings | recall@10 | q/s single | x exact | q/s batch 64 | x exact |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
-        for name in ("p1m-ivf", "p1m-ivfpq"):
+                  "| index | settings | bytes/vector in RAM | recall@10 | q/s single | x exact | q/s batch 64 | x exact |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for name in SEARCHED:
             r = s[name]
             settings = ", ".join(f"{k} {v}" for k, v in r["index"].items() if k != "type")
-            lines.append(f"| {r['index']['type']} | {settings} | {r['recall_at_10']} | {r['qps']['single']} | "
-                         f"{r['speedup_over_exact']['single']} | {r['qps']['batch_64']} | "
-                         f"{r['speedup_over_exact']['batch_64']} |")
+            lines.append(f"| {name}: {r['index']['type']} | {settings} | {r['bytes_per_vector_in_memory']} | "
+                         f"{r['recall_at_10']} | {r['qps']['single']} | {r['speedup_over_exact']['single']} | "
+                         f"{r['qps']['batch_64']} | {r['speedup_over_exact']['batch_64']} |")
+        lines += ["", "Recall@10 and q/s (all 1,000 queries in one batch) by the search-time setting:", ""]
+        for name in SEARCHED:
+            r = s[name]
+            knob = "ef_search" if "by_ef_search" in r else "nprobe"
+            cells = ", ".join(f"{value}: {point['recall']} ({point['qps_one_batch']} q/s)"
+                              for value, point in r[f"by_{knob}"].items())
+            lines.append(f"- {name} ({knob}): {cells}")
         lines.append("")
     if "encode-build-100k" in steps:
         e = steps["encode-build-100k"]

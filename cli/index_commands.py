@@ -260,7 +260,7 @@ def info(
     table = Table(title=f"index '{manifest['name']}'", show_header=False, title_justify="left")
     encoder = manifest["encoder"]
     pooling = f"layers {encoder['layers']}" if encoder["layers"] else encoder["pooling"]
-    spec = manifest["index"]
+    spec = {**manifest["index"], **details["search_settings"]}
     settings = ", ".join(f"{key} {value}" for key, value in spec.items() if key != "type")
     fitted = manifest.get("fit", {})
     rows = [

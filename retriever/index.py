@@ -180,8 +180,8 @@ class Index:
         documents excluded; rows padded with id -1 where fewer than k documents exist."""
         if rerank is not None and rerank < 1:
             raise RetrieverError(f"--rerank must be at least 1 (got {rerank})")
-        rerank = rerank if rerank is not None else self.spec.rerank
-        candidates = k * rerank if self.spec.type == "ivfpq" and rerank else k
+        rerank = rerank if rerank is not None else self.spec.search_rerank
+        candidates = k * rerank if self.spec.type == "ivfpq" else k
         all_scores, all_ids = [], []
         for segment in self.segments:
             scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search)
@@ -276,6 +276,7 @@ class Index:
                           "index_bytes": self.manifest["files"][f"{SEGMENTS}/{s.name}/{VECTORS}"]["bytes"]}
                          for s in self.segments],
             "search_backend": self.segments[0].vectors.backend if self.segments else "none",
+            "search_settings": self.spec.search_settings(),
             "isotropy": {
                 "raw": isotropy(raw, rng),
                 "calibrated": isotropy(l2_normalize(self.calibrator.transform(raw)), rng) if len(raw) else {},

@@ -219,10 +219,12 @@ def test_auto_chooses_by_corpus_size_and_memory():
     assert choose_spec(50_000, 384).type == "flat"
     big_memory, small_memory = 64 * 2**30, 4 * 2**30
     graph = choose_spec(1_000_000, 384, memory=big_memory)  # 1.8 GB of vectors and graph in 64 GB
-    assert graph.type == "hnsw" and graph.ef_search >= 64
+    assert graph.type == "hnsw" and graph.search_ef >= 64 and graph.to_dict()["type"] == "hnsw"
     pq = choose_spec(1_000_000, 384, memory=small_memory)  # would take more than a quarter of 4 GB
-    assert pq.type == "ivfpq" and pq.pq_m == 48 and pq.bytes_per_vector(384) == 56
-    assert pq.nlist == default_nlist(1_000_000) == 1024 and pq.nprobe >= 8
+    assert pq.type == "ivfpq" and pq.pq_m == 96 and pq.bytes_per_vector(384) == 104
+    assert pq.nlist == default_nlist(1_000_000) == 1024 and 8 <= pq.search_nprobe <= 1024
+    assert "nprobe" not in pq.to_dict()  # not pinned: the library's default applies at search time
+    assert IndexSpec(type="ivf", nprobe=5).to_dict() == {"type": "ivf", "nlist": 1024, "nprobe": 5}
     assert choose_spec(10, 384, "ivf").type == "ivf"
 
 

@@ -266,8 +266,9 @@ class _Run:
         return self._file_sentences
 
     def fitted(self, task: Task, name: str):
-        """Calibrator ``name`` fitted on ``task``'s fit set, once per run (a file fit set is shared by all)."""
-        from retriever.calibration import make_calibrator
+        """Calibrator ``name`` fitted on ``task``'s fit set, once per run (a file fit set is shared by all), as the
+        index fits: on at most the default fit sample of its vectors."""
+        from retriever.calibration import DEFAULT_FIT_SAMPLE, fit_on_sample, make_calibrator
 
         sentences = self.fit_sentences(task)
         fit_set = "file" if self.plan.fit_on not in FIT_ON_SPLITS else task.name
@@ -277,7 +278,7 @@ class _Run:
             vectors = self.embed(sentences)
             with warnings.catch_warnings(record=True) as caught:  # e.g. whitening on fewer vectors than dims
                 warnings.simplefilter("always")
-                self._fitted[(fit_set, name)] = calibrator.fit(vectors)
+                self._fitted[(fit_set, name)] = fit_on_sample(calibrator, vectors, DEFAULT_FIT_SAMPLE, self.plan.seed)
             for warning in caught:
                 self.log(f"{task.name}: {name}: {warning.message}")
         return self._fitted[(fit_set, name)]

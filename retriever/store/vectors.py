@@ -57,6 +57,9 @@ FLAT_MAX_DOCUMENTS = 100_000
 MEMORY_SHARE = 0.25
 # IVF training points per bucket (faiss warns below 39 and subsamples above 256).
 TRAIN_PER_BUCKET = 64
+# Search-time defaults (see IndexSpec): hnsw beam width, and how many times k ivfpq candidates are re-ranked.
+DEFAULT_EF_SEARCH = 128
+DEFAULT_RERANK = 10
 # faiss GPU k-selection handles at most this many results per query.
 _FAISS_GPU_MAX_K = 2048
 # Row norms further than this from 1 mean the caller forgot to normalize.
@@ -93,7 +96,8 @@ class IndexSpec:
     opq: bool = False  # ivfpq: learn a rotation that balances the sub-spaces before quantizing
     hnsw_m: int = 32  # hnsw: graph degree
     ef_construction: int = 40  # hnsw: beam width while building
-    # Search-time defaults; each can be overridden per search.
+    # Search-time settings the user pinned at build (None: the library's current default, `search_*` below,
+    # so a better measured default reaches existing indexes too); each can be overridden per search.
     nprobe: int | None = None  # ivf, ivfpq: buckets scanned per query
     ef_search: int | None = None  # hnsw: beam width per query
     rerank: int | None = None  # ivfpq: re-rank this many times k candidates exactly
@@ -103,18 +107,26 @@ class IndexSpec:
             raise RetrieverError(f"unknown index type {self.type!r}; use one of {', '.join(INDEX_TYPES)}")
         if self.type in ("ivf", "ivfpq"):
             self.nlist = self.nlist or 1024
-            self.nprobe = self.nprobe or default_nprobe(self.nlist)
         if self.type == "ivfpq":
             self.pq_m = self.pq_m or 0  # 0: set from the dimension by `for_dim`
-            self.rerank = self.rerank if self.rerank is not None else 10
-        if self.type == "hnsw":
-            self.ef_search = self.ef_search or 128
-            if self.hnsw_m < 2:
-                raise RetrieverError(f"hnsw M must be at least 2, got {self.hnsw_m}")
-        for name in ("nlist", "nprobe", "ef_search"):
+        if self.type == "hnsw" and self.hnsw_m < 2:
+            raise RetrieverError(f"hnsw M must be at least 2, got {self.hnsw_m}")
+        for name in ("nlist", "nprobe", "ef_search", "rerank"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise RetrieverError(f"{name.replace('_', '-')} must be at least 1, got {value}")
+
+    @property
+    def search_nprobe(self) -> int | None:
+        return (self.nprobe or default_nprobe(self.nlist)) if self.nlist else None
+
+    @property
+    def search_ef(self) -> int | None:
+        return (self.ef_search or DEFAULT_EF_SEARCH) if self.type == "hnsw" else None
+
+    @property
+    def search_rerank(self) -> int:
+        return (self.rerank or DEFAULT_RERANK) if self.type == "ivfpq" else 1
 
     @classmethod
     def from_dict(cls, record: dict) -> IndexSpec:
@@ -122,15 +134,22 @@ class IndexSpec:
         return cls(**{key: value for key, value in record.items() if key in known})
 
     def to_dict(self) -> dict:
-        """The settings that matter for this type (what the manifest records and `info` shows)."""
+        """The settings that matter for this type and were set (what the manifest records)."""
         relevant = {"flat": (), "hnsw": ("hnsw_m", "ef_construction", "ef_search"), "ivf": ("nlist", "nprobe"),
                     "ivfpq": ("nlist", "pq_m", "opq", "nprobe", "rerank")}[self.type]
-        return {"type": self.type, **{key: value for key, value in asdict(self).items() if key in relevant}}
+        return {"type": self.type,
+                **{key: value for key, value in asdict(self).items() if key in relevant and value is not None}}
+
+    def search_settings(self) -> dict:
+        """The search-time settings in effect: pinned at build, or the library's defaults."""
+        settings = {"nprobe": self.search_nprobe, "ef_search": self.search_ef,
+                    "rerank": self.search_rerank if self.type == "ivfpq" else None}
+        return {key: value for key, value in settings.items() if value is not None}
 
     def for_dim(self, dim: int) -> IndexSpec:
-        """This spec with dimension-dependent settings filled in (pq_m: dim / 8, a divisor of dim)."""
+        """This spec with dimension-dependent settings filled in (pq_m: dim / 4, a divisor of dim)."""
         if self.type == "ivfpq" and not self.pq_m:
-            self.pq_m = max(m for m in range(1, max(1, dim // 8) + 1) if dim % m == 0)
+            self.pq_m = max(m for m in range(1, max(1, dim // 4) + 1) if dim % m == 0)
         if self.type == "ivfpq" and dim % self.pq_m:
             raise RetrieverError(f"pq_m {self.pq_m} must divide the dimension {dim}")
         return self
@@ -150,8 +169,9 @@ def default_nlist(documents: int) -> int:
 
 
 def default_nprobe(nlist: int) -> int:
-    """Buckets scanned per query: nlist / 8 (at least 8). Measured on real calibrated vectors, see README."""
-    return max(8, nlist // 8)
+    """Buckets scanned per query: nlist / 4 (at least 8). On calibrated vectors this is what recall@10 >= 0.95
+    takes (measured on 1M real passages: benchmarks/results/scale.md)."""
+    return min(nlist, max(8, nlist // 4))
 
 
 def choose_spec(documents: int, dim: int, index_type: str = "auto", memory: int | None = None) -> IndexSpec:
@@ -180,10 +200,11 @@ def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
     set_threads()
     n, dim = sample.shape
     spec.nlist = max(1, min(spec.nlist, n // 39))
+    if spec.nprobe:
+        spec.nprobe = min(spec.nprobe, spec.nlist)
     # k-means learns nothing more from over TRAIN_PER_BUCKET points a bucket, only slower.
     step = max(1, n // (TRAIN_PER_BUCKET * spec.nlist))
     sample = np.ascontiguousarray(sample[::step], dtype=np.float32)
-    spec.nprobe = min(spec.nprobe or default_nprobe(spec.nlist), spec.nlist)
     if spec.type == "ivf":
         description = f"IVF{spec.nlist},Flat"
     else:
@@ -329,7 +350,7 @@ class VectorStore:
             if value is not None and value < 1:
                 raise RetrieverError(f"{option} must be at least 1, got {value}")
         exclude = None if exclude is None or len(exclude) == 0 else np.ascontiguousarray(exclude, dtype=np.int64)
-        options = _SearchOptions(nprobe or self.spec.nprobe, ef_search or self.spec.ef_search, exclude)
+        options = _SearchOptions(nprobe or self.spec.search_nprobe, ef_search or self.spec.search_ef, exclude)
         scores, ids = self._get_searcher().search(queries, k, options)
         scores[ids < 0] = -np.inf  # faiss pads with -FLT_MAX; one convention for every backend
         return scores, ids
@@ -505,7 +526,7 @@ class _TorchSearcher:
 def _new_hnsw(dim: int, spec: IndexSpec) -> faiss.IndexHNSWFlat:
     index = faiss.IndexHNSWFlat(dim, int(spec.hnsw_m), faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = int(spec.ef_construction)
-    index.hnsw.efSearch = int(spec.ef_search)
+    index.hnsw.efSearch = int(spec.search_ef)
     return index
 
 
