@@ -269,7 +269,8 @@ def info(
                       f"segments, {details['deleted']:,} of them deleted until compaction)"),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", json.dumps(manifest["calibrator"])),
-        ("fitted on", f"{fitted.get('sample', 0):,} of {fitted.get('of', 0):,} vectors (seed {fitted.get('seed', 0)})"),
+        ("fitted on", "a calibrator fitted before the build" if fitted.get("prefitted") else
+                      f"{fitted.get('sample', 0):,} of {fitted.get('of', 0):,} vectors (seed {fitted.get('seed', 0)})"),
         ("index", f"{spec['type']} ({settings or 'exact'}), {manifest['dim']} dims, "
                   f"search on {details['search_backend']}"),
         ("created", manifest["created"] + (f", refitted {manifest['refitted']}" if "refitted" in manifest else "")),

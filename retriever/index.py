@@ -325,6 +325,7 @@ class Index:
         corpus_format(corpus)
         if not Path(corpus).is_file():
             raise RetrieverError(f"{corpus}: no such file")
+        prefitted = isinstance(calibrator, Calibrator) and calibrator.fitted
         fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
         if index_type not in INDEX_TYPES:
             raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
@@ -408,8 +409,9 @@ class Index:
                 "vectors_from": str(Path(vectors).resolve()) if vectors is not None else None,
                 "encoder": encoder.config(),
                 "calibrator": fitted.config(),
-                "fit": {"sample": min(state.documents, fit_sample or state.documents), "of": state.documents,
-                        "seed": seed},
+                "fit": ({"prefitted": True} if prefitted else
+                        {"sample": min(state.documents, fit_sample or state.documents), "of": state.documents,
+                         "seed": seed}),
                 "index": spec.to_dict(),
                 "index_type": spec.type,
                 "dim": fitted_out_dim(fitted, encoder.dim),
