@@ -109,66 +109,64 @@ def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_b
     assert len(Index.open("crash", crash_index, device="cpu")) == before[0] + 2
 
 
-def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, tiny_bert, monkeypatch):
+@pytest.fixture()
+def encoded_texts(monkeypatch) -> list[str]:
+    """Every text the encoder is given from now on, in order."""
     from retriever.encoder import Encoder
 
+    texts: list[str] = []
+    original = Encoder.encode_counting_truncated
+
+    def counting(self, batch, *args, **kwargs):
+        texts.extend(batch)
+        return original(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "encode_counting_truncated", counting)
+    return texts
+
+
+def kill_build_after_three_chunks(index_dir, corpus, model) -> None:
+    """A build in chunks of 10 killed once its third chunk's vectors are flushed, before it records them: 20
+    documents are on record as encoded."""
+    done = subprocess.run([sys.executable, "-c", DYING_WRITE, "retriever.store.arrays:NpyAppender.flush", "3",
+                           "after", "build", index_dir, corpus, model], capture_output=True, timeout=300)
+    assert done.returncode == -9
+
+
+def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, tiny_bert, encoded_texts):
     index_dir = tmp_path / "indexes"
     docs = sentences(50)
     corpus = write_jsonl(tmp_path / "big.jsonl", docs)
-    # Killed after its third chunk's vectors were flushed, before recording them: 20 documents are on record.
-    done = subprocess.run([sys.executable, "-c", DYING_WRITE, "retriever.store.arrays:NpyAppender.flush", "3",
-                           "after", "build", index_dir, corpus, tiny_bert], capture_output=True, timeout=300)
-    assert done.returncode == -9
-    encoded: list[str] = []
-    original = Encoder.encode_counting_truncated
-
-    def counting(self, texts, *args, **kwargs):
-        encoded.extend(texts)
-        return original(self, texts, *args, **kwargs)
-
-    monkeypatch.setattr(Encoder, "encode_counting_truncated", counting)
+    kill_build_after_three_chunks(index_dir, corpus, tiny_bert)
     summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening", device="cpu",
                           chunk_rows=10)
-    assert encoded == list(docs.values())[20:]  # only what the killed build had not finished
+    assert encoded_texts == list(docs.values())[20:]  # only what the killed build had not finished
     assert summary.notes == ["resumed a killed build: 20 of 50 documents were already encoded"]
     resumed = Index.open("crash", index_dir, device="cpu")
-    encoded.clear()
+    encoded_texts.clear()
     Index.build(corpus, "fresh", index_dir, model=str(tiny_bert), calibrator="whitening", device="cpu",
                 chunk_rows=10)
-    assert len(encoded) == 50  # nothing left to resume: a whole build
+    assert len(encoded_texts) == 50  # nothing left to resume: a whole build
     fresh = Index.open("fresh", index_dir, device="cpu")
     np.testing.assert_allclose(resumed.segments[0].vectors.stored_vectors(),
                                fresh.segments[0].vectors.stored_vectors(), atol=1e-6)
     assert [h.doc_id for h in resumed.search(docs["d7"], k=5)[0]] == [h.doc_id for h in fresh.search(docs["d7"], k=5)[0]]
 
 
-def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tmp_path, tiny_bert, monkeypatch):
-    from retriever.encoder import Encoder
-
+def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tmp_path, tiny_bert, encoded_texts):
     index_dir = tmp_path / "indexes"
     corpus = write_jsonl(tmp_path / "big.jsonl", sentences(50))
-    encoded: list[str] = []
-    original = Encoder.encode_counting_truncated
-
-    def counting(self, texts, *args, **kwargs):
-        encoded.extend(texts)
-        return original(self, texts, *args, **kwargs)
-
-    monkeypatch.setattr(Encoder, "encode_counting_truncated", counting)
     for change in ("resume=False", "another corpus"):
-        done = subprocess.run([sys.executable, "-c", DYING_WRITE, "retriever.store.arrays:NpyAppender.flush", "3",
-                               "after", "build", index_dir, corpus, tiny_bert], capture_output=True, timeout=300)
-        assert done.returncode == -9
-        encoded.clear()
+        kill_build_after_three_chunks(index_dir, corpus, tiny_bert)
+        encoded_texts.clear()
         if change == "resume=False":
             summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening",
                                   device="cpu", chunk_rows=10, resume=False)
-            assert len(encoded) == 50 and not summary.notes
         else:
             other = write_jsonl(tmp_path / "big.jsonl", sentences(50, start=1))  # same path, new content
             summary = Index.build(other, "crash", index_dir, model=str(tiny_bert), calibrator="whitening",
                                   device="cpu", chunk_rows=10)
-            assert len(encoded) == 50 and not summary.notes
+        assert len(encoded_texts) == 50 and not summary.notes
         assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
 
 

@@ -12,7 +12,6 @@ segment instead. So a reader that opened a version can keep reading it while wri
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,17 +97,3 @@ class RawWriter:
             self._raw = NpyAppender(self.folder / RAW, self.dim, "float16")
         self._raw.close()
         self._rowids.close()
-
-
-def new_segment_folder(version_folder: Path, name: str) -> Path:
-    folder = version_folder / "segments" / name
-    folder.mkdir(parents=True)
-    return folder
-
-
-def fsync_file(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
