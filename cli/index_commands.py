@@ -265,8 +265,9 @@ def info(
     fitted = manifest.get("fit", {})
     rows = [
         ("folder", details["folder"]),
-        ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors in {len(details['segments'])} "
-                      f"segments, {details['deleted']:,} of them deleted until compaction)"),
+        ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors in "
+                      f"{_count(len(details['segments']), 'segment')}, {details['deleted']:,} of them deleted, "
+                      "until compaction drops them)"),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", json.dumps(manifest["calibrator"])),
         ("fitted on", "a calibrator fitted before the build" if fitted.get("prefitted") else
