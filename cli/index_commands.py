@@ -227,6 +227,7 @@ def refit(
 
 
 def verify(
+    index: Annotated[Optional[str], typer.Argument(help="the index to check (or --name)", show_default=False)] = None,
     name: options.IndexName = None,
     index_dir: options.IndexDir = "indexes",
 ) -> None:
@@ -235,10 +236,13 @@ def verify(
     Opening an index checks only the manifest's own checksum and every file's size."""
     import time
 
+    from retriever.errors import RetrieverError
     from retriever.index import verify_index
 
     started = time.perf_counter()
-    name = _pick(index_dir, name)
+    if index and name and index != name:
+        raise RetrieverError(f"two different indexes named: '{index}' and --name '{name}'")
+    name = _pick(index_dir, index or name)
     manifest, checked = verify_index(name, index_dir)
     stderr_console.print(f"index '{name}' is intact: {len(manifest['files'])} files, {checked / 2**20:,.1f} MiB "
                          f"re-hashed in {time.perf_counter() - started:.1f}s")

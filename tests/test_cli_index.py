@@ -121,7 +121,7 @@ def test_a_damaged_index_is_refused(built, cli):
 
 
 def test_verify_compact_and_search_options(built, cli, tmp_path, tiny_bert):
-    done = cli("verify", "--name", "docs", "--index-dir", built)
+    done = cli("verify", "docs", "--index-dir", built)
     assert done.returncode == 0 and "index 'docs' is intact" in done.stderr
     assert cli("delete", "docs.txt:1", "--name", "docs", "--index-dir", built).returncode == 0
     done = cli("compact", "--name", "docs", "--index-dir", built)
