@@ -23,7 +23,6 @@ from retriever.store.documents import DocumentTable
 from retriever.store.vectors import IndexSpec, VectorStore
 
 VECTORS, RAW, ROWIDS, DOCUMENTS = "vectors.faiss", "raw.npy", "rowids.npy", "documents.db"
-SEGMENT_FILES = (VECTORS, RAW, ROWIDS, DOCUMENTS)
 FLOAT16_MAX = 65504.0
 # Raw vectors are kept as float16 when the first block's largest value leaves this much headroom.
 FLOAT16_HEADROOM = 16.0
