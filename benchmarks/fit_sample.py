@@ -56,8 +56,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    report: dict = {"benchmark": "fit_sample", "model": "all-MiniLM-L6-v2", "seeds": seeds, "cpus": os.cpu_count(),
-                    "machine": platform.machine(), "default_fit_sample": DEFAULT_FIT_SAMPLE, "layers": {}}
+    # Layers are measured one run at a time if need be: a run adds its layers to the results already written.
+    results = args.out.with_suffix(".json")
+    report: dict = json.loads(results.read_text()) if results.exists() else {"layers": {}}
+    report.update({"benchmark": "fit_sample", "model": "all-MiniLM-L6-v2", "seeds": seeds, "cpus": os.cpu_count(),
+                   "machine": platform.machine(), "default_fit_sample": DEFAULT_FIT_SAMPLE})
     for pair in args.vectors.split(","):
         layer, path = pair.split("=", 1)
         X = np.load(path)
@@ -83,7 +86,7 @@ def main() -> None:
                       flush=True)
         raw = spearman_x100(cosine_rows(first, second), gold)
         report["layers"][layer] = {"corpus_vectors": n, "raw": round(raw, 2), "fits": rows}
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        results.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report))
 
 
