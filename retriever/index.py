@@ -117,7 +117,7 @@ class Index:
         self.index_dir = Path(index_dir)
         self.device = device
         self.spec = IndexSpec.from_dict(manifest["index"])
-        self.segments = [Segment(folder / SEGMENTS / entry["name"], self.spec, device=device)
+        self.segments = [Segment(folder / SEGMENTS / entry["name"], _segment_spec(entry, self.spec), device=device)
                          for entry in manifest["segments"]]
         self.calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=manifest["encoder"]["dim"])
         self.tombstones = (np.load(folder / TOMBSTONES) if (folder / TOMBSTONES).is_file()
@@ -393,7 +393,8 @@ class Index:
 
             clock = time.perf_counter()
             blocks = calibrated_blocks(source, fitted, 1, progress)
-            write_segment_vectors(segment, blocks, encoder.dim, fitted_out_dim(fitted, encoder.dim), spec, template)
+            write_segment_vectors(segment, blocks, encoder.dim, fitted_out_dim(fitted, encoder.dim),
+                                  spec.for_segment(state.documents), template)
             (folder / ENCODED).unlink(missing_ok=True)
             timings["index"] = time.perf_counter() - clock
 
@@ -416,7 +417,7 @@ class Index:
                 "index_type": spec.type,
                 "dim": fitted_out_dim(fitted, encoder.dim),
                 "documents": state.documents,
-                "segments": [{"name": segment.name, "rows": state.documents}],
+                "segments": [_segment_entry(segment.name, state.documents, spec)],
                 "next_rowid": state.documents + 1,
                 "next_segment": 2,
                 "deleted": 0,
@@ -474,10 +475,10 @@ class Index:
             template = current._template()
             blocks = calibrated_blocks(source, current.calibrator, first)
             write_segment_vectors(segment, blocks, current.manifest["encoder"]["dim"], current.manifest["dim"],
-                                  current.spec, template)
+                                  current.spec.for_segment(count), template)
             (folder / ENCODED).unlink(missing_ok=True)
             manifest = {**current.manifest,
-                        "segments": [*current.manifest["segments"], {"name": segment.name, "rows": count}],
+                        "segments": [*current.manifest["segments"], _segment_entry(segment.name, count, current.spec)],
                         "documents": len(current) + count, "next_rowid": first + count,
                         "next_segment": current.manifest["next_segment"] + 1}
             manifest, merged = _compact_if_needed(folder, manifest, current.tombstones, template, current.spec)
@@ -507,7 +508,11 @@ class Index:
             link_tree(current.folder, folder, skip=lambda relative: relative == TOMBSTONES)
             removed = np.fromiter((rowid for rowid, _ in found.values()), dtype=np.int64, count=len(found))
             tombstones = np.union1d(current.tombstones, removed)
-            manifest = {**current.manifest, "documents": len(current) - len(removed), "deleted": len(tombstones)}
+            newly = np.bincount([position for _, position in found.values()], minlength=len(current.segments))
+            segments = [{**entry, "deleted": _deleted_rows(current.folder, entry, current.tombstones) + int(count)}
+                        for entry, count in zip(current.manifest["segments"], newly)]
+            manifest = {**current.manifest, "segments": segments, "documents": len(current) - len(removed),
+                        "deleted": len(tombstones)}
             manifest, merged = _compact_if_needed(folder, manifest, tombstones, current._template(), current.spec)
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
@@ -523,8 +528,8 @@ class Index:
             folder = writer.folder
             link_tree(current.folder, folder, skip=lambda relative: relative == TOMBSTONES)
             names = [entry["name"] for entry in current.manifest["segments"]]
-            manifest = _merge_segments(folder, current.manifest, names, current.tombstones, current._template(),
-                                       current.spec)
+            manifest, _ = _merge_segments(folder, current.manifest, names, current.tombstones,
+                                          current._template(), current.spec)
             _write_tombstones(folder, np.empty(0, np.int64))
             manifest["deleted"] = 0
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
@@ -553,17 +558,19 @@ class Index:
             link_tree(current.folder, folder, skip=lambda relative: relative.startswith((SEGMENTS + "/", CALIBRATOR,
                                                                                           TEMPLATE)))
             segments, next_segment = [], current.manifest["next_segment"]
-            for old in current.segments:
+            for old, entry in zip(current.segments, current.manifest["segments"]):
                 new = folder / SEGMENTS / _segment_name(next_segment)
                 new.mkdir(parents=True)
                 next_segment += 1
                 for file_name in (DOCUMENTS, RAW, ROWIDS):
                     (new / file_name).hardlink_to(old.folder / file_name)
-                store = VectorStore.create(calibrated_sample.shape[1], spec, template, device="cpu")
+                store = VectorStore.create(calibrated_sample.shape[1], spec.for_segment(len(old)), template,
+                                           device="cpu")
                 for rowids, raw in old.raw_blocks():
                     store.add(rowids, l2_normalize(fitted.transform(raw)))
                 store.save(new / VECTORS)
-                segments.append({"name": new.name, "rows": len(old)})
+                segments.append(_segment_entry(new.name, len(old), spec,
+                                               _deleted_rows(current.folder, entry, current.tombstones)))
             fitted.save(folder / CALIBRATOR)
             if template is not None:
                 VectorStore(template, spec).save(folder / TEMPLATE)
@@ -577,6 +584,8 @@ class Index:
 
     def _current_version(self) -> Index:
         """The version that is current now (another writer may have committed since this one was opened)."""
+        if resolve_existing(self.index_dir, self.name) == self.folder:
+            return self  # versions never change: nothing to re-read
         current = Index.open(self.name, self.index_dir, device=self.device)
         if current.folder == self.folder:
             current._encoder = self._encoder  # reuse a loaded model
@@ -620,49 +629,50 @@ def _compact_if_needed(folder: Path, manifest: dict, tombstones: np.ndarray, tem
     """Apply the automatic compaction policy to the version being written in FOLDER; returns the manifest and
     how many segments were merged (0: nothing to do). Only small segments or heavily deleted ones are rewritten,
     so a write's cost stays proportional to what it changes."""
-    names = [entry["name"] for entry in manifest["segments"]]
-    rows = [entry["rows"] for entry in manifest["segments"]]
-    deleted = [int(np.isin(np.load(folder / SEGMENTS / n / ROWIDS, mmap_mode="r"), tombstones).sum())
-               if len(tombstones) else 0 for n in names]
     merged = 0
-    for position, name in enumerate(names):
-        if rows[position] and deleted[position] >= COMPACT_TOMBSTONE_SHARE * rows[position]:
-            manifest = _merge_segments(folder, manifest, [name], tombstones, template, spec)
+    for entry in list(manifest["segments"]):
+        if entry["rows"] and _deleted_rows(folder, entry, tombstones) >= COMPACT_TOMBSTONE_SHARE * entry["rows"]:
+            manifest, tombstones = _merge_segments(folder, manifest, [entry["name"]], tombstones, template, spec)
             merged += 1
     names = [entry["name"] for entry in manifest["segments"]]
     if len(names) > COMPACT_MAX_SEGMENTS:
         rows = [entry["rows"] for entry in manifest["segments"]]
         run = len(names) - COMPACT_MAX_SEGMENTS + 1
         start = min(range(len(names) - run + 1), key=lambda first: sum(rows[first : first + run]))
-        manifest = _merge_segments(folder, manifest, names[start : start + run], tombstones, template, spec)
+        manifest, tombstones = _merge_segments(folder, manifest, names[start : start + run], tombstones, template,
+                                               spec)
         merged += run
-    remaining = _live_tombstones(folder, manifest, tombstones)
-    _write_tombstones(folder, remaining)
-    return {**manifest, "deleted": len(remaining)}, merged
+    _write_tombstones(folder, tombstones)
+    return {**manifest, "deleted": len(tombstones)}, merged
 
 
 def _merge_segments(folder: Path, manifest: dict, names: list[str], tombstones: np.ndarray, template,
-                    spec: IndexSpec) -> dict:
-    """Replace the adjacent segments NAMES of the version in FOLDER by one, without the TOMBSTONES' rows."""
+                    spec: IndexSpec) -> tuple[dict, np.ndarray]:
+    """Replace the adjacent segments NAMES of the version in FOLDER by one, without the TOMBSTONES' rows;
+    returns the manifest and the tombstones still needed (those of the other segments)."""
     new = folder / SEGMENTS / _segment_name(manifest["next_segment"])
     new.mkdir(parents=True)
-    old = [Segment(folder / SEGMENTS / name, spec, device="cpu") for name in names]
+    entries = {entry["name"]: entry for entry in manifest["segments"]}
+    old = [Segment(folder / SEGMENTS / name, _segment_spec(entries[name], spec), device="cpu") for name in names]
+    dropped = np.zeros(len(tombstones), dtype=bool)
     try:
         with DocumentTable.create(new / DOCUMENTS) as table:
             for segment in old:
                 table.copy_from(segment.documents, tombstones)
             table.finish()
         raw = RawWriter(new, manifest["encoder"]["dim"])
+        rows = 0
         for segment in old:
+            dropped |= segment.contains(tombstones)
             for rowids, block in segment.raw_blocks():
                 keep = ~np.isin(rowids, tombstones)
                 raw.append(rowids[keep], block[keep])
+                rows += int(keep.sum())
         raw.close()
-        VectorStore.merged([s.vectors for s in old], tombstones, spec, template).save(new / VECTORS)
+        VectorStore.merged([s.vectors for s in old], tombstones, spec.for_segment(rows), template).save(new / VECTORS)
     finally:
         for segment in old:
             segment.close()
-    rows = len(np.load(new / ROWIDS, mmap_mode="r"))
     for folder_to_remove in [folder / SEGMENTS / name for name in names] + ([new] if rows == 0 else []):
         for path in folder_to_remove.iterdir():
             path.unlink()  # a hard link: the previous version keeps its file
@@ -670,21 +680,30 @@ def _merge_segments(folder: Path, manifest: dict, names: list[str], tombstones: 
     segments = []
     for entry in manifest["segments"]:
         if entry["name"] == names[0] and rows:
-            segments.append({"name": new.name, "rows": rows})
+            segments.append(_segment_entry(new.name, rows, spec))
         elif entry["name"] not in names:
             segments.append(entry)
-    return {**manifest, "segments": segments, "next_segment": manifest["next_segment"] + 1}
+    return {**manifest, "segments": segments, "next_segment": manifest["next_segment"] + 1}, tombstones[~dropped]
 
 
-def _live_tombstones(folder: Path, manifest: dict, tombstones: np.ndarray) -> np.ndarray:
-    """The tombstones that still point into one of the version's segments (merged ones dropped them)."""
+def _segment_entry(name: str, rows: int, spec: IndexSpec, deleted: int = 0) -> dict:
+    """A manifest's record of a segment: its rows, how many of them are tombstoned (so the compaction policy
+    reads counts instead of scanning row ids), and its index type (small hnsw segments are flat)."""
+    return {"name": name, "rows": int(rows), "deleted": int(deleted), "index": spec.for_segment(rows).type}
+
+
+def _segment_spec(entry: dict, spec: IndexSpec) -> IndexSpec:
+    kind = entry.get("index", spec.type)
+    return spec if kind == spec.type else IndexSpec(type=kind)
+
+
+def _deleted_rows(folder: Path, entry: dict, tombstones: np.ndarray) -> int:
+    """How many of the segment's rows are tombstoned: recorded by `delete`; counted for a record without it."""
+    if "deleted" in entry:
+        return int(entry["deleted"])
     if not len(tombstones):
-        return tombstones
-    alive = np.zeros(len(tombstones), dtype=bool)
-    for entry in manifest["segments"]:
-        rowids = np.load(folder / SEGMENTS / entry["name"] / ROWIDS, mmap_mode="r")
-        alive |= np.isin(tombstones, rowids)
-    return tombstones[alive]
+        return 0
+    return int(np.isin(np.load(folder / SEGMENTS / entry["name"] / ROWIDS, mmap_mode="r"), tombstones).sum())
 
 
 def _write_tombstones(folder: Path, tombstones: np.ndarray) -> None:

@@ -281,7 +281,8 @@ def _build_key(folder: Path) -> dict | None:
 
 def _fsync_tree(folder: Path) -> None:
     for path in folder.rglob("*"):
-        if path.is_file():
+        # A file with other links was reused from an earlier version, made durable when that one was written.
+        if path.is_file() and path.stat().st_nlink == 1:
             descriptor = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(descriptor)

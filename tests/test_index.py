@@ -73,7 +73,8 @@ def test_manifest_records_everything_needed_to_reproduce(tiny_index, tiny_bert):
     assert manifest["calibrator"]["name"] == "whitening"
     assert manifest["fit"] == {"sample": len(DOCS), "of": len(DOCS), "seed": 0}
     assert manifest["documents"] == len(DOCS) and manifest["dim"] == 32 and manifest["index"] == {"type": "flat"}
-    assert manifest["segments"] == [{"name": "000001", "rows": len(DOCS)}] and manifest["next_rowid"] == len(DOCS) + 1
+    assert manifest["segments"] == [{"name": "000001", "rows": len(DOCS), "deleted": 0, "index": "flat"}]
+    assert manifest["next_rowid"] == len(DOCS) + 1
     assert {"torch", "transformers", "faiss-cpu", "numpy", "retriever"} <= set(manifest["versions"])
     segment = {f"segments/000001/{name}" for name in ("vectors.faiss", "documents.db", "raw.npy", "rowids.npy")}
     assert segment | {"calibrator/calibrator.json"} <= set(manifest["files"])
@@ -159,7 +160,9 @@ def test_search_after_add_delete_compact_equals_a_fresh_build(tmp_path, tiny_ber
 
 
 @pytest.mark.parametrize("index_type", ["hnsw", "ivf", "ivfpq"])
-def test_approximate_index_types_through_the_index(tmp_path, tiny_bert, index_type):
+def test_approximate_index_types_through_the_index(tmp_path, tiny_bert, index_type, monkeypatch):
+    # hnsw segments under SMALL_SEGMENT_ROWS are flat: 400 documents make a graph, an add of 50 does not.
+    monkeypatch.setattr("retriever.store.vectors.SMALL_SEGMENT_ROWS", 100)
     docs = sentences(400)
     Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "approx", tmp_path, model=str(tiny_bert),
                 calibrator="none", index_type=index_type, device="cpu")
@@ -169,12 +172,16 @@ def test_approximate_index_types_through_the_index(tmp_path, tiny_bert, index_ty
     assert [hits[0].doc_id for hits in index.search(texts, k=1)] == list(docs)[::20]
     index.add(write_jsonl(tmp_path / "more.jsonl", sentences(50, start=400)))
     index = Index.open("approx", tmp_path, device="cpu")
+    added = "flat" if index_type == "hnsw" else index_type
+    assert [segment.vectors.index_type for segment in index.segments] == [index_type, added]
     assert index.search(sentences(1, start=420)["d420"], k=1)[0][0].doc_id == "d420"
     index.delete(["d420"])
     index = Index.open("approx", tmp_path, device="cpu")
+    assert [entry["deleted"] for entry in index.manifest["segments"]] == [0, 1]
     assert "d420" not in [hit.doc_id for hit in index.search(sentences(1, start=420)["d420"], k=5)[0]]
     index.compact()
-    assert len(Index.open("approx", tmp_path, device="cpu")) == 449
+    compacted = Index.open("approx", tmp_path, device="cpu")
+    assert len(compacted) == 449 and [segment.vectors.index_type for segment in compacted.segments] == [index_type]
 
 
 def test_streamed_build_equals_a_one_shot_build(tmp_path, tiny_bert):
