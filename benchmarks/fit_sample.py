@@ -85,7 +85,7 @@ def main() -> None:
                 print(layer, label, name, rows[label][name]["mean"], rows[label][name]["fit_seconds"], file=sys.stderr,
                       flush=True)
         raw = spearman_x100(cosine_rows(first, second), gold)
-        report["layers"][layer] = {"corpus_vectors": n, "raw": round(raw, 2), "fits": rows}
+        report["layers"][layer] = {"corpus_vectors": n, "raw": round(raw, 2), "threads": args.threads, "fits": rows}
         results.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report))
 
@@ -93,11 +93,11 @@ def main() -> None:
 def markdown(report: dict) -> str:
     lines = ["# Fitting calibrators on a sample (benchmarks/fit_sample.py)", "",
              f"STS-B test Spearman x 100 after calibrators fitted on the {report['model']} vectors of the real "
-             f"passages corpus; flow: mean of seeds {', '.join(map(str, report['seeds']))}; fit times on "
-             f"{report['cpus']} CPUs.", ""]
+             f"passages corpus; flow: mean of seeds {', '.join(map(str, report['seeds']))}.", ""]
     for layer, result in report["layers"].items():
         full = result["fits"]["all"]
-        lines += [f"## {layer} ({result['corpus_vectors']:,} passages; uncalibrated: {result['raw']})", "",
+        lines += [f"## {layer} ({result['corpus_vectors']:,} passages; uncalibrated: {result['raw']}; "
+                  f"fits on {result.get('threads', '?')} thread(s))", "",
                   "| fitted on | vectors | flow | flow - all | flow fit s | whitening | whitening - all |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
         for label, row in result["fits"].items():
