@@ -585,11 +585,8 @@ class Index:
     def _current_version(self) -> Index:
         """The version that is current now (another writer may have committed since this one was opened)."""
         if resolve_existing(self.index_dir, self.name) == self.folder:
-            return self  # versions never change: nothing to re-read
-        current = Index.open(self.name, self.index_dir, device=self.device)
-        if current.folder == self.folder:
-            current._encoder = self._encoder  # reuse a loaded model
-        return current
+            return self  # versions never change: nothing to re-read, and a loaded model is kept
+        return Index.open(self.name, self.index_dir, device=self.device)
 
     def _template(self):
         if not (self.folder / TEMPLATE).is_file():

@@ -60,11 +60,11 @@ TRAIN_PER_BUCKET = 64
 # Search-time defaults (see IndexSpec): hnsw beam width, and how many times k ivfpq candidates are re-ranked.
 # At 1M real calibrated vectors (M 32, efConstruction 40) ef_search 128 gives recall@10 0.92 and 256 gives 0.95.
 DEFAULT_EF_SEARCH = 256
+DEFAULT_RERANK = 10
 # An hnsw walk at the default ef_search scores thousands of vectors per query (ef x M neighbours looked at), so
 # below this many vectors an exact scan costs about the same, is exact, and takes nothing to build: segments
 # this small (most `add`s) stay flat in an hnsw index until a compaction merges them into a graph.
 SMALL_SEGMENT_ROWS = 10_000
-DEFAULT_RERANK = 10
 # faiss GPU k-selection handles at most this many results per query.
 _FAISS_GPU_MAX_K = 2048
 # Row norms further than this from 1 mean the caller forgot to normalize.
