@@ -92,6 +92,24 @@ class SearchHit:
     text: str
 
 
+def check_queries(queries: Sequence[str]) -> None:
+    """Refuse what would rank documents arbitrarily: no query at all, or an empty or blank one."""
+    if not queries:
+        raise RetrieverError("no query given")
+    for number, query in enumerate(queries, start=1):
+        if not isinstance(query, str) or not query.strip():
+            where = "" if len(queries) == 1 else f" (query {number} of {len(queries)})"
+            raise RetrieverError(f"empty query{where}: give some text to search for")
+
+
+def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit]) -> dict:
+    """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
+    server: {"query_id", "query", "results": [{"rank", "doc_id", "score", "title", "text"}]}."""
+    return {"query_id": query_id, "query": query,
+            "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": round(float(h.score), 6), "title": h.title,
+                         "text": h.text} for h in hits]}
+
+
 @dataclass
 class ChangeSummary:
     """What a build/add/delete/refit/compact did, for the CLI's closing line and for benchmarks."""
@@ -159,6 +177,7 @@ class Index:
 
         NPROBE (ivf, ivfpq), EF_SEARCH (hnsw) and RERANK (ivfpq) override the index's defaults."""
         queries = [queries] if isinstance(queries, str) else list(queries)
+        check_queries(queries)
         if k < 1:
             raise RetrieverError(f"-k must be at least 1 (got {k})")
         scores, ids = self.search_vectors(self.embed(queries, progress=progress), k, nprobe, ef_search, rerank)

@@ -26,6 +26,8 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,13 +41,33 @@ MANIFEST = "manifest.json"
 BUILD_STATE = "build-state.json"  # in a build's partial folder: what it has finished, for resuming
 VERSIONS = ".versions"
 KEEP_VERSIONS = 2  # the current one and the one before it
-DEFAULT_INDEX_DIR = "indexes"
+DEFAULT_INDEX_DIR = "indexes"  # the library's default (relative); the CLI and server use `resolve_index_dir`
+HOME_VARIABLE = "RETRIEVER_HOME"
+# One rule for every index name, so a name is always a safe file name, a URL path part and a shell word.
+NAME_RULE = "1 to 64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def check_name(name: str) -> str:
-    if not name or name.startswith(".") or "/" in name or "\\" in name or name != name.strip():
-        raise RetrieverError(f"invalid index name '{name}': use letters, digits, '-', '_' (no slashes, no leading dot)")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        shown = repr(name) if len(str(name)) <= 40 else repr(str(name)[:40]) + f"... ({len(name)} characters)"
+        raise RetrieverError(f"invalid index name {shown}: a name is {NAME_RULE}")
     return name
+
+
+def resolve_index_dir(index_dir: str | Path | None = None) -> Path:
+    """Where indexes live, independent of the current folder: INDEX_DIR when given, else $RETRIEVER_HOME, else
+    the user's data folder ($XDG_DATA_HOME/retriever/indexes, by default ~/.local/share/retriever/indexes).
+    Always absolute, so messages name the real place; a path that exists but is not a folder is refused."""
+    if index_dir is None or str(index_dir) == "":
+        index_dir = os.environ.get(HOME_VARIABLE) or None
+    if index_dir is None:
+        data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+        index_dir = Path(data_home) / "retriever" / "indexes"
+    folder = Path(index_dir).expanduser().absolute()
+    if folder.exists() and not folder.is_dir():
+        raise RetrieverError(f"index folder {folder} is not a folder")
+    return folder
 
 
 def index_path(index_dir: str | Path, name: str) -> Path:
@@ -54,9 +76,13 @@ def index_path(index_dir: str | Path, name: str) -> Path:
 
 def index_options(index_dir: str | Path, name: str | None = None) -> str:
     """The CLI options that point at this index, for the hints in messages."""
-    options = [f"--name {name}"] if name else []
-    if Path(index_dir) != Path(DEFAULT_INDEX_DIR):
-        options.append(f"--index-dir {index_dir}")
+    options = [f"--name {shlex.quote(name)}"] if name else []
+    try:
+        default = resolve_index_dir(None)
+    except RetrieverError:
+        default = None
+    if Path(index_dir).absolute() != default:
+        options.append(f"--index-dir {shlex.quote(str(Path(index_dir).absolute()))}")
     return " ".join(options)
 
 
