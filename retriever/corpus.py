@@ -189,7 +189,7 @@ def _read_jsonl(lines: Iterator[str], path: Path) -> Iterator[Document]:
             # strict=False lets raw tabs and other control characters inside strings through: real dumps have them.
             record = json.loads(line, strict=False)
         except json.JSONDecodeError as error:
-            raise RetrieverError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+            raise RetrieverError(f"{where}: not valid JSON ({_json_problem(error)})") from None
         if not isinstance(record, dict):
             raise RetrieverError(f"{where}: expected a JSON object, got {type(record).__name__}")
         key = "_id" if "_id" in record else "id"
@@ -198,6 +198,18 @@ def _read_jsonl(lines: Iterator[str], path: Path) -> Iterator[Document]:
         if "text" not in record:
             raise RetrieverError(f'{where}: missing "text"')
         yield _document(record[key], record["text"], record.get("title"), where, path, number)
+
+
+def _json_problem(error: json.JSONDecodeError) -> str:
+    """json's message, except for a trailing comma (`{"a": 1,}`): json reports the '}' after it as a missing
+    property name or value, which points past the real mistake; name the comma and its column instead."""
+    document, position = error.doc, error.pos
+    if position < len(document) and document[position] in "}]":
+        before = document[:position].rstrip()
+        if before.endswith(","):
+            comma = len(before) - 1
+            return f"trailing comma at column {comma - document.rfind(chr(10), 0, comma)}"
+    return f"{error.msg} at column {error.colno}"
 
 
 def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Document]:

@@ -158,6 +158,10 @@ def test_unknown_encoding(tmp_path):
         ('{"_id": true, "text": "t"}', "id must be a string or an integer, got true"),
         ('{"_id": "", "text": "t"}', "empty id"),
         ('{"_id": "d", "text": "t", "title": 3}', '"title" must be a string, got 3'),
+        # json blames the '}' after a trailing comma ("Expecting property name ... at column 26"): name the comma
+        ('{"_id": "b", "text": "x",}', "not valid JSON (trailing comma at column 25)"),
+        ('{"_id": "b", "text": "x", "tags": [1, 2 , ]}', "not valid JSON (trailing comma at column 41)"),
+        ('{"_id": "b" "text": "x"}', "not valid JSON (Expecting ',' delimiter at column 13)"),
     ],
 )
 def test_bad_jsonl_line(tmp_path, line, expected):
