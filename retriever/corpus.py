@@ -212,6 +212,25 @@ def _json_problem(error: json.JSONDecodeError) -> str:
     return f"{error.msg} at column {error.colno}"
 
 
+def documents_from_records(records: Iterable[object], source: str = "request") -> list[Document]:
+    """Documents from BEIR-style records already parsed from JSON (the server's add requests): the same
+    checks as a .jsonl corpus, with errors naming the record ("request record 3") instead of a line."""
+    documents = []
+    for number, record in enumerate(records, start=1):
+        where = f"{source} record {number}"
+        if not isinstance(record, dict):
+            raise RetrieverError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        key = "_id" if "_id" in record else "id"
+        if key not in record:
+            raise RetrieverError(f'{where}: missing "_id" (or "id")')
+        if "text" not in record:
+            raise RetrieverError(f'{where}: missing "text"')
+        documents.append(_document(record[key], record["text"], record.get("title"), where, Path(source), number))
+    if not documents:
+        raise RetrieverError(f"{source}: no documents")
+    return documents
+
+
 def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Document]:
     # TSV as IR collections write it (e.g. MS MARCO): no quoting, so a '"' in a text is just a character.
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL

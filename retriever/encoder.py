@@ -6,6 +6,7 @@ batching cheap), run under `torch.inference_mode`, pooled, and put back in input
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,6 +57,9 @@ class Encoder:
         self.dim = self.model.config.hidden_size
         self._input_names = [name for name in self.tokenizer.model_input_names if name != "attention_mask"]
         self._pad_id = self.tokenizer.pad_token_id or 0
+        # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"); the model's forward
+        # pass is. The server encodes searches and writes on different threads, so tokenizing takes turns.
+        self._tokenizer_lock = threading.Lock()
 
     @classmethod
     def from_config(cls, config: dict, device: str | None = "auto", batch_size: int = 64) -> Encoder:
@@ -93,7 +97,8 @@ class Encoder:
         with progress_bar(description, total=len(texts), enabled=progress) as advance:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 chunk = texts[start : start + TOKENIZE_CHUNK]
-                encoded = self.tokenizer(chunk, truncation=True, max_length=self.max_length)
+                with self._tokenizer_lock:
+                    encoded = self.tokenizer(chunk, truncation=True, max_length=self.max_length)
                 truncated += sum(1 for encoding in encoded.encodings if encoding.overflowing)
                 lengths = np.fromiter((len(ids) for ids in encoded["input_ids"]), dtype=np.int64, count=len(chunk))
                 order = np.argsort(-lengths, kind="stable")  # longest first: peak memory shows up at once

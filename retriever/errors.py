@@ -7,3 +7,11 @@ that fits on one line; the CLI prints it and exits non-zero instead of showing a
 
 class RetrieverError(Exception):
     """An error caused by input or environment, reported to the user as one clear line."""
+
+
+class NotFoundError(RetrieverError):
+    """What was asked for does not exist: an index, or a document id (the server answers 404)."""
+
+
+class ConflictError(RetrieverError):
+    """The request clashes with the index's state: an id already in it, or another writer at work (409)."""

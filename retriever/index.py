@@ -34,9 +34,9 @@ from retriever.calibration import (
     load_calibrator,
     make_calibrator,
 )
-from retriever.corpus import corpus_format, document_text, iter_corpus
+from retriever.corpus import Document, check_unique_ids, corpus_format, document_text, iter_corpus
 from retriever.encoder import Encoder
-from retriever.errors import RetrieverError
+from retriever.errors import ConflictError, NotFoundError, RetrieverError
 from retriever.index_folder import (
     BUILD_STATE,
     DEFAULT_INDEX_DIR,
@@ -181,6 +181,15 @@ class Index:
         if k < 1:
             raise RetrieverError(f"-k must be at least 1 (got {k})")
         scores, ids = self.search_vectors(self.embed(queries, progress=progress), k, nprobe, ef_search, rerank)
+        return self.hits(scores, ids)
+
+    def calibrate(self, raw: np.ndarray) -> np.ndarray:
+        """Raw encoder output to the index's space: the saved calibrator, then L2 normalization. The server
+        encodes many requests' queries in one encoder call and calibrates each with its own index's calibrator."""
+        return l2_normalize(self.calibrator.transform(raw))
+
+    def hits(self, scores: np.ndarray, ids: np.ndarray) -> list[list[SearchHit]]:
+        """SearchHits with their documents for `search_vectors`' scores and row ids (padding ids skipped)."""
         rows = self._rows(ids)
         results = []
         for query_scores, query_ids in zip(scores, ids):
@@ -192,6 +201,26 @@ class Index:
                 hits.append(SearchHit(len(hits) + 1, row["doc_id"], score, row["title"], row["text"]))
             results.append(hits)
         return results
+
+    def search_raw(self, raw: np.ndarray, k: int) -> list[list[SearchHit]]:
+        """Exact cosine ranking in the uncalibrated space: RAW encoder outputs of queries against every stored raw
+        vector (deleted documents excluded). What the index would return without calibration, to compare with."""
+        queries = l2_normalize(np.asarray(raw, dtype=np.float32))
+        best_scores = np.full((len(queries), k), -np.inf, np.float32)
+        best_ids = np.full((len(queries), k), -1, np.int64)
+        for segment in self.segments:
+            for rowids, block in segment.raw_blocks():
+                keep = ~np.isin(rowids, self.tombstones)
+                if not keep.any():
+                    continue
+                scores = queries @ l2_normalize(block[keep]).T
+                merged_scores = np.concatenate([best_scores, scores], axis=1)
+                merged_ids = np.concatenate([best_ids, np.broadcast_to(rowids[keep], scores.shape)], axis=1)
+                order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
+                best_scores = np.take_along_axis(merged_scores, order, axis=1)
+                best_ids = np.take_along_axis(merged_ids, order, axis=1)
+        best_ids[np.isneginf(best_scores)] = -1
+        return self.hits(best_scores, best_ids)
 
     def search_vectors(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
                        rerank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -449,12 +478,16 @@ class Index:
         return ChangeSummary(name, str(final), state.documents, state.documents, state.truncated,
                              time.perf_counter() - started, timings, notes)
 
-    def add(self, corpus: str | Path, encoding: str = "utf-8", progress: bool = False,
+    def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
             vectors: str | Path | None = None, chunk_rows: int = CHUNK_ROWS) -> ChangeSummary:
-        """Write CORPUS's documents as one new segment, encoded (or taken from VECTORS) and calibrated with the
+        """Write CORPUS's documents (a corpus file, or a list of Documents) as one new segment, encoded (or taken from VECTORS) and calibrated with the
         saved calibrator (no refit); every existing segment is reused as it is."""
         started = time.perf_counter()
-        corpus_format(corpus)
+        given = list(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents (the server's records)
+        if given is None:
+            corpus_format(corpus)
+        else:
+            check_unique_ids(given)
         source = VectorSource(vectors) if vectors is not None else None
         timings: dict[str, float] = {}
         with writing(self.index_dir, self.name) as writer:
@@ -467,7 +500,8 @@ class Index:
 
             clock = time.perf_counter()
             table = DocumentTable.create(segment / DOCUMENTS)
-            count = ingest(iter_corpus(corpus, encoding), table, first, chunk_rows=chunk_rows)
+            documents = iter(given) if given is not None else iter_corpus(corpus, encoding)
+            count = ingest(documents, table, first, chunk_rows=chunk_rows)
             if count == 0:
                 raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
             current._refuse_existing_ids(table)  # before any encoding
@@ -522,7 +556,7 @@ class Index:
                 shown = ", ".join(repr(d) for d in missing[:5])
                 more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
                 noun = "id is" if len(missing) == 1 else "ids are"
-                raise RetrieverError(f"{len(missing)} {noun} not in the index: {shown}{more}")
+                raise NotFoundError(f"{len(missing)} {noun} not in the index: {shown}{more}")
             folder = writer.folder
             link_tree(current.folder, folder, skip=lambda relative: relative == TOMBSTONES)
             removed = np.fromiter((rowid for rowid, _ in found.values()), dtype=np.int64, count=len(found))
@@ -626,7 +660,7 @@ class Index:
         if clashes:
             shown = ", ".join(f"{d.doc_id!r} (line {d.line})" for d in clashes[:5])
             more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
-            raise RetrieverError(f"{clashes[0].source}: {len(clashes)} ids already in the index: {shown}{more}")
+            raise ConflictError(f"{clashes[0].source}: {len(clashes)} ids already in the index: {shown}{more}")
 
     def _clashing(self, documents: list) -> list:
         found = self.live_rowids([d.doc_id for d in documents]) if documents else {}

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retriever.errors import RetrieverError
+from retriever.errors import NotFoundError, RetrieverError
 
 MANIFEST = "manifest.json"
 BUILD_STATE = "build-state.json"  # in a build's partial folder: what it has finished, for resuming
@@ -90,7 +90,7 @@ def resolve_existing(index_dir: str | Path, name: str) -> Path:
     """The folder of the current version of NAME (a plain folder works too)."""
     link = index_path(index_dir, name)
     if not link.exists():
-        raise RetrieverError(
+        raise NotFoundError(
             f"no index named '{name}' in {index_dir}; build it with: "
             f"retriever build CORPUS {index_options(index_dir, name)}"
         )
