@@ -1,0 +1,27 @@
+"""`retriever serve`: option parsing around `retriever.server.serve`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from cli import options
+
+
+def serve(
+    host: Annotated[str, typer.Option("--host", help="address to bind; the default answers this machine only")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port", min=1, max=65535)] = 8000,
+    device: options.Device = "auto",
+    max_batch: Annotated[int, typer.Option(
+        "--max-batch", min=1, help="at most this many queued queries go through one encoder call")] = 64,
+    access_log: Annotated[bool, typer.Option("--access-log", help="log every request")] = False,
+    index_dir: options.IndexDir = None,
+) -> None:
+    """Serve every index over HTTP: a JSON API (docs at /docs) and a search page at /.
+
+    The model loads once and each index opens once; a version committed later (by the CLI or the API) is picked
+    up by the next request, and every answer names the version it comes from. Ctrl-C stops the server."""
+    from retriever.server import serve as run
+
+    run(index_dir, host=host, port=port, device=device, max_batch=max_batch, access_log=access_log)

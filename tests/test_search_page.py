@@ -1,0 +1,133 @@
+"""The search page in a real browser: headless Chromium driven by Selenium against a live server on 127.0.0.1.
+
+Needs Debian's `chromium` and `chromium-driver` (`make test` installs them; see the README)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from urllib.parse import urlencode
+
+import pytest
+import uvicorn
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from retriever.index import Index
+from retriever.server import create_app
+from tests.test_server import documents, write_corpus
+
+LONG_TEXT = "An extraordinarily long note about lighthouses. " + "The lamp turns slowly through the night. " * 12
+
+
+@contextmanager
+def live_server(app):
+    """uvicorn on a free loopback port in a thread; yields the base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@pytest.fixture()
+def browser():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    assert chromium and driver_path, "no chromium/chromedriver: run `make test` (it installs them) or see the README"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1400,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture()
+def served(tmp_path, tiny_bert):
+    folder = tmp_path / "indexes"
+    records = documents(100) + [{"_id": "lighthouse", "title": "Lighthouses", "text": LONG_TEXT}]
+    Index.build(write_corpus(tmp_path / "notes.jsonl", records), "notes", folder, model=str(tiny_bert),
+                calibrator="whitening", device="cpu")
+    Index.build(write_corpus(tmp_path / "other.jsonl", documents(70, "o")), "other", folder, model=str(tiny_bert),
+                calibrator="none", device="cpu")
+    with live_server(create_app(folder, device="cpu")) as url:
+        yield url
+
+
+def hits(browser, list_id: str) -> list:
+    return browser.find_elements(By.CSS_SELECTOR, f"#{list_id} li.hit")
+
+
+def test_typing_a_query_shows_calibrated_and_raw_rankings_side_by_side(browser, served):
+    browser.get(served + "/")
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda driver: len(Select(driver.find_element(By.ID, "index")).options) == 2)
+    Select(browser.find_element(By.ID, "index")).select_by_value("notes")
+    query = browser.find_element(By.ID, "query")
+    query.send_keys(documents(100)[42]["text"])
+    browser.find_element(By.ID, "search").click()
+    wait.until(lambda driver: hits(driver, "calibrated-results") and hits(driver, "raw-results"))
+
+    calibrated, raw = hits(browser, "calibrated-results"), hits(browser, "raw-results")
+    assert len(calibrated) == len(raw) == 10
+    first = calibrated[0]
+    assert first.get_attribute("data-doc-id") == "d42"
+    assert first.find_element(By.CSS_SELECTOR, ".rank").text == "#1"
+    assert float(first.find_element(By.CSS_SELECTOR, ".score").text) > 0.5
+    assert first.find_element(By.CSS_SELECTOR, ".doc-id").text == "d42"
+    assert first.find_element(By.CSS_SELECTOR, ".title").text == "note 42"
+    assert raw[0].get_attribute("data-doc-id") == "d42"
+    # Each calibrated hit says where the raw ranking had it.
+    assert all(hit.find_element(By.CSS_SELECTOR, ".move").text for hit in calibrated)
+    assert "results in" in browser.find_element(By.ID, "status").text
+    assert "notes, version" in browser.find_element(By.ID, "calibrated-note").text
+
+
+def test_a_long_text_opens_in_full_on_demand(browser, served):
+    browser.get(served + "/?" + urlencode({"index": "notes", "q": "Lighthouses " + LONG_TEXT}))
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda driver: hits(driver, "calibrated-results"))
+    item = next(hit for hit in hits(browser, "calibrated-results") if hit.get_attribute("data-doc-id") == "lighthouse")
+    full = item.find_element(By.CSS_SELECTOR, ".full-text")
+    assert not full.is_displayed() and item.find_element(By.CSS_SELECTOR, ".text").text.endswith("…")
+    item.find_element(By.CSS_SELECTOR, "details summary").click()
+    wait.until(expected_conditions.visibility_of(full))
+    assert full.text == LONG_TEXT.strip()
+
+
+def test_a_blank_query_and_a_server_error_are_shown_not_thrown(browser, served):
+    browser.get(served + "/")
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda driver: Select(driver.find_element(By.ID, "index")).options)
+    browser.find_element(By.ID, "query").send_keys("   ")
+    browser.find_element(By.ID, "search").click()
+    wait.until(lambda driver: "type a query" in driver.find_element(By.ID, "status").text)
+    browser.find_element(By.ID, "k").clear()
+    browser.find_element(By.ID, "k").send_keys("5000")
+    browser.find_element(By.ID, "query").send_keys("a violin")
+    browser.find_element(By.ID, "search").click()
+    wait.until(lambda driver: "k:" in driver.find_element(By.ID, "status").text)
+    assert "error" in browser.find_element(By.ID, "status").get_attribute("class")
+    assert not hits(browser, "calibrated-results")

@@ -1,0 +1,249 @@
+"""`retriever serve`'s HTTP API through FastAPI's test client: the contract, micro-batching, versions, errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from retriever.index import Index
+from retriever.server import MAX_BODY_BYTES, MAX_DOCUMENTS, MAX_K, MAX_QUERIES, create_app
+
+SUBJECTS = ["A dog", "The committee", "My neighbour", "A small robot", "The orchestra", "An old sailor", "A baker"]
+VERBS = ["discussed", "painted", "repaired", "forgot", "celebrated", "measured", "sold", "carried"]
+THINGS = ["the harbour", "a red bicycle", "the budget", "an ancient map", "the garden fence", "a violin"]
+
+
+def documents(count: int, prefix: str = "d") -> list[dict]:
+    return [{"_id": f"{prefix}{i}", "title": f"note {i}",
+             "text": f"{SUBJECTS[i % 7]} {VERBS[i % 8]} {THINGS[(i // 8) % 6]} on day {i}."} for i in range(count)]
+
+
+def write_corpus(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture()
+def index_dir(tmp_path, tiny_bert) -> Path:
+    folder = tmp_path / "indexes"
+    Index.build(write_corpus(tmp_path / "notes.jsonl", documents(120)), "notes", folder, model=str(tiny_bert),
+                calibrator="whitening", device="cpu")
+    return folder
+
+
+@pytest.fixture()
+def client(index_dir):
+    with TestClient(create_app(index_dir, device="cpu")) as test_client:
+        yield test_client
+
+
+def one_line_error(response, status: int) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["status"] == status and isinstance(body["detail"], str)
+    assert "\n" not in body["detail"] and "Traceback" not in body["detail"]
+    return body["detail"]
+
+
+def test_health_and_index_listing(client, index_dir):
+    assert client.get("/health").json() == {"status": "ok", "index_dir": str(index_dir), "indexes": 1}
+    listed = client.get("/indexes").json()["indexes"]
+    assert [entry["name"] for entry in listed] == ["notes"]
+    info = client.get("/indexes/notes").json()
+    assert info["documents"] == 120 and info["calibrator"] == "whitening" and info["version"] == listed[0]["version"]
+    assert info["segments"] and "search_settings" in info
+    assert client.get("/docs").status_code == 200 and client.get("/openapi.json").json()["paths"]["/search"]
+
+
+def test_get_search_answers_in_the_cli_schema_with_the_version(client, index_dir):
+    text = documents(120)[7]["text"]
+    answer = client.get("/search", params={"q": text, "k": 3, "index": "notes"}).json()
+    index = Index.open("notes", index_dir, device="cpu")
+    assert answer["index"] == "notes" and answer["version"] == index.folder.name and answer["k"] == 3
+    [record] = answer["queries"]
+    assert record["query_id"] is None and record["query"] == text
+    assert [hit["rank"] for hit in record["results"]] == [1, 2, 3]
+    assert record["results"][0] == {"rank": 1, "doc_id": "d7", "score": pytest.approx(record["results"][0]["score"]),
+                                     "title": "note 7", "text": text}
+    expected = index.search(text, 3)[0]
+    assert [hit["doc_id"] for hit in record["results"]] == [hit.doc_id for hit in expected]
+    assert [hit["score"] for hit in record["results"]] == pytest.approx([hit.score for hit in expected], abs=1e-5)
+    # The only index is the default; the same query gives the same answer.
+    assert client.get("/search", params={"q": text, "k": 3}).json()["queries"] == answer["queries"]
+
+
+def test_post_search_takes_texts_and_ids_and_matches_single_queries(client):
+    texts = [record["text"] for record in documents(120)[:5]]
+    queries = [texts[0], {"id": "q-two", "text": texts[1]}, *texts[2:]]
+    answer = client.post("/search", json={"queries": queries, "k": 4, "index": "notes"}).json()
+    assert [record["query_id"] for record in answer["queries"]] == [None, "q-two", None, None, None]
+    assert [record["results"][0]["doc_id"] for record in answer["queries"]] == ["d0", "d1", "d2", "d3", "d4"]
+    for text, record in zip(texts, answer["queries"]):
+        single = client.get("/search", params={"q": text, "k": 4}).json()["queries"][0]["results"]
+        assert [hit["doc_id"] for hit in single] == [hit["doc_id"] for hit in record["results"]]
+
+
+def test_concurrent_queries_are_micro_batched_and_answered_as_if_alone(client):
+    texts = [record["text"] for record in documents(120)[:48]]
+    alone = {text: client.get("/search", params={"q": text, "k": 5}).json()["queries"][0]["results"]
+             for text in texts}
+    batcher = client.app.state.server_state["batcher"]
+    batches_before, queries_before = batcher.batches, batcher.queries
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda text: client.get("/search", params={"q": text, "k": 5}).json(), texts))
+    for text, answer in zip(texts, answers):
+        assert [h["doc_id"] for h in answer["queries"][0]["results"]] == [h["doc_id"] for h in alone[text]]
+        # Padded beside longer queries a raw vector moves in its last float digits; whitening a random 32-d
+        # model's vectors (fitted on 120) magnifies that to the third decimal at most.
+        assert [h["score"] for h in answer["queries"][0]["results"]] == pytest.approx(
+            [h["score"] for h in alone[text]], abs=1e-2)
+    assert batcher.queries - queries_before == len(texts)
+    assert batcher.batches - batches_before < len(texts)  # some requests shared an encoder call
+
+
+def test_a_version_committed_by_another_writer_is_served_by_the_next_request(client, index_dir, tmp_path):
+    before = client.get("/search", params={"q": "a violin", "k": 3}).json()["version"]
+    extra = write_corpus(tmp_path / "extra.jsonl", [{"_id": "zebra", "text": "Zebras graze on the open savanna."}])
+    Index.open("notes", index_dir, device="cpu").add(extra)  # what `retriever add` does, outside the server
+    answer = client.get("/search", params={"q": "Zebras graze on the open savanna.", "k": 1}).json()
+    assert answer["version"] != before and answer["version"] == Index.open("notes", index_dir).folder.name
+    assert answer["queries"][0]["results"][0]["doc_id"] == "zebra"
+
+
+def test_add_show_and_delete_documents(client):
+    version = client.get("/indexes/notes").json()["version"]
+    added = client.post("/indexes/notes/documents",
+                        json={"documents": [{"_id": "new/1", "title": "Kites", "text": "Kites fly over the dunes."}]})
+    assert added.status_code == 201, added.text
+    assert added.json()["added"] == 1 and added.json()["documents"] == 121 and added.json()["version"] != version
+    found = client.get("/search", params={"q": "Kites fly over the dunes.", "k": 1}).json()
+    assert found["version"] == added.json()["version"] and found["queries"][0]["results"][0]["doc_id"] == "new/1"
+    shown = client.get("/indexes/notes/documents/new/1").json()["document"]
+    assert shown["doc_id"] == "new/1" and shown["title"] == "Kites" and shown["text"] == "Kites fly over the dunes."
+
+    deleted = client.delete("/indexes/notes/documents/new/1")
+    assert deleted.status_code == 200 and deleted.json()["deleted"] == 1 and deleted.json()["documents"] == 120
+    after = client.get("/search", params={"q": "Kites fly over the dunes.", "k": 5}).json()
+    assert "new/1" not in [hit["doc_id"] for hit in after["queries"][0]["results"]]
+    assert "new/1" in one_line_error(client.get("/indexes/notes/documents/new/1"), 404)
+    assert "not in the index" in one_line_error(client.delete("/indexes/notes/documents/new/1"), 404)
+
+
+def test_every_response_comes_from_exactly_one_version_while_a_writer_commits(client):
+    """Documents added in version V appear only in answers from V or later; no request fails meanwhile."""
+    added_in: dict[str, str] = {}
+    failures: list[str] = []
+    answers: list[dict] = []
+    stop = threading.Event()
+
+    def writer():
+        for number in range(4):
+            record = {"_id": f"w{number}", "text": f"Walruses number {number} rest on the icy shore."}
+            response = client.post("/indexes/notes/documents", json={"documents": [record]})
+            if response.status_code != 201:
+                failures.append(response.text)
+            added_in[record["_id"]] = response.json()["version"]
+        stop.set()
+
+    def reader():
+        while not stop.is_set():
+            response = client.get("/search", params={"q": "Walruses rest on the icy shore.", "k": 10})
+            if response.status_code != 200:
+                failures.append(response.text)
+            else:
+                answers.append(response.json())
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures
+    assert len({answer["version"] for answer in answers}) >= 2
+    for answer in answers:
+        for hit in answer["queries"][0]["results"]:
+            if hit["doc_id"] in added_in:
+                assert answer["version"] >= added_in[hit["doc_id"]]  # version names sort by commit time
+
+
+def test_raw_space_ranks_by_uncalibrated_cosine(tmp_path, tiny_bert):
+    folder = tmp_path / "plain"
+    Index.build(write_corpus(tmp_path / "plain.jsonl", documents(120)), "plain", folder, model=str(tiny_bert),
+                calibrator="none", device="cpu")
+    with TestClient(create_app(folder, device="cpu")) as client:
+        text = documents(120)[11]["text"]
+        calibrated = client.get("/search", params={"q": text, "k": 8}).json()
+        raw = client.get("/search", params={"q": text, "k": 8, "space": "raw"}).json()
+    assert raw["space"] == "raw" and calibrated["space"] == "calibrated"
+    # With no calibrator the two spaces are the same, so an exact raw ranking equals the index's.
+    assert [h["doc_id"] for h in raw["queries"][0]["results"]] == [h["doc_id"] for h in calibrated["queries"][0]["results"]]
+    assert [h["score"] for h in raw["queries"][0]["results"]] == pytest.approx(
+        [h["score"] for h in calibrated["queries"][0]["results"]], abs=1e-3)
+
+
+def test_raw_space_differs_from_calibrated_where_calibration_changes_the_space(client):
+    text = documents(120)[3]["text"]
+    raw = client.get("/search", params={"q": text, "k": 10, "space": "raw"}).json()["queries"][0]["results"]
+    calibrated = client.get("/search", params={"q": text, "k": 10}).json()["queries"][0]["results"]
+    assert raw[0]["doc_id"] == calibrated[0]["doc_id"] == "d3"
+    assert [h["score"] for h in raw] != pytest.approx([h["score"] for h in calibrated], abs=1e-3)
+
+
+def test_bad_search_requests_get_json_errors_with_the_right_status(client, index_dir, tmp_path, tiny_bert):
+    assert "k" in one_line_error(client.get("/search", params={"q": "x", "k": 0}), 422)
+    assert "k" in one_line_error(client.get("/search", params={"q": "x", "k": MAX_K + 1}), 422)
+    assert "q" in one_line_error(client.get("/search"), 422)
+    assert "empty query" in one_line_error(client.get("/search", params={"q": "   "}), 400)
+    assert "empty query" in one_line_error(client.post("/search", json={"queries": ["ok", ""]}), 400)
+    assert "no query" in one_line_error(client.post("/search", json={"queries": []}), 400)
+    assert "no index named 'nope'" in one_line_error(client.get("/search", params={"q": "x", "index": "nope"}), 404)
+    assert "invalid index name" in one_line_error(client.get("/search", params={"q": "x", "index": "my index"}), 400)
+    assert "space" in one_line_error(client.get("/search", params={"q": "x", "space": "sideways"}), 422)
+    assert "queries" in one_line_error(client.post("/search", json={"queries": ["x"] * (MAX_QUERIES + 1)}), 413)
+    assert "characters" in one_line_error(client.get("/search", params={"q": "x" * 10_001}), 413)
+    assert "not valid JSON" in one_line_error(
+        client.post("/search", content=b'{"queries": ["x",]}', headers={"content-type": "application/json"}), 400)
+    assert "queries" in one_line_error(client.post("/search", json={"k": 3}), 422)
+    one_line_error(client.get("/indexes/nope"), 404)
+    # With two indexes, a request must say which.
+    Index.build(write_corpus(tmp_path / "other.jsonl", documents(80)), "other", index_dir, model=str(tiny_bert),
+                calibrator="none", device="cpu")
+    assert "say which" in one_line_error(client.get("/search", params={"q": "x"}), 400)
+
+
+def test_bad_writes_get_json_errors_with_the_right_status(client):
+    post = lambda body: client.post("/indexes/notes/documents", json=body)  # noqa: E731
+    assert "already in the index" in one_line_error(post({"documents": [{"_id": "d1", "text": "again"}]}), 409)
+    assert 'missing "text"' in one_line_error(post({"documents": [{"_id": "x"}]}), 400)
+    assert "empty text" in one_line_error(post({"documents": [{"_id": "x", "text": "  "}]}), 400)
+    assert "duplicate ids" in one_line_error(post({"documents": [{"_id": "x", "text": "a"}, {"_id": "x", "text": "b"}]}), 400)
+    assert "no documents" in one_line_error(post({"documents": []}), 400)
+    assert "documents" in one_line_error(post({"docs": []}), 422)
+    too_many = [{"_id": f"n{i}", "text": "t"} for i in range(MAX_DOCUMENTS + 1)]
+    assert "at most" in one_line_error(post({"documents": too_many}), 413)
+    assert "MiB" in one_line_error(client.post("/indexes/notes/documents", content=b"x" * (MAX_BODY_BYTES + 1),
+                                               headers={"content-type": "application/json"}), 413)
+    assert "no index named" in one_line_error(client.post("/indexes/nope/documents",
+                                                          json={"documents": [{"_id": "x", "text": "a"}]}), 404)
+    # Nothing above changed the index.
+    assert client.get("/indexes/notes").json()["documents"] == 120
+
+
+def test_a_body_without_a_declared_length_is_bounded_too(client):
+    def chunks():
+        for _ in range(MAX_BODY_BYTES // 2**16 + 2):
+            yield b" " * 2**16
+
+    response = client.post("/search", content=chunks(), headers={"content-type": "application/json"})
+    one_line_error(response, 413)
+
+
+def test_the_search_page_is_served(client):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'id="calibrated-results"' in page.text and 'id="raw-results"' in page.text
