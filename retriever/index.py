@@ -33,6 +33,7 @@ from retriever.calibration import (
     fit_sample_rows,
     load_calibrator,
     make_calibrator,
+    too_few_to_fit,
 )
 from retriever.corpus import Document, check_unique_ids, corpus_format, document_text, iter_corpus
 from retriever.encoder import Encoder
@@ -43,6 +44,7 @@ from retriever.index_folder import (
     MANIFEST,
     check_target,
     damaged_index,
+    index_options as options_hint,  # `index_options` is build's FAISS options argument
     link_tree,
     read_manifest,
     resolve_existing,
@@ -386,7 +388,9 @@ class Index:
                "vectors": source.fingerprint() if source else None}
         timings: dict[str, float] = {}
         notes: list[str] = []
-        with writing(index_dir, name, resume_key=key if resume else None) as writer:
+        # A build never queues behind another writer of NAME: one of the two would silently replace the other.
+        with writing(index_dir, name, resume_key=key if resume else None, wait=False,
+                     busy_hint="wait for it to finish, or build under another --name") as writer:
             folder = writer.folder
             segment = folder / SEGMENTS / _segment_name(1)
             segment.mkdir(parents=True, exist_ok=True)
@@ -411,6 +415,14 @@ class Index:
             if source is not None and source.dim != encoder.dim:
                 raise RetrieverError(f"{vectors} holds {source.dim}-dimensional vectors; {encoder.model_name} "
                                      f"gives {encoder.dim}")
+            # Decided before encoding, now that the documents are counted and the dimension is known.
+            fitted, fallback = _enough_to_fit(fitted, prefitted, state.documents, fit_sample, encoder.dim)
+            if fallback:
+                notes.append(f"warning: {fallback['reason']}; built without calibration (calibrator none); once the "
+                             f"index holds more documents run: retriever refit {options_hint(index_dir, name)} "
+                             f"--calibrator {fallback['asked']}")
+                if progress:
+                    stderr_console.print(notes[-1])
 
             clock = time.perf_counter()
             if source is None:
@@ -471,6 +483,7 @@ class Index:
                 "deleted": 0,
                 "truncated_at_build": state.truncated,
                 "versions": library_versions(),
+                **({"calibrator_fallback": fallback} if fallback else {}),
             }
             write_manifest(folder, manifest)
             final = writer.commit()
@@ -599,6 +612,12 @@ class Index:
             current = self._current_version()
             name = calibrator or current.manifest["calibrator"]["name"]
             fitted = make_calibrator(name, **(calibrator_options or {}))
+            rows = min(len(current), fit_sample or len(current))
+            shortfall = too_few_to_fit(fitted, rows, current.manifest["encoder"]["dim"])
+            if shortfall:  # refit is an explicit request: refused, never quietly replaced by another calibrator
+                have = (f"--fit-sample {fit_sample:,} is" if rows < len(current) else
+                        f"index '{self.name}' holds only {_documents(len(current))}:")
+                raise RetrieverError(f"{have} {shortfall}")
             sample = current.raw_sample(fit_sample or len(current), seed=getattr(fitted, "seed", 0))
             fitted.fit(sample)
             calibrated_sample = l2_normalize(fitted.transform(sample))
@@ -627,7 +646,8 @@ class Index:
             fitted.save(folder / CALIBRATOR)
             if template is not None:
                 VectorStore(template, spec).save(folder / TEMPLATE)
-            manifest = {**current.manifest, "calibrator": fitted.config(), "dim": int(calibrated_sample.shape[1]),
+            kept = {key: value for key, value in current.manifest.items() if key != "calibrator_fallback"}
+            manifest = {**kept, "calibrator": fitted.config(), "dim": int(calibrated_sample.shape[1]),
                         "index": spec.to_dict(), "segments": segments, "next_segment": next_segment,
                         "fit": {"sample": len(sample), "of": len(current), "seed": getattr(fitted, "seed", 0)},
                         "refitted": _now()}
@@ -761,6 +781,24 @@ def _write_tombstones(folder: Path, tombstones: np.ndarray) -> None:
     path.unlink(missing_ok=True)  # a hard link to the previous version's file must not be written through
     if len(tombstones):
         np.save(path, np.asarray(tombstones, dtype=np.int64))
+
+
+def _enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_sample: int | None,
+                   dim: int) -> tuple[Calibrator, dict | None]:
+    """The calibrator a build fits, and the record of a fallback: with fewer documents than CALIBRATOR needs
+    (`Calibrator.min_fit_rows`) the build goes on uncalibrated (`none`) rather than fit on too few vectors or
+    fail after encoding; a --fit-sample below the need is the caller's explicit choice and is refused."""
+    rows = min(documents, fit_sample or documents)
+    shortfall = None if prefitted else too_few_to_fit(calibrator, rows, dim)
+    if shortfall is None:
+        return calibrator, None
+    if rows < documents:
+        raise RetrieverError(f"--fit-sample {fit_sample:,} is {shortfall}")
+    return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {_documents(documents)}: {shortfall}"}
+
+
+def _documents(count: int) -> str:
+    return f"{count:,} document{'' if count == 1 else 's'}"
 
 
 def _in(rowid: int, sorted_ids: np.ndarray) -> bool:

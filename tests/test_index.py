@@ -82,10 +82,12 @@ def test_manifest_records_everything_needed_to_reproduce(tiny_index, tiny_bert):
     assert manifest["created"].endswith("+00:00") and len(manifest["checksum"]) == 64
 
 
-def test_semantic_search_with_the_default_model_and_flow(tmp_path, corpus):
+def test_semantic_search_with_the_default_model_and_flow(tmp_path):
+    # The flow needs more vectors than MiniLM's 384 dimensions (`FlowCalibrator.min_fit_rows`): add fillers.
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", {**DOCS, **sentences(380)})
     Index.build(corpus, "real", tmp_path / "indexes", device="cpu")  # defaults: MiniLM, last-avg, flow
     index = Index.open("real", tmp_path / "indexes", device="cpu")
-    assert index.manifest["calibrator"]["name"] == "flow"
+    assert index.manifest["calibrator"]["name"] == "flow" and "calibrator_fallback" not in index.manifest
     top = [hits[0].doc_id for hits in index.search(["someone plays music", "a kitten", "football match"], k=1)]
     assert top == ["guitar", "cat", "soccer"]
 

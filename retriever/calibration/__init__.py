@@ -70,6 +70,17 @@ def fit_on_sample(calibrator: Calibrator, X: np.ndarray, fit_sample: int | None 
     return calibrator.fit(X if rows is None else np.asarray(X[rows]))
 
 
+def too_few_to_fit(calibrator: Calibrator, rows: int, dim: int) -> str | None:
+    """None when ROWS vectors of dimension DIM are enough to fit CALIBRATOR (`Calibrator.min_fit_rows`), else
+    why not, e.g. "too few to fit the flow (it needs at least 385 for 384 dimensions)"."""
+    needed = calibrator.min_fit_rows(dim)
+    if rows >= needed:
+        return None
+    label = "the flow" if calibrator.name == "flow" else f"calibrator '{calibrator.name}'"
+    reason = calibrator.min_fit_reason(dim)
+    return f"too few to fit {label} (it needs at least {needed:,}{' ' + reason if reason else ''})"
+
+
 def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Calibrator:
     """The fitted calibrator saved in folder; refuses one fitted on vectors of another dimension."""
     record = read_config(folder)
@@ -87,4 +98,4 @@ def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Cali
 
 
 __all__ = ["Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "DEFAULT_FIT_SAMPLE", "make_calibrator",
-           "load_calibrator", "fit_on_sample", "fit_sample_rows"]
+           "load_calibrator", "fit_on_sample", "fit_sample_rows", "too_few_to_fit"]

@@ -54,6 +54,15 @@ class Calibrator(ABC):
     def fitted(self) -> bool:
         return self.dim is not None
 
+    def min_fit_rows(self, dim: int) -> int:
+        """The fewest DIM-dimensional vectors this calibrator can be fitted on meaningfully; `Index.build` falls
+        back to no calibration below it, and `refit` refuses. Two by default: a mean and a spread need two."""
+        return 2
+
+    def min_fit_reason(self, dim: int) -> str:
+        """Why `min_fit_rows` is what it is, for messages: "for 384 dimensions"."""
+        return ""
+
     # --- persistence -------------------------------------------------------------------------------------------
 
     def save(self, folder: str | Path) -> None:

@@ -486,6 +486,17 @@ class FlowCalibrator(Calibrator):
             "permutation": self.permutation,
         }
 
+    def min_fit_rows(self, dim: int) -> int:
+        # The flow is fitted by maximum likelihood of a density on R^dim. n <= dim vectors lie in an affine
+        # subspace of dimension n - 1 < dim, where the likelihood has no maximum: the flow learns to squash the
+        # empty directions, and anything off that subspace (every query) is blown up. dim + 1 vectors in general
+        # position span R^dim; it is a floor, not a recommendation (thousands fit far better). It also exceeds
+        # the first batch that initialises ActNorm (batch_size 32) for any dim >= 32.
+        return dim + 1
+
+    def min_fit_reason(self, dim: int) -> str:
+        return f"for {dim} dimensions"
+
     def _new_flow(self, dim: int) -> Glow:
         return Glow(dim, self.levels, self.depth, self.width, self.permutation, self.seed)
 

@@ -91,6 +91,9 @@ class Identity(LinearCalibrator):
         self.dim = self._check_fit_input(X, min_rows=0)
         return self
 
+    def min_fit_rows(self, dim: int) -> int:
+        return 0  # learns nothing
+
     def transform(self, X: np.ndarray) -> np.ndarray:
         self._check_transform_input(X)
         return np.array(X, dtype=np.float32)  # a copy: callers normalize the result in place
@@ -103,6 +106,9 @@ class Whitening(LinearCalibrator):
         super().__init__()
         self.k = k
         self.name = "whitening" if k is None else f"whitening-{k}"
+
+    # The minimum stays the default two: below dim + 1 vectors the covariance is singular, and `fit` shrinks it
+    # towards the identity (Ledoit-Wolf) with a warning, which still gives every direction a finite scale.
 
     def fit(self, X: np.ndarray) -> Whitening:
         dim = self._check_fit_input(X)
@@ -152,6 +158,14 @@ class NullTopSingular(LinearCalibrator):
         self.k = k
         self.standardize = standardize
         self.name = f"sn+natsv-{k}" if standardize else f"natsv-{k}"
+
+    def min_fit_rows(self, dim: int) -> int:
+        # n centered vectors span at most n - 1 directions: with fewer than K + 1, some of the K "top singular
+        # directions" would be arbitrary ones of the null space, and nulling them would delete real signal.
+        return max(2, self.k + 1)
+
+    def min_fit_reason(self, dim: int) -> str:
+        return f"to find {self.k} directions"
 
     def fit(self, X: np.ndarray) -> NullTopSingular:
         dim = self._check_fit_input(X)

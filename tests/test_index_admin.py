@@ -1,0 +1,140 @@
+"""Index administration through the library: too few documents for a calibrator, the writer lock (a build
+refuses, other writes wait), listing and removing indexes."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+
+import pytest
+
+from retriever.calibration import make_calibrator, too_few_to_fit
+from retriever.calibration.flow import FlowCalibrator
+from retriever.errors import RetrieverError
+from retriever.index import Index
+from retriever.index_folder import LOCK, VERSIONS, describe_indexes, remove_index
+from tests.test_index import DOCS, sentences, write_jsonl
+
+
+def test_minimum_vectors_per_calibrator():
+    assert make_calibrator("none").min_fit_rows(384) == 0
+    assert make_calibrator("sn").min_fit_rows(384) == 2
+    assert make_calibrator("whitening").min_fit_rows(384) == 2  # below dim + 1 it shrinks (Ledoit-Wolf)
+    assert make_calibrator("natsv-5").min_fit_rows(384) == 6
+    assert make_calibrator("flow").min_fit_rows(384) == 385
+    assert too_few_to_fit(make_calibrator("flow"), 385, 384) is None
+    assert too_few_to_fit(make_calibrator("flow"), 3, 384) == (
+        "too few to fit the flow (it needs at least 385 for 384 dimensions)")
+    assert too_few_to_fit(make_calibrator("natsv-5"), 5, 384) == (
+        "too few to fit calibrator 'natsv-5' (it needs at least 6 to find 5 directions)")
+
+
+def test_a_corpus_too_small_for_the_flow_builds_uncalibrated_and_says_so(tmp_path, tiny_bert, monkeypatch):
+    one = tmp_path / "one.txt"
+    one.write_text("The only document there is.\n", encoding="utf-8")
+    monkeypatch.setattr(FlowCalibrator, "fit", lambda *a, **k: pytest.fail("fitted the flow on one vector"))
+    summary = Index.build(one, "one", tmp_path, model=str(tiny_bert), calibrator="flow", device="cpu")
+    monkeypatch.undo()
+    warning = ("warning: only 1 document: too few to fit the flow (it needs at least 33 for 32 dimensions); built "
+               "without calibration (calibrator none); once the index holds more documents run: retriever refit "
+               f"--name one --index-dir {tmp_path} --calibrator flow")
+    assert summary.notes == [warning]
+    index = Index.open("one", tmp_path, device="cpu")
+    assert index.manifest["calibrator"] == {"name": "none"}
+    assert index.manifest["calibrator_fallback"] == {
+        "asked": "flow", "reason": "only 1 document: too few to fit the flow (it needs at least 33 for 32 dimensions)"}
+    hits = index.search("the only document", k=5)[0]
+    assert [hit.doc_id for hit in hits] == ["one.txt:1"]
+
+    # refit is an explicit request: refused while too small, done (and the fallback forgotten) once big enough
+    with pytest.raises(RetrieverError, match=r"^index 'one' holds only 1 document: too few to fit the flow "
+                                             r"\(it needs at least 33 for 32 dimensions\)$"):
+        index.refit("flow")
+    index.add(write_jsonl(tmp_path / "more.jsonl", sentences(40)))
+    Index.open("one", tmp_path, device="cpu").refit("flow")
+    refitted = Index.open("one", tmp_path, device="cpu")
+    assert refitted.manifest["calibrator"]["name"] == "flow" and "calibrator_fallback" not in refitted.manifest
+    assert refitted.search("The only document there is.", k=1)[0][0].doc_id == "one.txt:1"
+
+
+def test_enough_documents_but_a_fit_sample_too_small_is_refused(tmp_path, tiny_bert):
+    corpus = write_jsonl(tmp_path / "c.jsonl", sentences(40))
+    with pytest.raises(RetrieverError, match=r"^--fit-sample 10 is too few to fit the flow \(it needs at least 33 "):
+        Index.build(corpus, "c", tmp_path, model=str(tiny_bert), calibrator="flow", fit_sample=10, device="cpu")
+    summary = Index.build(corpus, "c", tmp_path, model=str(tiny_bert), calibrator="flow", device="cpu")
+    assert summary.notes == [] and Index.open("c", tmp_path).manifest["calibrator"]["name"] == "flow"
+
+
+@pytest.fixture()
+def held_lock(tmp_path):
+    """NAME's writer lock held by "another process" (an open file description of this one), pid 4242."""
+    versions = tmp_path / VERSIONS / "busy"
+    versions.mkdir(parents=True)
+    with open(versions / LOCK, "w") as lock:
+        lock.write("4242\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield lock
+
+
+def test_a_build_refuses_at_once_while_another_process_writes_the_index(tmp_path, tiny_bert, held_lock,
+                                                                         monkeypatch):
+    from retriever.encoder import Encoder
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    monkeypatch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("loaded the model before refusing"))
+    started = time.perf_counter()
+    with pytest.raises(RetrieverError) as refused:
+        Index.build(corpus, "busy", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
+    assert time.perf_counter() - started < 5
+    assert str(refused.value) == ("index 'busy' is being written by another retriever process (pid 4242); wait for "
+                                  "it to finish, or build under another --name")
+    assert not (tmp_path / "busy").exists() and os.listdir(tmp_path / VERSIONS / "busy") == [LOCK]
+    with pytest.raises(RetrieverError, match=r"being written by another retriever process \(pid 4242\); wait for "
+                                             "it to finish, then remove it"):
+        remove_index(tmp_path, "busy")
+
+
+def test_other_writes_wait_for_the_lock_and_record_their_pid(tmp_path, tiny_bert):
+    corpus = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    Index.build(corpus, "busy", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
+    lock_path = tmp_path / VERSIONS / "busy" / LOCK
+    assert lock_path.read_text() == f"{os.getpid()}\n"  # the last writer's
+    index = Index.open("busy", tmp_path, device="cpu")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        writer = threading.Thread(target=index.delete, args=(["dog"],))
+        writer.start()
+        writer.join(1.0)
+        assert writer.is_alive()  # waiting its turn, not refused
+    writer.join(30)
+    assert not writer.is_alive() and len(Index.open("busy", tmp_path)) == len(DOCS) - 1
+
+
+def test_describe_and_remove_indexes(tmp_path, tiny_bert):
+    corpus = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    Index.build(corpus, "first", tmp_path, model=str(tiny_bert), calibrator="sn", device="cpu")
+    Index.build(corpus, "second", tmp_path, model=str(tiny_bert), calibrator="flow", device="cpu")  # falls back
+    Index.open("first", tmp_path).delete(["dog"])  # written last: listed first
+    (tmp_path / "my notes").mkdir()  # not an index name: never listed
+    (tmp_path / "my notes" / "manifest.json").write_text("{}")
+    records = describe_indexes(tmp_path)
+    assert [r["name"] for r in records] == ["first", "second"]
+    assert {k: records[0][k] for k in ("documents", "model", "calibrator", "index_type")} == {
+        "documents": len(DOCS) - 1, "model": str(tiny_bert), "calibrator": "sn", "index_type": "flat"}
+    assert records[1]["calibrator"] == "none" and records[1]["calibrator_asked"] == "flow"
+    assert records[0]["written"].endswith("+00:00") and records[0]["folder"].startswith(str(tmp_path / VERSIONS))
+
+    remove_index(tmp_path, "first")
+    assert not (tmp_path / "first").exists() and not (tmp_path / VERSIONS / "first").exists()
+    assert [r["name"] for r in describe_indexes(tmp_path)] == ["second"]
+    with pytest.raises(RetrieverError, match=f"^no index named 'first' in {tmp_path}$"):
+        remove_index(tmp_path, "first")
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(RetrieverError, match="plain folder"):
+        remove_index(tmp_path, "mine")
+    assert (tmp_path / "mine").is_dir()
+    Index.build(corpus, "first", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")  # the name is free
+    assert Index.open("first", tmp_path).search(DOCS["dog"], k=1)[0][0].doc_id == "dog"
