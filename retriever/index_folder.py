@@ -2,7 +2,7 @@
 
     indexes/NAME                     -> symlink to .versions/NAME/<version>  (what readers open)
     indexes/.versions/NAME/<version>/  manifest.json, calibrator/, segments/<segment>/..., tombstones.npy
-    indexes/.versions/NAME/lock        held while a writer works on NAME
+    indexes/.versions/NAME/lock        held while a writer works on NAME; holds that writer's pid
 
 A writer fills `<version>.partial/`, fsyncs it, renames it to `<version>/` and replaces the symlink with
 `os.replace` (atomic on POSIX). A write that fails or is killed leaves only a `.partial` folder, removed by the
@@ -40,6 +40,7 @@ from retriever.errors import NotFoundError, RetrieverError
 MANIFEST = "manifest.json"
 BUILD_STATE = "build-state.json"  # in a build's partial folder: what it has finished, for resuming
 VERSIONS = ".versions"
+LOCK = "lock"
 KEEP_VERSIONS = 2  # the current one and the one before it
 DEFAULT_INDEX_DIR = "indexes"  # the library's default (relative); the CLI and server use `resolve_index_dir`
 HOME_VARIABLE = "RETRIEVER_HOME"
@@ -100,6 +101,8 @@ def resolve_existing(index_dir: str | Path, name: str) -> Path:
 def check_target(index_dir: str | Path, name: str) -> None:
     """Writing NAME replaces a link; a plain folder in its place is someone else's and is never replaced."""
     link = index_path(index_dir, name)
+    if Path(index_dir).exists() and not Path(index_dir).is_dir():
+        raise RetrieverError(f"index folder {Path(index_dir).absolute()} is not a folder")
     if link.exists() and not link.is_symlink():
         raise RetrieverError(f"{link} is a plain folder, not a retriever index link; move it away first")
 
@@ -254,18 +257,68 @@ class IndexWriter:
 
 
 @contextmanager
-def writing(index_dir: str | Path, name: str, resume_key: dict | None = None) -> Iterator[IndexWriter]:
+def writer_lock(index_dir: str | Path, name: str, wait: bool = True,
+                busy_hint: str = "wait for it to finish") -> Iterator[None]:
+    """Hold NAME's writer lock: an exclusive flock on .versions/NAME/lock, which records the holder's pid.
+
+    WAIT: block until the current holder is done (writes of one name take turns: add, delete, compact, refit);
+    else refuse at once with a line naming the holder's pid and BUSY_HINT (build, remove)."""
+    versions = Path(index_dir) / VERSIONS / name
+    while True:
+        versions.mkdir(parents=True, exist_ok=True)
+        # Opened without truncating: the holder's pid must stay readable to a writer that is refused.
+        descriptor = os.open(versions / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = _lock_holder(descriptor)
+            os.close(descriptor)
+            raise RetrieverError(f"index '{name}' is being written by another retriever process{holder}; "
+                                 f"{busy_hint}") from None
+        except BaseException:
+            os.close(descriptor)
+            raise
+        if _is_lock_file(descriptor, versions / LOCK):
+            break
+        os.close(descriptor)  # the index was removed while this writer waited: lock the file there now
+    try:
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def _is_lock_file(descriptor: int, path: Path) -> bool:
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(descriptor)
+    return (mine.st_dev, mine.st_ino) == (status.st_dev, status.st_ino)
+
+
+def _lock_holder(descriptor: int) -> str:
+    try:
+        pid = int(os.pread(descriptor, 32, 0).decode().strip())
+    except (OSError, ValueError):
+        return ""
+    return f" (pid {pid})"
+
+
+@contextmanager
+def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wait: bool = True,
+            busy_hint: str = "wait for it to finish") -> Iterator[IndexWriter]:
     """Hold NAME's lock, give a partial folder, and clean it up unless committed.
 
     With RESUME_KEY (a build's corpus and encoder), a partial folder a killed build left with the same key is
     handed back (`writer.resumed`) instead of a fresh one; every other leftover is removed. Read-modify-write
-    operations (add, delete, refit, compact) must read the current version inside this block.
+    operations (add, delete, refit, compact) must read the current version inside this block. WAIT and
+    BUSY_HINT: as in `writer_lock` (a build does not wait: it would replace what the other writer wrote).
     """
     writer = IndexWriter(index_dir, name)
     check_target(index_dir, name)
-    writer.versions.mkdir(parents=True, exist_ok=True)
-    with open(writer.versions / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # writers of one name take turns; readers never wait
+    with writer_lock(index_dir, name, wait, busy_hint):  # writers of one name take turns; readers never wait
         for leftover in sorted(writer.versions.glob("*.partial")):  # from writes that were killed
             if resume_key is not None and not writer.resumed and _build_key(leftover) == resume_key:
                 writer.folder, writer.version, writer.resumed = leftover, leftover.name[: -len(".partial")], True
@@ -330,7 +383,8 @@ def list_indexes(index_dir: str | Path) -> list[str]:
     folder = Path(index_dir)
     if not folder.is_dir():
         return []
-    links = [path for path in folder.iterdir() if not path.name.startswith(".") and (path / MANIFEST).is_file()]
+    links = [path for path in folder.iterdir()
+             if _NAME.fullmatch(path.name) and (path / MANIFEST).is_file()]  # a name never starts with "."
     return [path.name for path in sorted(links, key=lambda path: (path / MANIFEST).stat().st_mtime, reverse=True)]
 
 
@@ -345,3 +399,53 @@ def pick_index(index_dir: str | Path, name: str | None, writing: bool = False) -
     if len(names) > 1 and writing:
         raise RetrieverError(f"{len(names)} indexes in {index_dir} ({', '.join(names)}); say which with --name")
     return names[0]
+
+
+def describe_indexes(index_dir: str | Path) -> list[dict]:
+    """What `retriever list` shows: one record per index in INDEX_DIR, most recently written first, with name,
+    documents, model, calibrator, index_type, written (when its current version was written, ISO 8601 UTC) and
+    folder, read from each manifest after the cheap checks; an index that fails them has "problem" instead."""
+    records = []
+    for name in list_indexes(index_dir):
+        link = Path(index_dir) / name
+        try:
+            modified = (link / MANIFEST).stat().st_mtime
+        except FileNotFoundError:
+            continue  # removed since it was listed
+        written = datetime.fromtimestamp(modified, timezone.utc).isoformat(timespec="seconds")
+        record: dict = {"name": name, "written": written, "folder": str(link.resolve())}
+        try:
+            manifest = read_manifest(link.resolve(), name=name)
+            record.update(documents=int(manifest["documents"]), model=str(manifest["encoder"]["model"]),
+                          calibrator=str(manifest["calibrator"]["name"]),
+                          index_type=str(manifest["index"]["type"]))
+            if "calibrator_fallback" in manifest:
+                record["calibrator_asked"] = str(manifest["calibrator_fallback"]["asked"])
+        except (RetrieverError, KeyError, TypeError) as error:
+            record["problem"] = str(error) if isinstance(error, RetrieverError) else f"index '{name}' is damaged"
+        records.append(record)
+    return records
+
+
+def remove_index(index_dir: str | Path, name: str) -> None:
+    """Remove NAME: its link and every version of it (.versions/NAME), holding its writer lock, so a running
+    writer is never cut short: then this refuses at once, naming the writer's pid. The link goes first, so new
+    readers find no index at once; a reader that had already opened a version keeps the files it opened."""
+    link = index_path(index_dir, name)
+    versions = Path(index_dir) / VERSIONS / name
+    if not link.is_symlink() and not versions.is_dir():
+        check_target(index_dir, name)
+        raise RetrieverError(f"no index named '{name}' in {Path(index_dir).absolute()}")
+    check_target(index_dir, name)
+    with writer_lock(index_dir, name, wait=False, busy_hint="wait for it to finish, then remove it"):
+        if link.is_symlink():
+            link.unlink()
+            _fsync_dir(link.parent)
+        for stray in Path(index_dir).glob(f".{name}.*.link"):  # a writer killed between its two link steps
+            stray.unlink(missing_ok=True)
+        for path in versions.iterdir():
+            if path.name != LOCK:
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        # Last, still held: a writer that was waiting sees its lock file gone and locks a fresh one instead.
+        (versions / LOCK).unlink(missing_ok=True)
+        versions.rmdir()
