@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 DATA ?= ../shared/data
 
-.PHONY: install demo test bench clean
+.PHONY: install browser demo test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,15 @@ demo: install
 	$(BIN)/retriever search "random number from a normal distribution" --name stdlib-docs -k 5
 	$(BIN)/retriever search "compress data with gzip" --name stdlib-docs -k 5
 
-test: install
+# The search page's browser test drives Debian's chromium through chromium-driver (root or sudo installs them).
+browser:
+	@command -v chromedriver >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; else \
+	    echo "the browser test needs chromium and chromium-driver: apt-get install chromium chromium-driver" >&2; exit 1; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    chromium chromium-driver >/dev/null; }
+
+test: install browser
 	RETRIEVER_DATA=$(DATA) $(BIN)/python -m pytest -q
 
 clean:

@@ -24,10 +24,13 @@ import json
 import logging
 import os
 import queue
+import socket
 import threading
+import time
 from collections import defaultdict
 from concurrent.futures import Future
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -437,6 +440,30 @@ class BodyLimit:
         return await self.app(scope, limited, send)
 
 
+@contextmanager
+def serving_in_thread(app: FastAPI, timeout: float = 60.0) -> Iterator[str]:
+    """Run APP with uvicorn on a free 127.0.0.1 port in a background thread (tests, page screenshots, embedding
+    in another program); yields the base URL and stops the server on exit."""
+    import uvicorn
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RetrieverError("the server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        listener.close()
+
+
 def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
           max_batch: int = MAX_BATCH_QUERIES, access_log: bool = False) -> None:
     """Run the server until interrupted (the CLI's `retriever serve`)."""
@@ -447,4 +474,4 @@ def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: in
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
 
 
-__all__ = ["create_app", "serve", "OpenIndexes", "SearchBatcher", "SearchHit"]
+__all__ = ["create_app", "serve", "serving_in_thread", "OpenIndexes", "SearchBatcher", "SearchHit"]

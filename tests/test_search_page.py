@@ -4,64 +4,28 @@ Needs Debian's `chromium` and `chromium-driver` (`make test` installs them; see 
 
 from __future__ import annotations
 
-import shutil
-import socket
-import threading
-import time
-from contextlib import contextmanager
 from urllib.parse import urlencode
 
 import pytest
-import uvicorn
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from benchmarks.page_screenshot import chromium
 from retriever.index import Index
-from retriever.server import create_app
+from retriever.server import create_app, serving_in_thread
 from tests.test_server import documents, write_corpus
 
 LONG_TEXT = "An extraordinarily long note about lighthouses. " + "The lamp turns slowly through the night. " * 12
 
 
-@contextmanager
-def live_server(app):
-    """uvicorn on a free loopback port in a thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-
 @pytest.fixture()
 def browser():
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    assert chromium and driver_path, "no chromium/chromedriver: run `make test` (it installs them) or see the README"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1000"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    driver.set_page_load_timeout(30)
+    session = chromium()  # headless, through Debian's chromium-driver
     try:
-        yield driver
+        yield session
     finally:
-        driver.quit()
+        session.quit()
 
 
 @pytest.fixture()
@@ -72,7 +36,7 @@ def served(tmp_path, tiny_bert):
                 calibrator="whitening", device="cpu")
     Index.build(write_corpus(tmp_path / "other.jsonl", documents(70, "o")), "other", folder, model=str(tiny_bert),
                 calibrator="none", device="cpu")
-    with live_server(create_app(folder, device="cpu")) as url:
+    with serving_in_thread(create_app(folder, device="cpu")) as url:
         yield url
 
 
