@@ -317,7 +317,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                 "search_settings": index.spec.search_settings(), "fit": index.manifest.get("fit")}
 
     async def run_search(index: Index, texts: list[str], ids: list[str | None], k: int, space: str,
-                         options: tuple) -> dict:
+                         options: tuple) -> JSONResponse:
         from retriever.index import check_queries
 
         if len(texts) > MAX_QUERIES:
@@ -329,8 +329,10 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
             hits = await run_in_threadpool(lambda: index.search_raw(index.encoder.encode(texts), k))
         else:
             hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, options))
-        return {"index": index.name, "version": index.folder.name, "space": space, "k": k,
-                "queries": [search_record(query_id, text, found) for query_id, text, found in zip(ids, texts, hits)]}
+        # A JSONResponse as is: FastAPI's generic encoder would walk every hit again to re-encode plain JSON.
+        return JSONResponse({"index": index.name, "version": index.folder.name, "space": space, "k": k,
+                             "queries": [search_record(query_id, text, found)
+                                         for query_id, text, found in zip(ids, texts, hits)]})
 
     @app.get("/search")
     async def search_get(
