@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from cli import options
+from cli.options import default
 
 Datasets = Annotated[
     str,
@@ -53,7 +54,7 @@ def bench(
     plot: Annotated[
         Optional[Path],
         typer.Option("--plot", help="write a figure (e.g. FILE.png): similarity vs edit distance on STS-B dev "
-                     "and the singular-value spectrum, raw and calibrated"),
+                     "and the singular-value spectrum, raw and calibrated " + default("no figure")),
     ] = None,
     lexical: Annotated[
         bool, typer.Option("--lexical", help="add the paper's Table 6: Spearman of each similarity with word edit "
@@ -61,11 +62,11 @@ def bench(
     ] = False,
     data_dir: Annotated[
         Optional[Path], typer.Option("--data-dir", help="folder holding stsb/, sick/, sts12/ ... qnli/ "
-                                     "(default: $RETRIEVER_DATA, else ../shared/data)")
+                                     + default("$RETRIEVER_DATA, else ../shared/data"))
     ] = None,
     layout: Annotated[
         Optional[str], typer.Option("--layout", help="original | senteval, for STS-B and SICK-R (STS12-16 "
-                                    "exist only in the SentEval layout; default: original)")
+                                    "exist only in the SentEval layout) " + default("original"))
     ] = None,
     max_length: BenchMaxLength = 64,
     device: options.Device = "auto",
@@ -73,12 +74,12 @@ def bench(
     batch_size: options.BatchSize = 64,
     cache_dir: Annotated[
         Optional[Path], typer.Option("--cache-dir", help="where encoded sentences are kept "
-                                     "(default: $RETRIEVER_CACHE, else ~/.cache/retriever/embeddings)")
+                                     + default("$RETRIEVER_CACHE, else ~/.cache/retriever/embeddings"))
     ] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="encode everything again; write no cache")] = False,
     limit: Annotated[
         Optional[int], typer.Option("--limit", help="only the first N pairs of each file: a smoke test, "
-                                    "scores not comparable")
+                                    "scores not comparable " + default("every pair"))
     ] = None,
 ) -> None:
     """Score raw and calibrated embeddings on STS (Spearman x100) and QNLI (ROC-AUC x100)."""

@@ -1,38 +1,62 @@
-"""build, search, add, delete, compact, refit, info, verify: option parsing and rendering around
-`retriever.index.Index`."""
+"""build, list, search, show, add, delete, compact, refit, info, verify, remove: option parsing and rendering
+around `retriever.index.Index` and `retriever.index_folder`.
+
+Every command finds its indexes through `resolve_index_dir` (--index-dir, else $RETRIEVER_HOME, else
+~/.local/share/retriever/indexes), so it works the same from any folder, and names that folder absolutely."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.cells import cell_len
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cli import options
+from cli.interrupts import on_interrupt
+from cli.options import default
 from retriever.defaults import DEFAULT_FIT_SAMPLE
-from retriever.index_folder import index_options
+from retriever.errors import RetrieverError
+from retriever.index_folder import NAME_RULE, check_name, index_options, resolve_index_dir
 from retriever.progress import stderr_console
 
 stdout = Console(soft_wrap=True)
 
-Calibrator = Annotated[
-    str,
-    typer.Option("--calibrator", "-c", help="flow | whitening | whitening-K | sn | natsv-K | sn+natsv-K | none"),
-]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="seed for the flow's fit (deterministic per seed)")]
+Calibrator = Annotated[str, typer.Option("--calibrator", "-c", help=options.CALIBRATORS)]
+Seed = Annotated[Optional[int], typer.Option(
+    "--seed", help="seed for the flow's fit (deterministic per seed) " + default("0"))]
 Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+# What an interrupted write leaves: every write builds a new version and swaps it in only when complete.
+UNCHANGED = "index '{name}' is unchanged (the previous version is intact)"
 
 
-def _pick(index_dir: str, name: str | None, writing: bool = False) -> str:
+def count(number: int, noun: str) -> str:
+    """'1 document', '2 documents': every count the CLI prints goes through here."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
+def _say(line: str) -> None:
+    """One message on stderr, as plain text (no rich markup) and unwrapped, so a hint pastes as one command."""
+    stderr_console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _home(index_dir: str | None) -> Path:
+    return resolve_index_dir(index_dir)
+
+
+def _pick(home: Path, name: str | None, writing: bool = False) -> str:
     from retriever.index_folder import pick_index
 
-    chosen = pick_index(index_dir, name, writing)
+    chosen = pick_index(home, name, writing)
     if name is None:
-        stderr_console.print(f"using index '{chosen}'")
+        _say(f"using index '{chosen}'")
     return chosen
 
 
@@ -41,21 +65,21 @@ def _snippet(text: str, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _report(verb: str, summary, extra: str = "") -> None:
-    for note in summary.notes:
-        stderr_console.print(note)
-    stderr_console.print(
-        f"{verb} index '{summary.name}': {_count(summary.documents, 'document')} ({summary.changed:,} "
-        f"{extra or 'changed'}) in {summary.seconds:.1f}s"
-    )
+def _report(verb: str, summary, extra: str = "", notes: bool = True) -> None:
+    for note in summary.notes if notes else ():
+        _say(note)
+    _say(f"{verb} index '{summary.name}': {count(summary.documents, 'document')} ({summary.changed:,} "
+         f"{extra or 'changed'}) in {summary.seconds:.1f}s")
 
 
 def build(
     corpus: Annotated[Path, typer.Argument(help=".txt (one document per line), BEIR .jsonl, .csv/.tsv with id,text, or .gz of them")],
-    name: Annotated[Optional[str], typer.Option("--name", "-n", help="index name [default: the corpus file's stem]")] = None,
+    name: Annotated[Optional[str], typer.Option(
+        "--name", "-n", help=f"index name: {NAME_RULE} " + default("the corpus file's stem"))] = None,
     vectors: Annotated[Optional[Path], typer.Option(
         "--vectors", help="precomputed raw vectors: a .npy or a folder of .npy shards, row i = document i, made by "
-        "the encoder --model/--pooling/--layers/--max-length name (e.g. by `retriever encode`); nothing is encoded")] = None,
+        "the encoder --model/--pooling/--layers/--max-length name (e.g. by `retriever encode`); nothing is encoded "
+        + default("none: encode the corpus"))] = None,
     model: options.Model = None,
     pooling: options.Pooling = "last-avg",
     layers: options.Layers = None,
@@ -65,7 +89,8 @@ def build(
     fit_sample: Annotated[int, typer.Option(
         "--fit-sample", help="fit the calibrator on at most this many vectors (uniform, seeded by --seed)")] = DEFAULT_FIT_SAMPLE,
     index_type: Annotated[str, typer.Option(
-        "--index-type", help="auto (by corpus size and memory) | flat (exact) | hnsw | ivf | ivfpq (compressed)")] = "auto",
+        "--index-type", **options.choice(options.INDEX_TYPES),
+        help="auto: by corpus size and memory; flat: exact; hnsw, ivf: approximate; ivfpq: compressed")] = "auto",
     opq: Annotated[bool, typer.Option("--opq", help="ivfpq: rotate with OPQ before quantizing")] = False,
     fresh: Annotated[bool, typer.Option(
         "--fresh", help="start over even if a killed build of this corpus can be resumed")] = False,
@@ -73,93 +98,180 @@ def build(
     dtype: options.Dtype = "fp32",
     batch_size: options.BatchSize = 64,
     encoding: options.Encoding = "utf-8",
-    index_dir: options.IndexDir = "indexes",
+    index_dir: options.IndexDir = None,
 ) -> None:
     """Build a calibrated index of CORPUS: encode, fit the calibrator, store FAISS + SQLite.
 
-    The calibrator is fitted unsupervised on a sample of the corpus (--fit-sample). With --vectors nothing is
-    encoded. Streamed in chunks: a killed build re-run with the same corpus and encoder settings resumes from its
-    last finished chunk (--fresh starts over)."""
+    The calibrator is fitted unsupervised on a sample of the corpus (--fit-sample); a corpus too small for it is
+    built uncalibrated, with a warning. With --vectors nothing is encoded. Streamed in chunks: a killed build re-run
+    with the same corpus and encoder settings resumes from its last finished chunk (--fresh starts over). A build
+    refuses at once while another process writes the same index (other writes wait their turn)."""
+    # Everything that needs no corpus read comes first: a bad name or index folder fails in one line, at once.
+    home = _home(index_dir)
+    name = check_name(name) if name is not None else _name_from(corpus)
     from retriever.index import Index
 
-    name = name or _stem(corpus)
+    resume = "re-run the same command to resume" if not fresh else "re-run it without --fresh to resume"
+    existed = (home / name).exists()
+    on_interrupt((UNCHANGED.format(name=name) if existed else f"index '{name}' was not built") + f"; {resume}")
     summary = Index.build(
-        corpus, name, index_dir, vectors=vectors, model=model, pooling=pooling, layers=layers, max_length=max_length,
+        corpus, name, home, vectors=vectors, model=model, pooling=pooling, layers=layers, max_length=max_length,
         calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None, fit_sample=fit_sample,
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
         batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True,
     )
-    _report("built", summary, "encoded" if vectors is None else "indexed")
+    _report("built", summary, "encoded" if vectors is None else "indexed", notes=False)  # shown as they came
     if vectors is None:
         share = summary.timings["encode"] / summary.seconds if summary.seconds else 0.0
-        stderr_console.print(f"{_count(summary.truncated, 'document')} truncated at the max length; "
+        _say(f"{count(summary.truncated, 'document')} truncated at the max length; "
                              f"encoding took {share:.0%} of the time")
-    stderr_console.print(f"search it with: retriever search \"...\" {index_options(index_dir, name)}")
+    _say(f"search it with: retriever search \"...\" {index_options(home, name)}")
 
 
-def _stem(corpus: Path) -> str:
-    """corpus.jsonl.gz -> corpus."""
+def _name_from(corpus: Path) -> str:
+    """The default index name, the corpus file's stem (corpus.jsonl.gz -> corpus), when it obeys the rule."""
     name = corpus.name
     for suffix in reversed(corpus.suffixes):
         name = name.removesuffix(suffix) if suffix.lower() in (".gz", ".txt", ".jsonl", ".csv", ".tsv") else name
-    return name or corpus.stem
+    name = name or corpus.stem
+    try:
+        return check_name(name)
+    except RetrieverError:
+        raise RetrieverError(f"the corpus file's stem {name!r} is not a valid index name (a name is {NAME_RULE}); "
+                             "pass --name") from None
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+def list_indexes(
+    as_json: Json = False,
+    index_dir: options.IndexDir = None,
+) -> None:
+    """List the indexes in the index folder: documents, model, calibrator, index type, when last written."""
+    from retriever.index_folder import describe_indexes
+
+    home = _home(index_dir)
+    records = describe_indexes(home)
+    if as_json:
+        print(json.dumps({"index_dir": str(home), "indexes": records}, ensure_ascii=False))
+        return
+    if not records:
+        _say(f"no index in {home}; build one with: retriever build CORPUS {index_options(home)}".rstrip())
+        return
+    table = Table(title=escape(f"indexes in {home}"), title_justify="left")
+    for column in ("name", "documents", "model", "calibrator", "index type", "last written"):
+        table.add_column(column, justify="right" if column == "documents" else "left", overflow="fold",
+                         no_wrap=column in ("name", "documents", "index type", "last written"))
+    for record in records:
+        written = datetime.fromisoformat(record["written"]).strftime("%Y-%m-%d %H:%M UTC")
+        if "problem" in record:
+            table.add_row(record["name"], "", escape(record["problem"]), "", "", written)
+            continue
+        calibrator = record["calibrator"]
+        if "calibrator_asked" in record:
+            calibrator += f" ({record['calibrator_asked']} asked: too few documents)"
+        table.add_row(record["name"], f"{record['documents']:,}", escape(record["model"]), escape(calibrator),
+                      record["index_type"], written)
+    stdout.print(table)
 
 
 def search(
-    query: Annotated[Optional[str], typer.Argument(help="the query text")] = None,
+    query: Annotated[Optional[str], typer.Argument(help="the query text", show_default=False)] = None,
     name: options.IndexName = None,
     k: Annotated[int, typer.Option("-k", help="results per query")] = 10,
-    queries: Annotated[Optional[Path], typer.Option("--queries", help=".txt (one per line) or BEIR queries.jsonl")] = None,
-    as_json: Json = False,
+    queries: Annotated[Optional[Path], typer.Option(
+        "--queries", help=".txt (one per line) or BEIR queries.jsonl " + default("none: search QUERY"))] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='one JSON line per query: {"query_id", "query", "results": [{"rank", "doc_id", "score", '
+        '"title", "text"}]} (query_id null for QUERY)')] = False,
+    full: Annotated[bool, typer.Option(
+        "--full", help="show each result's whole text, wrapped (default: a one-line snippet)")] = False,
     nprobe: Annotated[Optional[int], typer.Option(
-        "--nprobe", help="ivf/ivfpq: buckets scanned per query [default: the index's, set for recall@10 >= 0.95]")] = None,
+        "--nprobe",
+        help="ivf/ivfpq: buckets scanned per query " + default("the index's, set for recall@10 >= 0.95"))] = None,
     ef_search: Annotated[Optional[int], typer.Option(
-        "--ef-search", help="hnsw: candidates kept per query [default: the index's]")] = None,
+        "--ef-search", help="hnsw: candidates kept per query " + default("the index's"))] = None,
     rerank: Annotated[Optional[int], typer.Option(
-        "--rerank", help="ivfpq: re-score k x this many candidates exactly [default: the index's]")] = None,
+        "--rerank", help="ivfpq: re-score k x this many candidates exactly " + default("the index's"))] = None,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
-    index_dir: options.IndexDir = "indexes",
+    index_dir: options.IndexDir = None,
 ) -> None:
     """Search an index with one QUERY or a --queries file, through the index's own encode path."""
     from retriever.corpus import read_queries
-    from retriever.errors import RetrieverError
-    from retriever.index import Index
+    from retriever.index import Index, check_queries, search_record
 
     if (query is None) == (queries is None):
         raise RetrieverError('give either a query ("...") or --queries FILE')
-    index = Index.open(_pick(index_dir, name), index_dir, device=device)
+    if query is not None:
+        check_queries([query])  # before an index is picked or opened
+    home = _home(index_dir)
+    index = Index.open(_pick(home, name), home, device=device)
     if queries is None:
-        hits = index.search(query, k, nprobe=nprobe, ef_search=ef_search, rerank=rerank)[0]
-        if as_json:
-            print(json.dumps([asdict(hit) for hit in hits], ensure_ascii=False))
-        else:
-            _hits_table(query, hits)
-        return
-    batch = read_queries(queries, encoding=encoding)
-    results = index.search([text for _, text in batch], k, progress=True, nprobe=nprobe, ef_search=ef_search,
-                           rerank=rerank)
+        batch = [(None, query)]
+        results = index.search(query, k, nprobe=nprobe, ef_search=ef_search, rerank=rerank)
+    else:
+        batch = read_queries(queries, encoding=encoding)
+        results = index.search([text for _, text in batch], k, progress=True, nprobe=nprobe, ef_search=ef_search,
+                               rerank=rerank)
     for (query_id, text), hits in zip(batch, results):
         if as_json:
-            record = {"query_id": query_id, "results": [{"doc_id": h.doc_id, "score": h.score} for h in hits]}
-            print(json.dumps(record, ensure_ascii=False))
+            print(json.dumps(search_record(query_id, text, hits), ensure_ascii=False))
         else:
-            _hits_table(f"{query_id}: {text}", hits)
+            _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full)
 
 
-def _hits_table(title: str, hits) -> None:
-    table = Table(title=_snippet(title, 80), title_justify="left")
-    table.add_column("rank", justify="right")
-    table.add_column("score", justify="right")
-    table.add_column("doc id")
-    table.add_column("text")
-    for hit in hits:
-        text = f"[bold]{hit.title}[/bold] {hit.text}" if hit.title else hit.text
-        table.add_row(str(hit.rank), f"{hit.score:.3f}", hit.doc_id, _snippet(text))
+def _hits_table(title: str, hits, full: bool) -> None:
+    """One query's results. A doc id is shown whole, on one line while it fits (it is what `show` and `delete`
+    take); the text is a one-line snippet filling the rest of the width, or with FULL all of it, wrapped."""
+    rows = [(str(hit.rank), f"{hit.score:.3f}", hit.doc_id) for hit in hits]
+    rank, score, ids = (max([cell_len(row[i]) for row in rows] + [len(header)])
+                        for i, header in enumerate(("rank", "score", "doc id")))
+    # Widths set here, not left to rich, which would squeeze the ids first. Overhead: 1 + 3 per column (a border
+    # and a space each side). The ids get their full width unless that leaves the text under 20 columns; then
+    # they fold onto more lines, still whole.
+    fixed = 13 + rank + score
+    ids = min(ids, max(stdout.width - fixed - 20, 6))
+    room = max(stdout.width - fixed - ids, 10)
+    table = Table(title=Text(title if full else _snippet(title, stdout.width)), title_justify="left")
+    table.add_column("rank", justify="right", no_wrap=True, width=rank)
+    table.add_column("score", justify="right", no_wrap=True, width=score)
+    table.add_column("doc id", overflow="fold", width=ids)
+    table.add_column("text", overflow="fold", max_width=room)
+    for (rank, score, doc_id), hit in zip(rows, hits):
+        cell = Text()
+        if hit.title:
+            cell.append(hit.title if full else " ".join(hit.title.split()), style="bold")
+            cell.append(" ")
+        cell.append(hit.text if full else " ".join(hit.text.split()))
+        if not full:
+            cell.truncate(room, overflow="ellipsis")
+        table.add_row(rank, score, Text(doc_id, overflow="fold"), cell)
+    stdout.print(table)
+
+
+def show(
+    index: Annotated[str, typer.Argument(help="the index", show_default=False)],
+    doc_id: Annotated[str, typer.Argument(help="the document's id, as search shows it", show_default=False)],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='print {"doc_id", "title", "text", "source", "line"} instead of a table')] = False,
+    index_dir: options.IndexDir = None,
+) -> None:
+    """Show one stored document in full: id, title, text, and the file and line it came from."""
+    from retriever.index import Index
+
+    home = _home(index_dir)
+    opened = Index.open(check_name(index), home, device="cpu")
+    row = opened.document(doc_id)
+    if row is None:
+        raise RetrieverError(f"no document {doc_id!r} in index '{index}'")
+    record = {key: row[key] for key in ("doc_id", "title", "text", "source", "line")}
+    if as_json:
+        print(json.dumps(record, ensure_ascii=False))
+        return
+    table = Table(show_header=False, title=escape(f"index '{index}'"), title_justify="left")
+    table.add_column("field", no_wrap=True, style="bold")
+    table.add_column("value", overflow="fold")
+    for key, value in record.items():
+        table.add_row("id" if key == "doc_id" else key, escape("" if value is None else str(value)))
     stdout.print(table)
 
 
@@ -167,61 +279,77 @@ def add(
     corpus: Annotated[Path, typer.Argument(help="new documents, in any corpus format build accepts")],
     name: options.IndexName = None,
     vectors: Annotated[Optional[Path], typer.Option(
-        "--vectors", help="their precomputed raw vectors (.npy or folder of shards), made with the index's encoder")] = None,
+        "--vectors", help="their precomputed raw vectors (.npy or folder of shards), made with the index's encoder "
+        + default("none: encode them"))] = None,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
-    index_dir: options.IndexDir = "indexes",
+    index_dir: options.IndexDir = None,
 ) -> None:
     """Add documents, calibrated with the saved calibrator (no refit).
 
     They are encoded (or taken from --vectors) and written as one new segment; the rest of the index is reused as
-    it is, not copied."""
+    it is, not copied. Waits while another process writes the same index."""
     from retriever.index import Index
 
-    index = Index.open(_pick(index_dir, name, writing=True), index_dir, device=device)
+    home = _home(index_dir)
+    index = Index.open(_pick(home, name, writing=True), home, device=device)
+    on_interrupt(UNCHANGED.format(name=index.name))
     summary = index.add(corpus, encoding, progress=True, vectors=vectors)
     _report("updated", summary, "added")
     if vectors is None:
-        stderr_console.print(f"{_count(summary.truncated, 'document')} truncated at the max length")
+        _say(f"{count(summary.truncated, 'document')} truncated at the max length")
 
 
 def delete(
-    doc_ids: Annotated[list[str], typer.Argument(help="document ids to remove")],
+    doc_ids: Annotated[list[str], typer.Argument(help="document ids to remove", show_default=False)],
     name: options.IndexName = None,
-    index_dir: options.IndexDir = "indexes",
+    index_dir: options.IndexDir = None,
 ) -> None:
-    """Delete documents by id, all or nothing (searches skip them at once; compaction drops them)."""
+    """Delete documents by id, all or nothing (searches skip them at once; compaction drops them).
+
+    Waits while another process writes the same index."""
     from retriever.index import Index
 
-    index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
+    home = _home(index_dir)
+    index = Index.open(_pick(home, name, writing=True), home, device="cpu")
+    on_interrupt(UNCHANGED.format(name=index.name))
     _report("updated", index.delete(doc_ids), "removed")
 
 
 def compact(
     name: options.IndexName = None,
-    index_dir: options.IndexDir = "indexes",
+    index_dir: options.IndexDir = None,
 ) -> None:
     """Merge the index's segments into one and drop deleted documents for good.
 
-    Writes also compact by themselves once many small segments or deletions pile up."""
+    Writes also compact by themselves once many small segments or deletions pile up. Waits while another process
+    writes the same index."""
     from retriever.index import Index
 
-    index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
+    home = _home(index_dir)
+    index = Index.open(_pick(home, name, writing=True), home, device="cpu")
+    on_interrupt(UNCHANGED.format(name=index.name))
     before = len(index.segments)
     summary = index.compact()
-    _report("compacted", summary, f"deleted dropped, {before} segments merged")
+    _report("compacted", summary, f"deleted dropped, {count(before, 'segment')} merged")
 
 
 def refit(
     name: options.IndexName = None,
-    calibrator: Annotated[Optional[str], typer.Option("--calibrator", "-c", help="[default: the index's own]")] = None,
+    calibrator: Annotated[Optional[str], typer.Option(
+        "--calibrator", "-c", help=f"{options.CALIBRATORS} " + default("the index's own"))] = None,
     seed: Seed = None,
-    index_dir: options.IndexDir = "indexes",
+    index_dir: options.IndexDir = None,
 ) -> None:
-    """Refit the calibrator on the stored raw vectors (no re-encoding) and rewrite the vector indexes."""
+    """Refit the calibrator on the stored raw vectors (no re-encoding) and rewrite the vector indexes.
+
+    Refuses a calibrator the index holds too few documents for. Waits while another process writes the same
+    index."""
     from retriever.index import Index
 
-    index = Index.open(_pick(index_dir, name, writing=True), index_dir, device="cpu")
+    home = _home(index_dir)
+    index = Index.open(_pick(home, name, writing=True), home, device="cpu")
+    on_interrupt(UNCHANGED.format(name=index.name))
     summary = index.refit(calibrator, {"seed": seed} if seed is not None else None)
     _report("refitted", summary, "re-calibrated")
 
@@ -229,53 +357,94 @@ def refit(
 def verify(
     index: Annotated[Optional[str], typer.Argument(help="the index to check (or --name)", show_default=False)] = None,
     name: options.IndexName = None,
-    index_dir: options.IndexDir = "indexes",
+    index_dir: options.IndexDir = None,
 ) -> None:
     """Re-hash every file of the index against its manifest.
 
     Opening an index checks only the manifest's own checksum and every file's size."""
     import time
 
-    from retriever.errors import RetrieverError
     from retriever.index import verify_index
 
     started = time.perf_counter()
     if index and name and index != name:
         raise RetrieverError(f"two different indexes named: '{index}' and --name '{name}'")
-    name = _pick(index_dir, index or name)
-    manifest, checked = verify_index(name, index_dir)
-    stderr_console.print(f"index '{name}' is intact: {len(manifest['files'])} files, {checked / 2**20:,.1f} MiB "
-                         f"re-hashed in {time.perf_counter() - started:.1f}s")
+    home = _home(index_dir)
+    name = _pick(home, index or name)
+    manifest, checked = verify_index(name, home)
+    _say(f"index '{name}' is intact: {count(len(manifest['files']), 'file')}, {checked / 2**20:,.1f} MiB "
+         f"re-hashed in {time.perf_counter() - started:.1f}s")
+
+
+def remove(
+    index: Annotated[str, typer.Argument(help="the index to remove", show_default=False)],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
+    index_dir: options.IndexDir = None,
+) -> None:
+    """Remove an index: its name and every version of it, for good.
+
+    Asks first (--yes does not). Refuses at once while another process writes the index."""
+    from retriever.index_folder import describe_indexes, remove_index
+
+    home = _home(index_dir)
+    name = check_name(index)
+    record = next((r for r in describe_indexes(home) if r["name"] == name), None)
+    if record is None and not (home / ".versions" / name).is_dir():
+        raise RetrieverError(f"no index named '{name}' in {home}")
+    if not yes:
+        what = f" ({count(record['documents'], 'document')})" if record and "documents" in record else ""
+        on_interrupt(UNCHANGED.format(name=name).replace(" (the previous version is intact)", ""))
+        try:
+            agreed = typer.confirm(f"remove index '{name}'{what} from {home}?", default=False, err=True)
+        except typer.Abort:
+            if sys.stdin is not None and sys.stdin.isatty():
+                raise KeyboardInterrupt from None  # Ctrl-C at the question
+            raise RetrieverError("no answer to the question (input is closed); pass --yes to remove without "
+                                 "asking") from None
+        if sys.stdin is None or not sys.stdin.isatty():
+            print(file=sys.stderr)  # the answer was not echoed: end the question's line
+        if not agreed:
+            _say(f"kept index '{name}'")
+            raise typer.Exit(1)
+    on_interrupt(f"index '{name}' may be partly removed; run the same command again to finish")
+    remove_index(home, name)
+    _say(f"removed index '{name}' from {home}")
 
 
 def info(
     name: options.IndexName = None,
     as_json: Json = False,
-    index_dir: options.IndexDir = "indexes",
+    index_dir: options.IndexDir = None,
 ) -> None:
     """Show the manifest, counts, and isotropy before and after calibration."""
     from retriever.index import Index
 
-    details = Index.open(_pick(index_dir, name), index_dir, device="cpu").info()
+    home = _home(index_dir)
+    details = Index.open(_pick(home, name), home, device="cpu").info()
     if as_json:
         print(json.dumps(details, indent=2))
         return
     manifest = details["manifest"]
-    table = Table(title=f"index '{manifest['name']}'", show_header=False, title_justify="left")
+    table = Table(title=escape(f"index '{manifest['name']}'"), show_header=False, title_justify="left")
     encoder = manifest["encoder"]
     pooling = f"layers {encoder['layers']}" if encoder["layers"] else encoder["pooling"]
     spec = {**manifest["index"], **details["search_settings"]}
     settings = ", ".join(f"{key} {value}" for key, value in spec.items() if key != "type")
     fitted = manifest.get("fit", {})
+    calibrator = json.dumps(manifest["calibrator"])
+    if "calibrator_fallback" in manifest:
+        fallback = manifest["calibrator_fallback"]
+        calibrator += f" ({fallback['asked']} was asked for: {fallback['reason']})"
     rows = [
         ("folder", details["folder"]),
         ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors in "
-                      f"{_count(len(details['segments']), 'segment')}, {details['deleted']:,} of them deleted, "
+                      f"{count(len(details['segments']), 'segment')}, {details['deleted']:,} of them deleted, "
                       "until compaction drops them)"),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
-        ("calibrator", json.dumps(manifest["calibrator"])),
+        ("calibrator", calibrator),
         ("fitted on", "a calibrator fitted before the build" if fitted.get("prefitted") else
-                      f"{fitted.get('sample', 0):,} of {fitted.get('of', 0):,} vectors (seed {fitted.get('seed', 0)})"),
+                      f"{fitted.get('sample', 0):,} of {count(fitted.get('of', 0), 'vector')} "
+                      f"(seed {fitted.get('seed', 0)})"),
         ("index", f"{spec['type']} ({settings or 'exact'}), {manifest['dim']} dims, "
                   f"search on {details['search_backend']}"),
         ("created", manifest["created"] + (f", refitted {manifest['refitted']}" if "refitted" in manifest else "")),
@@ -287,5 +456,11 @@ def info(
             rows.append((f"isotropy ({stage})", f"mean cosine of random pairs {values['mean_cosine_random_pairs']:+.3f}, "
                          f"top direction holds {values['top_direction_variance_share']:.1%} of the variance"))
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, escape(str(value)))
     stdout.print(table)
+
+
+# In workflow order, as `retriever --help` lists them (cli.main registers them after `encode`).
+COMMANDS = (("build", build), ("list", list_indexes), ("search", search), ("show", show), ("add", add),
+            ("delete", delete), ("compact", compact), ("refit", refit), ("info", info), ("verify", verify),
+            ("remove", remove))

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli import options
+from cli import interrupts, options
 from retriever import __version__
 from retriever.errors import RetrieverError
 
@@ -37,6 +37,7 @@ def root(
 
 
 @app.command()
+@interrupts.interruptible
 def encode(
     file: Annotated[Path, typer.Argument(help="corpus: .txt (one text per line), BEIR .jsonl, .csv/.tsv, or .gz of them")],
     out: Annotated[Path, typer.Option("--out", "-o", help="where to write the float32 .npy matrix")],
@@ -53,6 +54,7 @@ def encode(
 
     Each document is encoded exactly as `build` encodes it (title and text), so OUT feeds `retriever build FILE
     --vectors OUT`; OUT.json records the encoder. Streamed in chunks: an interrupted run resumes when re-run."""
+    from cli.index_commands import count
     from retriever.encoder import Encoder
     from retriever.pipeline import count_documents, encode_corpus
     from retriever.progress import stderr_console
@@ -61,9 +63,11 @@ def encode(
         raise RetrieverError(f"--out must end in .npy (got {out})")
     total = count_documents(file, encoding)  # a bad corpus fails here, before the model loads
     encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
+    interrupts.on_interrupt(f"{out} is incomplete; re-run the same command to resume")
     result = encode_corpus(file, out, encoder, encoding=encoding, total=total, progress=True)
     stderr_console.print(
-        f"wrote {out} ({result.count} x {encoder.dim}), {result.truncated} texts truncated at {encoder.max_length} tokens"
+        f"wrote {out} ({result.count:,} x {encoder.dim}), {count(result.truncated, 'text')} truncated at "
+        f"{encoder.max_length} tokens", markup=False, highlight=False,
     )
 
 
@@ -71,9 +75,8 @@ def encode(
 from cli import index_commands  # noqa: E402
 from cli.bench import bench  # noqa: E402
 
-for command in (index_commands.build, index_commands.search, index_commands.add, index_commands.delete,
-                index_commands.compact, index_commands.refit, index_commands.info, index_commands.verify, bench):
-    app.command()(command)
+for command_name, command in (*index_commands.COMMANDS, ("bench", bench)):
+    app.command(command_name)(interrupts.interruptible(command))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -81,12 +84,20 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main() -> None:
-    """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback."""
+    """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback; Ctrl-C
+    becomes one line saying what it left behind, exit code 130."""
     warnings.showwarning = _show_warning
     try:
         app()  # standalone: typer reports usage errors itself and exits 2
     except RetrieverError as error:
         print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    except (interrupts.Interrupted, KeyboardInterrupt) as interrupted:
+        print(interrupts.message(interrupted), file=sys.stderr)
+        sys.exit(130)
+    except OSError as error:  # the last guard: a file problem the library did not word itself
+        where = f": {error.filename}" if error.filename is not None else ""
+        print(f"error: {error.strerror or error}{where}", file=sys.stderr)
         sys.exit(1)
 
 

@@ -1,30 +1,72 @@
-"""Options shared by several commands, declared once so every command spells them the same way."""
+"""Options shared by several commands, declared once so every command spells them the same way.
+
+Every option's help shows its default: click prints "[default: X]" for a value, and an option whose default is
+None says what None means with `default(...)`. An option with a fixed set of values lists them as its metavar
+and refuses any other as a usage error (`choice`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Optional
 
 import typer
 
+# The library's own lists (retriever.pooling.POOLING_MODES, retriever.device.DEVICES, retriever.encoder.DTYPES,
+# retriever.store.vectors.INDEX_TYPES), repeated here so `--help` imports neither torch nor faiss; a test keeps
+# them equal.
+POOLING_MODES = ("cls", "last-avg", "last2-avg", "first-last-avg")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("fp32", "bf16", "fp16")
+INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
+CALIBRATORS = "flow | whitening | whitening-K | sn | natsv-K | sn+natsv-K | none"
+
+
+def default(text: str) -> str:
+    """The "[default: TEXT]" note of an option whose default is None. Escaped: typer renders help as rich markup,
+    which would take a bare "[default: ...]" for a style tag and drop it."""
+    return f"\\[default: {text}]"
+
+
+def choice(values: tuple[str, ...], pattern: str | None = None, shown: str | None = None) -> dict:
+    """typer.Option arguments for one of VALUES (or a value matching PATTERN, shown as SHOWN): the metavar lists
+    them in the help, and the parser refuses anything else as a usage error. (A parser rather than a Literal
+    annotation: it works with every typer, and lets --device take cuda:N too.)"""
+    listed = [*values, *([shown] if shown else [])]
+
+    def parse(value: str) -> str:
+        if value in values or (pattern and re.fullmatch(pattern, value)):
+            return value
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(listed)}")
+
+    return {"parser": parse, "metavar": "[" + "|".join(listed) + "]"}
+
+
 Model = Annotated[
     Optional[str],
-    typer.Option("--model", "-m", help="Hugging Face model name or local folder [default: all-MiniLM-L6-v2, embedded]"),
+    typer.Option("--model", "-m", help="Hugging Face model name or local folder "
+                 + default("all-MiniLM-L6-v2, embedded")),
 ]
 Pooling = Annotated[
-    str, typer.Option("--pooling", "-p", help="cls | last-avg | last2-avg | first-last-avg (ignored with --layers)")
+    str, typer.Option("--pooling", "-p", **choice(POOLING_MODES), help="ignored with --layers")
 ]
 Layers = Annotated[
-    Optional[str], typer.Option("--layers", help="mean of these hidden_states, e.g. 0,4 (0 = embedding output)")
+    Optional[str], typer.Option("--layers", help="mean of these hidden_states, e.g. 0,4 (0 = embedding output) "
+                                + default("the --pooling layers"))
 ]
 MaxLength = Annotated[
-    Optional[int], typer.Option("--max-length", help="tokens per text [default: the model's own limit]")
+    Optional[int], typer.Option("--max-length", help="tokens per text " + default("the model's limit"))
 ]
-Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda (auto picks CUDA when present)")]
-Dtype = Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16")]
+Device = Annotated[str, typer.Option("--device", **choice(DEVICES, r"cuda:\d+", "cuda:N"),
+                                     help="auto picks CUDA when present; cuda:N picks one GPU of several")]
+Dtype = Annotated[str, typer.Option("--dtype", **choice(DTYPES), help="model weights' precision")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="texts per forward pass")]
 IndexName = Annotated[
     Optional[str],
-    typer.Option("--name", "-n", help="index name [default: the only index, or for search/info the latest built]"),
+    typer.Option("--name", "-n", help="index name " + default("the only index, or for search/info the latest built")),
 ]
-IndexDir = Annotated[str, typer.Option("--index-dir", envvar="RETRIEVER_INDEX_DIR", help="where indexes live")]
+IndexDir = Annotated[
+    Optional[str],
+    typer.Option("--index-dir", show_default=False,
+                 help="where indexes live " + default("$RETRIEVER_HOME, else ~/.local/share/retriever/indexes")),
+]
 Encoding = Annotated[str, typer.Option("--encoding", help="text encoding of the input file")]

@@ -152,7 +152,8 @@ def check_unique_ids(docs: Iterable[Document], existing: set[str] | frozenset[st
     if clashing:
         source = clashing[0].source
         listed = _first_few([f"{d.doc_id!r} (line {d.line})" for d in clashing])
-        raise RetrieverError(f"{source}: {len(clashing)} ids already in the index: {listed}")
+        noun = "id is" if len(clashing) == 1 else "ids are"
+        raise RetrieverError(f"{source}: {len(clashing)} {noun} already in the index: {listed}")
 
 
 def _first_few(items: list[str]) -> str:
@@ -255,7 +256,8 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Do
                 continue
             where = f"{path} line {number}"
             if len(row) != len(columns):
-                raise RetrieverError(f"{where}: {len(row)} fields, the header has {len(columns)}")
+                fields = f"{len(row)} field{'' if len(row) == 1 else 's'}"
+                raise RetrieverError(f"{where}: {fields}, the header has {len(columns)}")
             title = row[title_at] if title_at is not None else None
             yield _document(row[id_at], row[text_at], title, where, path, number)
     except csv.Error as error:

@@ -406,8 +406,8 @@ class Index:
                 state.save()
             timings["read"] = time.perf_counter() - clock
             if source is not None and source.rows != state.documents:
-                raise RetrieverError(f"{vectors} holds {source.rows} vectors for {state.documents} documents in "
-                                     f"{corpus}; row i must be document i")
+                raise RetrieverError(f"{vectors} holds {_count(source.rows, 'vector')} for "
+                                     f"{_documents(state.documents)} in {corpus}; row i must be document i")
 
             clock = time.perf_counter()
             encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
@@ -422,7 +422,7 @@ class Index:
                              f"index holds more documents run: retriever refit {options_hint(index_dir, name)} "
                              f"--calibrator {fallback['asked']}")
                 if progress:
-                    stderr_console.print(notes[-1])
+                    stderr_console.print(notes[-1], markup=False, highlight=False, soft_wrap=True)
 
             clock = time.perf_counter()
             if source is None:
@@ -521,7 +521,8 @@ class Index:
             table.close()
             timings["read"] = time.perf_counter() - clock
             if source is not None and source.rows != count:
-                raise RetrieverError(f"{vectors} holds {source.rows} vectors for {count} documents in {corpus}")
+                raise RetrieverError(f"{vectors} holds {_count(source.rows, 'vector')} for {_documents(count)} in "
+                                     f"{corpus}")
             if source is not None and source.dim != current.manifest["encoder"]["dim"]:
                 raise RetrieverError(f"{vectors} holds {source.dim}-dimensional vectors; this index's encoder "
                                      f"gives {current.manifest['encoder']['dim']}")
@@ -680,7 +681,8 @@ class Index:
         if clashes:
             shown = ", ".join(f"{d.doc_id!r} (line {d.line})" for d in clashes[:5])
             more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
-            raise ConflictError(f"{clashes[0].source}: {len(clashes)} ids already in the index: {shown}{more}")
+            noun = "id is" if len(clashes) == 1 else "ids are"
+            raise ConflictError(f"{clashes[0].source}: {len(clashes)} {noun} already in the index: {shown}{more}")
 
     def _clashing(self, documents: list) -> list:
         found = self.live_rowids([d.doc_id for d in documents]) if documents else {}
@@ -797,8 +799,12 @@ def _enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_
     return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {_documents(documents)}: {shortfall}"}
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
 def _documents(count: int) -> str:
-    return f"{count:,} document{'' if count == 1 else 's'}"
+    return _count(count, "document")
 
 
 def _in(rowid: int, sorted_ids: np.ndarray) -> bool:

@@ -14,6 +14,15 @@ REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(autouse=True)
+def index_home(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own empty index home ($RETRIEVER_HOME, inherited by subprocesses): no test reads or
+    writes the user's real one."""
+    home = tmp_path_factory.mktemp("retriever-home")
+    monkeypatch.setenv("RETRIEVER_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The benchmark files beside the checkout (../shared/data), or $RETRIEVER_DATA."""

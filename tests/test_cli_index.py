@@ -34,10 +34,21 @@ def assert_one_line_error(done, *fragments):
         assert fragment in lines[0]
 
 
+def assert_usage_error(done, *fragments):
+    """typer's own usage error (exit 2), its boxed message read as one line of words."""
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    words = " ".join(done.stderr.replace("│", " ").replace("╭", " ").replace("╰", " ").split())
+    for fragment in fragments:
+        assert fragment in words, words
+
+
 def test_build_names_the_index_after_the_corpus_and_search_prints_json(built, cli):
     done = cli("search", TEXTS[2], "--name", "docs", "-k", "2", "--json", "--index-dir", built)
     assert done.returncode == 0, done.stderr
-    hits = json.loads(done.stdout)
+    record = json.loads(done.stdout)  # one line: the same record as each line of a --queries search
+    assert len(done.stdout.splitlines()) == 1 and set(record) == {"query_id", "query", "results"}
+    assert record["query_id"] is None and record["query"] == TEXTS[2]
+    hits = record["results"]
     assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "title", "text"}] * 2
     assert hits[0]["doc_id"] == "docs.txt:3" and hits[0]["text"] == TEXTS[2] and hits[0]["rank"] == 1  # FILE:LINE
 
@@ -50,7 +61,9 @@ def test_search_queries_file_gives_one_json_line_per_query(built, cli, tmp_path)
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["query_id"] for r in records] == ["q1", "q2"]
     assert [r["results"][0]["doc_id"] for r in records] == ["docs.txt:1", "docs.txt:4"]
-    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"doc_id", "score"} for r in records)
+    assert [r["query"] for r in records] == [TEXTS[0], TEXTS[3]]
+    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"rank", "doc_id", "score", "title", "text"}
+               for r in records)
 
 
 def test_search_table_add_delete_info(built, cli, tmp_path):
@@ -133,11 +146,11 @@ def test_verify_compact_and_search_options(built, cli, tmp_path, tiny_bert):
     assert done.returncode == 0, done.stderr
     done = cli("search", "document number 5 about topic 5", "--name", "many", "--nprobe", "2", "--json",
                "--index-dir", built)
-    assert done.returncode == 0 and json.loads(done.stdout)[0]["doc_id"] == "many.txt:6"
+    assert done.returncode == 0 and json.loads(done.stdout)["results"][0]["doc_id"] == "many.txt:6"
     assert_one_line_error(cli("search", "q", "--name", "many", "--nprobe", "0", "--index-dir", built),
                           "nprobe must be at least 1")
-    assert_one_line_error(cli("build", corpus, "--index-type", "annoy", "--index-dir", built),
-                          "unknown index type 'annoy'")
+    assert_usage_error(cli("build", corpus, "--index-type", "annoy", "--index-dir", built),
+                       "Invalid value for '--index-type': 'annoy' is not one of auto, flat, hnsw, ivf, ivfpq")
     assert_one_line_error(cli("build", corpus, "--fit-sample", "1", "--index-dir", built),
                           "--fit-sample must be at least 2")
 
@@ -157,7 +170,8 @@ def test_build_from_vectors_made_by_encode(cli, tmp_path, tiny_bert):
                "--index-dir", index_dir)
     assert done.returncode == 0 and "built index 'docs': 4 documents (4 indexed)" in done.stderr, done.stderr
     done = cli("search", f"Title {TEXTS[2]}", "--json", "--index-dir", index_dir)
-    assert json.loads(done.stdout)[0]["doc_id"] == "t2" and json.loads(done.stdout)[0]["score"] > 0.999
+    best = json.loads(done.stdout)["results"][0]
+    assert best["doc_id"] == "t2" and best["title"] == "Title" and best["score"] > 0.999
     assert_one_line_error(cli("build", corpus, "--vectors", tmp_path / "none.npy", "--index-dir", index_dir),
                           "none.npy: no such file or folder")
 
@@ -172,12 +186,12 @@ def test_add_counts_truncated_documents(built, cli, tmp_path):
 
 def test_commands_without_name_pick_the_index(built, cli, tmp_path, tiny_bert):
     done = cli("search", TEXTS[0], "--json", "--index-dir", built)  # the only index: docs
-    assert done.returncode == 0 and json.loads(done.stdout)[0]["doc_id"] == "docs.txt:1"
+    assert done.returncode == 0 and json.loads(done.stdout)["results"][0]["doc_id"] == "docs.txt:1"
     assert "using index 'docs'" in done.stderr
     newer = tmp_path / "newer.txt"
     newer.write_text("A brand new document.\n", encoding="utf-8")
     assert cli("build", newer, "--model", tiny_bert, "--calibrator", "none", "--index-dir", built).returncode == 0
     done = cli("search", "anything", "--json", "--index-dir", built)  # reads take the latest built
-    assert done.returncode == 0 and json.loads(done.stdout)[0]["text"] == "A brand new document."
+    assert done.returncode == 0 and json.loads(done.stdout)["results"][0]["text"] == "A brand new document."
     assert_one_line_error(cli("delete", "docs.txt:1", "--index-dir", built), "newer, docs", "--name")  # writes never guess
     assert_one_line_error(cli("search", "q", "--index-dir", tmp_path / "empty"), "no index in", "retriever build")

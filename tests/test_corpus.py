@@ -196,7 +196,7 @@ def test_check_unique_ids_against_existing(tmp_path):
     check_unique_ids(docs, existing={"9"})
     with pytest.raises(RetrieverError) as caught:
         check_unique_ids(docs, existing={"2", "3", "x"})
-    assert str(caught.value) == "new.jsonl: 2 ids already in the index: '2' (line 2), '3' (line 3)"
+    assert str(caught.value) == "new.jsonl: 2 ids are already in the index: '2' (line 2), '3' (line 3)"
 
 
 def test_gzipped_corpora_read_as_a_stream(tmp_path):

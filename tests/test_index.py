@@ -104,7 +104,7 @@ def test_add_writes_one_segment_and_links_the_rest(tiny_index, tmp_path):
     assert index.search("A kitten plays with a ball of yarn.", k=1)[0][0].doc_id == "kitten"
     np.testing.assert_allclose(index.calibrator.transform(index.raw_vectors()[0][: len(DOCS)]), before, atol=1e-2)
     clash = write_jsonl(tmp_path / "clash.jsonl", {"fresh": "new text", "dog": "another dog"})
-    with pytest.raises(RetrieverError, match=r"clash.jsonl: 1 ids already in the index: 'dog' \(line 2\)"):
+    with pytest.raises(RetrieverError, match=r"clash.jsonl: 1 id is already in the index: 'dog' \(line 2\)"):
         index.add(clash)
     assert len(Index.open("tiny", tmp_path / "indexes", device="cpu")) == len(DOCS) + 1  # nothing half-added
 

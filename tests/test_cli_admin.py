@@ -1,0 +1,405 @@
+"""The index home, list / show / remove, names, empty queries, result tables, help texts, Ctrl-C and stray OS
+errors, concurrent builds and too-small corpora, through the CLI entry point."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from retriever.index_folder import LOCK, NAME_RULE, VERSIONS
+from tests.test_cli_index import TEXTS, assert_one_line_error, assert_usage_error
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def docs(tmp_path) -> Path:
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    return corpus
+
+
+@pytest.fixture()
+def built_home(cli, docs, tiny_bert, index_home) -> Path:
+    """The index 'docs' built in the index home ($RETRIEVER_HOME, set for every test), with no --index-dir."""
+    done = cli("build", docs, "--model", tiny_bert, "--calibrator", "none")
+    assert done.returncode == 0, done.stderr
+    return index_home
+
+
+# --- the index home ------------------------------------------------------------------------------------------
+
+
+def test_the_index_home_does_not_depend_on_the_current_folder(cli, docs, tiny_bert, index_home, tmp_path,
+                                                              monkeypatch):
+    somewhere, elsewhere = tmp_path / "somewhere", tmp_path / "elsewhere"
+    somewhere.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(somewhere)
+    done = cli("build", docs, "--model", tiny_bert, "--calibrator", "none")
+    assert done.returncode == 0, done.stderr
+    # the index home is the default: the hint needs no --index-dir
+    assert done.stderr.strip().endswith('search it with: retriever search "..." --name docs')
+    assert (index_home / "docs").is_symlink() and not (somewhere / "indexes").exists()
+    monkeypatch.chdir(elsewhere)
+    done = cli("search", TEXTS[1], "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["results"][0]["doc_id"] == "docs.txt:2"
+    # messages name the folder absolutely, whatever was typed
+    assert_one_line_error(cli("search", "q", "--name", "absent", "--index-dir", "rel"),
+                          f"no index named 'absent' in {elsewhere / 'rel'}; build it with: retriever build CORPUS "
+                          f"--name absent --index-dir {elsewhere / 'rel'}")
+    monkeypatch.setenv("RETRIEVER_HOME", str(tmp_path / "other-home"))
+    assert_one_line_error(cli("search", "q"), f"no index in {tmp_path / 'other-home'}; build one with: "
+                                              "retriever build CORPUS")
+
+
+def test_an_index_dir_that_is_a_file_fails_before_anything_is_read(cli, docs, tmp_path, monkeypatch):
+    import retriever.index
+
+    monkeypatch.setattr(retriever.index, "iter_corpus", lambda *a, **k: pytest.fail("read the corpus"))
+    readme = tmp_path / "README.md"
+    readme.write_text("not a folder")
+    assert_one_line_error(cli("build", docs, "--name", "x", "--index-dir", readme),
+                          f"index folder {readme} is not a folder")
+    assert_one_line_error(cli("list", "--index-dir", readme), f"index folder {readme} is not a folder")
+
+
+# --- list, show, remove --------------------------------------------------------------------------------------
+
+
+def test_list_shows_every_index_and_json(cli, built_home, tmp_path, tiny_bert, monkeypatch):
+    import cli.index_commands as commands
+
+    monkeypatch.setattr(commands, "stdout", Console(width=250, soft_wrap=True))  # the model is a long path
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(json.dumps({"_id": f"m{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    assert cli("build", more, "--model", tiny_bert, "--calibrator", "flow").returncode == 0  # falls back to none
+    done = cli("list")
+    assert done.returncode == 0, done.stderr
+    assert f"indexes in {built_home}" in done.stdout
+    lines = done.stdout.splitlines()
+    more_line = next(line for line in lines if "│ more " in line)
+    docs_line = next(line for line in lines if "│ docs " in line)
+    assert lines.index(more_line) < lines.index(docs_line)  # the most recently written first
+    assert "4" in docs_line and "flat" in docs_line and "none" in docs_line and "UTC" in docs_line
+    assert "(flow asked" in done.stdout
+    listed = json.loads(cli("list", "--json").stdout)
+    assert listed["index_dir"] == str(built_home)
+    assert [(r["name"], r["documents"], r["calibrator"], r["index_type"]) for r in listed["indexes"]] == [
+        ("more", 4, "none", "flat"), ("docs", 4, "none", "flat")]
+    assert listed["indexes"][0]["calibrator_asked"] == "flow" and listed["indexes"][1]["model"] == str(tiny_bert)
+    empty = cli("list", "--index-dir", tmp_path / "nothing-here")
+    assert empty.returncode == 0 and empty.stdout == ""
+    assert "no index in" in empty.stderr and "retriever build CORPUS --index-dir" in empty.stderr
+    assert json.loads(cli("list", "--json", "--index-dir", tmp_path / "nothing-here").stdout)["indexes"] == []
+
+
+def test_show_prints_one_document_in_full(cli, built_home, tmp_path, tiny_bert):
+    long_text = " ".join(f"word{i}" for i in range(150))
+    corpus = tmp_path / "titled.jsonl"
+    corpus.write_text(json.dumps({"_id": "d-1", "title": "The title", "text": long_text}) + "\n"
+                      + json.dumps({"_id": "d-2", "text": "short"}) + "\n")
+    assert cli("build", corpus, "--model", tiny_bert, "--calibrator", "none").returncode == 0
+    done = cli("show", "titled", "d-1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"doc_id": "d-1", "title": "The title", "text": long_text,
+                                       "source": str(corpus), "line": 1}
+    table = cli("show", "titled", "d-1")
+    assert table.returncode == 0
+    words = table.stdout.replace("│", " ").split()
+    assert all(f"word{i}" in words for i in range(150)) and "d-1" in words and str(corpus) in "".join(words)
+    assert_one_line_error(cli("show", "titled", "d-9"), "no document 'd-9' in index 'titled'")
+    assert_one_line_error(cli("show", "absent", "d-1"), f"no index named 'absent' in {built_home}")
+    assert_one_line_error(cli("show", "bad name", "d-1"), "invalid index name 'bad name'")
+
+
+def test_remove_asks_unless_yes_and_removes_every_version(cli, built_home, monkeypatch):
+    import typer
+
+    assert cli("delete", "docs.txt:1", "--name", "docs").returncode == 0  # a second version
+    answers = []
+    monkeypatch.setattr(typer, "confirm", lambda question, **k: answers.append(question) or False)
+    done = cli("remove", "docs")
+    assert done.returncode == 1 and "kept index 'docs'" in done.stderr
+    assert answers == [f"remove index 'docs' (3 documents) from {built_home}?"]
+    assert (built_home / "docs").is_symlink()
+    monkeypatch.setattr(typer, "confirm", lambda question, **k: True)
+    done = cli("remove", "docs")
+    assert done.returncode == 0 and f"removed index 'docs' from {built_home}" in done.stderr
+    assert not (built_home / "docs").exists() and not (built_home / VERSIONS / "docs").exists()
+    assert_one_line_error(cli("remove", "docs", "--yes"), f"no index named 'docs' in {built_home}")
+
+
+def test_remove_yes_never_asks_and_refuses_while_a_writer_runs(cli, built_home, monkeypatch):
+    import typer
+
+    monkeypatch.setattr(typer, "confirm", lambda *a, **k: pytest.fail("asked despite --yes"))
+    lock_path = built_home / VERSIONS / "docs" / LOCK
+    with open(lock_path, "r+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert_one_line_error(cli("remove", "docs", "-y"), "index 'docs' is being written by another retriever "
+                              f"process (pid {os.getpid()}); wait for it to finish, then remove it")
+    assert (built_home / "docs").is_symlink()
+    assert cli("remove", "docs", "-y").returncode == 0 and not (built_home / "docs").exists()
+
+
+# --- names, queries, result tables -----------------------------------------------------------------------------
+
+
+def test_bad_names_are_one_line_errors_that_show_the_rule_before_anything_is_read(cli, docs, tmp_path, monkeypatch):
+    import retriever.index
+
+    monkeypatch.setattr(retriever.index, "iter_corpus", lambda *a, **k: pytest.fail("read the corpus"))
+    for name in ("a" * 300, "my index", "é-名前", "-x", "../escape", ".hidden"):
+        assert_one_line_error(cli("build", docs, "--name", name), "invalid index name", NAME_RULE)
+    assert_one_line_error(cli("build", docs, "--name=-x"), "invalid index name '-x'", NAME_RULE)
+    assert_one_line_error(cli("build", docs, "--name", "a" * 300), "(300 characters)")
+    spaced = tmp_path / "my docs.txt"
+    spaced.write_text("text\n")
+    assert_one_line_error(cli("build", spaced), "the corpus file's stem 'my docs' is not a valid index name",
+                          NAME_RULE, "pass --name")
+    assert_one_line_error(cli("search", "q", "--name", "my index"), "invalid index name 'my index'", NAME_RULE)
+
+
+def test_the_search_hint_after_build_pastes_into_a_shell(cli, docs, tiny_bert, tmp_path):
+    index_dir = tmp_path / "a folder with spaces"
+    done = cli("build", docs, "--name", "docs.v1", "--model", tiny_bert, "--calibrator", "none",
+               "--index-dir", index_dir)
+    assert done.returncode == 0, done.stderr
+    hint = done.stderr.strip().splitlines()[-1]
+    assert hint == f"search it with: retriever search \"...\" --name docs.v1 --index-dir '{index_dir}'"
+    import shlex
+
+    argv = shlex.split(hint.removeprefix("search it with: retriever "))
+    again = cli(*[TEXTS[0] if arg == "..." else arg for arg in argv], "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["results"][0]["doc_id"] == "docs.txt:1"
+
+
+def test_empty_or_blank_queries_are_one_line_errors(cli, built_home):
+    for query in ("", "   ", "\t\n"):
+        assert_one_line_error(cli("search", query), "empty query: give some text to search for")
+
+
+def test_tables_never_cut_doc_ids_and_full_shows_whole_texts(cli, tmp_path, tiny_bert, monkeypatch):
+    import cli.index_commands as commands
+
+    monkeypatch.setattr(commands, "stdout", Console(width=100, soft_wrap=True))
+    long_id = "collection-2024/section-17/" + "x" * 12 + "-document-000123"  # 55 characters
+    long_text = " ".join(f"word{i}" for i in range(120))
+    corpus = tmp_path / "long.jsonl"
+    corpus.write_text(json.dumps({"_id": long_id, "title": "Title", "text": long_text}) + "\n"
+                      + json.dumps({"_id": "short", "text": "tiny text"}) + "\n")
+    assert cli("build", corpus, "--model", tiny_bert, "--calibrator", "none").returncode == 0
+
+    snippet = cli("search", "word5", "--name", "long")
+    assert snippet.returncode == 0, snippet.stderr
+    rows = [line for line in snippet.stdout.splitlines() if long_id in line]
+    assert len(rows) == 1 and rows[0].rstrip().endswith("… │")  # the whole id, the text cut on one line
+    assert len(snippet.stdout.splitlines()) == 7  # title, 3 header lines, 2 rows, bottom
+
+    full = cli("search", "word5", "--name", "long", "--full")
+    assert full.returncode == 0
+    assert any(long_id in line for line in full.stdout.splitlines())
+    words = full.stdout.replace("│", " ").split()
+    assert all(f"word{i}" in words for i in range(120)) and "…" not in full.stdout
+
+    monkeypatch.setattr(commands, "stdout", Console(width=50, soft_wrap=True))  # too narrow: the id folds
+    narrow = cli("search", "word5", "--name", "long")
+    id_column = "".join(line.split("│")[3].strip() for line in narrow.stdout.splitlines() if line.count("│") == 5)
+    assert long_id in id_column
+
+
+# --- help ------------------------------------------------------------------------------------------------------
+
+
+def test_every_option_shows_its_default_and_choices():
+    import typer.main
+
+    from cli.main import app
+    from cli.options import DEVICES, DTYPES, INDEX_TYPES, POOLING_MODES
+
+    group = typer.main.get_command(app)
+    checked = 0
+    for command_name, command in group.commands.items():
+        for param in command.params:
+            if param.param_type_name != "option" or param.is_flag or param.required or param.name == "help":
+                continue
+            help_text = param.help or ""
+            shown = param.show_default is not False and param.default is not None
+            assert shown or "[default:" in help_text, f"{command_name} {param.opts}: no default in its help"
+            checked += 1
+    assert checked > 60
+    choices = {"--pooling": POOLING_MODES, "--dtype": DTYPES, "--index-type": INDEX_TYPES,
+               "--device": (*DEVICES, "cuda:N")}
+    found = set()
+    for command_name, command in group.commands.items():
+        for param in command.params:
+            for option, values in choices.items():
+                if option in getattr(param, "opts", ()):
+                    assert param.metavar == "[" + "|".join(values) + "]", (command_name, option)
+                    found.add(option)
+            if "--calibrator" in getattr(param, "opts", ()) and command_name != "bench":
+                assert all(name in param.help for name in ("flow", "whitening", "natsv-K", "none"))
+    assert found == set(choices)
+    # the library's own lists, which the CLI repeats so that --help imports neither torch nor faiss
+    from retriever.device import DEVICES as LIBRARY_DEVICES
+    from retriever.encoder import DTYPES as LIBRARY_DTYPES
+    from retriever.pooling import POOLING_MODES as LIBRARY_POOLING
+    from retriever.store.vectors import INDEX_TYPES as LIBRARY_INDEX_TYPES
+
+    assert (POOLING_MODES, DEVICES, DTYPES, INDEX_TYPES) == (
+        LIBRARY_POOLING, LIBRARY_DEVICES, tuple(LIBRARY_DTYPES), LIBRARY_INDEX_TYPES)
+
+
+def test_help_renders_the_default_notes_and_choices(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # typer's help console reads it: each option on one line
+    done = cli("build", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.replace("│", " ").split())
+    assert "[default: the corpus file's stem]" in text  # not eaten as rich markup
+    assert "[default: all-MiniLM-L6-v2, embedded]" in text and "[default: 0]" in text
+    assert "[cls|last-avg|last2-avg|first-last-avg]" in text and "[default: last-avg]" in text
+    assert "[default: $RETRIEVER_HOME, else" in text
+    assert_usage_error(cli("build", "x.txt", "--pooling", "mean"),
+                       "'mean' is not one of cls, last-avg, last2-avg, first-last-avg")
+    assert_usage_error(cli("search", "q", "--device", "gpu"), "'gpu' is not one of auto, cpu, cuda, cuda:N")
+
+
+# --- Ctrl-C and stray OS errors ----------------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home, docs, tiny_bert, tmp_path):
+    """A real SIGINT while encoding a rebuild of 'docs' (in chunks of 8, the third chunk interrupted): exit 130,
+    one line saying the index is unchanged, the previous version still searches, and the same command resumes."""
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("".join(f"Document number {i} about topic {i % 5}.\n" for i in range(40)), encoding="utf-8")
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import retriever.index as index
+        from retriever.encoder import Encoder
+        build = index.Index.build.__func__
+        index.Index.build = classmethod(lambda cls, *a, **k: build(cls, *a, **{{**k, "chunk_rows": 8}}))
+        encode, calls = Encoder.encode_counting_truncated, [0]
+        def interrupted(self, texts):
+            calls[0] += 1
+            if calls[0] == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return encode(self, texts)
+        Encoder.encode_counting_truncated = interrupted
+        sys.argv = ["retriever", "build", {str(corpus)!r}, "--model", {str(tiny_bert)!r}, "--calibrator", "none"]
+        from cli.main import main
+        main()
+    """)
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert killed.returncode == 130, killed.stderr
+    assert killed.stderr.strip().splitlines()[-1] == (
+        "interrupted: index 'docs' is unchanged (the previous version is intact); re-run the same command to resume")
+    assert "Traceback" not in killed.stderr and "Aborted" not in killed.stderr
+    before = cli("search", TEXTS[2], "--json")
+    assert json.loads(before.stdout)["results"][0]["doc_id"] == "docs.txt:3"  # the previous version
+    again = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none")
+    assert again.returncode == 0, again.stderr
+    assert "resumed a killed build: 16 of 40 documents were already encoded" in again.stderr
+    assert "built index 'docs': 40 documents" in again.stderr
+
+
+def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
+    from retriever.encoder import Encoder
+    from retriever.index import Index
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    extra = tmp_path / "extra.txt"
+    extra.write_text("A new document.\n")
+    monkeypatch.setattr(Encoder, "encode_counting_truncated", interrupt)
+    done = cli("add", extra, "--name", "docs")
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
+        130, "interrupted: index 'docs' is unchanged (the previous version is intact)")
+    assert len(Index.open("docs", built_home)) == 4
+    monkeypatch.setattr(Encoder, "encode", interrupt)
+    done = cli("search", "q")
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (130, "interrupted")
+    done = cli("encode", extra, "--out", tmp_path / "v.npy", "--model", Index.open("docs", built_home).manifest[
+        "encoder"]["model"])
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
+        130, f"interrupted: {tmp_path / 'v.npy'} is incomplete; re-run the same command to resume")
+
+
+def test_a_stray_os_error_is_one_line(cli, built_home, monkeypatch):
+    from retriever.index import Index
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/indexes/docs")
+
+    monkeypatch.setattr(Index, "delete", full_disk)
+    assert_one_line_error(cli("delete", "docs.txt:1", "--name", "docs"),
+                          "error: No space left on device: /data/indexes/docs")
+    monkeypatch.setattr(Index, "compact", lambda self: (_ for _ in ()).throw(PermissionError(errno.EACCES, "denied")))
+    assert_one_line_error(cli("compact", "--name", "docs"), "error: denied")
+
+
+# --- concurrent builds, too-small corpora -------------------------------------------------------------------------
+
+
+def test_a_build_refuses_while_another_process_writes_that_index(cli, built_home, docs, tiny_bert):
+    versions = built_home / VERSIONS / "docs"
+    before = sorted(os.listdir(versions))
+    holder = subprocess.Popen(  # another process holding the writer lock, as a running build does
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from retriever.index_folder import writer_lock
+            with writer_lock({str(built_home)!r}, "docs"):
+                print("locked", flush=True)
+                sys.stdin.readline()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        done = cli("build", docs, "--model", tiny_bert, "--calibrator", "none")
+        assert_one_line_error(done, f"error: index 'docs' is being written by another retriever process (pid "
+                                    f"{holder.pid}); wait for it to finish, or build under another --name")
+        assert sorted(os.listdir(versions)) == before  # nothing written
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert cli("build", docs, "--model", tiny_bert, "--calibrator", "none").returncode == 0  # free again
+
+
+def test_a_one_document_corpus_builds_uncalibrated_with_a_warning(cli, tmp_path, tiny_bert):
+    one = tmp_path / "one.txt"
+    one.write_text("The only document.\n")
+    done = cli("build", one, "--model", tiny_bert)  # the default calibrator: flow
+    assert done.returncode == 0, done.stderr
+    warning = ("warning: only 1 document: too few to fit the flow (it needs at least 33 for 32 dimensions); built "
+               "without calibration (calibrator none); once the index holds more documents run: retriever refit "
+               "--name one --calibrator flow")
+    assert done.stderr.count(warning) == 1 and "1 document truncated" not in done.stderr
+    assert json.loads(cli("search", "only", "--json").stdout)["results"][0]["doc_id"] == "one.txt:1"
+    info = cli("info", "--name", "one")
+    assert "flow was asked for: only 1 document" in " ".join(info.stdout.replace("│", " ").split())
+    assert_one_line_error(cli("refit", "--name", "one", "--calibrator", "flow"),
+                          "index 'one' holds only 1 document: too few to fit the flow (it needs at least 33 for "
+                          "32 dimensions)")
+
+
+def test_counts_agree_with_their_nouns(cli, tmp_path, tiny_bert):
+    corpus = tmp_path / "long.txt"
+    corpus.write_text("word " * 2000 + "\n")
+    done = cli("encode", corpus, "--out", tmp_path / "v.npy", "--model", tiny_bert)
+    assert done.returncode == 0 and "1 text truncated at 512 tokens" in done.stderr, done.stderr
+    done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none")
+    assert "built index 'long': 1 document (1 encoded)" in done.stderr
+    assert "1 document truncated at the max length" in done.stderr
+    assert_one_line_error(cli("delete", "absent", "--name", "long"), "1 id is not in the index: 'absent'")
+    done = cli("verify", "long")
+    assert done.returncode == 0 and "files, " in done.stderr
