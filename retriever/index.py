@@ -156,13 +156,17 @@ class Index:
     def encoder(self) -> Encoder:
         """The recorded encoder, loaded on first use (search needs it; info and delete do not)."""
         if self._encoder is None:
-            try:
-                self._encoder = Encoder.from_config(self.manifest["encoder"], device=self.device)
-            except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have
-                raise RetrieverError(
-                    f"index '{self.name}' cannot encode text with the model it was built with: {error}"
-                ) from None
+            self._encoder = self.load_encoder()
         return self._encoder
+
+    def load_encoder(self, runtime: str = "torch") -> Encoder:
+        """A new instance of the recorded encoder; RUNTIME picks PyTorch or ONNX Runtime for its forward pass."""
+        try:
+            return Encoder.from_config(self.manifest["encoder"], device=self.device, runtime=runtime)
+        except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have
+            raise RetrieverError(
+                f"index '{self.name}' cannot encode text with the model it was built with: {error}"
+            ) from None
 
     def __len__(self) -> int:
         return int(self.manifest["documents"])
@@ -211,7 +215,10 @@ class Index:
         best_scores = np.full((len(queries), k), -np.inf, np.float32)
         best_ids = np.full((len(queries), k), -1, np.int64)
         for segment in self.segments:
-            for rowids, block in segment.raw_blocks():
+            # From the mapping, not the file path: a server may still answer from a version since pruned.
+            for start in range(0, len(segment), 65536):
+                rowids = np.asarray(segment.rowids[start : start + 65536])
+                block = np.asarray(segment.raw[start : start + 65536], dtype=np.float32)
                 keep = ~np.isin(rowids, self.tombstones)
                 if not keep.any():
                     continue

@@ -40,6 +40,7 @@ import numpy as np
 from retriever.corpus import documents_from_records
 from retriever.errors import ConflictError, NotFoundError, RetrieverError
 from retriever.index import Index, SearchHit, search_record
+from retriever.onnx_runtime import resolve_runtime
 from retriever.index_folder import check_name, list_indexes, read_manifest, resolve_index_dir
 
 try:
@@ -81,9 +82,10 @@ def status_of(error: RetrieverError) -> int:
 class OpenIndexes:
     """Each index opened once, swapped for its newer version when one is committed; one encoder per model."""
 
-    def __init__(self, index_dir: Path, device: str = "auto"):
+    def __init__(self, index_dir: Path, device: str = "auto", runtime: str = "auto"):
         self.index_dir = index_dir
         self.device = device
+        self.runtime = runtime
         self._held: dict[str, Index] = {}
         self._encoders: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -116,8 +118,8 @@ class OpenIndexes:
             key = json.dumps(index.manifest["encoder"], sort_keys=True)
             if key in self._encoders:
                 index._encoder = self._encoders[key]
-            else:
-                self._encoders[key] = index.encoder  # loads the model: once per model for the server's life
+            else:  # loads the model: once per model for the server's life
+                self._encoders[key] = index._encoder = index.load_encoder(self.runtime)
             self._held[name] = index
             if held is not None:
                 log.info("index '%s': now serving version %s (was %s)", name, index.folder.name, held.folder.name)
@@ -249,10 +251,12 @@ class AddRequest(BaseModel):
 
 
 def create_app(index_dir: str | Path | None = None, device: str = "auto", preload: bool = False,
-               max_batch: int = MAX_BATCH_QUERIES) -> FastAPI:
+               max_batch: int = MAX_BATCH_QUERIES, runtime: str = "auto") -> FastAPI:
     """The application: INDEX_DIR as `resolve_index_dir` finds it; PRELOAD opens every index (and loads its
-    model) at start-up rather than on its first request."""
-    indexes = OpenIndexes(resolve_index_dir(index_dir), device)
+    model) at start-up rather than on its first request; RUNTIME runs the encoder on PyTorch or ONNX Runtime
+    (auto: ONNX Runtime on CPU when installed, `retriever.onnx_runtime`)."""
+    resolve_runtime(runtime, "cpu")  # validates the name before anything loads
+    indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime)
     state: dict = {}
 
     @asynccontextmanager
@@ -467,12 +471,12 @@ def serving_in_thread(app: FastAPI, timeout: float = 60.0) -> Iterator[str]:
 
 
 def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
-          max_batch: int = MAX_BATCH_QUERIES, access_log: bool = False) -> None:
+          max_batch: int = MAX_BATCH_QUERIES, access_log: bool = False, runtime: str = "auto") -> None:
     """Run the server until interrupted (the CLI's `retriever serve`)."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
-    app = create_app(index_dir, device=device, preload=True, max_batch=max_batch)
+    app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
 
 

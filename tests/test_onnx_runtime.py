@@ -1,0 +1,45 @@
+"""The encoder on ONNX Runtime gives PyTorch's vectors, for every pooling, any batch shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retriever.encoder import Encoder
+from retriever.errors import RetrieverError
+from retriever.onnx_runtime import resolve_runtime
+
+TEXTS = ["A man is playing a guitar.", "Short.", "The committee discussed the budget for the new harbour at length.",
+         "A dog runs through the grass chasing a ball that bounces over the fence and into the neighbour's garden."]
+
+
+@pytest.mark.parametrize("pooling, layers", [("last-avg", None), ("cls", None), ("first-last-avg", None),
+                                             ("last2-avg", None), (None, "0,2")])
+def test_onnx_runtime_matches_torch_for_every_pooling(tiny_bert, pooling, layers):
+    torch_encoder = Encoder(str(tiny_bert), pooling, layers, device="cpu", batch_size=3)
+    onnx_encoder = Encoder(str(tiny_bert), pooling, layers, device="cpu", batch_size=3, runtime="onnx")
+    assert onnx_encoder.runtime == "onnx" and torch_encoder.runtime == "torch"
+    expected = torch_encoder.encode(TEXTS)
+    np.testing.assert_allclose(onnx_encoder.encode(TEXTS), expected, atol=1e-5)
+    # One at a time (other sequence lengths and batch sizes than the export's example) too.
+    np.testing.assert_allclose(np.vstack([onnx_encoder.encode([text]) for text in TEXTS]), expected, atol=1e-5)
+
+
+def test_the_real_model_matches_on_onnx_runtime(minilm_encoder):
+    onnx_encoder = Encoder(device="cpu", runtime="onnx")
+    np.testing.assert_allclose(onnx_encoder.encode(TEXTS), minilm_encoder.encode(TEXTS), atol=1e-5)
+
+
+def test_runtime_choice():
+    assert resolve_runtime("auto", "cpu") == "onnx"  # onnxruntime is a dependency
+    assert resolve_runtime("auto", "cuda") == "torch" and resolve_runtime("torch", "cpu") == "torch"
+    with pytest.raises(RetrieverError, match="unknown runtime 'tpu'"):
+        resolve_runtime("tpu", "cpu")
+    with pytest.raises(RetrieverError, match="runs on the CPU"):
+        resolve_runtime("onnx", "cuda")
+
+
+def test_onnx_runtime_refuses_half_precision(tiny_bert):
+    with pytest.raises(RetrieverError, match="fp32"):
+        Encoder(str(tiny_bert), device="cpu", dtype="bf16", runtime="onnx")
+    assert Encoder(str(tiny_bert), device="cpu", dtype="bf16", runtime="auto").runtime == "torch"
