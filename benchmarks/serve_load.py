@@ -15,8 +15,8 @@ p99/max, failed requests (non-200 or no answer), the versions seen, and whether 
 one version that the writer (or the build) committed, with no client ever seeing an older version after a newer.
 
 Baselines measured in the same run: the CLI per query (`retriever search ... --json`, a fresh process each, as an
-application calling the CLI would), and the same server with micro-batching off (`--max-batch 1`) at the
-largest client count. Results go to OUT.json and OUT.md.
+application calling the CLI would), the same server with micro-batching off (`--max-batch 1`) at the largest
+client count, and with the encoder on PyTorch (`--runtime torch`) at one client. Results go to OUT.json and OUT.md.
 """
 
 from __future__ import annotations
@@ -98,14 +98,14 @@ def questions(count: int) -> list[str]:
 class Server:
     """`retriever serve` in its own process on a free loopback port."""
 
-    def __init__(self, index_dir: Path, max_batch: int):
+    def __init__(self, index_dir: Path, max_batch: int, runtime: str = "auto"):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         command = [str(Path(sys.executable).with_name("retriever")), "serve", "--host", "127.0.0.1",
                    "--port", str(self.port), "--index-dir", str(index_dir), "--device", "cpu",
-                   "--max-batch", str(max_batch)]
-        self.log = open(index_dir.parent / f"server-batch{max_batch}.log", "w")
+                   "--max-batch", str(max_batch), "--runtime", runtime]
+        self.log = open(index_dir.parent / f"server-batch{max_batch}-{runtime}.log", "w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 180
         while True:
@@ -294,20 +294,24 @@ def main() -> None:
     def write_offset() -> int:  # each phase adds passages not added before
         return sum(len(phase["writes"]) for phase in report["phases"] + report.get("baselines", {}).get("phases", []))
 
-    for max_batch, counts in ((64, client_counts), (1, [max(client_counts)])):
-        server = Server(index_dir, max_batch)
+    # The server as shipped (ONNX Runtime on CPU, batches of up to 64), then the baselines: micro-batching off at
+    # the most clients, and the encoder on PyTorch at one client.
+    configurations = ((64, "auto", client_counts), (1, "auto", [max(client_counts)]), (64, "torch", [1]))
+    for max_batch, runtime, counts in configurations:
+        server = Server(index_dir, max_batch, runtime)
         try:
             request(server.port, "GET", "/search?" + urlencode({"q": "warm up", "index": NAME}))
             for clients in counts:
-                print(f"max_batch {max_batch}: {clients} clients for {args.seconds:.0f} s", file=sys.stderr)
+                print(f"max_batch {max_batch}, runtime {runtime}: {clients} clients for {args.seconds:.0f} s",
+                      file=sys.stderr)
                 offset = write_offset() * WRITE_DOCUMENTS
                 phase = run_phase(server.port, queries, clients, args.seconds, writes[offset:],
                                   current_version(index_dir))
-                phase["max_batch"] = max_batch
-                if max_batch == 1:
-                    report.setdefault("baselines", {}).setdefault("phases", []).append(phase)
-                else:
+                phase["max_batch"], phase["runtime"] = max_batch, runtime
+                if (max_batch, runtime) == (64, "auto"):
                     report["phases"].append(phase)
+                else:
+                    report.setdefault("baselines", {}).setdefault("phases", []).append(phase)
                 print(json.dumps({k: phase[k] for k in ("clients", "qps", "latency_ms", "failed", "versions_seen")}),
                       file=sys.stderr)
         finally:
@@ -323,7 +327,8 @@ def main() -> None:
 def checks(report: dict) -> dict:
     phases = {phase["clients"]: phase for phase in report["phases"]}
     one, most = phases.get(1), phases[max(phases)]
-    unbatched = report["baselines"]["phases"][0]
+    unbatched = next(p for p in report["baselines"]["phases"] if p["max_batch"] == 1)
+    on_torch = next(p for p in report["baselines"]["phases"] if p["runtime"] == "torch")
     cli = report["baselines"]["cli_per_query"]["median_ms"]
     return {
         "failed_requests": sum(phase["failed"] for phase in report["phases"] + report["baselines"]["phases"]),
@@ -336,6 +341,8 @@ def checks(report: dict) -> dict:
             for phase in report["phases"] + report["baselines"]["phases"]),
         "micro_batching_speedup": round(most["qps"] / unbatched["qps"], 2),
         "cli_per_query_over_server_p50": round(cli / one["latency_ms"]["p50"], 1) if one else None,
+        "torch_p50_over_onnx_p50_1_client": round(on_torch["latency_ms"]["p50"] / one["latency_ms"]["p50"], 2)
+        if one else None,
     }
 
 
@@ -350,13 +357,14 @@ def markdown(report: dict) -> str:
         f"per phase while a writer POSTs {report['settings']['documents_per_write']} documents every "
         f"{report['settings']['write_every_s']:.0f} s.",
         "",
-        "| clients | max batch | q/s | p50 ms | p90 ms | p99 ms | max ms | failed | writes | versions seen | one committed version |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| clients | max batch | encoder runtime | q/s | p50 ms | p90 ms | p99 ms | max ms | failed | writes | versions seen | one committed version |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for phase in report["phases"] + report["baselines"]["phases"]:
         latency = phase["latency_ms"]
         ok = phase["responses_from_one_committed_version"] == phase["answered"] and not phase["version_went_backwards"]
-        lines.append(f"| {phase['clients']} | {phase['max_batch']} | {phase['qps']:,.1f} | {latency['p50']:.1f} | "
+        runtime = "onnx (auto)" if phase["runtime"] == "auto" else phase["runtime"]
+        lines.append(f"| {phase['clients']} | {phase['max_batch']} | {runtime} | {phase['qps']:,.1f} | {latency['p50']:.1f} | "
                      f"{latency['p90']:.1f} | {latency['p99']:.1f} | {latency['max']:.1f} | {phase['failed']} | "
                      f"{sum(1 for w in phase['writes'] if w['status'] == 201)}/{len(phase['writes'])} | "
                      f"{phase['versions_seen']} | {'all ' + format(phase['answered'], ',') if ok else 'NO'} |")
@@ -370,8 +378,11 @@ def markdown(report: dict) -> str:
         f"{check['cli_per_query_over_server_p50']}x the server's p50.",
         f"- q/s at {max(p['clients'] for p in report['phases'])} clients: "
         f"**{report['phases'][-1]['qps']:,.1f}** (target >= {TARGETS['qps_16_clients']:.0f}); micro-batching off "
-        f"(`--max-batch 1`) gives {report['baselines']['phases'][0]['qps']:,.1f}: batching is "
+        f"(`--max-batch 1`) gives {next(p for p in report['baselines']['phases'] if p['max_batch'] == 1)['qps']:,.1f}: batching is "
         f"{check['micro_batching_speedup']}x.",
+        f"- The encoder on PyTorch instead of ONNX Runtime (`--runtime torch`): p50 at 1 client "
+        f"{next(p for p in report['baselines']['phases'] if p['runtime'] == 'torch')['latency_ms']['p50']:.1f} ms, "
+        f"{check['torch_p50_over_onnx_p50_1_client']}x the ONNX Runtime p50.",
         f"- Every response from exactly one committed version, never older than the client's previous one: "
         f"**{'yes' if check['every_response_from_one_committed_version'] else 'NO'}**.",
         "",
