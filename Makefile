@@ -1,5 +1,6 @@
 # Two commands do the whole set-up on a fresh machine with Python 3.10+ and pip:
-#   make demo   installs into .venv, builds a calibrated index over the standard library's docs, searches it
+#   make demo   installs into .venv, builds a calibrated index over the standard library's docs (into the index
+#               home, ~/.local/share/retriever/indexes unless RETRIEVER_HOME says otherwise), searches it
 #   make test   installs into .venv (with test extras) and runs the test suite
 # CPU machines get the CPU build of torch pinned; on a CUDA machine: make demo TORCH=torch
 
@@ -28,6 +29,7 @@ demo: install
 	$(BIN)/retriever search "read a file line by line" --name stdlib-docs -k 5
 	$(BIN)/retriever search "random number from a normal distribution" --name stdlib-docs -k 5
 	$(BIN)/retriever search "compress data with gzip" --name stdlib-docs -k 5
+	@echo "serve it (HTTP API + search page on http://127.0.0.1:8000): $(BIN)/retriever serve"
 
 # The search page's browser test drives Debian's chromium through chromium-driver (root or sudo installs them).
 browser:

@@ -40,7 +40,7 @@ from retriever.encoder import Encoder
 from retriever.errors import ConflictError, NotFoundError, RetrieverError
 from retriever.index_folder import (
     BUILD_STATE,
-    DEFAULT_INDEX_DIR,
+    resolve_index_dir,
     MANIFEST,
     check_target,
     damaged_index,
@@ -130,11 +130,11 @@ class Index:
     """An opened, read-only version of an index. Writers are the classmethod `build` and the methods that
     return a ChangeSummary; each of those writes a new version and leaves this object on the old one."""
 
-    def __init__(self, folder: Path, manifest: dict, device: str = "auto", index_dir: str | Path = DEFAULT_INDEX_DIR):
+    def __init__(self, folder: Path, manifest: dict, device: str = "auto", index_dir: str | Path | None = None):
         self.folder = folder
         self.manifest = manifest
         self.name = manifest["name"]
-        self.index_dir = Path(index_dir)
+        self.index_dir = resolve_index_dir(index_dir)
         self.device = device
         self.spec = IndexSpec.from_dict(manifest["index"])
         self.segments = [Segment(folder / SEGMENTS / entry["name"], _segment_spec(entry, self.spec), device=device)
@@ -145,8 +145,10 @@ class Index:
         self._encoder: Encoder | None = None
 
     @classmethod
-    def open(cls, name: str, index_dir: str | Path = DEFAULT_INDEX_DIR, device: str = "auto") -> Index:
-        """Open the current version: checks the manifest's checksum and every file's size (`verify` re-hashes)."""
+    def open(cls, name: str, index_dir: str | Path | None = None, device: str = "auto") -> Index:
+        """Open the current version: checks the manifest's checksum and every file's size (`verify` re-hashes).
+        INDEX_DIR: where indexes live (default: the index home, `index_folder.resolve_index_dir`)."""
+        index_dir = resolve_index_dir(index_dir)
         folder = resolve_existing(index_dir, name)  # resolved once: a concurrent swap cannot mix versions
         manifest = read_manifest(folder, name=name)
         _check_manifest(manifest, name, folder)
@@ -351,7 +353,7 @@ class Index:
         cls,
         corpus: str | Path,
         name: str,
-        index_dir: str | Path = DEFAULT_INDEX_DIR,
+        index_dir: str | Path | None = None,
         *,
         vectors: str | Path | None = None,
         model: str | None = None,
@@ -378,6 +380,7 @@ class Index:
         already fitted calibrator (then nothing is fitted). With RESUME, a killed build of the same corpus with
         the same encoder settings continues from its last finished chunk."""
         started = time.perf_counter()
+        index_dir = resolve_index_dir(index_dir)
         # Cheap refusals first: bad arguments never wait for a corpus read or a model load.
         corpus_format(corpus)
         if not Path(corpus).is_file():
@@ -696,9 +699,10 @@ class Index:
         return [d for d in documents if d.doc_id in found]
 
 
-def verify_index(name: str, index_dir: str | Path = DEFAULT_INDEX_DIR, progress=None) -> tuple[dict, int]:
+def verify_index(name: str, index_dir: str | Path | None = None, progress=None) -> tuple[dict, int]:
     """Re-hash every file of NAME's current version against its manifest, without opening (and so trusting)
     any of them first; returns the manifest and the bytes checked."""
+    index_dir = resolve_index_dir(index_dir)
     folder = resolve_existing(index_dir, name)
     manifest = read_manifest(folder, name=name)
     return manifest, verify_files(folder, manifest, name=name, progress=progress)
@@ -877,4 +881,4 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-__all__ = ["Index", "SearchHit", "ChangeSummary", "DEFAULT_INDEX_DIR", "document_text", "l2_normalize", "isotropy"]
+__all__ = ["Index", "SearchHit", "ChangeSummary", "document_text", "l2_normalize", "isotropy"]

@@ -42,7 +42,6 @@ BUILD_STATE = "build-state.json"  # in a build's partial folder: what it has fin
 VERSIONS = ".versions"
 LOCK = "lock"
 KEEP_VERSIONS = 2  # the current one and the one before it
-DEFAULT_INDEX_DIR = "indexes"  # the library's default (relative); the CLI and server use `resolve_index_dir`
 HOME_VARIABLE = "RETRIEVER_HOME"
 # One rule for every index name, so a name is always a safe file name, a URL path part and a shell word.
 NAME_RULE = "1 to 64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"

@@ -41,7 +41,7 @@ from retriever.corpus import documents_from_records
 from retriever.errors import ConflictError, NotFoundError, RetrieverError
 from retriever.index import Index, SearchHit, search_record
 from retriever.onnx_runtime import resolve_runtime
-from retriever.index_folder import check_name, list_indexes, read_manifest, resolve_index_dir
+from retriever.index_folder import check_name, describe_indexes, list_indexes, resolve_index_dir
 
 try:
     from fastapi import Body, FastAPI, Query, Request
@@ -312,7 +312,9 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
     @app.get("/indexes")
     async def all_indexes():
-        return {"index_dir": str(indexes.index_dir), "indexes": [_summary(indexes, name) for name in indexes.names()]}
+        listed = describe_indexes(indexes.index_dir)  # what `retriever list --json` shows, plus the version
+        return {"index_dir": str(indexes.index_dir),
+                "indexes": [{**record, "version": Path(record["folder"]).name} for record in listed]}
 
     @app.get("/indexes/{name}")
     async def one_index(name: str):
@@ -399,25 +401,12 @@ def _describe(problem: dict) -> str:
     return f"{where}: {problem.get('msg', 'invalid')}" if where else problem.get("msg", "invalid request")
 
 
-def _summary(indexes: OpenIndexes, name: str) -> dict:
-    """A listed index, read from its manifest alone (no model load, no FAISS)."""
-    folder = Path(os.path.realpath(indexes.index_dir / name))
-    try:
-        manifest = read_manifest(folder, name=name)
-    except RetrieverError as error:
-        return {"name": name, "error": str(error)}
-    return _describe_manifest(name, folder.name, manifest)
-
-
 def _describe_index(index: Index) -> dict:
-    return _describe_manifest(index.name, index.folder.name, index.manifest)
-
-
-def _describe_manifest(name: str, version: str, manifest: dict) -> dict:
-    return {"name": name, "version": version, "documents": manifest.get("documents"),
-            "model": manifest.get("encoder", {}).get("model"), "dim": manifest.get("dim"),
-            "calibrator": manifest.get("calibrator", {}).get("name"), "index_type": manifest.get("index", {}).get("type"),
-            "created": manifest.get("created"), "refitted": manifest.get("refitted")}
+    manifest = index.manifest
+    return {"name": index.name, "version": index.folder.name, "documents": manifest["documents"],
+            "model": manifest["encoder"]["model"], "dim": manifest["dim"], "calibrator": manifest["calibrator"]["name"],
+            "index_type": manifest["index"]["type"], "created": manifest["created"],
+            "refitted": manifest.get("refitted"), "folder": str(index.folder)}
 
 
 class BodyLimit:
