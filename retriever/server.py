@@ -8,8 +8,9 @@ One process holds the model and the open indexes, so a query costs milliseconds 
 - `SearchBatcher` answers searches on one thread: whatever queries have queued while it worked go through one
   encoder call (one per encoder), then one FAISS search per index version. Under load that is micro-batching for
   free; a lone query waits for nothing.
-- Bad input is a JSON error with its status (400 bad value, 404 no such index or document, 409 id already
-  there or a build at work, 413 too large, 422 malformed request), never a traceback; sizes and k are bounded.
+- Bad input is a JSON error with its status (400 bad value, 404 no such index or document, 409 an id already
+  there, 413 too large, 422 malformed request), never a traceback; sizes and k are bounded. Writes take turns
+  with every other writer of the index (the CLI's included), as `retriever add` does.
 
 Endpoints (the contract clients rely on; answers use `retriever.index.search_record` for each query, the same
 JSON as `retriever search --json`): GET /health, GET /indexes, GET /indexes/{name},
@@ -119,7 +120,10 @@ class OpenIndexes:
             if key in self._encoders:
                 index._encoder = self._encoders[key]
             else:  # loads the model: once per model for the server's life
-                self._encoders[key] = index._encoder = index.load_encoder(self.runtime)
+                try:
+                    self._encoders[key] = index._encoder = index.load_encoder(self.runtime)
+                except RetrieverError as error:  # this machine lacks the model: the server's problem, not the request's
+                    raise ApiError(503, str(error)) from None
             self._held[name] = index
             if held is not None:
                 log.info("index '%s': now serving version %s (was %s)", name, index.folder.name, held.folder.name)
@@ -266,7 +270,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
             for name in indexes.names():
                 try:
                     indexes.get(name)
-                except RetrieverError as error:  # a damaged index must not keep the others from being served
+                except (RetrieverError, ApiError) as error:  # one bad index must not keep the others from being served
                     log.warning("index '%s' not served: %s", name, error)
         yield
         state["batcher"].close()

@@ -261,3 +261,15 @@ def test_an_index_removed_while_served_answers_404_and_others_go_on(client, inde
     assert "no index named 'other'" in one_line_error(client.get("/search", params={"q": "x", "index": "other"}), 404)
     assert client.get("/search", params={"q": "a violin", "index": "notes"}).status_code == 200
     assert [entry["name"] for entry in client.get("/indexes").json()["indexes"]] == ["notes"]
+
+
+def test_an_index_whose_model_is_gone_answers_503_and_others_still_serve(client, index_dir, tmp_path, tiny_bert):
+    import shutil
+
+    model = tmp_path / "model-copy"
+    shutil.copytree(tiny_bert, model)
+    Index.build(write_corpus(tmp_path / "orphan.jsonl", documents(40)), "orphan", index_dir, model=str(model),
+                calibrator="none", device="cpu")
+    shutil.rmtree(model)
+    assert "cannot encode text" in one_line_error(client.get("/search", params={"q": "x", "index": "orphan"}), 503)
+    assert client.get("/search", params={"q": "a violin", "index": "notes"}).status_code == 200
