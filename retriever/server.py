@@ -269,9 +269,12 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         if preload:
             for name in indexes.names():
                 try:
-                    indexes.get(name)
+                    opened = indexes.get(name)
+                    log.info("index '%s': %s documents, version %s, encoder on %s", name,
+                             f"{len(opened):,}", opened.folder.name, opened.encoder.runtime)
                 except (RetrieverError, ApiError) as error:  # one bad index must not keep the others from being served
                     log.warning("index '%s' not served: %s", name, error)
+            log.info("serving %d indexes from %s", len(indexes.names()), indexes.index_dir)
         yield
         state["batcher"].close()
 
