@@ -20,9 +20,15 @@ from cli.options import default
 Datasets = Annotated[
     str,
     typer.Argument(
-        help="stsb | sickr | sts12 | sts13 | sts14 | sts15 | sts16 | qnli, the groups sts and all, or a comma list",
+        help="stsb | sickr | sts12 | sts13 | sts14 | sts15 | sts16 | qnli (pair tasks); qnli-retrieval | stsb-dup | "
+        "sickr-dup (retrieval through an index); beir PATH or beir:PATH (any BEIR folder); the groups sts, "
+        "retrieval and all (the pair tasks); or a comma list",
         show_default=False,
     ),
+]
+BeirPath = Annotated[
+    Optional[str], typer.Argument(help="with `beir`: the BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv)",
+                                  show_default=False),
 ]
 Calibrators = Annotated[
     str,
@@ -44,6 +50,7 @@ BenchMaxLength = Annotated[int, typer.Option("--max-length", help="tokens per se
 
 def bench(
     datasets: Datasets,
+    beir_path: BeirPath = None,
     model: options.Model = None,
     pooling: options.Pooling = "last-avg",
     layers: options.Layers = None,
@@ -85,6 +92,14 @@ def bench(
     """Score raw and calibrated embeddings on STS (Spearman x100) and QNLI (ROC-AUC x100)."""
     from retriever.evaluation.runner import plan_benchmark, run_benchmark
 
+    from retriever.errors import RetrieverError
+
+    if beir_path is not None:
+        if datasets.strip().lower() != "beir":
+            raise RetrieverError(f"unexpected argument {beir_path!r}: a folder follows only `beir` (beir PATH)")
+        datasets = f"beir:{beir_path}"
+    elif datasets.strip().lower() == "beir":
+        raise RetrieverError("beir needs a folder: retriever bench beir PATH")
     started = time.perf_counter()
     plan = plan_benchmark(datasets, calibrator, data_dir, layout, fit_on, seed, limit, lexical, plot)
     from retriever.encoder import Encoder
@@ -111,7 +126,7 @@ def bench(
 def _print_tables(report) -> None:
     from rich.console import Console
 
-    from retriever.evaluation.runner import lexical_table, score_table
+    from retriever.evaluation.runner import lexical_table, retrieval_table, score_table
 
     # Off a terminal (a pipe, a file) rich would wrap at 80 columns; the Table-2 layout needs about 150.
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -124,6 +139,11 @@ def _print_tables(report) -> None:
     headers, rows = score_table(report.results)
     note = "Spearman x100 of cosine vs gold on test splits (STS-12..16: wmean and all); QNLI: ROC-AUC x100 on dev"
     _print_table(console, title, headers, rows, note)
+    headers, rows = retrieval_table(report.results)
+    if rows:
+        _print_table(console, "Retrieval through the index (BEIR metrics)", headers, rows,
+                     "x100; calibrators fitted on each corpus by the index build; nDCG@10 ignores a hit identical "
+                     "to the query")
     if report.lexical is not None:
         headers, rows = lexical_table(report.lexical)
         _print_table(console, "Similarity vs lexical overlap (BERT-flow Table 6)", headers, rows,

@@ -214,3 +214,49 @@ def test_cli_errors_exit_1_with_one_line(fake_data, tmp_path):
         assert done.returncode == 1, done.stderr
         assert done.stderr.strip().count("\n") == 0 and phrase in done.stderr
         assert done.stdout == ""
+
+
+@pytest.fixture()
+def beir_folder(tmp_path) -> Path:
+    """A small BEIR folder: 60 documents, 12 queries, each the exact text of one document (graded 2) plus a
+    judged-irrelevant (0) one, so an exact encoder must find every relevant document first."""
+    folder = tmp_path / "tiny-beir"
+    (folder / "qrels").mkdir(parents=True)
+    topics = ["boats", "trains", "bread", "music", "rain", "chess", "gardens", "maps", "owls", "clocks"]
+    docs = [{"_id": f"d{i}", "title": f"note {i}", "text": f"Day {i}: a story about {topics[i % 10]} and {topics[i // 10]}."}
+            for i in range(60)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = [{"_id": f"q{i}", "text": f"note {i} Day {i}: a story about {topics[i % 10]} and {topics[i // 10]}."}
+               for i in range(0, 60, 5)]
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t2\nq{i}\td{(i + 1) % 60}\t0" for i in range(0, 60, 5)]
+    (folder / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path):
+    done = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none,sn", "--json",
+                   "--cache-dir", tmp_path / "cache", "--max-length", "32")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    records = document["results"]
+    assert {(r["calibrator"], r["metric"]) for r in records} == {
+        (c, m) for c in ("none", "sn") for m in ("ndcg@10", "recall@100", "mrr@10")}
+    assert all(set(r) == RECORD_KEYS and r["dataset"] == "tiny-beir" for r in records)
+    none = {r["metric"]: r["score"] for r in records if r["calibrator"] == "none"}
+    assert none == {"ndcg@10": pytest.approx(100.0), "recall@100": pytest.approx(100.0), "mrr@10": pytest.approx(100.0)}
+    assert document["fit_sets"]["tiny-beir"] == {"source": "corpus", "sentences": 60, "documents": 60, "queries": 12,
+                                                 "relevant": 12}
+    table = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none",
+                    "--cache-dir", tmp_path / "cache", "--max-length", "32")
+    assert table.returncode == 0 and "tiny-beir nDCG@10" in table.stdout and "tiny-beir MRR@10" in table.stdout
+
+
+def test_retrieval_tasks_resolve_and_refuse_bad_input(tmp_path):
+    from retriever.evaluation.tasks import resolve_tasks
+
+    assert [t.name for t in resolve_tasks("retrieval")] == ["qnli-retrieval", "stsb-dup", "sickr-dup"]
+    assert "beir:PATH" in run_cli("bench", "nope").stderr
+    assert "needs a folder" in run_cli("bench", "beir").stderr
+    assert "is not a folder" in run_cli("bench", "beir", tmp_path / "missing").stderr
+    assert "not a BEIR folder" in run_cli("bench", "beir", tmp_path, "--limit", "5").stderr

@@ -110,6 +110,38 @@ def duplicate_retrieval(task_name: str, data_dir: str | Path, threshold: float =
     return RetrievalSet(f"{task.name}-dup", {ids[s]: (None, s) for s in sentences}, queries, qrels)
 
 
+@dataclass(frozen=True)
+class RetrievalTask:
+    """A retrieval benchmark, declared as data: a name, what it is, and how to load its set from the data
+    folder. Scored with `METRICS`; the calibrators are fitted on the task's corpus, by the index build."""
+
+    name: str
+    description: str
+    load: Callable[[Path], RetrievalSet]
+    split: str = "test"
+    main_metric: str = "ndcg@10"
+
+
+RETRIEVAL_TASKS: dict[str, RetrievalTask] = {
+    task.name: task for task in (
+        RetrievalTask("qnli-retrieval", "QNLI dev: each question retrieves its answering sentence(s) among all "
+                      "5,463 dev sentences", qnli_retrieval, split="dev"),
+        RetrievalTask("stsb-dup", "STS-B test as duplicate retrieval: pairs with gold >= 4, both ways",
+                      lambda data: duplicate_retrieval("stsb", data)),
+        RetrievalTask("sickr-dup", "SICK test as duplicate retrieval: pairs with gold >= 4, both ways",
+                      lambda data: duplicate_retrieval("sickr", data)),
+    )
+}
+
+
+def beir_task(folder: str | Path, split: str = "test") -> RetrievalTask:
+    """A task for any BEIR folder (`retriever bench beir PATH`), named after the folder."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise RetrieverError(f"beir: {folder} is not a folder")
+    return RetrievalTask(folder.name, f"BEIR folder {folder}", lambda data: load_beir(folder, split), split=split)
+
+
 # --- metrics -------------------------------------------------------------------------------------------------
 
 

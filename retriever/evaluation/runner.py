@@ -30,6 +30,7 @@ import numpy as np
 from retriever.errors import RetrieverError
 from retriever.evaluation.data import PairSubset, Task, resolve_data_dir
 from retriever.evaluation.evaluators import cosine_rows, evaluate, spearman_x100
+from retriever.evaluation.retrieval import RetrievalSet, RetrievalTask, evaluate_through_index
 from retriever.evaluation.tasks import TASKS, resolve_tasks
 from retriever.index_folder import sha256_file
 
@@ -40,7 +41,8 @@ LEXICAL_TASK, LEXICAL_SPLIT, LEXICAL_MAX_DISTANCE = "stsb", "dev", 4
 # Names the BERT-flow tables use.
 DISPLAY_NAMES = {
     "stsb": "STS-B", "sickr": "SICK-R", "sts12": "STS-12", "sts13": "STS-13", "sts14": "STS-14",
-    "sts15": "STS-15", "sts16": "STS-16", "qnli": "QNLI",
+    "sts15": "STS-15", "sts16": "STS-16", "qnli": "QNLI", "qnli-retrieval": "QNLI-R", "stsb-dup": "STS-B dup",
+    "sickr-dup": "SICK-R dup",
 }
 
 
@@ -87,7 +89,7 @@ def plan_benchmark(
         if layout not in known:
             raise RetrieverError(f"unknown layout {layout!r}; choose one of {', '.join(known)}")
     if fit_on == "train":
-        without = [task.name for task in tasks if "train" not in task.splits]
+        without = [task.name for task in tasks if isinstance(task, Task) and "train" not in task.splits]
         if without:
             raise RetrieverError(
                 f"--fit-on train: {', '.join(without)} {'has' if len(without) == 1 else 'have'} no train split "
@@ -166,7 +168,7 @@ class _Run:
         results, seconds = [], {}
         for task in self.plan.tasks:
             start = time.perf_counter()
-            results += self.evaluate_task(task)
+            results += self.evaluate_retrieval(task) if isinstance(task, RetrievalTask) else self.evaluate_task(task)
             seconds[task.name] = time.perf_counter() - start
         lexical = plot = None
         if self.plan.lexical or self.plan.plot:
@@ -187,7 +189,7 @@ class _Run:
             # Each calibrator's hyperparameters (the flow's epochs, batch size, ...), as fitted in this run.
             calibrators={name: make_calibrator(name, seed=self.plan.seed).config() for name in self.plan.calibrators},
             fit_on=self.plan.fit_on,
-            layouts={task.name: self.plan.layout_of(task) for task in self.plan.tasks},
+            layouts={task.name: self.plan.layout_of(task) for task in self.plan.tasks if isinstance(task, Task)},
         )
         if self.plan.limit is not None:
             settings["limit"] = self.plan.limit
@@ -214,6 +216,35 @@ class _Run:
                     record["score"] = None
                 records.append({**record, "calibrator": name})
         self.log(_summary(task, records, self.plan.calibrators))
+        return [_ordered(record) for record in records]
+
+    def evaluate_retrieval(self, task: RetrievalTask) -> list[dict]:
+        """Build an index of the task's corpus per calibrator (fitted on that corpus, as `retriever build` fits)
+        and search every query through it: nDCG@10, Recall@100, MRR@10. --fit-on does not apply: an index is
+        always fitted on its own documents. --limit keeps the first N queries (and the whole corpus)."""
+        from retriever.corpus import Document, document_text
+
+        rset = task.load(self.plan.data_dir)
+        if self.plan.limit is not None:
+            kept = list(rset.queries)[: self.plan.limit]
+            rset = RetrievalSet(rset.name, rset.corpus, {q: rset.queries[q] for q in kept},
+                                {q: rset.qrels[q] for q in kept})
+        self.fit_sets[task.name] = {"source": "corpus", "sentences": len(rset.corpus), **rset.describe()}
+        texts = [document_text(Document(doc, text, title, "", 0)) for doc, (title, text) in rset.corpus.items()]
+        self.embed([*texts, *rset.queries.values()], description=f"{task.name}: encoding")
+        records = []
+        for name in self.plan.calibrators:
+            self.log(f"{task.name}: indexing {len(rset.corpus):,} documents with {name}, searching "
+                     f"{len(rset.queries):,} queries")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                scores = evaluate_through_index(rset, self.embed, self.encoder_config(), name, self.plan.seed)
+            for warning in caught:
+                self.log(f"{task.name}: {name}: {warning.message}")
+            records += [{"dataset": task.name, "split": task.split, "calibrator": name, "metric": metric,
+                         "aggregation": task.split, "score": score} for metric, score in scores.items()]
+        main = {r["calibrator"]: r["score"] for r in records if r["metric"] == task.main_metric}
+        self.log(f"{task.name} ({task.main_metric}): " + ", ".join(f"{n} {format_score(main[n])}" for n in main))
         return [_ordered(record) for record in records]
 
     def splits(self, task: Task) -> dict[str, list[PairSubset]]:
@@ -346,12 +377,13 @@ def score_table(results: Sequence[dict]) -> tuple[list[str], list[list[str | flo
     columns: list[tuple[str, str]] = []
     for record in results:
         column = (record["dataset"], record["aggregation"])
-        if column not in columns and record["metric"] in ("spearman", "auc"):
+        if column not in columns and record["metric"] in ("spearman", "auc", "ndcg@10"):
             columns.append(column)
     sts = [c for c in columns if c[0] in TASKS and TASKS[c[0]].metric == "spearman"]
     other = [c for c in columns if c not in sts]
     sts_main = [c for c in sts if main.get(c[0]) == c[1]]
-    scores = {(r["calibrator"], r["dataset"], r["aggregation"]): r["score"] for r in results}
+    scores = {(r["calibrator"], r["dataset"], r["aggregation"]): r["score"] for r in results
+              if r["metric"] in ("spearman", "auc", "ndcg@10")}
     calibrators = list(dict.fromkeys(r["calibrator"] for r in results))
     headers = ["calibrator", *(_column_name(*c) for c in sts)]
     if len(sts_main) > 1:
@@ -366,6 +398,19 @@ def score_table(results: Sequence[dict]) -> tuple[list[str], list[list[str | flo
         row += [scores.get((name, *c)) for c in other]
         rows.append(row)
     return headers, rows
+
+
+def retrieval_table(results: Sequence[dict]) -> tuple[list[str], list[list[str | float | None]]]:
+    """Every retrieval metric: a row per calibrator, a column per (dataset, metric); empty without retrieval."""
+    retrieval = [r for r in results if r["metric"] in ("ndcg@10", "recall@100", "mrr@10")]
+    columns = list(dict.fromkeys((r["dataset"], r["metric"]) for r in retrieval))
+    scores = {(r["calibrator"], r["dataset"], r["metric"]): r["score"] for r in retrieval}
+    calibrators = list(dict.fromkeys(r["calibrator"] for r in retrieval))
+    headers = ["calibrator", *(f"{DISPLAY_NAMES.get(d, d)} {_METRIC_NAMES[m]}" for d, m in columns)]
+    return headers, [[name, *(scores.get((name, *c)) for c in columns)] for name in calibrators]
+
+
+_METRIC_NAMES = {"ndcg@10": "nDCG@10", "recall@100": "R@100", "mrr@10": "MRR@10"}
 
 
 def lexical_table(lexical: dict) -> tuple[list[str], list[list[str | float | None]]]:
@@ -418,6 +463,8 @@ def _column_name(dataset: str, aggregation: str) -> str:
         return f"{name} {aggregation}"
     if TASKS.get(dataset) is not None and TASKS[dataset].metric == "auc":
         return f"{name} (AUC)"
+    if TASKS.get(dataset) is None:  # a retrieval task: its main metric
+        return f"{name} nDCG@10"
     return name
 
 

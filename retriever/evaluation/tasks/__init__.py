@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from retriever.errors import RetrieverError
 from retriever.evaluation.data import Task
+from retriever.evaluation.retrieval import RETRIEVAL_TASKS, RetrievalTask, beir_task
 from retriever.evaluation.tasks import qnli, sickr, sts12, sts13, sts14, sts15, sts16, stsb
 
 # Order of the BERT-flow tables: STS-B, SICK-R, STS12–16; then QNLI.
@@ -13,6 +14,7 @@ TASKS: dict[str, Task] = {
 GROUPS: dict[str, list[str]] = {
     "sts": ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"],
     "all": list(TASKS),
+    "retrieval": ["qnli-retrieval", "stsb-dup", "sickr-dup"],
 }
 
 
@@ -21,24 +23,37 @@ def _canonical(name: str) -> str:
     return name.strip().lower().replace("-", "").replace("_", "")
 
 
+KNOWN = (f"choose from {', '.join([*TASKS, *RETRIEVAL_TASKS])}, beir:PATH (a BEIR folder) or the groups sts, "
+         "retrieval, all")
+
+
 def get_task(name: str) -> Task:
     task = TASKS.get(_canonical(name))
     if task is None:
-        raise RetrieverError(f"unknown dataset {name!r}; choose from {', '.join(TASKS)} or the groups sts, all")
+        raise RetrieverError(f"unknown dataset {name!r}; {KNOWN}")
     return task
 
 
-def resolve_tasks(spec: str) -> list[Task]:
-    """Comma-separated task and group names ("sts12,qnli", "sts", "all") -> tasks, without duplicates."""
+def get_any_task(name: str) -> Task | RetrievalTask:
+    """A pair task, a retrieval task, or beir:PATH."""
+    if name.lower().startswith("beir:"):
+        return beir_task(name[len("beir:"):])
+    retrieval = RETRIEVAL_TASKS.get(name.strip().lower())
+    return retrieval if retrieval is not None else get_task(name)
+
+
+def resolve_tasks(spec: str) -> list[Task | RetrievalTask]:
+    """Comma-separated task and group names ("sts12,qnli", "sts", "retrieval", "beir:PATH") -> tasks, without
+    duplicates."""
     names = [part for part in (p.strip() for p in spec.split(",")) if part]
     if not names:
-        raise RetrieverError(f"no dataset given; choose from {', '.join(TASKS)} or the groups sts, all")
-    chosen: dict[str, Task] = {}
+        raise RetrieverError(f"no dataset given; {KNOWN}")
+    chosen: dict[str, Task | RetrievalTask] = {}
     for name in names:
-        group = GROUPS.get(_canonical(name))
-        for task in [TASKS[n] for n in group] if group else [get_task(name)]:
+        group = GROUPS.get(_canonical(name)) or GROUPS.get(name.strip().lower())
+        for task in [get_any_task(n) for n in group] if group else [get_any_task(name)]:
             chosen.setdefault(task.name, task)
     return list(chosen.values())
 
 
-__all__ = ["GROUPS", "TASKS", "Task", "get_task", "resolve_tasks"]
+__all__ = ["GROUPS", "RETRIEVAL_TASKS", "TASKS", "Task", "get_any_task", "get_task", "resolve_tasks"]
