@@ -125,7 +125,7 @@ class RetrievalTask:
 RETRIEVAL_TASKS: dict[str, RetrievalTask] = {
     task.name: task for task in (
         RetrievalTask("qnli-retrieval", "QNLI dev: each question retrieves its answering sentence(s) among all "
-                      "5,463 dev sentences", qnli_retrieval, split="dev"),
+                      "distinct dev sentences", qnli_retrieval, split="dev"),
         RetrievalTask("stsb-dup", "STS-B test as duplicate retrieval: pairs with gold >= 4, both ways",
                       lambda data: duplicate_retrieval("stsb", data)),
         RetrievalTask("sickr-dup", "SICK test as duplicate retrieval: pairs with gold >= 4, both ways",
