@@ -42,7 +42,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PASSAGES = REPO.parent / "shared" / "data" / "passages" / "passages.jsonl.gz"
+from benchmarks.scale import PASSAGES, _write_jsonl, qnli_questions  # noqa: E402  (same data, same queries)
+
 NAME = "p100k"
 DOCUMENTS = 100_000
 MAX_LENGTH = 256
@@ -83,16 +84,6 @@ def prepare(work: Path, vectors_path: Path | None) -> Path:
                           device="cpu", progress=True)
     print(f"built {NAME}: {summary.documents:,} documents in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return index_dir
-
-
-def questions(count: int) -> list[str]:
-    from retriever.evaluation import get_task, resolve_data_dir
-
-    found: dict[str, None] = {}
-    for subset in get_task("qnli").load_split(resolve_data_dir()):
-        for question in subset.sent1:
-            found.setdefault(question)
-    return list(found)[:count]
 
 
 class Server:
@@ -276,7 +267,7 @@ def main() -> None:
     args = parser.parse_args()
 
     index_dir = prepare(args.work, args.vectors)
-    queries = questions(2000)
+    queries = qnli_questions(2000)
     writes = [json.loads(line) for line in open(args.work / "writes.jsonl", encoding="utf-8")]
     client_counts = [int(count) for count in args.clients.split(",")]
     report: dict = {
@@ -388,12 +379,6 @@ def markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _write_jsonl(path: Path, records) -> None:
-    with open(path, "w", encoding="utf-8") as file:
-        for record in records:
-            file.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

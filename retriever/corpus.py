@@ -191,14 +191,19 @@ def _read_jsonl(lines: Iterator[str], path: Path) -> Iterator[Document]:
             record = json.loads(line, strict=False)
         except json.JSONDecodeError as error:
             raise RetrieverError(f"{where}: not valid JSON ({_json_problem(error)})") from None
-        if not isinstance(record, dict):
-            raise RetrieverError(f"{where}: expected a JSON object, got {type(record).__name__}")
-        key = "_id" if "_id" in record else "id"
-        if key not in record:
-            raise RetrieverError(f'{where}: missing "_id" (or "id")')
-        if "text" not in record:
-            raise RetrieverError(f'{where}: missing "text"')
-        yield _document(record[key], record["text"], record.get("title"), where, path, number)
+        yield _record_document(record, where, path, number)
+
+
+def _record_document(record: object, where: str, path: Path, number: int) -> Document:
+    """A BEIR record (`_id` or `id`, `text`, optional `title`) as a Document, or one line saying what is wrong."""
+    if not isinstance(record, dict):
+        raise RetrieverError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    key = "_id" if "_id" in record else "id"
+    if key not in record:
+        raise RetrieverError(f'{where}: missing "_id" (or "id")')
+    if "text" not in record:
+        raise RetrieverError(f'{where}: missing "text"')
+    return _document(record[key], record["text"], record.get("title"), where, path, number)
 
 
 def _json_problem(error: json.JSONDecodeError) -> str:
@@ -216,17 +221,8 @@ def _json_problem(error: json.JSONDecodeError) -> str:
 def documents_from_records(records: Iterable[object], source: str = "request") -> list[Document]:
     """Documents from BEIR-style records already parsed from JSON (the server's add requests): the same
     checks as a .jsonl corpus, with errors naming the record ("request record 3") instead of a line."""
-    documents = []
-    for number, record in enumerate(records, start=1):
-        where = f"{source} record {number}"
-        if not isinstance(record, dict):
-            raise RetrieverError(f"{where}: expected a JSON object, got {type(record).__name__}")
-        key = "_id" if "_id" in record else "id"
-        if key not in record:
-            raise RetrieverError(f'{where}: missing "_id" (or "id")')
-        if "text" not in record:
-            raise RetrieverError(f'{where}: missing "text"')
-        documents.append(_document(record[key], record["text"], record.get("title"), where, Path(source), number))
+    documents = [_record_document(record, f"{source} record {number}", Path(source), number)
+                 for number, record in enumerate(records, start=1)]
     if not documents:
         raise RetrieverError(f"{source}: no documents")
     return documents

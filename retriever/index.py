@@ -372,15 +372,18 @@ class Index:
         resume: bool = True,
         progress: bool = False,
         chunk_rows: int = CHUNK_ROWS,
+        encoder: Encoder | None = None,
     ) -> ChangeSummary:
         """Stream CORPUS through the pipeline into a new index version under NAME and swap it in.
 
         VECTORS: precomputed raw vectors (a .npy or a folder of .npy shards, row i = document i) made with the
         encoder that MODEL/POOLING/LAYERS/MAX_LENGTH name; no encoding happens. CALIBRATOR may be a name or an
         already fitted calibrator (then nothing is fitted). With RESUME, a killed build of the same corpus with
-        the same encoder settings continues from its last finished chunk."""
+        the same encoder settings continues from its last finished chunk. ENCODER: an already loaded encoder,
+        used instead of loading the one MODEL/POOLING/LAYERS/MAX_LENGTH/DTYPE name (many builds, one model)."""
         started = time.perf_counter()
         index_dir = resolve_index_dir(index_dir)
+        loaded = encoder
         # Cheap refusals first: bad arguments never wait for a corpus read or a model load.
         corpus_format(corpus)
         if not Path(corpus).is_file():
@@ -392,8 +395,9 @@ class Index:
         fit_sample_rows(0, fit_sample)  # validates the bound
         check_target(index_dir, name)
         source = VectorSource(vectors) if vectors is not None else None
-        encoder_settings = {"model": model, "pooling": pooling, "layers": _layers_key(layers),
-                            "max_length": max_length, "dtype": dtype}
+        encoder_settings = (loaded.config() if loaded is not None else
+                            {"model": model, "pooling": pooling, "layers": _layers_key(layers),
+                             "max_length": max_length, "dtype": dtype})
         key = {"corpus": source_fingerprint(corpus), "encoding": encoding, "encoder": encoder_settings,
                "vectors": source.fingerprint() if source else None}
         timings: dict[str, float] = {}
@@ -420,7 +424,7 @@ class Index:
                                      f"{_documents(state.documents)} in {corpus}; row i must be document i")
 
             clock = time.perf_counter()
-            encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
+            encoder = loaded or Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
             timings["load_model"] = time.perf_counter() - clock  # in a fresh process: mostly importing model code
             if source is not None and source.dim != encoder.dim:
                 raise RetrieverError(f"{vectors} holds {source.dim}-dimensional vectors; {encoder.model_name} "

@@ -96,11 +96,8 @@ class OpenIndexes:
 
     def held(self, name: str) -> Index | None:
         """The open version of NAME if it is still the current one (one path resolution), else None."""
-        check_name(name)
-        held = self._held.get(name)
-        if held is not None and str(held.folder) == os.path.realpath(self.index_dir / name):
-            return held
-        return None
+        held = self._held.get(check_name(name))
+        return held if held is not None and str(held.folder) == os.path.realpath(self.index_dir / name) else None
 
     def get(self, name: str) -> Index:
         """The current version of NAME, opened now if a newer one was committed since it was last asked for."""
@@ -108,9 +105,9 @@ class OpenIndexes:
         if held is not None:
             return held
         with self._lock:  # one opener at a time; the others wait here for the same new version
+            if self.held(name) is not None:  # opened by the thread that held the lock before
+                return self._held[name]
             held = self._held.get(name)
-            if held is not None and str(held.folder) == os.path.realpath(self.index_dir / name):
-                return held
             try:
                 index = Index.open(name, self.index_dir, device=self.device)
             except NotFoundError:  # removed: forget the version held

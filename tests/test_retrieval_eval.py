@@ -97,7 +97,7 @@ def test_evaluation_through_the_index_finds_exact_duplicates(tiny_bert):
     qrels = {f"q{i}": {f"d{i}": 1} for i in range(0, 48, 3)}
     encoder = Encoder(str(tiny_bert), device="cpu")
     for calibrator in ("none", "sn"):
-        scores = evaluate_through_index(RetrievalSet("tiny", corpus, queries, qrels), encoder.encode,
-                                        encoder.config(), calibrator)
+        scores = evaluate_through_index(RetrievalSet("tiny", corpus, queries, qrels), encoder.encode, encoder,
+                                        calibrator)
         assert scores == {"ndcg@10": pytest.approx(100.0), "recall@100": pytest.approx(100.0),
                           "mrr@10": pytest.approx(100.0)}

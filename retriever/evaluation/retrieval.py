@@ -177,10 +177,10 @@ def evaluate_run(run: Run, qrels: Qrels, ignore_identical: bool = True) -> dict[
 # --- through the index -----------------------------------------------------------------------------------
 
 
-def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder_config: dict,
+def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder,
                            calibrator: str, seed: int = 0, depth: int = 100) -> dict[str, float]:
-    """Build an index of RSET's corpus from its raw vectors (EMBED: the encoder ENCODER_CONFIG describes),
-    fitting CALIBRATOR on the corpus as `retriever build` does; search every query through it; score."""
+    """Build an index of RSET's corpus from its raw vectors (EMBED: ENCODER's output, possibly cached), fitting
+    CALIBRATOR on the corpus as `retriever build` does; search every query through it; score."""
     from retriever.corpus import Document, document_text
     from retriever.index import Index
 
@@ -197,9 +197,7 @@ def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], 
                 file.write(json.dumps({"_id": document.doc_id, "title": document.title, "text": document.text},
                                       ensure_ascii=False) + "\n")
         np.save(Path(folder) / "vectors.npy", raw_documents)
-        Index.build(corpus, "bench", Path(folder) / "indexes", vectors=Path(folder) / "vectors.npy",
-                    model=encoder_config["model"], pooling=encoder_config["pooling"], layers=encoder_config["layers"],
-                    max_length=encoder_config["max_length"], dtype=encoder_config.get("dtype", "fp32"),
+        Index.build(corpus, "bench", Path(folder) / "indexes", vectors=Path(folder) / "vectors.npy", encoder=encoder,
                     calibrator=calibrator, calibrator_options={"seed": seed}, index_type="flat", device="cpu")
         index = Index.open("bench", Path(folder) / "indexes", device="cpu")
         run: Run = {}

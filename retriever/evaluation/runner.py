@@ -238,7 +238,7 @@ class _Run:
                      f"{len(rset.queries):,} queries")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                scores = evaluate_through_index(rset, self.embed, self.encoder_config(), name, self.plan.seed)
+                scores = evaluate_through_index(rset, self.embed, self.encoder.encoder, name, self.plan.seed)
             for warning in caught:
                 self.log(f"{task.name}: {name}: {warning.message}")
             records += [{"dataset": task.name, "split": task.split, "calibrator": name, "metric": metric,
