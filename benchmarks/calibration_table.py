@@ -41,8 +41,10 @@ CALIBRATORS = {
     "whitening": ("whitening", {}),
     "sn": ("sn", {}),
     f"natsv-{NATSV_K}": (f"natsv-{NATSV_K}", {}),
+    "flow-256": ("flow-256", {}),
+    "auto": ("auto", {}),  # the default since issue 12: none where the space is isotropic, else flow-K
 }
-SEEDED = {"flow", "flow (paper)"}
+SEEDED = {"flow", "flow (paper)", "flow-256", "auto"}
 # shared/README.md, measured on the same files and settings (MiniLM's last layer is 6).
 REFERENCE = {"raw": {0: 55.60, 4: 59.59, 6: 82.03}, "whitening": {0: 70.42, 4: 70.93, 6: 80.73}}
 FLOW_TARGETS = {0: 69.5, 4: 70.5, 6: 81.9}
@@ -112,6 +114,15 @@ def main() -> None:
             worst = results[layer]["flow"]["min"]
             checks.append({"check": f"flow layer {layer} >= {FLOW_TARGETS[layer]}", "value": worst,
                            "pass": worst >= FLOW_TARGETS[layer]})
+        if layer == last:  # a tuned encoder's own layer: auto must not hurt
+            value, floor = results[layer]["auto"]["min"], results[layer]["raw"]["mean"] - 0.2
+            checks.append({"check": f"auto layer {layer} >= raw - 0.2 = {floor:.2f}", "value": value,
+                           "pass": value >= floor})
+        else:  # an anisotropic layer: auto must be within 0.5 of the best linear calibrator
+            linear = max(results[layer][label]["mean"] for label in ("whitening", "sn", f"natsv-{NATSV_K}"))
+            value = results[layer]["auto"]["min"]
+            checks.append({"check": f"auto layer {layer} >= best linear - 0.5 = {linear - 0.5:.2f}", "value": value,
+                           "pass": value >= linear - 0.5})
         if layer in REFERENCE["whitening"]:
             value = results[layer]["whitening"]["mean"]
             reference = REFERENCE["whitening"][layer]

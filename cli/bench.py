@@ -34,7 +34,7 @@ Calibrators = Annotated[
     str,
     typer.Option(
         "--calibrator", "-c",
-        help="comma-separated: none, flow, whitening, whitening-K, sn, natsv-K, sn+natsv-K (one table row each)",
+        help="comma-separated: none, auto, flow, flow-K, whitening, whitening-K, sn, natsv-K, sn+natsv-K (one table row each)",
     ),
 ]
 FitOn = Annotated[
@@ -54,8 +54,11 @@ def bench(
     model: options.Model = None,
     pooling: options.Pooling = "last-avg",
     layers: options.Layers = None,
-    calibrator: Calibrators = "none,flow",
+    calibrator: Calibrators = "none,auto",
     fit_on: FitOn = "target",
+    fit_queries: Annotated[bool, typer.Option(
+        "--fit-queries", help="retrieval tasks: fit each index's calibrator on its documents plus the task's "
+        "queries (no labels), as `retriever build --fit-queries` does")] = False,
     seed: Annotated[int, typer.Option("--seed", help="seed of the flow's initialisation and batch order")] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object instead of the table")] = False,
     plot: Annotated[
@@ -89,7 +92,7 @@ def bench(
                                     "scores not comparable " + default("every pair"))
     ] = None,
 ) -> None:
-    """Score raw and calibrated embeddings on STS (Spearman x100) and QNLI (ROC-AUC x100)."""
+    """Score raw and calibrated embeddings on STS (Spearman x100), QNLI (ROC-AUC x100) and retrieval (nDCG@10)."""
     from retriever.evaluation.runner import plan_benchmark, run_benchmark
 
     from retriever.errors import RetrieverError
@@ -101,7 +104,7 @@ def bench(
     elif datasets.strip().lower() == "beir":
         raise RetrieverError("beir needs a folder: retriever bench beir PATH")
     started = time.perf_counter()
-    plan = plan_benchmark(datasets, calibrator, data_dir, layout, fit_on, seed, limit, lexical, plot)
+    plan = plan_benchmark(datasets, calibrator, data_dir, layout, fit_on, seed, limit, lexical, plot, fit_queries)
     from retriever.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
     from retriever.progress import stderr_console

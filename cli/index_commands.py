@@ -84,10 +84,14 @@ def build(
     pooling: options.Pooling = "last-avg",
     layers: options.Layers = None,
     max_length: options.MaxLength = None,
-    calibrator: Calibrator = "flow",
+    calibrator: Calibrator = "auto",
     seed: Seed = None,
     fit_sample: Annotated[int, typer.Option(
         "--fit-sample", help="fit the calibrator on at most this many vectors (uniform, seeded by --seed)")] = DEFAULT_FIT_SAMPLE,
+    fit_queries: Annotated[Optional[Path], typer.Option(
+        "--fit-queries", help="example queries (.txt, one per line, or BEIR queries.jsonl), no labels: the "
+        "calibrator is fitted on the documents plus these, so it also fits what users search with "
+        + default("none: documents only"))] = None,
     index_type: Annotated[str, typer.Option(
         "--index-type", **options.choice(options.INDEX_TYPES),
         help="auto: by corpus size and memory; flat: exact; hnsw, ivf: approximate; ivfpq: compressed")] = "auto",
@@ -118,7 +122,7 @@ def build(
         corpus, name, home, vectors=vectors, model=model, pooling=pooling, layers=layers, max_length=max_length,
         calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None, fit_sample=fit_sample,
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
-        batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True,
+        batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True, fit_queries=fit_queries,
     )
     _report("built", summary, "encoded" if vectors is None else "indexed", notes=False)  # shown as they came
     if vectors is None:
@@ -431,7 +435,12 @@ def info(
     spec = {**manifest["index"], **details["search_settings"]}
     settings = ", ".join(f"{key} {value}" for key, value in spec.items() if key != "type")
     fitted = manifest.get("fit", {})
-    calibrator = json.dumps(manifest["calibrator"])
+    calibrator = json.dumps({k: v for k, v in manifest["calibrator"].items() if k != "decision"})
+    decision = manifest["calibrator"].get("decision")
+    if decision:  # auto: what it chose and why, then its evidence on a line of its own
+        from retriever.calibration import describe_decision
+
+        calibrator = f"{describe_decision(decision)}; {json.dumps(decision['chosen'])}"
     if "calibrator_fallback" in manifest:
         fallback = manifest["calibrator_fallback"]
         calibrator += f" ({fallback['asked']} was asked for: {fallback['reason']})"
@@ -442,9 +451,12 @@ def info(
                       "until compaction drops them)"),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", calibrator),
+        *([("auto evidence", ", ".join(f"{key} {value}" for key, value in decision["evidence"].items()))]
+          if decision else []),
         ("fitted on", "a calibrator fitted before the build" if fitted.get("prefitted") else
                       f"{fitted.get('sample', 0):,} of {count(fitted.get('of', 0), 'vector')} "
-                      f"(seed {fitted.get('seed', 0)})"),
+                      f"(seed {fitted.get('seed', 0)})" + (f", plus {fitted['queries']:,} example quer{'y' if fitted['queries'] == 1 else 'ies'} from "
+                                                           f"{fitted['queries_from']}" if "queries" in fitted else "")),
         ("index", f"{spec['type']} ({settings or 'exact'}), {manifest['dim']} dims, "
                   f"search on {details['search_backend']}"),
         ("created", manifest["created"] + (f", refitted {manifest['refitted']}" if "refitted" in manifest else "")),

@@ -18,7 +18,7 @@ POOLING_MODES = ("cls", "last-avg", "last2-avg", "first-last-avg")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
-CALIBRATORS = "flow | whitening | whitening-K | sn | natsv-K | sn+natsv-K | none"
+CALIBRATORS = "auto | flow | flow-K | flow+lu | whitening | whitening-K | sn | natsv-K | sn+natsv-K | none"
 
 
 def default(text: str) -> str:

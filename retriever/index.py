@@ -373,6 +373,7 @@ class Index:
         progress: bool = False,
         chunk_rows: int = CHUNK_ROWS,
         encoder: Encoder | None = None,
+        fit_queries: str | Path | Sequence[str] | np.ndarray | None = None,
     ) -> ChangeSummary:
         """Stream CORPUS through the pipeline into a new index version under NAME and swap it in.
 
@@ -380,7 +381,10 @@ class Index:
         encoder that MODEL/POOLING/LAYERS/MAX_LENGTH name; no encoding happens. CALIBRATOR may be a name or an
         already fitted calibrator (then nothing is fitted). With RESUME, a killed build of the same corpus with
         the same encoder settings continues from its last finished chunk. ENCODER: an already loaded encoder,
-        used instead of loading the one MODEL/POOLING/LAYERS/MAX_LENGTH/DTYPE name (many builds, one model)."""
+        used instead of loading the one MODEL/POOLING/LAYERS/MAX_LENGTH/DTYPE name (many builds, one model).
+        FIT_QUERIES: a file of example queries (.txt, one per line, or BEIR queries.jsonl), a list of them, or their
+        raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled (ignored with a
+        prefitted calibrator)."""
         started = time.perf_counter()
         index_dir = resolve_index_dir(index_dir)
         loaded = encoder
@@ -389,6 +393,7 @@ class Index:
         if not Path(corpus).is_file():
             raise RetrieverError(f"{corpus}: no such file")
         prefitted = isinstance(calibrator, Calibrator) and calibrator.fitted
+        query_texts, query_vectors, queries_from = _fit_queries(fit_queries, encoding)
         fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
         if index_type not in INDEX_TYPES:
             raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
@@ -455,7 +460,14 @@ class Index:
 
             clock = time.perf_counter()
             seed = getattr(fitted, "seed", 0)
-            calibrated_sample = fit(fitted, source, fit_sample, seed)
+            if prefitted or fitted.name == "none":
+                query_vectors = None
+            elif query_texts:
+                query_vectors = encoder.encode(query_texts, progress=progress, description="Encoding queries")
+            elif query_vectors is not None and query_vectors.shape[1] != encoder.dim:
+                raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; "
+                                     f"{encoder.model_name} gives {encoder.dim}")
+            calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors)
             timings["fit"] = time.perf_counter() - clock
 
             clock = time.perf_counter()
@@ -486,7 +498,8 @@ class Index:
                 "calibrator": fitted.config(),
                 "fit": ({"prefitted": True} if prefitted else
                         {"sample": min(state.documents, fit_sample or state.documents), "of": state.documents,
-                         "seed": seed}),
+                         "seed": seed, **({"queries": min(len(query_vectors), fit_sample or len(query_vectors)),
+                                           "queries_from": queries_from} if query_vectors is not None else {})}),
                 "index": spec.to_dict(),
                 "index_type": spec.type,
                 "dim": fitted_out_dim(fitted, encoder.dim),
@@ -798,6 +811,26 @@ def _write_tombstones(folder: Path, tombstones: np.ndarray) -> None:
     path.unlink(missing_ok=True)  # a hard link to the previous version's file must not be written through
     if len(tombstones):
         np.save(path, np.asarray(tombstones, dtype=np.int64))
+
+
+def _fit_queries(fit_queries, encoding: str) -> tuple[list[str], np.ndarray | None, str | None]:
+    """The example queries a build fits on, as texts to encode or as given raw vectors, and where they came
+    from (a path, or "given")."""
+    if fit_queries is None:
+        return [], None, None
+    if isinstance(fit_queries, np.ndarray):
+        if fit_queries.ndim != 2 or not len(fit_queries):
+            raise RetrieverError(f"fit_queries vectors must be a non-empty 2-D array (got shape {fit_queries.shape})")
+        return [], fit_queries.astype(np.float32, copy=False), "given"
+    if isinstance(fit_queries, (str, Path)):
+        from retriever.corpus import read_queries
+
+        if not Path(fit_queries).is_file():
+            raise RetrieverError(f"--fit-queries {fit_queries}: no such file")
+        return [text for _, text in read_queries(fit_queries, encoding)], None, str(Path(fit_queries).resolve())
+    texts = list(fit_queries)
+    check_queries(texts)
+    return texts, None, "given"
 
 
 def _enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_sample: int | None,

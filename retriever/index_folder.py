@@ -416,7 +416,7 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
         try:
             manifest = read_manifest(link.resolve(), name=name)
             record.update(documents=int(manifest["documents"]), model=str(manifest["encoder"]["model"]),
-                          calibrator=str(manifest["calibrator"]["name"]),
+                          calibrator=_calibrator_label(manifest["calibrator"]),
                           index_type=str(manifest["index"]["type"]))
             if "calibrator_fallback" in manifest:
                 record["calibrator_asked"] = str(manifest["calibrator_fallback"]["asked"])
@@ -424,6 +424,12 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
             record["problem"] = str(error) if isinstance(error, RetrieverError) else f"index '{name}' is damaged"
         records.append(record)
     return records
+
+
+def _calibrator_label(record: dict) -> str:
+    """The calibrator's name; for auto, with what it chose: "auto: flow-254"."""
+    chosen = (record.get("decision") or {}).get("chosen", {}).get("name")
+    return f"{record['name']}: {chosen}" if chosen else str(record["name"])
 
 
 def remove_index(index_dir: str | Path, name: str) -> None:

@@ -197,13 +197,19 @@ def check_vectors(source: VectorSource, progress: bool = False) -> None:
             advance(len(block))
 
 
-def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, seed: int) -> np.ndarray:
-    """Stage 3: fit CALIBRATOR on at most FIT_SAMPLE of SOURCE's vectors; returns them calibrated and
-    L2-normalized (what an IVF index trains its buckets on)."""
+def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, seed: int,
+        queries: np.ndarray | None = None) -> np.ndarray:
+    """Stage 3: fit CALIBRATOR on at most FIT_SAMPLE of SOURCE's vectors, plus at most FIT_SAMPLE raw QUERIES
+    vectors when given (`--fit-queries`: so the calibrated space also covers what users will search with); returns
+    the documents' sample calibrated and L2-normalized (what an IVF index trains its buckets on)."""
     rows = fit_sample_rows(source.rows, fit_sample, seed)
     sample = np.concatenate(list(source.blocks())) if rows is None else source.take(rows)
     if not calibrator.fitted:
-        calibrator.fit(sample)
+        if queries is not None and len(queries):
+            query_rows = fit_sample_rows(len(queries), fit_sample, seed)
+            calibrator.fit(np.concatenate([sample, queries if query_rows is None else queries[query_rows]]))
+        else:
+            calibrator.fit(sample)
     return l2_normalize(calibrator.transform(sample))
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from retriever.calibration import CALIBRATOR_NAMES, Calibrator, load_calibrator, make_calibrator
+from retriever.calibration.auto import AutoCalibrator
 from retriever.calibration.flow import FlowCalibrator
 from retriever.errors import RetrieverError
 
@@ -51,17 +52,18 @@ def test_none_passes_vectors_through():
     assert np.array_equal(make_calibrator("none").fit(X).transform(X), X)
 
 
-def test_default_name_is_flow_and_names_are_case_insensitive():
-    assert isinstance(make_calibrator(), FlowCalibrator)
-    assert isinstance(make_calibrator(None), FlowCalibrator)
+def test_default_name_is_auto_and_names_are_case_insensitive():
+    assert isinstance(make_calibrator(), AutoCalibrator)
+    assert isinstance(make_calibrator(None), AutoCalibrator)
     assert make_calibrator(" Whitening-16 ").name == "whitening-16"
-    for name in ("flow", "whitening", "sn", "natsv", "sn+natsv", "none"):
+    assert make_calibrator("Flow-16+LU").name == "flow-16+lu"
+    for name in ("auto", "flow", "flow-K", "flow+lu", "whitening", "sn", "natsv", "sn+natsv", "none"):
         assert name in CALIBRATOR_NAMES
 
 
 @pytest.mark.parametrize("name", ["bert-flow", "natsv", "whitening-", "whitening-x", "sn+natsv", "pca-5"])
 def test_unknown_name_lists_the_valid_ones(name):
-    with pytest.raises(RetrieverError, match=r"unknown calibrator .*valid names: flow, whitening, whitening-K, sn"):
+    with pytest.raises(RetrieverError, match=r"unknown calibrator .*valid names: auto, flow, flow-K, .*whitening, whitening-K, sn"):
         make_calibrator(name)
 
 

@@ -378,7 +378,7 @@ def test_a_build_refuses_while_another_process_writes_that_index(cli, built_home
 def test_a_one_document_corpus_builds_uncalibrated_with_a_warning(cli, tmp_path, tiny_bert):
     one = tmp_path / "one.txt"
     one.write_text("The only document.\n")
-    done = cli("build", one, "--model", tiny_bert)  # the default calibrator: flow
+    done = cli("build", one, "--model", tiny_bert, "--calibrator", "flow")
     assert done.returncode == 0, done.stderr
     warning = ("warning: only 1 document: too few to fit the flow (it needs at least 33 for 32 dimensions); built "
                "without calibration (calibrator none); once the index holds more documents run: retriever refit "

@@ -85,7 +85,7 @@ def test_manifest_records_everything_needed_to_reproduce(tiny_index, tiny_bert):
 def test_semantic_search_with_the_default_model_and_flow(tmp_path):
     # The flow needs more vectors than MiniLM's 384 dimensions (`FlowCalibrator.min_fit_rows`): add fillers.
     corpus = write_jsonl(tmp_path / "corpus.jsonl", {**DOCS, **sentences(380)})
-    Index.build(corpus, "real", tmp_path / "indexes", device="cpu")  # defaults: MiniLM, last-avg, flow
+    Index.build(corpus, "real", tmp_path / "indexes", device="cpu", calibrator="flow")  # MiniLM, last-avg
     index = Index.open("real", tmp_path / "indexes", device="cpu")
     assert index.manifest["calibrator"]["name"] == "flow" and "calibrator_fallback" not in index.manifest
     top = [hits[0].doc_id for hits in index.search(["someone plays music", "a kitten", "football match"], k=1)]

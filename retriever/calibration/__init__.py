@@ -1,32 +1,39 @@
 """Calibrators: maps from raw sentence vectors to a space where cosine similarity ranks better.
 
-    make_calibrator("flow", epochs=1).fit(X).save(folder)
+    make_calibrator("auto").fit(X).save(folder)          # or "flow", "flow-256", "whitening", ...
     load_calibrator(folder, expected_dim=encoder.dim).transform(X)
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 from pathlib import Path
 
 import numpy as np
 
+from retriever.calibration.auto import AutoCalibrator, describe_decision
 from retriever.calibration.base import Calibrator, read_config
 from retriever.calibration.flow import FlowCalibrator
 from retriever.calibration.linear import make_linear
 from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.errors import RetrieverError
 
-DEFAULT_CALIBRATOR = "flow"
+DEFAULT_CALIBRATOR = "auto"
 
 CALIBRATOR_NAMES = (
-    "flow (default): BERT-flow, a normalizing flow that Gaussianizes the vectors; "
+    "auto (default): decides from the corpus, no labels: none for an isotropic space, else flow-K; "
+    "flow: BERT-flow, a normalizing flow that Gaussianizes the vectors; "
+    "flow-K: whitening-K, then a flow in those K dimensions; "
+    "flow+lu, flow-K+lu: with Glow's learnable LU 1x1 mixing in every step; "
     "whitening or whitening-K: BERT-whitening, optionally keeping the top K dimensions; "
     "sn: per-dimension mean 0, std 1; "
     "natsv-K: center, then null the top K singular directions; "
     "sn+natsv-K: sn, then natsv-K; "
     "none: raw vectors"
 )
-_VALID_NAMES = "flow, whitening, whitening-K, sn, natsv-K, sn+natsv-K, none"
+_VALID_NAMES = "auto, flow, flow-K, flow+lu, flow-K+lu, whitening, whitening-K, sn, natsv-K, sn+natsv-K, none"
+_FLOW_NAME = re.compile(r"^flow(?:-(\d+))?(\+lu)?$")
 # Options every calibrator accepts so callers can pass them uniformly; linear calibrators are deterministic
 # numpy code and need neither.
 _COMMON_OPTIONS = ("seed", "device")
@@ -35,11 +42,21 @@ _COMMON_OPTIONS = ("seed", "device")
 def make_calibrator(name: str | None = DEFAULT_CALIBRATOR, **options) -> Calibrator:
     """An unfitted calibrator by name; keyword options configure the flow (levels, depth, width, lr, ...)."""
     name = (name or DEFAULT_CALIBRATOR).strip().lower()
-    if name == FlowCalibrator.name:
+    if name == AutoCalibrator.name:
+        unknown = sorted(set(options) - set(_COMMON_OPTIONS))
+        if unknown:
+            raise RetrieverError(f"calibrator 'auto' takes no option {', '.join(unknown)}")
+        return AutoCalibrator(**options)
+    flow_k = _FLOW_NAME.match(name)
+    if flow_k is not None:
+        if flow_k.group(1) is not None:
+            options = {**options, "k": int(flow_k.group(1))}
+        if flow_k.group(2) is not None:
+            options = {**options, "mixing": "lu"}
         try:
             return FlowCalibrator(**options)
         except TypeError:
-            allowed = FlowCalibrator().config().keys() - {"name"} | {"device"}
+            allowed = set(inspect.signature(FlowCalibrator).parameters)
             unknown = sorted(set(options) - allowed)
             raise RetrieverError(
                 f"unknown flow option {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}"
@@ -89,8 +106,10 @@ def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Cali
             f"calibrator in {folder} was fitted on {record['dim']}-dim vectors, this encoder gives {expected_dim}"
         )
     name = str(record["name"])
-    if name == FlowCalibrator.name:
+    if _FLOW_NAME.match(name):
         return FlowCalibrator.load(folder)
+    if name == AutoCalibrator.name:
+        return AutoCalibrator.load(folder)
     calibrator = make_linear(name)
     if calibrator is None:
         raise RetrieverError(f"calibrator in {folder} has unknown name '{name}'; valid names: {_VALID_NAMES}")
@@ -98,4 +117,4 @@ def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Cali
 
 
 __all__ = ["Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "DEFAULT_FIT_SAMPLE", "make_calibrator",
-           "load_calibrator", "fit_on_sample", "fit_sample_rows", "too_few_to_fit"]
+           "load_calibrator", "describe_decision", "fit_on_sample", "fit_sample_rows", "too_few_to_fit"]

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from retriever.calibration.base import Calibrator
+from retriever.calibration.base import Calibrator, centered_gram, check_matrix, column_mean
+from retriever.calibration.linear import EIGENVALUE_FLOOR
 from retriever.device import resolve_device
 from retriever.errors import RetrieverError
 
@@ -37,6 +38,7 @@ TRANSFORM_BATCH = 16384
 # Transforms of at most this many rows run on one CPU thread (see FlowCalibrator._apply).
 SMALL_TRANSFORM = 2048
 PERMUTATIONS = ("reverse", "random")
+MIXINGS = ("none", "lu")
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -152,6 +154,110 @@ class Permutation(nn.Module):
         return y.index_select(1, self.inverse_order)
 
 
+class LUSaved(NamedTuple):
+    """What LUMixing's backward needs from its forward."""
+
+    x: Tensor
+    weight: Tensor
+    upper: Tensor  # U with its diagonal exp(log_scale)
+    log_scale: Tensor
+
+
+class LUMixing(nn.Module):
+    """Glow's invertible 1 x 1 convolution, LU-parametrised: y = x W^T with W = L U, L unit lower-triangular,
+    U upper-triangular with diagonal exp(log_scale), so log|det W| = sum(log_scale) costs nothing.
+
+    It starts as the identity (L = I, U = I), so an untrained flow with mixing equals one without; training then
+    learns which directions the couplings should see together, where a fixed permutation cannot choose."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.lower = nn.Parameter(torch.zeros(dim, dim))  # only the strictly lower part is used
+        self.upper = nn.Parameter(torch.zeros(dim, dim))  # only the strictly upper part is used
+        self.log_scale = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("lower_mask", torch.tril(torch.ones(dim, dim), -1))
+        self.register_buffer("eye", torch.eye(dim))
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        lower = torch.addcmul(self.eye, self.lower, self.lower_mask)
+        upper = self.upper * self.lower_mask.t() + torch.diag(self.log_scale.exp())
+        return lower, upper
+
+    def weight(self) -> Tensor:
+        lower, upper = self._factors()
+        return lower @ upper
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return x @ self.weight().t(), self.log_scale.sum().expand(x.shape[0])
+
+    def forward_saving(self, x: Tensor) -> tuple[Tensor, LUSaved]:
+        lower, upper = self._factors()
+        weight = lower @ upper
+        return x @ weight.t(), LUSaved(x, weight, upper, self.log_scale)
+
+    def backward(self, saved: LUSaved, grad_y: Tensor, weights: LossWeights) -> Tensor:
+        """d(loss)/dx; writes d(loss)/d(parameters) into their .grad.
+
+        loss = <grad_y, x W^T> + weights.logdet * n * sum(log_scale); W = L U, so dW gives dL = dW U^T and
+        dU = L^T dW, each kept on its own triangle."""
+        lower = torch.addcmul(self.eye, self.lower, self.lower_mask)
+        grad_weight = grad_y.t() @ saved.x
+        torch.mul(grad_weight @ saved.upper.t(), self.lower_mask, out=_grad(self.lower))
+        grad_upper = lower.t() @ grad_weight
+        torch.mul(grad_upper, self.lower_mask.t(), out=_grad(self.upper))
+        grad_log_scale = torch.mul(torch.diagonal(grad_upper), saved.log_scale.exp(), out=_grad(self.log_scale))
+        grad_log_scale.add_(len(grad_y) * weights.logdet)
+        return grad_y @ saved.weight
+
+    def inverse(self, y: Tensor) -> Tensor:
+        lower, upper = self._factors()
+        # y^T = L U x^T: two triangular solves instead of an inverse.
+        solved = torch.linalg.solve_triangular(lower, y.t(), upper=False, unitriangular=True)
+        return torch.linalg.solve_triangular(upper, solved, upper=True).t()
+
+
+class Reduction(nn.Module):
+    """A fixed linear first stage: y = (x - mean) W with W (dim, k) the top-k PCA-whitening directions of the
+    fit set (`whitening-k`). The flow then models a k-dimensional space that is already decorrelated, and only has
+    to learn what a linear map cannot; log|det| is that of the kept directions (a density on that subspace)."""
+
+    def __init__(self, mean: Tensor, weight: Tensor, inverse_weight: Tensor):
+        super().__init__()
+        self.register_buffer("mean", mean)
+        self.register_buffer("weight", weight)  # (dim, k)
+        self.register_buffer("inverse_weight", inverse_weight)  # (k, dim): back to the kept subspace
+        self.register_buffer("logdet", -0.5 * torch.log(torch.square(weight).sum(0).reciprocal()).sum())
+
+    @classmethod
+    def empty(cls, dim: int, k: int) -> Reduction:
+        return cls(torch.zeros(dim), torch.zeros(dim, k), torch.zeros(k, dim))
+
+    @classmethod
+    def fit(cls, X: np.ndarray, k: int) -> Reduction:
+        """BERT-whitening of X to its top-k principal directions (`whitening-k`), streamed over row chunks.
+
+        Scaling them to unit variance is the maximum-likelihood Gaussian; the flow's first ActNorm would undo any
+        softer scaling (measured: shrinking the variances by 0.1 or 0.3 of their mean changed no score)."""
+        mean = column_mean(X)
+        U, variances, _ = np.linalg.svd(centered_gram(X, mean) / max(len(X) - 1, 1), hermitian=True)
+        if variances[0] <= 0:
+            raise RetrieverError(f"cannot whiten: all {len(X)} vectors are identical")
+        weight = U[:, :k] / np.sqrt(np.maximum(variances[:k], variances[0] * EIGENVALUE_FLOOR))
+        # W = U_k diag(w) with U orthonormal: its pseudo-inverse is diag(1 / w^2) W^T.
+        inverse_weight = weight.T / np.square(weight).sum(0)[:, None]
+        return cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in (mean, weight, inverse_weight)))
+
+    @property
+    def out_dim(self) -> int:
+        return self.weight.shape[1]
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return (x - self.mean) @ self.weight, self.logdet.expand(x.shape[0])
+
+    def inverse(self, y: Tensor) -> Tensor:
+        return y @ self.inverse_weight + self.mean
+
+
 class AdditiveCoupling(nn.Module):
     """y1 = x1, y2 = x2 + g(x1): volume-preserving, inverted by subtracting g(y1).
 
@@ -212,14 +318,17 @@ class Glow(nn.Module):
     """Multi-scale flow x -> z of the same dimension; `log_prob` is exact by the change of variables."""
 
     def __init__(self, dim: int, levels: int = 2, depth: int = 3, width: int = 32, permutation: str = "reverse",
-                 seed: int = 0):
+                 seed: int = 0, mixing: str = "none", reduce_to: int | None = None):
         super().__init__()
-        if dim < 2 ** levels:
+        # With a reduction the levels model its k-dimensional output; `Reduction.fit` fills it before training.
+        self.reduction = Reduction.empty(dim, reduce_to) if reduce_to is not None else None
+        flow_dim = reduce_to if reduce_to is not None else dim
+        if flow_dim < 2 ** levels:
             raise RetrieverError(
-                f"a {levels}-level flow needs vectors of at least {2 ** levels} dimensions (got {dim})"
+                f"a {levels}-level flow needs vectors of at least {2 ** levels} dimensions (got {flow_dim})"
             )
-        self.dim = dim
-        self.level_dims = [dim]  # dimensions entering each level
+        self.dim = flow_dim  # the dimension of z, which the loss is averaged over
+        self.level_dims = [flow_dim]  # dimensions entering each level
         for _ in range(levels - 1):
             self.level_dims.append(self.level_dims[-1] - self.level_dims[-1] // 2)  # keep ceil, factor out floor
         # Weights and random permutations come from this seed alone, without touching the global RNG.
@@ -229,7 +338,7 @@ class Glow(nn.Module):
                 nn.ModuleList(
                     transform
                     for _ in range(depth)
-                    for transform in (ActNorm(d), _permutation(d, permutation), AdditiveCoupling(d, width))
+                    for transform in _step(d, width, permutation, mixing)
                 )
                 for d in self.level_dims
             )
@@ -246,6 +355,8 @@ class Glow(nn.Module):
     def _forward(self, x: Tensor, measure_transport: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """(z, log|det J|, transport): transport is the squared length of all coupling shifts, per vector."""
         logdet = x.new_zeros(x.shape[0])
+        if self.reduction is not None:
+            x, logdet = self.reduction(x)
         transport = x.new_zeros(x.shape[0]) if measure_transport else None
         factored = []
         for index, level in enumerate(self.levels):
@@ -269,7 +380,7 @@ class Glow(nn.Module):
                 x = torch.cat([x, factored[index]], dim=1)
             for transform in reversed(self.levels[index]):
                 x = transform.inverse(x)
-        return x
+        return x if self.reduction is None else self.reduction.inverse(x)
 
     def log_prob(self, x: Tensor) -> Tensor:
         """log p(x) = sum of N(0, 1) log-densities of every z coordinate (final and factored out) + log|det J|."""
@@ -295,6 +406,10 @@ class Glow(nn.Module):
         At batch 32 a step is ~250 tiny ops whose per-op overhead outweighs their arithmetic; autograd's recording
         and replay add to it, and this hand-derived pass takes about half the time (`flow_gradient_step` in
         benchmarks/results/calibration_speed_cpu.json)."""
+        reduction_logdet = 0.0
+        if self.reduction is not None:  # fixed: nothing to learn, so only its constant log|det| enters the loss
+            x, logdets = self.reduction(x)
+            reduction_logdet = logdets[0]
         n = x.shape[0]
         per_element = 1.0 / (n * self.dim)
         # Each transform's own terms in the loss, as weights of their sums over the batch.
@@ -306,14 +421,14 @@ class Glow(nn.Module):
                 tape.append((transform, context))
                 if isinstance(transform, AdditiveCoupling):
                     shifts.append(context.shift)
-                elif isinstance(transform, ActNorm):
+                elif isinstance(transform, (ActNorm, LUMixing)):
                     log_scales.append(context.log_scale)
             if index < len(self.levels) - 1:
                 keep = self.level_dims[index + 1]
                 factored.append(x[:, keep:])
                 x = x[:, :keep]
         loss = ((0.5 * _squared_norm(factored + [x]) + shift_penalty * _squared_norm(shifts)) * per_element
-                + 0.5 * _LOG_2PI - torch.cat(log_scales).sum() / self.dim)
+                + 0.5 * _LOG_2PI - (torch.cat(log_scales).sum() + reduction_logdet) / self.dim)
 
         grad = x * per_element  # d(loss)/dz = z / (n * dim), level by level from the last
         for index in reversed(range(len(self.levels))):
@@ -327,6 +442,8 @@ class Glow(nn.Module):
     @torch.no_grad()
     def initialize(self, x: Tensor) -> None:
         """Data-dependent init: each ActNorm gets mean 0, std 1 on this batch, as it arrives through the flow."""
+        if self.reduction is not None:
+            x, _ = self.reduction(x)
         for index, level in enumerate(self.levels):
             for transform in level:
                 if isinstance(transform, ActNorm):
@@ -415,6 +532,12 @@ def _permutation(dim: int, kind: str) -> nn.Module:
     return Reverse() if kind == "reverse" else Permutation(torch.randperm(dim))  # randperm: seeded by the caller
 
 
+def _step(dim: int, width: int, permutation: str, mixing: str) -> tuple[nn.Module, ...]:
+    """One flow step: ActNorm -> permutation (-> LU mixing) -> AdditiveCoupling."""
+    mixer = (LUMixing(dim),) if mixing == "lu" else ()
+    return (ActNorm(dim), _permutation(dim, permutation), *mixer, AdditiveCoupling(dim, width))
+
+
 class FlowCalibrator(Calibrator):
     """`flow`: fit a Glow on the vectors; transform = the Gaussianized z (same dimension).
 
@@ -449,6 +572,10 @@ class FlowCalibrator(Calibrator):
         seed: int = 0,
         device: str = "auto",
         permutation: str = "reverse",
+        # `flow-K`: whiten to the top K principal directions first (`whitening-K`, fixed), then fit the flow there.
+        k: int | None = None,
+        # "lu": a learnable LU-parametrised 1 x 1 mixing after each permutation (Glow), identity at start.
+        mixing: str = "none",
     ):
         for option, value in (("levels", levels), ("depth", depth), ("width", width), ("epochs", epochs),
                               ("batch_size", batch_size)):
@@ -458,6 +585,10 @@ class FlowCalibrator(Calibrator):
             raise RetrieverError(f"flow option lr must be a positive number (got {lr!r})")
         if not (isinstance(shift_penalty, (int, float)) and shift_penalty >= 0):
             raise RetrieverError(f"flow option shift_penalty must be a number >= 0 (got {shift_penalty!r})")
+        if k is not None and (not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 4):
+            raise RetrieverError(f"flow option k must be an integer of at least 4 (got {k!r})")
+        if mixing not in MIXINGS:
+            raise RetrieverError(f"flow option mixing must be one of {', '.join(MIXINGS)} (got {mixing!r})")
         if permutation not in PERMUTATIONS:
             raise RetrieverError(
                 f"flow option permutation must be one of {', '.join(PERMUTATIONS)} (got {permutation!r})"
@@ -466,6 +597,8 @@ class FlowCalibrator(Calibrator):
         self.lr, self.epochs, self.batch_size = float(lr), int(epochs), int(batch_size)
         self.shift_penalty = float(shift_penalty)
         self.seed, self.permutation = int(seed), permutation
+        self.k, self.mixing = (int(k) if k is not None else None), mixing
+        self.name = ("flow" if self.k is None else f"flow-{self.k}") + ("+lu" if mixing == "lu" else "")
         self.device = device
         self.dim = None
         self.flow: Glow | None = None
@@ -484,6 +617,8 @@ class FlowCalibrator(Calibrator):
             "shift_penalty": self.shift_penalty,
             "seed": self.seed,
             "permutation": self.permutation,
+            **({"k": self.k} if self.k is not None else {}),
+            **({"mixing": self.mixing} if self.mixing != "none" else {}),
         }
 
     def min_fit_rows(self, dim: int) -> int:
@@ -492,19 +627,25 @@ class FlowCalibrator(Calibrator):
         # empty directions, and anything off that subspace (every query) is blown up. dim + 1 vectors in general
         # position span R^dim; it is a floor, not a recommendation (thousands fit far better). It also exceeds
         # the first batch that initialises ActNorm (batch_size 32) for any dim >= 32.
-        return dim + 1
+        return min(dim, self.k or dim) + 1
 
     def min_fit_reason(self, dim: int) -> str:
-        return f"for {dim} dimensions"
+        return f"for {min(dim, self.k or dim)} dimensions"
 
     def _new_flow(self, dim: int) -> Glow:
-        return Glow(dim, self.levels, self.depth, self.width, self.permutation, self.seed)
+        return Glow(dim, self.levels, self.depth, self.width, self.permutation, self.seed, self.mixing,
+                    min(self.k, dim) if self.k is not None else None)
 
     def fit(self, X: np.ndarray) -> FlowCalibrator:
         """One or more epochs of Adam over random minibatches of X; X may be an np.memmap (read batch by batch)."""
         dim = self._check_fit_input(X)
+        if self.k is not None and self.k > dim:
+            raise RetrieverError(f"calibrator '{self.name}' needs K <= the vector dimension {dim}")
         device = resolve_device(self.device)
-        flow = self._new_flow(dim).to(device)
+        flow = self._new_flow(dim)
+        if self.k is not None:
+            flow.reduction = Reduction.fit(X, self.k)
+        flow = flow.to(device)
         parameters = _share_one_buffer(flow)
         optimizer = _adam([parameters], self.lr)
         rng = np.random.default_rng(self.seed)
@@ -530,11 +671,14 @@ class FlowCalibrator(Calibrator):
 
     def transform(self, X: np.ndarray) -> np.ndarray:
         self._check_transform_input(X)
-        return self._apply(X, lambda flow, batch: flow(batch)[0], self.dim)
+        return self._apply(X, lambda flow, batch: flow(batch)[0], self.flow.dim)
 
     def inverse(self, Z: np.ndarray) -> np.ndarray:
-        """Vectors x with transform(x) = Z."""
-        self._check_transform_input(Z)
+        """Vectors x with transform(x) = Z (for flow-K: the x in the kept K-dimensional subspace)."""
+        self._require_fitted()
+        check_matrix(Z)
+        if Z.shape[1] != self.flow.dim:
+            raise RetrieverError(f"Z has {Z.shape[1]}-dim vectors but calibrator '{self.name}' gives {self.flow.dim}")
         return self._apply(Z, lambda flow, batch: flow.inverse(batch), self.dim)
 
     def log_prob(self, X: np.ndarray) -> np.ndarray:

@@ -178,9 +178,11 @@ def evaluate_run(run: Run, qrels: Qrels, ignore_identical: bool = True) -> dict[
 
 
 def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder,
-                           calibrator: str, seed: int = 0, depth: int = 100) -> dict[str, float]:
+                           calibrator: str, seed: int = 0, depth: int = 100,
+                           fit_queries: bool = False) -> dict[str, float]:
     """Build an index of RSET's corpus from its raw vectors (EMBED: ENCODER's output, possibly cached), fitting
-    CALIBRATOR on the corpus as `retriever build` does; search every query through it; score."""
+    CALIBRATOR on the corpus as `retriever build` does (FIT_QUERIES: on the corpus plus the queries, unlabeled, as
+    `retriever build --fit-queries` does); search every query through it; score."""
     from retriever.corpus import Document, document_text
     from retriever.index import Index
 
@@ -198,7 +200,8 @@ def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], 
                                       ensure_ascii=False) + "\n")
         np.save(Path(folder) / "vectors.npy", raw_documents)
         Index.build(corpus, "bench", Path(folder) / "indexes", vectors=Path(folder) / "vectors.npy", encoder=encoder,
-                    calibrator=calibrator, calibrator_options={"seed": seed}, index_type="flat", device="cpu")
+                    calibrator=calibrator, calibrator_options={"seed": seed}, index_type="flat", device="cpu",
+                    fit_queries=raw_queries if fit_queries else None)
         index = Index.open("bench", Path(folder) / "indexes", device="cpu")
         run: Run = {}
         for start in range(0, len(query_ids), 256):

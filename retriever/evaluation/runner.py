@@ -34,7 +34,7 @@ from retriever.evaluation.retrieval import RetrievalSet, RetrievalTask, evaluate
 from retriever.evaluation.tasks import TASKS, resolve_tasks
 from retriever.index_folder import sha256_file
 
-DEFAULT_CALIBRATORS = ("none", "flow")
+DEFAULT_CALIBRATORS = ("none", "auto")
 FIT_ON_SPLITS = ("target", "train")
 # The dataset, split and edit-distance cut of the paper's lexical analysis (Table 6, Figure 2).
 LEXICAL_TASK, LEXICAL_SPLIT, LEXICAL_MAX_DISTANCE = "stsb", "dev", 4
@@ -59,6 +59,7 @@ class BenchPlan:
     limit: int | None = None  # first N pairs of every file: smoke tests only, scores are not comparable
     lexical: bool = False
     plot: Path | None = None
+    fit_queries: bool = False  # retrieval: fit on each corpus plus its queries (unlabeled)
 
     def layout_of(self, task: Task) -> str:
         """The requested layout where the dataset has it (STS-B, SICK-R), else the dataset's only one."""
@@ -75,6 +76,7 @@ def plan_benchmark(
     limit: int | None = None,
     lexical: bool = False,
     plot: str | os.PathLike | None = None,
+    fit_queries: bool = False,
 ) -> BenchPlan:
     """Check datasets, data folder, calibrator names, layout and fit set; raise one clear RetrieverError."""
     tasks = resolve_tasks(datasets)
@@ -102,7 +104,8 @@ def plan_benchmark(
         fit_on = str(path)
     if limit is not None and limit < 2:
         raise RetrieverError(f"--limit must be at least 2 pairs (got {limit})")
-    return BenchPlan(tasks, names, folder, layout, fit_on, seed, limit, lexical, Path(plot) if plot else None)
+    return BenchPlan(tasks, names, folder, layout, fit_on, seed, limit, lexical, Path(plot) if plot else None,
+                     fit_queries)
 
 
 def parse_calibrators(calibrators: str | Sequence[str]) -> list[str]:
@@ -193,6 +196,8 @@ class _Run:
         )
         if self.plan.limit is not None:
             settings["limit"] = self.plan.limit
+        if self.plan.fit_queries:
+            settings["fit_queries"] = True
         return BenchReport(settings, results, self.fit_sets, dict(sorted(self.checksums.items())), lexical, plot,
                            seconds)
 
@@ -221,7 +226,7 @@ class _Run:
     def evaluate_retrieval(self, task: RetrievalTask) -> list[dict]:
         """Build an index of the task's corpus per calibrator (fitted on that corpus, as `retriever build` fits)
         and search every query through it: nDCG@10, Recall@100, MRR@10. --fit-on does not apply: an index is
-        always fitted on its own documents. --limit keeps the first N queries (and the whole corpus)."""
+        always fitted on its own documents (with --fit-queries, plus the task's queries). --limit keeps the first N queries (and the whole corpus)."""
         from retriever.corpus import Document, document_text
 
         rset = task.load(self.plan.data_dir)
@@ -229,7 +234,9 @@ class _Run:
             kept = list(rset.queries)[: self.plan.limit]
             rset = RetrievalSet(rset.name, rset.corpus, {q: rset.queries[q] for q in kept},
                                 {q: rset.qrels[q] for q in kept})
-        self.fit_sets[task.name] = {"source": "corpus", "sentences": len(rset.corpus), **rset.describe()}
+        self.fit_sets[task.name] = {"source": "corpus+queries" if self.plan.fit_queries else "corpus",
+                                    "sentences": len(rset.corpus) + (len(rset.queries) if self.plan.fit_queries else 0),
+                                    **rset.describe()}
         texts = [document_text(Document(doc, text, title, "", 0)) for doc, (title, text) in rset.corpus.items()]
         self.embed([*texts, *rset.queries.values()], description=f"{task.name}: encoding")
         records = []
@@ -238,7 +245,8 @@ class _Run:
                      f"{len(rset.queries):,} queries")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                scores = evaluate_through_index(rset, self.embed, self.encoder.encoder, name, self.plan.seed)
+                scores = evaluate_through_index(rset, self.embed, self.encoder.encoder, name, self.plan.seed,
+                                                fit_queries=self.plan.fit_queries)
             for warning in caught:
                 self.log(f"{task.name}: {name}: {warning.message}")
             records += [{"dataset": task.name, "split": task.split, "calibrator": name, "metric": metric,
