@@ -68,7 +68,7 @@ def test_same_seed_same_decision_and_vectors():
 
 
 def test_too_few_vectors_for_the_flow_fall_back_to_none_and_say_so():
-    X = cone(100, 32, offset=8.0)
+    X = cone(40, 32, offset=8.0)
     auto = make_calibrator("auto").fit(X)
     assert isinstance(auto.chosen, Identity) and "too few to fit" in auto.decision["reason"]
 
