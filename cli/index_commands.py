@@ -30,6 +30,9 @@ from retriever.progress import stderr_console
 stdout = Console(soft_wrap=True)
 
 Calibrator = Annotated[str, typer.Option("--calibrator", "-c", help=options.CALIBRATORS)]
+FitQueries = Annotated[Optional[Path], typer.Option(
+    "--fit-queries", help="example queries (.txt, one per line, or BEIR queries.jsonl), no labels: the calibrator "
+    "is fitted on the documents plus these, so it also fits what users search with " + default("none: documents only"))]
 Seed = Annotated[Optional[int], typer.Option(
     "--seed", help="seed for the flow's fit (deterministic per seed) " + default("0"))]
 Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
@@ -88,10 +91,7 @@ def build(
     seed: Seed = None,
     fit_sample: Annotated[int, typer.Option(
         "--fit-sample", help="fit the calibrator on at most this many vectors (uniform, seeded by --seed)")] = DEFAULT_FIT_SAMPLE,
-    fit_queries: Annotated[Optional[Path], typer.Option(
-        "--fit-queries", help="example queries (.txt, one per line, or BEIR queries.jsonl), no labels: the "
-        "calibrator is fitted on the documents plus these, so it also fits what users search with "
-        + default("none: documents only"))] = None,
+    fit_queries: FitQueries = None,
     index_type: Annotated[str, typer.Option(
         "--index-type", **options.choice(options.INDEX_TYPES),
         help="auto: by corpus size and memory; flat: exact; hnsw, ivf: approximate; ivfpq: compressed")] = "auto",
@@ -343,6 +343,7 @@ def refit(
     calibrator: Annotated[Optional[str], typer.Option(
         "--calibrator", "-c", help=f"{options.CALIBRATORS} " + default("the index's own"))] = None,
     seed: Seed = None,
+    fit_queries: FitQueries = None,
     index_dir: options.IndexDir = None,
 ) -> None:
     """Refit the calibrator on the stored raw vectors (no re-encoding) and rewrite the vector indexes.
@@ -354,7 +355,7 @@ def refit(
     home = _home(index_dir)
     index = Index.open(_pick(home, name, writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
-    summary = index.refit(calibrator, {"seed": seed} if seed is not None else None)
+    summary = index.refit(calibrator, {"seed": seed} if seed is not None else None, fit_queries=fit_queries)
     _report("refitted", summary, "re-calibrated")
 
 

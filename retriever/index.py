@@ -632,10 +632,15 @@ class Index:
                              seconds=time.perf_counter() - started)
 
     def refit(self, calibrator: str | None = None, calibrator_options: dict | None = None,
-              fit_sample: int | None = DEFAULT_FIT_SAMPLE) -> ChangeSummary:
-        """Fit a new calibrator on a sample of the stored raw vectors (no re-encoding) and rewrite every segment's
-        vector index with it; documents and raw vectors are reused as they are."""
+              fit_sample: int | None = DEFAULT_FIT_SAMPLE,
+              fit_queries: str | Path | Sequence[str] | np.ndarray | None = None) -> ChangeSummary:
+        """Fit a new calibrator on a sample of the stored raw vectors (no re-encoding of documents) and rewrite every
+        segment's vector index with it; documents and raw vectors are reused as they are. FIT_QUERIES, as in
+        `build`: example queries fitted on too (texts are encoded with the index's encoder)."""
         started = time.perf_counter()
+        query_texts, query_vectors, queries_from = _fit_queries(fit_queries, "utf-8")
+        if query_texts:
+            query_vectors = self.load_encoder().encode(query_texts)
         with writing(self.index_dir, self.name) as writer:
             current = self._current_version()
             name = calibrator or current.manifest["calibrator"]["name"]
@@ -647,7 +652,12 @@ class Index:
                         f"index '{self.name}' holds only {_documents(len(current))}:")
                 raise RetrieverError(f"{have} {shortfall}")
             sample = current.raw_sample(fit_sample or len(current), seed=getattr(fitted, "seed", 0))
-            fitted.fit(sample)
+            if query_vectors is not None and query_vectors.shape[1] != sample.shape[1]:
+                raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; index "
+                                     f"'{self.name}' stores {sample.shape[1]}")
+            queries_rows = fit_sample_rows(len(query_vectors), fit_sample) if query_vectors is not None else None
+            queries = query_vectors if queries_rows is None else query_vectors[queries_rows]
+            fitted.fit(sample if queries is None else np.concatenate([sample, queries]))
             calibrated_sample = l2_normalize(fitted.transform(sample))
             spec_record = dict(current.manifest["index"])
             if calibrated_sample.shape[1] != current.manifest["dim"]:
@@ -677,7 +687,8 @@ class Index:
             kept = {key: value for key, value in current.manifest.items() if key != "calibrator_fallback"}
             manifest = {**kept, "calibrator": fitted.config(), "dim": int(calibrated_sample.shape[1]),
                         "index": spec.to_dict(), "segments": segments, "next_segment": next_segment,
-                        "fit": {"sample": len(sample), "of": len(current), "seed": getattr(fitted, "seed", 0)},
+                        "fit": {"sample": len(sample), "of": len(current), "seed": getattr(fitted, "seed", 0),
+                                **({"queries": len(queries), "queries_from": queries_from} if queries is not None else {})},
                         "refitted": _now()}
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()

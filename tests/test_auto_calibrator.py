@@ -135,6 +135,13 @@ def test_fit_queries_fits_the_calibrator_on_documents_and_queries(cone_corpus, t
     # the three query vectors (tiny_bert's, unlike the synthetic documents) moved the fitted mean
     expected = (600 * means[0] + 3 * np.mean(_tiny_vectors(tiny_bert, queries), axis=0)) / 603
     assert np.allclose(means[1], expected, atol=1e-5)
+    # refit takes them too: the documents-only index refitted with the queries matches the one built with them
+    refit = cli("refit", "--name", "plain", "--fit-queries", queries, "--index-dir", home)
+    assert refit.returncode == 0, refit.stderr
+    assert json.loads(cli("info", "--name", "plain", "--json", "--index-dir", home).stdout)["manifest"]["fit"][
+        "queries"] == 3
+    refitted = load_calibrator(home / "plain" / "calibrator").mean  # from the stored float16 raw vectors
+    assert np.abs(refitted - means[1]).max() < 0.1 * np.abs(means[1] - means[0]).max()
 
 
 def _tiny_vectors(model, queries):

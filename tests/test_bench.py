@@ -252,6 +252,19 @@ def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path):
     assert table.returncode == 0 and "tiny-beir nDCG@10" in table.stdout and "tiny-beir MRR@10" in table.stdout
 
 
+def test_bench_fit_queries_and_auto_decisions_are_recorded(beir_folder, tiny_bert, tmp_path):
+    done = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none,auto", "--json",
+                   "--fit-queries", "--cache-dir", tmp_path / "cache", "--max-length", "32")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["fit_queries"] is True
+    assert document["fit_sets"]["tiny-beir"]["source"] == "corpus+queries"
+    assert document["fit_sets"]["tiny-beir"]["sentences"] == 60 + 12
+    decision = document["decisions"]["tiny-beir"]["auto"]
+    assert set(decision) == {"chosen", "reason", "evidence"} and decision["evidence"]["rows"] == 72
+    assert f"tiny-beir: auto chose {decision['chosen']['name']}" in done.stderr
+
+
 def test_retrieval_tasks_resolve_and_refuse_bad_input(tmp_path):
     from retriever.evaluation.tasks import resolve_tasks
 

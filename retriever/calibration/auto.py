@@ -7,9 +7,8 @@ packs them into a narrow cone, and there a whitened, dimension-reduced flow help
 
 1. anisotropy = mean cosine of random pairs of corpus vectors. Below ISOTROPIC_MEAN_COSINE: `none`.
 2. Otherwise `flow-K`: whitening to the K principal directions that hold KEEP_VARIANCE of the variance, then
-   the flow. The rest is the noise floor that full whitening would raise to unit variance; on a corpus of long
-   documents searched by short queries that noise swamps the queries (held-out SciFact-sized set, MiniLM layer 0:
-   whitening 8.06 nDCG@10, whitening-256, the 95% cut, 43.05).
+   the flow. The rest is the noise floor that full whitening would raise to unit variance (issue 12's held-out
+   BEIR set of 5k documents, MiniLM layer 0: whitening 8.06 nDCG@10, whitening-256, about the 95% cut, 43.05).
 
 The evidence (anisotropy, spectrum, the flow's held-out log-likelihood against the Gaussian it starts from, and
 how many nearest neighbours calibration keeps) is saved with the decision, in calibrator.json, the index manifest
@@ -29,11 +28,12 @@ from retriever.calibration.flow import FlowCalibrator
 from retriever.calibration.linear import Identity
 from retriever.errors import RetrieverError
 
-# Mean cosine of random pairs below which a space counts as isotropic. Measured (2,000-8,000 corpus vectors):
-# MiniLM last layer 0.03, mpnet last layer 0.0x; MiniLM layer 0 0.43, mpnet layer 0 0.18; raw BERT 0.6-0.9
-# (Ethayarajh 2019). The cut sits between the tuned encoders and every anisotropic space measured.
+# Mean cosine of random pairs below which a space counts as isotropic. Measured on the 11 benchmark corpora
+# (benchmarks/results/auto_*.json, "decisions"): MiniLM and mpnet at their own pooling 0.021-0.066; at layer 0
+# MiniLM 0.28-0.49, mpnet 0.114-0.285 (raw BERT layers: 0.6 and more per Ethayarajh 2019, not measured here).
+# The cut sits between the tuned encoders and every anisotropic space measured; mpnet's layer 0 comes closest.
 ISOTROPIC_MEAN_COSINE = 0.10
-# Keep the principal directions that hold this share of the variance (MiniLM layer 0: 254 of 384 directions).
+# Keep the principal directions that hold this share of the variance (MiniLM layer 0: 205-262 of 384).
 KEEP_VARIANCE = 0.95
 # Fewer vectors than this per kept direction estimate its variance too poorly to whiten by (the flow's hard
 # minimum is one more than the directions): below it, auto leaves the vectors as they are. STS-16's 1,867
@@ -70,10 +70,6 @@ class AutoCalibrator(Calibrator):
     @property
     def weights_file(self) -> str | None:  # the chosen calibrator's file, saved next to calibrator.json
         return self.chosen.weights_file if self.chosen is not None else None
-
-    @property
-    def losses(self) -> list[float]:
-        return getattr(self.chosen, "losses", [])
 
     def fit(self, X: np.ndarray) -> AutoCalibrator:
         dim = self._check_fit_input(X, min_rows=1)

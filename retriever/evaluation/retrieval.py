@@ -179,10 +179,12 @@ def evaluate_run(run: Run, qrels: Qrels, ignore_identical: bool = True) -> dict[
 
 def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder,
                            calibrator: str, seed: int = 0, depth: int = 100,
-                           fit_queries: bool = False) -> dict[str, float]:
+                           fit_queries: bool = False,
+                           on_fitted: Callable[[object], None] | None = None) -> dict[str, float]:
     """Build an index of RSET's corpus from its raw vectors (EMBED: ENCODER's output, possibly cached), fitting
     CALIBRATOR on the corpus as `retriever build` does (FIT_QUERIES: on the corpus plus the queries, unlabeled, as
-    `retriever build --fit-queries` does); search every query through it; score."""
+    `retriever build --fit-queries` does); search every query through it; score. ON_FITTED, when given, is
+    called with the index's fitted calibrator (the benchmark records what `auto` decided)."""
     from retriever.corpus import Document, document_text
     from retriever.index import Index
 
@@ -203,6 +205,8 @@ def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], 
                     calibrator=calibrator, calibrator_options={"seed": seed}, index_type="flat", device="cpu",
                     fit_queries=raw_queries if fit_queries else None)
         index = Index.open("bench", Path(folder) / "indexes", device="cpu")
+        if on_fitted is not None:
+            on_fitted(index.calibrator)
         run: Run = {}
         for start in range(0, len(query_ids), 256):
             batch = query_ids[start : start + 256]

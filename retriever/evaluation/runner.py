@@ -127,6 +127,7 @@ class BenchReport:
     lexical: dict | None = None
     plot: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per dataset (not in the JSON)
+    decisions: dict[str, dict] = field(default_factory=dict)  # dataset -> {calibrator: auto's decision}
 
     def to_json(self) -> dict:
         document = {
@@ -134,6 +135,8 @@ class BenchReport:
             "versions": versions(),
             "data_checksums": self.data_checksums,
             "fit_sets": self.fit_sets,
+            # What each `auto` fit chose and why, per dataset (absent without auto).
+            **({"decisions": self.decisions} if self.decisions else {}),
             "results": self.results,
         }
         if self.lexical is not None:
@@ -162,6 +165,7 @@ class _Run:
         self.log = log
         self.checksums: dict[str, str] = {}
         self.fit_sets: dict[str, dict] = {}
+        self.decisions: dict[str, dict] = {}
         self._splits: dict[str, dict[str, list[PairSubset]]] = {}
         self._fit_sentences: dict[str, list[str]] = {}
         self._file_sentences: list[str] | None = None
@@ -199,7 +203,7 @@ class _Run:
         if self.plan.fit_queries:
             settings["fit_queries"] = True
         return BenchReport(settings, results, self.fit_sets, dict(sorted(self.checksums.items())), lexical, plot,
-                           seconds)
+                           seconds, self.decisions)
 
     def encoder_config(self) -> dict:
         return self.encoder.encoder.config()
@@ -246,7 +250,8 @@ class _Run:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 scores = evaluate_through_index(rset, self.embed, self.encoder.encoder, name, self.plan.seed,
-                                                fit_queries=self.plan.fit_queries)
+                                                fit_queries=self.plan.fit_queries,
+                                                on_fitted=lambda fitted: self.record_decision(task.name, name, fitted))
             for warning in caught:
                 self.log(f"{task.name}: {name}: {warning.message}")
             records += [{"dataset": task.name, "split": task.split, "calibrator": name, "metric": metric,
@@ -254,6 +259,15 @@ class _Run:
         main = {r["calibrator"]: r["score"] for r in records if r["metric"] == task.main_metric}
         self.log(f"{task.name} ({task.main_metric}): " + ", ".join(f"{n} {format_score(main[n])}" for n in main))
         return [_ordered(record) for record in records]
+
+    def record_decision(self, dataset: str, name: str, calibrator) -> None:
+        """Keep (and log) what an `auto` calibrator chose for DATASET, and why."""
+        decision = getattr(calibrator, "decision", None)
+        if decision:
+            from retriever.calibration import describe_decision
+
+            self.decisions.setdefault(dataset, {})[name] = decision
+            self.log(f"{dataset}: {describe_decision(decision)}")
 
     def splits(self, task: Task) -> dict[str, list[PairSubset]]:
         """Every split of ``task`` (parsed once), cut to ``limit`` pairs per file; records file checksums."""
@@ -318,6 +332,7 @@ class _Run:
             with warnings.catch_warnings(record=True) as caught:  # e.g. whitening on fewer vectors than dims
                 warnings.simplefilter("always")
                 self._fitted[(fit_set, name)] = fit_on_sample(calibrator, vectors, DEFAULT_FIT_SAMPLE, self.plan.seed)
+            self.record_decision(task.name if fit_set != "file" else "file", name, self._fitted[(fit_set, name)])
             for warning in caught:
                 self.log(f"{task.name}: {name}: {warning.message}")
         return self._fitted[(fit_set, name)]
