@@ -355,7 +355,8 @@ def refit(
     home = _home(index_dir)
     index = Index.open(_pick(home, name, writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
-    summary = index.refit(calibrator, {"seed": seed} if seed is not None else None, fit_queries=fit_queries)
+    summary = index.refit(calibrator, {"seed": seed} if seed is not None else None, fit_queries=fit_queries,
+                          progress=True)
     _report("refitted", summary, "re-calibrated")
 
 
@@ -441,7 +442,7 @@ def info(
     if decision:  # auto: what it chose and why, then its evidence on a line of its own
         from retriever.calibration import describe_decision
 
-        calibrator = f"{describe_decision(decision)}; {json.dumps(decision['chosen'])}"
+        calibrator = f"{describe_decision(decision)}; {json.dumps(decision.get('chosen'))}"
     if "calibrator_fallback" in manifest:
         fallback = manifest["calibrator_fallback"]
         calibrator += f" ({fallback['asked']} was asked for: {fallback['reason']})"
@@ -452,7 +453,7 @@ def info(
                       "until compaction drops them)"),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", calibrator),
-        *([("auto evidence", ", ".join(f"{key} {value}" for key, value in decision["evidence"].items()))]
+        *([("auto evidence", ", ".join(f"{key} {value}" for key, value in decision.get("evidence", {}).items()))]
           if decision else []),
         ("fitted on", "a calibrator fitted before the build" if fitted.get("prefitted") else
                       f"{fitted.get('sample', 0):,} of {count(fitted.get('of', 0), 'vector')} "

@@ -59,9 +59,11 @@ from retriever.pipeline import (
     check_vectors,
     encode_table,
     fit,
+    fitted_query_count,
     ingest,
     l2_normalize,
     source_fingerprint,
+    with_queries,
     write_segment_vectors,
 )
 from retriever.progress import stderr_console
@@ -434,7 +436,12 @@ class Index:
             if source is not None and source.dim != encoder.dim:
                 raise RetrieverError(f"{vectors} holds {source.dim}-dimensional vectors; {encoder.model_name} "
                                      f"gives {encoder.dim}")
+            if query_vectors is not None and query_vectors.shape[1] != encoder.dim:
+                raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; "
+                                     f"{encoder.model_name} gives {encoder.dim}")
             # Decided before encoding, now that the documents are counted and the dimension is known.
+            if not prefitted:
+                fitted.check_dim(encoder.dim)
             fitted, fallback = _enough_to_fit(fitted, prefitted, state.documents, fit_sample, encoder.dim)
             if fallback:
                 notes.append(f"warning: {fallback['reason']}; built without calibration (calibrator none); once the "
@@ -460,13 +467,14 @@ class Index:
 
             clock = time.perf_counter()
             seed = getattr(fitted, "seed", 0)
-            if prefitted or fitted.name == "none":
+            if (query_texts or query_vectors is not None) and (prefitted or fitted.name == "none"):
+                notes.append("note: --fit-queries ignored: " + ("the calibrator was fitted before the build"
+                                                                if prefitted else "calibrator none fits nothing"))
+                if progress:
+                    stderr_console.print(notes[-1], markup=False, highlight=False, soft_wrap=True)
                 query_vectors = None
             elif query_texts:
                 query_vectors = encoder.encode(query_texts, progress=progress, description="Encoding queries")
-            elif query_vectors is not None and query_vectors.shape[1] != encoder.dim:
-                raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; "
-                                     f"{encoder.model_name} gives {encoder.dim}")
             calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors)
             timings["fit"] = time.perf_counter() - clock
 
@@ -498,7 +506,7 @@ class Index:
                 "calibrator": fitted.config(),
                 "fit": ({"prefitted": True} if prefitted else
                         {"sample": min(state.documents, fit_sample or state.documents), "of": state.documents,
-                         "seed": seed, **({"queries": min(len(query_vectors), fit_sample or len(query_vectors)),
+                         "seed": seed, **({"queries": fitted_query_count(query_vectors, fit_sample),
                                            "queries_from": queries_from} if query_vectors is not None else {})}),
                 "index": spec.to_dict(),
                 "index_type": spec.type,
@@ -633,17 +641,24 @@ class Index:
 
     def refit(self, calibrator: str | None = None, calibrator_options: dict | None = None,
               fit_sample: int | None = DEFAULT_FIT_SAMPLE,
-              fit_queries: str | Path | Sequence[str] | np.ndarray | None = None) -> ChangeSummary:
+              fit_queries: str | Path | Sequence[str] | np.ndarray | None = None,
+              progress: bool = False) -> ChangeSummary:
         """Fit a new calibrator on a sample of the stored raw vectors (no re-encoding of documents) and rewrite every
         segment's vector index with it; documents and raw vectors are reused as they are. FIT_QUERIES, as in
         `build`: example queries fitted on too (texts are encoded with the index's encoder)."""
         started = time.perf_counter()
+        name = calibrator or self.manifest["calibrator"]["name"]
+        make_calibrator(name, **(calibrator_options or {})).check_dim(self.manifest["encoder"]["dim"])  # before encoding
         query_texts, query_vectors, queries_from = _fit_queries(fit_queries, "utf-8")
-        if query_texts:
-            query_vectors = self.load_encoder().encode(query_texts)
+        if query_texts and name != "none":
+            query_vectors = self.load_encoder().encode(query_texts, progress=progress, description="Encoding queries")
+        if query_vectors is not None and query_vectors.shape[1] != self.manifest["encoder"]["dim"]:
+            raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; index "
+                                 f"'{self.name}' stores {self.manifest['encoder']['dim']}")
+        if name == "none":
+            query_vectors = None
         with writing(self.index_dir, self.name) as writer:
             current = self._current_version()
-            name = calibrator or current.manifest["calibrator"]["name"]
             fitted = make_calibrator(name, **(calibrator_options or {}))
             rows = min(len(current), fit_sample or len(current))
             shortfall = too_few_to_fit(fitted, rows, current.manifest["encoder"]["dim"])
@@ -651,13 +666,9 @@ class Index:
                 have = (f"--fit-sample {fit_sample:,} is" if rows < len(current) else
                         f"index '{self.name}' holds only {_documents(len(current))}:")
                 raise RetrieverError(f"{have} {shortfall}")
-            sample = current.raw_sample(fit_sample or len(current), seed=getattr(fitted, "seed", 0))
-            if query_vectors is not None and query_vectors.shape[1] != sample.shape[1]:
-                raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; index "
-                                     f"'{self.name}' stores {sample.shape[1]}")
-            queries_rows = fit_sample_rows(len(query_vectors), fit_sample) if query_vectors is not None else None
-            queries = query_vectors if queries_rows is None else query_vectors[queries_rows]
-            fitted.fit(sample if queries is None else np.concatenate([sample, queries]))
+            seed = getattr(fitted, "seed", 0)
+            sample = current.raw_sample(fit_sample or len(current), seed=seed)
+            fitted.fit(with_queries(sample, query_vectors, fit_sample, seed))
             calibrated_sample = l2_normalize(fitted.transform(sample))
             spec_record = dict(current.manifest["index"])
             if calibrated_sample.shape[1] != current.manifest["dim"]:
@@ -687,8 +698,9 @@ class Index:
             kept = {key: value for key, value in current.manifest.items() if key != "calibrator_fallback"}
             manifest = {**kept, "calibrator": fitted.config(), "dim": int(calibrated_sample.shape[1]),
                         "index": spec.to_dict(), "segments": segments, "next_segment": next_segment,
-                        "fit": {"sample": len(sample), "of": len(current), "seed": getattr(fitted, "seed", 0),
-                                **({"queries": len(queries), "queries_from": queries_from} if queries is not None else {})},
+                        "fit": {"sample": len(sample), "of": len(current), "seed": seed,
+                                **({"queries": fitted_query_count(query_vectors, fit_sample),
+                                    "queries_from": queries_from} if query_vectors is not None else {})},
                         "refitted": _now()}
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
@@ -884,7 +896,7 @@ def _now() -> str:
 
 
 def fitted_out_dim(calibrator: Calibrator, dim: int) -> int:
-    """The dimension of CALIBRATOR's output for DIM-dimensional input (whitening-K reduces it)."""
+    """The dimension of CALIBRATOR's output for DIM-dimensional input (whitening-K and flow-K reduce it)."""
     return int(calibrator.transform(np.zeros((1, dim), np.float32)).shape[1])
 
 

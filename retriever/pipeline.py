@@ -205,12 +205,21 @@ def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, se
     rows = fit_sample_rows(source.rows, fit_sample, seed)
     sample = np.concatenate(list(source.blocks())) if rows is None else source.take(rows)
     if not calibrator.fitted:
-        if queries is not None and len(queries):
-            query_rows = fit_sample_rows(len(queries), fit_sample, seed)
-            calibrator.fit(np.concatenate([sample, queries if query_rows is None else queries[query_rows]]))
-        else:
-            calibrator.fit(sample)
+        calibrator.fit(with_queries(sample, queries, fit_sample, seed))
     return l2_normalize(calibrator.transform(sample))
+
+
+def with_queries(sample: np.ndarray, queries: np.ndarray | None, fit_sample: int | None, seed: int) -> np.ndarray:
+    """What a calibrator is fitted on: the documents' SAMPLE, plus at most FIT_SAMPLE of QUERIES (seeded)."""
+    if queries is None or not len(queries):
+        return sample
+    rows = fit_sample_rows(len(queries), fit_sample, seed)
+    return np.concatenate([sample, queries if rows is None else queries[rows]])
+
+
+def fitted_query_count(queries: np.ndarray | None, fit_sample: int | None) -> int:
+    """How many of QUERIES `with_queries` adds (the manifest records it)."""
+    return 0 if queries is None else min(len(queries), fit_sample or len(queries))
 
 
 def calibrated_blocks(source: VectorSource, calibrator: Calibrator, first_rowid: int,

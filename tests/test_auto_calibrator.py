@@ -178,3 +178,28 @@ def test_the_default_models_embedding_layer_gets_a_flow(shared_data):
     auto = make_calibrator("auto").fit(vectors)
     assert auto.decision["evidence"]["mean_cosine"] > 0.3
     assert auto.decision["chosen"]["name"] == f"flow-{auto.decision['evidence']['directions_for_variance']}"
+
+
+@pytest.mark.parametrize("X, reason", [
+    (np.random.default_rng(0).normal(size=(500, 3)).astype(np.float32) + 5, "too few dimensions for a flow"),
+    (np.ones((500, 8), dtype=np.float32), "all vectors are identical"),
+])
+def test_spaces_no_flow_can_take_are_left_as_they_are(X, reason):
+    auto = make_calibrator("auto").fit(X)
+    assert auto.decision["chosen"] == {"name": "none"} and reason in auto.decision["reason"]
+
+
+def test_a_flow_k_wider_than_the_vectors_is_refused_before_encoding(cone_corpus, tiny_bert, cli, tmp_path):
+    corpus, _ = cone_corpus  # no --vectors: the refusal must come before any encoding
+    done = cli("build", corpus, "--model", tiny_bert, "-c", "flow-64", "--index-dir", tmp_path / "indexes")
+    assert done.returncode == 1 and "needs K <= the vector dimension 32" in done.stderr
+    assert "Encoding" not in done.stderr
+
+
+def test_fit_queries_with_calibrator_none_says_they_are_ignored(cone_corpus, tiny_bert, cli, tmp_path):
+    corpus, vectors = cone_corpus
+    queries = tmp_path / "queries.txt"
+    queries.write_text("a query\n", encoding="utf-8")
+    done = cli("build", corpus, "--vectors", vectors, "--model", tiny_bert, "-c", "none", "--fit-queries", queries,
+               "--index-dir", tmp_path / "indexes")
+    assert done.returncode == 0 and "--fit-queries ignored: calibrator none fits nothing" in done.stderr

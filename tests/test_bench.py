@@ -200,6 +200,8 @@ def test_bad_names_are_one_line_errors(fake_data):
         plan_benchmark("stsb", data_dir=fake_data, layout="tokenized")
     with pytest.raises(RetrieverError, match="unknown pooling 'max'"):
         Encoder(pooling="max")
+    with pytest.raises(RetrieverError, match="--fit-queries applies to retrieval tasks"):
+        plan_benchmark("stsb", data_dir=fake_data, fit_queries=True)
 
 
 def test_cli_errors_exit_1_with_one_line(fake_data, tmp_path):

@@ -25,7 +25,7 @@ CALIBRATOR_NAMES = (
     "auto (default): decides from the corpus, no labels: none for an isotropic space, else flow-K; "
     "flow: BERT-flow, a normalizing flow that Gaussianizes the vectors; "
     "flow-K: whitening-K, then a flow in those K dimensions; "
-    "flow+lu, flow-K+lu: with Glow's learnable LU 1x1 mixing in every step; "
+    "flow+lu, flow-K+lu: with Glow's learnable LU 1x1 mixing in every step (slower: a dim x dim product a step); "
     "whitening or whitening-K: BERT-whitening, optionally keeping the top K dimensions; "
     "sn: per-dimension mean 0, std 1; "
     "natsv-K: center, then null the top K singular directions; "

@@ -17,14 +17,13 @@ and `retriever info`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from retriever.calibration.base import CONFIG_FILE, Calibrator, centered_gram, column_mean, read_config
-from retriever.calibration.flow import FlowCalibrator
+from retriever.calibration.base import Calibrator, centered_gram, column_mean, read_config
+from retriever.calibration.flow import FlowCalibrator, _standard_normal_log_density
 from retriever.calibration.linear import Identity
 from retriever.errors import RetrieverError
 
@@ -44,10 +43,15 @@ EVIDENCE_ROWS = 20_000
 # Fraction of the fit rows held out to score the flow's likelihood against its Gaussian start.
 HELD_OUT = 0.1
 NEIGHBOURS = 10
+# A 2-level flow splits its input twice: it needs at least 4 dimensions.
+MIN_FLOW_DIM = 4
 
 
 class AutoCalibrator(Calibrator):
-    """Fits the calibrator the corpus calls for (`decision`), then behaves exactly like it."""
+    """Fits the calibrator the corpus calls for (`decision`), then transforms exactly as it does.
+
+    A chosen flow-K is fitted on 90% of the rows given (all of them when 10% would be under 100 rows or leave too
+    few to fit): the other 10% score its held-out likelihood for the evidence."""
 
     name = "auto"
 
@@ -70,6 +74,9 @@ class AutoCalibrator(Calibrator):
     @property
     def weights_file(self) -> str | None:  # the chosen calibrator's file, saved next to calibrator.json
         return self.chosen.weights_file if self.chosen is not None else None
+
+    def _save_weights(self, path: Path) -> None:
+        self.chosen._save_weights(path)
 
     def fit(self, X: np.ndarray) -> AutoCalibrator:
         dim = self._check_fit_input(X, min_rows=1)
@@ -103,14 +110,6 @@ class AutoCalibrator(Calibrator):
 
     # --- persistence: calibrator.json holds the decision; the chosen calibrator's weights lie next to it ----------
 
-    def save(self, folder: str | Path) -> None:
-        self._require_fitted()
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        if self.chosen.weights_file is not None:
-            self.chosen._save_weights(folder / self.chosen.weights_file)
-        (folder / CONFIG_FILE).write_text(json.dumps({**self.config(), "dim": self.dim}, indent=2) + "\n")
-
     @classmethod
     def load(cls, folder: str | Path) -> AutoCalibrator:
         from retriever.calibration import make_calibrator
@@ -134,9 +133,9 @@ class AutoCalibrator(Calibrator):
 
 
 def describe_decision(decision: dict) -> str:
-    """"auto chose flow-254: mean cosine 0.43 >= 0.10 (anisotropic); ..." for `retriever info` and logs."""
-    chosen = decision["chosen"]["name"]
-    return f"auto chose {chosen}: {decision['reason']}"
+    """"auto chose flow-254: mean cosine of random pairs 0.432 >= 0.1 (anisotropic); ..." for `info` and logs."""
+    chosen = (decision.get("chosen") or {}).get("name", "?")
+    return f"auto chose {chosen}: {decision.get('reason', 'no reason recorded')}"
 
 
 def spectrum_evidence(sample: np.ndarray, rng: np.random.Generator, pairs: int = 20_000) -> dict:
@@ -147,7 +146,9 @@ def spectrum_evidence(sample: np.ndarray, rng: np.random.Generator, pairs: int =
     distinct = first != second
     mean_cosine = float((unit[first[distinct]] * unit[second[distinct]]).sum(1).mean()) if distinct.any() else 0.0
     variances = np.clip(np.linalg.eigvalsh(centered_gram(sample, column_mean(sample)))[::-1], 0, None)
-    total = float(variances.sum()) or 1.0
+    total = float(variances.sum())
+    if total <= 0:
+        return {"rows": int(len(sample)), "mean_cosine": round(mean_cosine, 4), "top_direction_share": 0.0}
     cumulative = np.cumsum(variances) / total
     return {
         "rows": int(len(sample)),
@@ -162,9 +163,9 @@ def likelihood_evidence(flow: FlowCalibrator, held_out: np.ndarray) -> dict:
     """Held-out log-likelihood per dimension of the fitted flow, and of the Gaussian it starts from (its
     whitening alone): how much the nonlinear part learned that generalises beyond the fit rows."""
     with torch.inference_mode():
-        x = torch.from_numpy(np.asarray(held_out, dtype=np.float32)).to(next(flow.flow.buffers()).device)
+        x = torch.from_numpy(np.asarray(held_out, dtype=np.float32)).to(next(flow.flow.parameters()).device)
         y, logdet = flow.flow.reduction(x)
-        gaussian = (-0.5 * (y.pow(2).sum(1) + y.shape[1] * np.log(2 * np.pi)) + logdet).mean().item()
+        gaussian = (_standard_normal_log_density(y) + logdet).mean().item()
     flow_ll = float(flow.log_prob(held_out).mean())
     dims = flow.flow.dim
     return {"held_out_rows": int(len(held_out)), "held_out_loglik_per_dim_flow": round(flow_ll / dims, 4),
@@ -192,10 +193,14 @@ def neighbour_evidence(raw: np.ndarray, calibrated: np.ndarray, rng: np.random.G
 def _decide(evidence: dict, rows: int, dim: int) -> tuple[int | None, str]:
     """(K for flow-K, or None for none) and the reason, in words."""
     cosine = evidence["mean_cosine"]
+    if evidence["top_direction_share"] == 0:
+        return None, "all vectors are identical: there is no spread to calibrate"
+    if dim < MIN_FLOW_DIM:
+        return None, f"{dim}-dimensional vectors are too few dimensions for a flow (it needs {MIN_FLOW_DIM})"
     if cosine < ISOTROPIC_MEAN_COSINE:
         return None, (f"mean cosine of random pairs {cosine:.3f} < {ISOTROPIC_MEAN_COSINE} (already isotropic: "
                       "calibration would only move a tuned geometry)")
-    k = max(4, min(evidence["directions_for_variance"], dim))
+    k = max(MIN_FLOW_DIM, min(evidence["directions_for_variance"], dim))
     needed = max(FlowCalibrator(k=k).min_fit_rows(dim), ROWS_PER_DIRECTION * k)
     if rows < needed:
         return None, (f"mean cosine {cosine:.3f} is anisotropic, but {rows:,} vectors are too few to fit "

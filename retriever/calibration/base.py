@@ -63,6 +63,9 @@ class Calibrator(ABC):
         """Why `min_fit_rows` is what it is, for messages: "for 384 dimensions"."""
         return ""
 
+    def check_dim(self, dim: int) -> None:
+        """Refuse, before any encoding, vectors of a dimension this calibrator cannot take (K > dim)."""
+
     # --- persistence -------------------------------------------------------------------------------------------
 
     def save(self, folder: str | Path) -> None:

@@ -3,6 +3,7 @@ vectors to a standard Gaussian, where cosine similarity is better behaved than i
 
 The architecture follows the paper's code (bohanli/BERT-flow, `flow/glow_ops_1x1.py`) on 1 x 1 "images":
   step  = ActNorm -> fixed permutation (Reverse) -> AdditiveCoupling       (log|det| comes only from ActNorm)
+          (`mixing="lu"` adds Glow's LU 1 x 1 mixing after the permutation, which has a log|det| of its own)
   level = `depth` steps; after every level but the last, half of the dimensions are factored out, scored under
           N(0, I) and passed to the output unchanged: z = [factored_1, ..., factored_{L-1}, final].
 Each transform is a small module whose `forward(x)` returns `(y, logdet)` and whose `inverse(y)` returns `x`.
@@ -45,7 +46,7 @@ _LOG_2PI = math.log(2 * math.pi)
 class LossWeights(NamedTuple):
     """How the training loss weighs each transform's own terms, summed over the batch."""
 
-    logdet: float  # weight of log|det J| (ActNorm)
+    logdet: float  # weight of log|det J| (ActNorm, LUMixing)
     transport: float  # weight of the squared shift (AdditiveCoupling)
 
 
@@ -159,6 +160,7 @@ class LUSaved(NamedTuple):
 
     x: Tensor
     weight: Tensor
+    lower: Tensor  # L with its unit diagonal
     upper: Tensor  # U with its diagonal exp(log_scale)
     log_scale: Tensor
 
@@ -193,17 +195,16 @@ class LUMixing(nn.Module):
     def forward_saving(self, x: Tensor) -> tuple[Tensor, LUSaved]:
         lower, upper = self._factors()
         weight = lower @ upper
-        return x @ weight.t(), LUSaved(x, weight, upper, self.log_scale)
+        return x @ weight.t(), LUSaved(x, weight, lower, upper, self.log_scale)
 
     def backward(self, saved: LUSaved, grad_y: Tensor, weights: LossWeights) -> Tensor:
         """d(loss)/dx; writes d(loss)/d(parameters) into their .grad.
 
         loss = <grad_y, x W^T> + weights.logdet * n * sum(log_scale); W = L U, so dW gives dL = dW U^T and
         dU = L^T dW, each kept on its own triangle."""
-        lower = torch.addcmul(self.eye, self.lower, self.lower_mask)
         grad_weight = grad_y.t() @ saved.x
         torch.mul(grad_weight @ saved.upper.t(), self.lower_mask, out=_grad(self.lower))
-        grad_upper = lower.t() @ grad_weight
+        grad_upper = saved.lower.t() @ grad_weight
         torch.mul(grad_upper, self.lower_mask.t(), out=_grad(self.upper))
         grad_log_scale = torch.mul(torch.diagonal(grad_upper), saved.log_scale.exp(), out=_grad(self.log_scale))
         grad_log_scale.add_(len(grad_y) * weights.logdet)
@@ -315,7 +316,8 @@ class AdditiveCoupling(nn.Module):
 
 
 class Glow(nn.Module):
-    """Multi-scale flow x -> z of the same dimension; `log_prob` is exact by the change of variables."""
+    """Multi-scale flow x -> z of the same dimension (of K with a reduction); `log_prob` is exact by the change of
+    variables (on the reduction's K-dimensional subspace, with one)."""
 
     def __init__(self, dim: int, levels: int = 2, depth: int = 3, width: int = 32, permutation: str = "reverse",
                  seed: int = 0, mixing: str = "none", reduce_to: int | None = None):
@@ -539,7 +541,7 @@ def _step(dim: int, width: int, permutation: str, mixing: str) -> tuple[nn.Modul
 
 
 class FlowCalibrator(Calibrator):
-    """`flow`: fit a Glow on the vectors; transform = the Gaussianized z (same dimension).
+    """`flow`: fit a Glow on the vectors; transform = the Gaussianized z (same dimension; `flow-K`: K).
 
     Fitting minimizes the negative log-likelihood plus `shift_penalty` times the transport cost (how far the
     couplings move each vector, as in OT-regularized flows): among maps that Gaussianize the data, prefer one that
@@ -627,20 +629,22 @@ class FlowCalibrator(Calibrator):
         # empty directions, and anything off that subspace (every query) is blown up. dim + 1 vectors in general
         # position span R^dim; it is a floor, not a recommendation (thousands fit far better). It also exceeds
         # the first batch that initialises ActNorm (batch_size 32) for any dim >= 32.
-        return min(dim, self.k or dim) + 1
+        return (self.k or dim) + 1
 
     def min_fit_reason(self, dim: int) -> str:
-        return f"for {min(dim, self.k or dim)} dimensions"
+        return f"for {self.k or dim} dimensions"
+
+    def check_dim(self, dim: int) -> None:
+        if self.k is not None and self.k > dim:
+            raise RetrieverError(f"calibrator '{self.name}' needs K <= the vector dimension {dim}")
 
     def _new_flow(self, dim: int) -> Glow:
-        return Glow(dim, self.levels, self.depth, self.width, self.permutation, self.seed, self.mixing,
-                    min(self.k, dim) if self.k is not None else None)
+        return Glow(dim, self.levels, self.depth, self.width, self.permutation, self.seed, self.mixing, self.k)
 
     def fit(self, X: np.ndarray) -> FlowCalibrator:
         """One or more epochs of Adam over random minibatches of X; X may be an np.memmap (read batch by batch)."""
         dim = self._check_fit_input(X)
-        if self.k is not None and self.k > dim:
-            raise RetrieverError(f"calibrator '{self.name}' needs K <= the vector dimension {dim}")
+        self.check_dim(dim)
         device = resolve_device(self.device)
         flow = self._new_flow(dim)
         if self.k is not None:

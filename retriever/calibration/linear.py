@@ -107,6 +107,9 @@ class Whitening(LinearCalibrator):
         self.k = k
         self.name = "whitening" if k is None else f"whitening-{k}"
 
+    def check_dim(self, dim: int) -> None:
+        _check_k(self.name, self.k, dim)
+
     # The minimum stays the default two: below dim + 1 vectors the covariance is singular, and `fit` shrinks it
     # towards the identity (Ledoit-Wolf) with a warning, which still gives every direction a finite scale.
 
@@ -158,6 +161,9 @@ class NullTopSingular(LinearCalibrator):
         self.k = k
         self.standardize = standardize
         self.name = f"sn+natsv-{k}" if standardize else f"natsv-{k}"
+
+    def check_dim(self, dim: int) -> None:
+        _check_k(self.name, self.k, dim)
 
     def min_fit_rows(self, dim: int) -> int:
         # n centered vectors span at most n - 1 directions: with fewer than K + 1, some of the K "top singular

@@ -102,6 +102,9 @@ def plan_benchmark(
         if not path.is_file():
             raise RetrieverError(f"--fit-on must be target, train or a file of sentences; {fit_on} is not a file")
         fit_on = str(path)
+    if fit_queries and not any(isinstance(task, RetrievalTask) for task in tasks):
+        raise RetrieverError("--fit-queries applies to retrieval tasks (qnli-retrieval, stsb-dup, sickr-dup, "
+                             "beir PATH); none was asked for")
     if limit is not None and limit < 2:
         raise RetrieverError(f"--limit must be at least 2 pairs (got {limit})")
     return BenchPlan(tasks, names, folder, layout, fit_on, seed, limit, lexical, Path(plot) if plot else None,
@@ -332,7 +335,7 @@ class _Run:
             with warnings.catch_warnings(record=True) as caught:  # e.g. whitening on fewer vectors than dims
                 warnings.simplefilter("always")
                 self._fitted[(fit_set, name)] = fit_on_sample(calibrator, vectors, DEFAULT_FIT_SAMPLE, self.plan.seed)
-            self.record_decision(task.name if fit_set != "file" else "file", name, self._fitted[(fit_set, name)])
+            self.record_decision(fit_set, name, self._fitted[(fit_set, name)])
             for warning in caught:
                 self.log(f"{task.name}: {name}: {warning.message}")
         return self._fitted[(fit_set, name)]
