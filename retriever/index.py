@@ -648,7 +648,8 @@ class Index:
         `build`: example queries fitted on too (texts are encoded with the index's encoder)."""
         started = time.perf_counter()
         name = calibrator or self.manifest["calibrator"]["name"]
-        make_calibrator(name, **(calibrator_options or {})).check_dim(self.manifest["encoder"]["dim"])  # before encoding
+        fitted = make_calibrator(name, **(calibrator_options or {}))
+        fitted.check_dim(self.manifest["encoder"]["dim"])  # before any query is encoded
         query_texts, query_vectors, queries_from = _fit_queries(fit_queries, "utf-8")
         if query_texts and name != "none":
             query_vectors = self.load_encoder().encode(query_texts, progress=progress, description="Encoding queries")
@@ -659,7 +660,6 @@ class Index:
             query_vectors = None
         with writing(self.index_dir, self.name) as writer:
             current = self._current_version()
-            fitted = make_calibrator(name, **(calibrator_options or {}))
             rows = min(len(current), fit_sample or len(current))
             shortfall = too_few_to_fit(fitted, rows, current.manifest["encoder"]["dim"])
             if shortfall:  # refit is an explicit request: refused, never quietly replaced by another calibrator

@@ -119,15 +119,9 @@ class AutoCalibrator(Calibrator):
         if not isinstance(decision, dict) or not isinstance(decision.get("chosen"), dict):
             raise RetrieverError(f"calibrator in {folder} is 'auto' but records no decision")
         calibrator = cls(seed=record.get("seed", 0), decision=decision)
-        chosen_config = dict(decision["chosen"])
-        chosen = make_calibrator(chosen_config.pop("name"))
-        chosen = type(chosen).from_config({**chosen_config, "name": chosen.name}) if chosen_config else chosen
+        chosen = type(make_calibrator(decision["chosen"]["name"])).from_config(decision["chosen"])
         chosen.dim = int(record["dim"])
-        if chosen.weights_file is not None:
-            path = Path(folder) / chosen.weights_file
-            if not path.is_file():
-                raise RetrieverError(f"calibrator in {folder} has no weights file {chosen.weights_file}")
-            chosen._load_weights(path)
+        chosen._load_weights_from(folder)
         calibrator.chosen, calibrator.dim, calibrator.decision = chosen, int(record["dim"]), decision
         return calibrator
 

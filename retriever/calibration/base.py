@@ -88,12 +88,16 @@ class Calibrator(ABC):
         if calibrator.name != record["name"]:
             raise RetrieverError(f"calibrator in {folder} is '{record['name']}', not '{calibrator.name}'")
         calibrator.dim = int(record["dim"])
-        if calibrator.weights_file is not None:
-            path = Path(folder) / calibrator.weights_file
-            if not path.is_file():
-                raise RetrieverError(f"calibrator in {folder} has no weights file {calibrator.weights_file}")
-            calibrator._load_weights(path)
+        calibrator._load_weights_from(folder)
         return calibrator
+
+    def _load_weights_from(self, folder: str | Path) -> None:
+        """Read this calibrator's weights file from FOLDER, if it has one."""
+        if self.weights_file is not None:
+            path = Path(folder) / self.weights_file
+            if not path.is_file():
+                raise RetrieverError(f"calibrator in {folder} has no weights file {self.weights_file}")
+            self._load_weights(path)
 
     def _save_weights(self, path: Path) -> None:
         raise NotImplementedError  # only calibrators with a weights_file implement these two

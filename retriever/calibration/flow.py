@@ -24,8 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from retriever.calibration.base import Calibrator, centered_gram, check_matrix, column_mean
-from retriever.calibration.linear import EIGENVALUE_FLOOR
+from retriever.calibration.base import Calibrator, check_matrix
 from retriever.device import resolve_device
 from retriever.errors import RetrieverError
 
@@ -235,18 +234,17 @@ class Reduction(nn.Module):
 
     @classmethod
     def fit(cls, X: np.ndarray, k: int) -> Reduction:
-        """BERT-whitening of X to its top-k principal directions (`whitening-k`), streamed over row chunks.
+        """`whitening-k` fitted on X (BERT-whitening to the top-k principal directions, streamed over row chunks).
 
         Scaling them to unit variance is the maximum-likelihood Gaussian; the flow's first ActNorm would undo any
-        softer scaling (measured: shrinking the variances by 0.1 or 0.3 of their mean changed no score)."""
-        mean = column_mean(X)
-        U, variances, _ = np.linalg.svd(centered_gram(X, mean) / max(len(X) - 1, 1), hermitian=True)
-        if variances[0] <= 0:
-            raise RetrieverError(f"cannot whiten: all {len(X)} vectors are identical")
-        weight = U[:, :k] / np.sqrt(np.maximum(variances[:k], variances[0] * EIGENVALUE_FLOOR))
+        softer scaling (measured: shrinking the variances by 0.1 or 0.3 of their mean moved no score by > 0.25)."""
+        from retriever.calibration.linear import Whitening
+
+        whitening = Whitening(k).fit(X)
         # W = U_k diag(w) with U orthonormal: its pseudo-inverse is diag(1 / w^2) W^T.
-        inverse_weight = weight.T / np.square(weight).sum(0)[:, None]
-        return cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in (mean, weight, inverse_weight)))
+        inverse_weight = whitening.W.T / np.square(whitening.W).sum(0)[:, None]
+        return cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+                     for a in (whitening.mean, whitening.W, inverse_weight)))
 
     @property
     def out_dim(self) -> int:
