@@ -1,7 +1,7 @@
 # Two commands do the whole set-up on a fresh machine with Python 3.10+ and pip:
 #   make demo   installs into .venv, builds a calibrated index over the standard library's docs (into the index
 #               home, ~/.local/share/retriever/indexes unless RETRIEVER_HOME says otherwise), searches it
-#   make test   installs into .venv (with test extras) and runs the test suite
+#   make test   installs into .venv (with test extras and Ray for `--engine ray`) and runs the test suite
 # CPU machines get the CPU build of torch pinned; on a CUDA machine: make demo TORCH=torch
 
 PYTHON ?= python3
@@ -18,7 +18,7 @@ $(BIN)/python:
 
 # Re-run pip only when the dependency list changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev]"
+	$(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev,ray]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -103,13 +103,29 @@ def build(
     batch_size: options.BatchSize = 64,
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
+    engine: Annotated[str, typer.Option(
+        "--engine", **options.choice(("local", "ray")),
+        help="local: this process; ray: a Ray cluster (pip install 'retriever[ray]'; CORPUS may be a folder of "
+             "corpus files)")] = "local",
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", help="ray: 'auto' or HOST:PORT of a running cluster " + default("start one on 127.0.0.1 "
+                                                                                         "for this build"))] = None,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="ray: encode actors " + default("one per GPU; locally, one using every core but one"))] = None,
+    gpus_per_worker: Annotated[Optional[float], typer.Option(
+        "--gpus-per-worker", help="ray: GPUs each encode actor holds " + default("1 where the cluster has GPUs, "
+                                                                                 "else 0"))] = None,
+    batch_rows: Annotated[int, typer.Option(
+        "--batch-rows", help="ray: documents per encode call of an actor (larger pads less)")] = 16384,
 ) -> None:
     """Build a calibrated index of CORPUS: encode, fit the calibrator, store FAISS + SQLite.
 
     The calibrator is fitted unsupervised on a sample of the corpus (--fit-sample); a corpus too small for it is
     built uncalibrated, with a warning. With --vectors nothing is encoded. Streamed in chunks: a killed build re-run
     with the same corpus and encoder settings resumes from its last finished chunk (--fresh starts over). A build
-    refuses at once while another process writes the same index (other writes wait their turn)."""
+    refuses at once while another process writes the same index (other writes wait their turn). With --engine ray
+    the corpus is read and encoded on a Ray cluster and the segments written there; the index folder must be on
+    storage every node sees."""
     # Everything that needs no corpus read comes first: a bad name or index folder fails in one line, at once.
     home = _home(index_dir)
     name = check_name(name) if name is not None else _name_from(corpus)
@@ -118,8 +134,15 @@ def build(
     resume = "re-run the same command to resume" if not fresh else "re-run it without --fresh to resume"
     existed = (home / name).exists()
     on_interrupt((UNCHANGED.format(name=name) if existed else f"index '{name}' was not built") + f"; {resume}")
+    ray_options = None
+    if engine == "ray":
+        from retriever.engines.ray_build import RayOptions
+
+        ray_options = RayOptions(ray_address, workers, gpus_per_worker, batch_rows)
+    elif any(value is not None for value in (ray_address, workers, gpus_per_worker)):
+        raise RetrieverError("--ray-address, --workers and --gpus-per-worker are for --engine ray")
     summary = Index.build(
-        corpus, name, home, vectors=vectors, model=model, pooling=pooling, layers=layers, max_length=max_length,
+        corpus, name, home, vectors=vectors, engine=engine, ray_options=ray_options, model=model, pooling=pooling, layers=layers, max_length=max_length,
         calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None, fit_sample=fit_sample,
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
         batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True, fit_queries=fit_queries,

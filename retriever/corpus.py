@@ -81,8 +81,11 @@ def read_queries(path: str | Path, encoding: str = "utf-8") -> list[tuple[str, s
     return [(q.doc_id, q.text) for q in queries]
 
 
-def iter_corpus(path: str | Path, encoding: str = "utf-8") -> Iterator[Document]:
-    """Documents of a corpus file in file order, streamed; no duplicate-id or empty-corpus checks."""
+def iter_corpus(path: str | Path, encoding: str = "utf-8", start: int = 0, first_line: int = 1) -> Iterator[Document]:
+    """Documents of a corpus file in file order, streamed; no duplicate-id or empty-corpus checks.
+
+    START, FIRST_LINE: read from byte offset START, the beginning of line FIRST_LINE (a piece of a large .jsonl or
+    .txt file, see `splittable`), so ids and error messages name the lines of the whole file."""
     path = Path(path)
     suffix, compressed = corpus_format(path)
     if not path.exists():
@@ -96,11 +99,15 @@ def iter_corpus(path: str | Path, encoding: str = "utf-8") -> Iterator[Document]
     newline = "" if suffix in (".csv", ".tsv") else "\n"
     try:
         with _open_text(path, compressed, codec, newline) as file:
-            lines = _checked_lines(file, path, encoding)
+            if start:
+                if not splittable(path, encoding):
+                    raise RetrieverError(f"{path}: only plain utf-8 .jsonl and .txt files are read from an offset")
+                file.seek(start)  # utf-8 decodes without state, so a byte offset at a line start is a valid cookie
+            lines = _checked_lines(file, path, encoding, first_line)
             if suffix == ".txt":
-                yield from _read_txt(lines, path)
+                yield from _read_txt(lines, path, first_line)
             elif suffix == ".jsonl":
-                yield from _read_jsonl(lines, path)
+                yield from _read_jsonl(lines, path, first_line)
             else:
                 yield from _read_table(lines, path, delimiter="\t" if suffix == ".tsv" else ",")
     except LookupError:
@@ -111,6 +118,13 @@ def iter_corpus(path: str | Path, encoding: str = "utf-8") -> Iterator[Document]
         raise RetrieverError(f"{path}: not a complete gzip file ({error})") from None
     except OSError as error:
         raise RetrieverError(f"{path}: cannot read ({error.strerror or error})") from None
+
+
+def splittable(path: str | Path, encoding: str = "utf-8") -> bool:
+    """Whether a file can be read in pieces from line offsets: uncompressed .jsonl or .txt (one document per line)
+    in utf-8. A .csv row may span lines, and gzip cannot seek."""
+    suffix, compressed = corpus_format(path)
+    return not compressed and suffix in (".jsonl", ".txt") and encoding.lower().replace("_", "-") in ("utf-8", "utf8")
 
 
 def corpus_format(path: str | Path) -> tuple[str, bool]:
@@ -161,9 +175,9 @@ def _first_few(items: list[str]) -> str:
     return shown if len(items) <= _SHOWN else f"{shown} and {len(items) - _SHOWN} more"
 
 
-def _checked_lines(file: TextIO, path: Path, encoding: str) -> Iterator[str]:
+def _checked_lines(file: TextIO, path: Path, encoding: str, first_line: int = 1) -> Iterator[str]:
     """The file's lines as read (line endings kept), refusing undecodable bytes with their line and column."""
-    for number, line in enumerate(file, start=1):
+    for number, line in enumerate(file, start=first_line):
         bad = _BAD_BYTE.search(line)
         if bad:
             byte = ord(bad.group()) - 0xDC00
@@ -174,15 +188,15 @@ def _checked_lines(file: TextIO, path: Path, encoding: str) -> Iterator[str]:
         yield line
 
 
-def _read_txt(lines: Iterator[str], path: Path) -> Iterator[Document]:
-    for number, line in enumerate(lines, start=1):
+def _read_txt(lines: Iterator[str], path: Path, first_line: int = 1) -> Iterator[Document]:
+    for number, line in enumerate(lines, start=first_line):
         text = line.strip()
         if text:
             yield Document(doc_id=f"{path.name}:{number}", text=text, title=None, source=str(path), line=number)
 
 
-def _read_jsonl(lines: Iterator[str], path: Path) -> Iterator[Document]:
-    for number, line in enumerate(lines, start=1):
+def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1) -> Iterator[Document]:
+    for number, line in enumerate(lines, start=first_line):
         if not line.strip():
             continue
         where = f"{path} line {number}"

@@ -37,6 +37,7 @@ from retriever.calibration import (
 )
 from retriever.corpus import Document, check_unique_ids, corpus_format, document_text, iter_corpus
 from retriever.encoder import Encoder
+from retriever.engines import ENGINES
 from retriever.errors import ConflictError, NotFoundError, RetrieverError
 from retriever.index_folder import (
     BUILD_STATE,
@@ -376,6 +377,8 @@ class Index:
         chunk_rows: int = CHUNK_ROWS,
         encoder: Encoder | None = None,
         fit_queries: str | Path | Sequence[str] | np.ndarray | None = None,
+        engine: str = "local",
+        ray_options=None,
     ) -> ChangeSummary:
         """Stream CORPUS through the pipeline into a new index version under NAME and swap it in.
 
@@ -386,11 +389,29 @@ class Index:
         used instead of loading the one MODEL/POOLING/LAYERS/MAX_LENGTH/DTYPE name (many builds, one model).
         FIT_QUERIES: a file of example queries (.txt, one per line, or BEIR queries.jsonl), a list of them, or their
         raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled (ignored with a
-        prefitted calibrator)."""
+        prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster (`retriever.engines.ray_build`, set up
+        by RAY_OPTIONS, a `RayOptions`); CORPUS may then also be a folder of corpus files, and a failed build starts
+        over rather than resuming."""
+        if engine not in ENGINES:
+            raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
+        if engine == "ray":
+            if vectors is not None or encoder is not None:
+                raise RetrieverError("the ray engine encodes the corpus itself; build from --vectors with the local "
+                                     "engine")
+            from retriever.engines.ray_build import RayOptions, build as ray_build
+
+            return ray_build(corpus, name, index_dir, options=ray_options or RayOptions(), model=model,
+                             pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
+                             calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
+                             index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
+                             encoding=encoding, progress=progress, fit_queries=fit_queries)
         started = time.perf_counter()
         index_dir = resolve_index_dir(index_dir)
         loaded = encoder
         # Cheap refusals first: bad arguments never wait for a corpus read or a model load.
+        if Path(corpus).is_dir():
+            raise RetrieverError(f"{corpus}: a folder; the local engine builds from one corpus file, --engine ray "
+                                 "from a folder of them")
         corpus_format(corpus)
         if not Path(corpus).is_file():
             raise RetrieverError(f"{corpus}: no such file")
@@ -496,30 +517,9 @@ class Index:
             fitted.save(folder / CALIBRATOR)
             if template is not None:
                 VectorStore(template, spec).save(folder / TEMPLATE)
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "name": name,
-                "created": _now(),
-                "source": str(Path(corpus).resolve()),
-                "vectors_from": str(Path(vectors).resolve()) if vectors is not None else None,
-                "encoder": encoder.config(),
-                "calibrator": fitted.config(),
-                "fit": ({"prefitted": True} if prefitted else
-                        {"sample": min(state.documents, fit_sample or state.documents), "of": state.documents,
-                         "seed": seed, **({"queries": fitted_query_count(query_vectors, fit_sample),
-                                           "queries_from": queries_from} if query_vectors is not None else {})}),
-                "index": spec.to_dict(),
-                "index_type": spec.type,
-                "dim": fitted_out_dim(fitted, encoder.dim),
-                "documents": state.documents,
-                "segments": [_segment_entry(segment.name, state.documents, spec)],
-                "next_rowid": state.documents + 1,
-                "next_segment": 2,
-                "deleted": 0,
-                "truncated_at_build": state.truncated,
-                "versions": library_versions(),
-                **({"calibrator_fallback": fallback} if fallback else {}),
-            }
+            fit_record = fit_summary(prefitted, state.documents, fit_sample, seed, query_vectors, queries_from)
+            manifest = new_manifest(name, corpus, encoder.config(), fitted, fit_record, spec,
+                                    [(segment.name, state.documents)], state.truncated, fallback, vectors_from=vectors)
             write_manifest(folder, manifest)
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
@@ -807,6 +807,46 @@ def _merge_segments(folder: Path, manifest: dict, names: list[str], tombstones: 
         elif entry["name"] not in names:
             segments.append(entry)
     return {**manifest, "segments": segments, "next_segment": manifest["next_segment"] + 1}, tombstones[~dropped]
+
+
+def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: int,
+                query_vectors: np.ndarray | None, queries_from: str | None) -> dict:
+    """The manifest's record of how a build fitted its calibrator."""
+    if prefitted:
+        return {"prefitted": True}
+    return {"sample": min(documents, fit_sample or documents), "of": documents, "seed": seed,
+            **({"queries": fitted_query_count(query_vectors, fit_sample), "queries_from": queries_from}
+               if query_vectors is not None else {})}
+
+
+def new_manifest(name: str, corpus: str | Path, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
+                 spec: IndexSpec, segments: Sequence[tuple[str, int]], truncated: int, fallback: dict | None,
+                 vectors_from: str | Path | None = None, engine: dict | None = None) -> dict:
+    """The manifest of a freshly built index of SEGMENTS ((name, rows) in row id order, ids from 1), whichever
+    engine built it."""
+    documents = sum(rows for _, rows in segments)
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "created": _now(),
+        "source": str(Path(corpus).resolve()),
+        "vectors_from": str(Path(vectors_from).resolve()) if vectors_from is not None else None,
+        "encoder": encoder_config,
+        "calibrator": calibrator.config(),
+        "fit": fit_record,
+        "index": spec.to_dict(),
+        "index_type": spec.type,
+        "dim": fitted_out_dim(calibrator, encoder_config["dim"]),
+        "documents": documents,
+        "segments": [_segment_entry(segment, rows, spec) for segment, rows in segments],
+        "next_rowid": documents + 1,
+        "next_segment": len(segments) + 1,
+        "deleted": 0,
+        "truncated_at_build": truncated,
+        "versions": library_versions(),
+        **({"engine": engine} if engine else {}),
+        **({"calibrator_fallback": fallback} if fallback else {}),
+    }
 
 
 def _segment_entry(name: str, rows: int, spec: IndexSpec, deleted: int = 0) -> dict:

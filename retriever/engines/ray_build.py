@@ -1,0 +1,526 @@
+"""`retriever build --engine ray`: a build spread over a Ray cluster, through Ray Data.
+
+    driver                        cluster
+    ------                        -------
+    check arguments, load config  count: one task per corpus file, every line checked, row ids fixed
+                                  read -> encode: Ray Data streams document batches to an actor pool; each actor
+                                    holds one encoder (a GPU each with --gpus-per-worker) and writes raw-vector
+                                    shards into the build's partial folder
+    fit the calibrator on a
+    sample of the shards, train
+    the IVF quantizer once, save
+    both in the partial folder    write: one task per segment calibrates its shards (saved calibrator, shared
+                                    quantizer) into FAISS + SQLite
+    check ids across segments,
+    write the manifest, swap in
+
+The partial folder must be on storage every node sees. Nothing is current until the final swap, so a build that
+fails (cluster unreachable, a worker lost for good, a model missing on a node) leaves the previous index as it was.
+Locally, a cluster is started on 127.0.0.1 and stopped afterwards; with --ray-address the build joins a running one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import os
+import re
+import socket
+import shutil
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from retriever.calibration import DEFAULT_FIT_SAMPLE, Calibrator, fit_sample_rows, make_calibrator
+from retriever.engines.workers import (
+    SHARDS,
+    EncodeWorker,
+    corpus_files,
+    count_stage,
+    read_stage,
+    write_segment,
+)
+from retriever.errors import RetrieverError
+from retriever.index_folder import check_target, resolve_index_dir, writing
+from retriever.pipeline import CHUNK_ROWS
+from retriever.progress import progress_bar, stderr_console
+
+# Documents per piece and per encode call of an actor: the local engine's chunk. The encoder sorts each call's
+# texts by length before batching, so a larger call pads less (on real passages, 2,048 texts per call encoded 8%
+# slower than 6,144 on 2 cores); and with the local engine's chunking the batches, and so the vectors, are the same.
+DEFAULT_BATCH_ROWS = CHUNK_ROWS
+# CPUs a read task reserves: not a whole number, so it differs from every actor's (see `build`).
+READ_CPUS = 0.25
+# A segment per this many documents at least (fewer, larger segments search faster; compaction merges later).
+MIN_SEGMENT_ROWS = 50_000
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How a build uses Ray. ADDRESS: None starts a local cluster on 127.0.0.1 for this build; "auto" or HOST:PORT
+    joins a running one. GPUS_PER_WORKER: None gives each actor a GPU when the cluster has any, else 0 (CPU).
+    WORKERS: encode actors (default: one per GPU share, else locally one that uses every core but the read stage's,
+    on a cluster one per CPU but one). BATCH_ROWS: documents per actor call."""
+
+    address: str | None = None
+    workers: int | None = None
+    gpus_per_worker: float | None = None
+    batch_rows: int = DEFAULT_BATCH_ROWS
+
+    def check(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise RetrieverError(f"--workers must be at least 1 (got {self.workers})")
+        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
+            raise RetrieverError(f"--gpus-per-worker must not be negative (got {self.gpus_per_worker})")
+        if self.batch_rows < 1:
+            raise RetrieverError(f"--batch-rows must be at least 1 (got {self.batch_rows})")
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How many encode actors, and what each reserves: CPUS (Ray's bookkeeping, and the torch threads it runs)
+    and GPUS."""
+
+    workers: int
+    cpus: int
+    gpus: float
+
+    def describe(self) -> str:
+        each = f"{self.cpus} CPU" + (f" + {self.gpus:g} GPU" if self.gpus else "")
+        return f"{self.workers} worker{'s' if self.workers != 1 else ''} ({each} each)"
+
+
+def plan_workers(options: RayOptions, cluster_cpus: float, cluster_gpus: float, local: bool) -> WorkerPlan:
+    """Actors and their reservations for a cluster of CLUSTER_CPUS / CLUSTER_GPUS (Ray's counts).
+
+    The actors never hold every CPU: the read stage needs one, and a pool that takes them all waits forever
+    (ray-project/ray#44687). A local cluster is started with one CPU more than the machine has, so it is this
+    spare one the reader gets, and the actors share out the real cores."""
+    gpus = options.gpus_per_worker if options.gpus_per_worker is not None else (1 if cluster_gpus >= 1 else 0)
+    if gpus:
+        if cluster_gpus < gpus:
+            raise RetrieverError(f"--gpus-per-worker {gpus:g}: the Ray cluster has "
+                                 f"{cluster_gpus:g} GPU{'s' if cluster_gpus != 1 else ''}")
+        most = int(cluster_gpus // gpus)
+        workers = options.workers or most
+        if workers > most:
+            raise RetrieverError(f"--workers {workers} with --gpus-per-worker {gpus:g} needs "
+                                 f"{workers * gpus:g} GPUs; the Ray cluster has {cluster_gpus:g}")
+        # A GPU actor needs a core or two to tokenize and feed it, never the reader's.
+        spare = int(cluster_cpus) - 1
+        if spare < workers:
+            raise RetrieverError(f"--workers {workers}: the Ray cluster has {cluster_cpus:g} CPUs and the read "
+                                 f"stage needs one, so at most {max(spare, 0)} GPU workers fit")
+        return WorkerPlan(workers, min(2, spare // workers), gpus)
+    usable = int(cluster_cpus) - 1
+    if usable < 1:
+        raise RetrieverError(f"the Ray cluster has {cluster_cpus:g} CPU; an encode worker and the read stage need 2")
+    workers = options.workers or (1 if local else usable)
+    if workers > usable:
+        raise RetrieverError(f"--workers {workers}: the Ray cluster has {cluster_cpus:g} CPUs and the read stage "
+                             f"needs one, so at most {usable} workers fit")
+    return WorkerPlan(workers, max(1, usable // workers), 0)
+
+
+def import_ray():
+    """Ray, or one line saying how to get it (it is an optional extra)."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise RetrieverError("the ray engine needs Ray Data: pip install 'retriever[ray]' (or 'ray[data]')") from None
+    return ray
+
+
+@contextmanager
+def loopback_only() -> Iterator[None]:
+    """Nodes started inside the block bind and advertise 127.0.0.1 only.
+
+    Ray replaces a loopback node address with the machine's external one unless clusters are switched off
+    (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0). The variable reaches the processes Ray starts; this process read it when
+    it imported Ray, so its constant is set too (restored afterwards)."""
+    import ray._private.ray_constants as constants
+
+    variable = constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    before = os.environ.get(variable), constants.ENABLE_RAY_CLUSTER
+    os.environ[variable], constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        if before[0] is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = before[0]
+        constants.ENABLE_RAY_CLUSTER = before[1]
+
+
+@contextmanager
+def ray_cluster(address: str | None) -> Iterator[bool]:
+    """Connected to Ray for the block; yields whether the cluster is one this build started on this machine.
+
+    A Ray already initialised in this process (an application's, or a test's cluster) is used as it is and left
+    running. Locally the cluster binds 127.0.0.1 only, has no dashboard, and is shut down afterwards."""
+    ray = import_ray()
+    if ray.is_initialized():
+        yield False
+        return
+    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR,
+             "configure_logging": True}
+    try:
+        if address:
+            _check_reachable(address)
+            if address.split(":")[0] in ("127.0.0.1", "localhost"):  # a cluster on this machine's loopback
+                with loopback_only():
+                    ray.init(address=address, _node_ip_address="127.0.0.1", **quiet)
+            else:
+                ray.init(address=address, **quiet)
+        else:
+            with loopback_only():
+                ray.init(num_cpus=(os.cpu_count() or 1) + 1, _node_ip_address="127.0.0.1", **quiet)
+    except Exception as error:  # ConnectionError, TimeoutError, RuntimeError...: Ray's wording varies by version
+        where = f"at {address}" if address else "on this machine"
+        raise RetrieverError(f"cannot reach a Ray cluster {where}: {_first_line(error)}") from None
+    try:
+        yield address is None
+    finally:
+        ray.shutdown()
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail at once on a HOST:PORT nothing answers at: Ray itself retries for minutes before giving up."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto", or a ray:// client address: Ray resolves those itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as error:
+        raise RetrieverError(f"cannot reach a Ray cluster at {address}: {error.strerror or error}") from None
+
+
+def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *, options: RayOptions,
+          model: str | None = None, pooling: str | None = "last-avg", layers=None, max_length: int | None = None,
+          calibrator: str | Calibrator = "auto", calibrator_options: dict | None = None,
+          fit_sample: int | None = DEFAULT_FIT_SAMPLE, index_type: str = "auto", index_options: dict | None = None,
+          device: str = "auto", dtype: str = "fp32", batch_size: int = 64, encoding: str = "utf-8",
+          progress: bool = False, fit_queries=None):
+    """`Index.build` on a Ray cluster (see the module docstring); returns its ChangeSummary."""
+    from retriever.encoder import Encoder
+    from retriever.index import (
+        CALIBRATOR,
+        TEMPLATE,
+        ChangeSummary,
+        _enough_to_fit,
+        _fit_queries,
+        _segment_name,
+        fit_summary,
+        new_manifest,
+        with_queries,
+    )
+    from retriever.index_folder import index_options as options_hint
+    from retriever.index_folder import write_manifest
+    from retriever.pipeline import l2_normalize
+    from retriever.store.arrays import VectorSource
+    from retriever.store.vectors import INDEX_TYPES, IndexSpec, VectorStore, choose_spec, train_template
+
+    started = time.perf_counter()
+    options.check()
+    index_dir = resolve_index_dir(index_dir)
+    paths = corpus_files(corpus)
+    prefitted = isinstance(calibrator, Calibrator) and calibrator.fitted
+    query_texts, query_vectors, queries_from = _fit_queries(fit_queries, encoding)
+    fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
+    if index_type not in INDEX_TYPES:
+        raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
+    fit_sample_rows(0, fit_sample)
+    check_target(index_dir, name)
+    timings: dict[str, float] = {}
+    notes: list[str] = []
+    clock = time.perf_counter()
+    # The driver loads the model too: it resolves the config every actor rebuilds (max_length, dim), checks the
+    # model exists before a cluster spends anything, and encodes --fit-queries.
+    encoder = Encoder(model, pooling, layers, max_length, device="cpu", dtype=dtype if dtype != "fp16" else "fp32")
+    config = {**encoder.config(), "dtype": dtype}
+    if not prefitted:
+        fitted.check_dim(encoder.dim)
+    if query_vectors is not None and query_vectors.shape[1] != encoder.dim:
+        raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; "
+                             f"{encoder.model_name} gives {encoder.dim}")
+    timings["load_model"] = time.perf_counter() - clock
+
+    ray = import_ray()
+    clock = time.perf_counter()
+    with writing(index_dir, name, wait=False,
+                 busy_hint="wait for it to finish, or build under another --name") as writer, \
+            ray_cluster(options.address) as local:
+        _quiet_ray_data(ray)
+        resources = ray.cluster_resources()
+        if device == "cpu":  # asked for: no GPU actors even where the cluster has GPUs
+            options = RayOptions(options.address, options.workers, 0, options.batch_rows)
+        plan = plan_workers(options, resources.get("CPU", 0), resources.get("GPU", 0), local)
+        if device.startswith("cuda") and not plan.gpus:
+            raise RetrieverError(f"--device {device}: the Ray cluster has no GPU")
+        timings["start_cluster"] = time.perf_counter() - clock
+        if progress:
+            stderr_console.print(f"ray: {plan.describe()} on {_nodes(ray)}; batches of {options.batch_rows:,} "
+                                 "documents")
+        folder = writer.folder
+        shard_dir = folder / SHARDS
+        shard_dir.mkdir()
+
+        clock = time.perf_counter()
+        files = [{"file": number, "path": str(path)} for number, path in enumerate(paths)]
+        counted = _run(lambda: ray.data.from_items(files, override_num_blocks=len(files)).map_batches(
+            count_stage, batch_size=1, num_cpus=READ_CPUS,
+            fn_kwargs={"encoding": encoding, "piece_documents": options.batch_rows}).take_all())
+        counted.sort(key=lambda row: (int(row["file"]), int(row["start"])))
+        documents = sum(int(row["documents"]) for row in counted)
+        if documents == 0:
+            raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
+        items, first_rowid = [], 1
+        for row in counted:
+            items.append({key: (str(value) if key == "path" else int(value)) for key, value in row.items()}
+                         | {"first_rowid": first_rowid})
+            first_rowid += int(row["documents"])
+        timings["read"] = time.perf_counter() - clock
+        fitted, fallback = _enough_to_fit(fitted, prefitted, documents, fit_sample, encoder.dim)
+        if fallback:
+            notes.append(f"warning: {fallback['reason']}; built without calibration (calibrator none); once the "
+                         f"index holds more documents run: retriever refit {options_hint(index_dir, name)} "
+                         f"--calibrator {fallback['asked']}")
+            if progress:
+                stderr_console.print(notes[-1], markup=False, highlight=False, soft_wrap=True)
+
+        clock = time.perf_counter()
+        # The read stage runs as its own tasks: fused into the actors (Ray Data fuses consecutive maps whose
+        # resources match), a one-file corpus would be read, and so encoded, by a single actor. A reader reserves a
+        # quarter CPU, which no actor does, so the two never fuse; reading is light next to encoding, so one reader
+        # more than there are actors keeps them fed (unbounded, dozens of readers start at once and slow the
+        # actors' own start).
+        encoded = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            read_stage, batch_size=1, num_cpus=READ_CPUS, compute=ray.data.TaskPoolStrategy(size=plan.workers + 1),
+            fn_kwargs={"batch_rows": options.batch_rows, "encoding": encoding},
+        ).map_batches(
+            EncodeWorker, batch_size=options.batch_rows, num_cpus=plan.cpus,
+            **({"num_gpus": plan.gpus} if plan.gpus else {}), compute=ray.data.ActorPoolStrategy(size=plan.workers),
+            fn_constructor_kwargs={"config": config, "shard_dir": str(shard_dir), "threads": plan.cpus,
+                                   "device": "cuda" if plan.gpus else "cpu", "batch_size": batch_size},
+        )
+        shards, truncated = [], 0
+        with progress_bar(f"Encoding on {plan.workers} Ray worker{'s' if plan.workers != 1 else ''}",
+                          total=documents, enabled=progress) as advance:
+            first_batch, later_rows, later_batches = None, 0, 0
+            for batch in _run_iter(lambda: encoded.iter_batches(batch_size=None, batch_format="numpy")):
+                shards.extend(zip(batch["shard"].tolist(), batch["rows"].tolist()))
+                truncated += int(batch["truncated"].sum())
+                advance(int(batch["rows"].sum()))
+                if first_batch is None:  # actors started and the first batch is through
+                    first_batch = time.perf_counter()
+                else:
+                    later_rows += int(batch["rows"].sum())
+                    later_batches += 1
+        # The start-up cost, and the steady rate after it where enough batches came to measure one.
+        timings["encode_first_batch"] = first_batch - clock
+        if later_batches >= 3:
+            timings["encode_steady_rows_per_s"] = later_rows / (time.perf_counter() - first_batch)
+        shards.sort()
+        _check_shards(shards, documents)
+        timings["encode"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        source = VectorSource(shard_dir)  # shards are named by first row id: file order is row order
+        seed = getattr(fitted, "seed", 0)
+        if (query_texts or query_vectors is not None) and (prefitted or fitted.name == "none"):
+            notes.append("note: --fit-queries ignored: " + ("the calibrator was fitted before the build"
+                                                            if prefitted else "calibrator none fits nothing"))
+            query_vectors = None
+        elif query_texts:
+            query_vectors = encoder.encode(query_texts, progress=progress, description="Encoding queries")
+        rows = fit_sample_rows(source.rows, fit_sample, seed)
+        sample = np.concatenate(list(source.blocks())) if rows is None else source.take(rows)
+        if not fitted.fitted:
+            fitted.fit(with_queries(sample, query_vectors, fit_sample, seed))
+        calibrated_sample = l2_normalize(fitted.transform(sample))
+        del sample
+        timings["fit"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        spec = choose_spec(documents, calibrated_sample.shape[1], index_type)
+        spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(calibrated_sample.shape[1])
+        template = train_template(spec, calibrated_sample)
+        del calibrated_sample
+        fitted.save(folder / CALIBRATOR)  # what every segment task calibrates with (the folder is shared)
+        if template is not None:
+            VectorStore(template, spec).save(folder / TEMPLATE)
+        timings["train_index"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        groups = segment_groups(shards, plan.workers)
+        names = [_segment_name(number) for number in range(1, len(groups) + 1)]
+        task = ray.remote(num_cpus=1)(write_segment).options(max_retries=2)
+        pending = {task.remote(str(folder), segment, [first for first, _ in group], str(shard_dir), spec.to_dict(),
+                               threads=1): segment for segment, group in zip(names, groups)}
+        with progress_bar("Writing segments", total=len(names), enabled=progress, unit="segments") as advance:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                _run(lambda: ray.get(done[0]))
+                del pending[done[0]]
+                advance(1)
+        check_ids_across(folder, names)
+        shutil.rmtree(shard_dir)
+        timings["index"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        segments = [(segment, sum(rows for _, rows in group)) for segment, group in zip(names, groups)]
+        fit_record = fit_summary(prefitted, documents, fit_sample, seed, query_vectors, queries_from)
+        manifest = new_manifest(name, corpus, config, fitted, fit_record, spec, segments, truncated, fallback,
+                                engine={"name": "ray", "workers": plan.workers, "cpus_per_worker": plan.cpus,
+                                        "gpus_per_worker": plan.gpus, "batch_rows": options.batch_rows,
+                                        "corpus_files": len(paths)})
+        write_manifest(folder, manifest)
+        final = writer.commit()
+        timings["write"] = time.perf_counter() - clock
+    return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
+                         notes)
+
+
+def segment_groups(shards: Sequence[tuple[int, int]], workers: int) -> list[list[tuple[int, int]]]:
+    """Consecutive runs of SHARDS ((first row id, rows), in row order), one per segment: as many segments as
+    workers write in parallel, but none much under MIN_SEGMENT_ROWS (small corpora make one)."""
+    total = sum(rows for _, rows in shards)
+    count = max(1, min(workers, total // MIN_SEGMENT_ROWS, len(shards)))
+    target = math.ceil(total / count)
+    groups: list[list[tuple[int, int]]] = [[]]
+    filled = 0
+    for shard in shards:
+        if filled >= target and len(groups) < count:
+            groups.append([])
+            filled = 0
+        groups[-1].append(shard)
+        filled += shard[1]
+    return groups
+
+
+def check_ids_across(folder: Path, segments: Sequence[str]) -> None:
+    """Refuse a doc_id that two segments both hold (each segment checked its own): the segments' sorted ids are
+    merged as streams, so memory stays flat however large the corpus."""
+    from retriever.index import SEGMENTS
+    from retriever.store.documents import DocumentTable
+    from retriever.store.segment import DOCUMENTS
+
+    if len(segments) < 2:
+        return
+    tables = [DocumentTable.open(folder / SEGMENTS / segment / DOCUMENTS) for segment in segments]
+    try:
+        streams = [((row[0], row[1], row[2]) for row in table.db.execute(
+            "SELECT d.doc_id, d.line, s.path FROM documents d LEFT JOIN sources s ON s.id = d.source "
+            "ORDER BY d.doc_id")) for table in tables]
+        previous = None
+        repeated = []
+        for doc_id, line, source in heapq.merge(*streams):
+            if previous is not None and previous[0] == doc_id:
+                repeated.append(f"{doc_id!r} ({previous[2]} line {previous[1]} and {source} line {line})")
+                if len(repeated) > 5:
+                    break
+            previous = (doc_id, line, source)
+        if repeated:
+            shown = ", ".join(repeated[:5]) + (" and more" if len(repeated) > 5 else "")
+            raise RetrieverError(f"duplicate ids: {shown}")
+    finally:
+        for table in tables:
+            table.close()
+
+
+def _check_shards(shards: Sequence[tuple[int, int]], documents: int) -> None:
+    """Every row id from 1 to DOCUMENTS in exactly one shard (a lost or doubled batch would fail here)."""
+    expected = 1
+    for first, rows in shards:
+        if first != expected:
+            raise RetrieverError(f"the encode stage lost or repeated documents near row {expected}; nothing was "
+                                 "written, run the build again")
+        expected = first + rows
+    if expected != documents + 1:
+        raise RetrieverError(f"the encode stage returned {expected - 1:,} of {documents:,} documents; nothing was "
+                             "written, run the build again")
+
+
+def _run(step):
+    """STEP's result, with a failure inside Ray (a bad corpus line, a model missing on a node, a worker lost for
+    good) turned into one RetrieverError line."""
+    try:
+        return step()
+    except Exception as error:  # Ray wraps what failed remotely in its own exception types
+        if _ours(error):
+            raise
+        raise _ray_failure(error) from None
+
+
+def _run_iter(make):
+    try:
+        with warnings.catch_warnings():
+            # Ray Data warns when a corpus has fewer pieces than actors or readers; a small corpus is no mistake.
+            warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
+            warnings.filterwarnings("ignore", message="The maximum number of concurrent tasks")
+            yield from make()
+    except Exception as error:
+        if _ours(error):
+            raise
+        raise _ray_failure(error) from None
+
+
+def _ours(error: BaseException) -> bool:
+    """A RetrieverError raised here, not a Ray wrapper around one (Ray's RayTaskError subclasses the user's
+    exception type, and its text is a remote traceback)."""
+    return isinstance(error, RetrieverError) and type(error).__module__.startswith("retriever")
+
+
+def _ray_failure(error: BaseException) -> RetrieverError:
+    cause = _root_cause(error)
+    if _ours(cause):
+        return RetrieverError(str(cause))
+    # A remote exception arrives pickled, without its chain; its text still holds the remote traceback.
+    said = _REMOTE_MESSAGE.findall(str(error))
+    if said:
+        return RetrieverError(said[-1].strip())
+    return RetrieverError(f"the Ray build failed ({type(cause).__name__}: {_first_line(cause)}); check that every "
+                          "node has the model and sees the index folder; the previous index is unchanged")
+
+
+_REMOTE_MESSAGE = re.compile(r"retriever\.errors\.RetrieverError: (.+)")
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The user-level exception under Ray's wrappers (RayTaskError.cause, UserCodeException.__cause__...)."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        if _ours(error):
+            return error
+        inner = getattr(error, "cause", None) or error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error = inner
+    return error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _nodes(ray) -> str:
+    alive = [node for node in ray.nodes() if node.get("Alive")]
+    return f"{len(alive)} node{'s' if len(alive) != 1 else ''}"
+
+
+def _quiet_ray_data(ray) -> None:
+    """Ray Data's own progress bars and per-dataset log lines off: the build shows one progress display."""
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False

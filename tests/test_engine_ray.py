@@ -1,0 +1,181 @@
+"""`--engine ray` end to end on real Ray clusters, loopback only: a local cluster of this machine and a simulated
+three-node cluster (`ray.cluster_utils.Cluster`). Each test runs under a timeout: a hung cluster fails the test
+instead of the suite."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray engine's tests need the extra: pip install 'retriever[ray]'")
+
+from retriever.engines.ray_build import RayOptions, loopback_only, ray_cluster  # noqa: E402
+from retriever.errors import RetrieverError  # noqa: E402
+from retriever.index import Index  # noqa: E402
+
+QUERIES = ["how do I compress a file", "the meaning of a word", "a verse about the lord", "kernel memory",
+           "package for python development"]
+
+
+@pytest.fixture(scope="module")
+def passages(shared_data, tmp_path_factory) -> Path:
+    """1,200 real passages (every 900th of ../shared/data/passages), one BEIR .jsonl file."""
+    path = tmp_path_factory.mktemp("passages") / "passages.jsonl"
+    with gzip.open(shared_data / "passages" / "passages.jsonl.gz", "rt", encoding="utf-8") as source:
+        lines = [line for number, line in enumerate(source) if number % 900 == 0][:1200]
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+# Calibrator none in the comparisons: the two engines' raw vectors differ by ~1e-6 (their batches pad differently),
+# and a fitted calibrator does not keep that small: the flow's Adam steps turn it into ~1e-3, whitening swaps its
+# near-null directions. What is compared is the encode path, the segments and the search over them.
+@pytest.fixture(scope="module")
+def local_index(passages, tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("local-home")
+    Index.build(passages, "local", home, calibrator="none")
+    return home
+
+
+def listening_addresses() -> set[str]:
+    """IPv4 and IPv6 addresses with a TCP socket in LISTEN state on this machine (from /proc/net)."""
+    found = set()
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        try:
+            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A":  # LISTEN
+                continue
+            raw = bytes.fromhex(fields[1].split(":")[0])
+            words = struct.unpack("<" + "I" * (len(raw) // 4), raw)
+            found.add(socket.inet_ntop(family, struct.pack(">" + "I" * len(words), *words)) + ":" +
+                      str(int(fields[1].split(":")[1], 16)))
+    return found
+
+
+def assert_loopback(addresses: set[str]) -> None:
+    assert addresses, "the cluster should listen somewhere"
+    assert all(address.startswith(("127.0.0.1:", "::ffff:127.0.0.1:", "::1:")) for address in addresses), addresses
+
+
+def calibrated_by_rowid(index: Index) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.concatenate([segment.vectors.ids() for segment in index.segments])
+    vectors = np.concatenate([segment.vectors.stored_vectors() for segment in index.segments])
+    order = np.argsort(ids)
+    return ids[order], vectors[order]
+
+
+def assert_same_index(built: Index, reference: Index) -> None:
+    ids, vectors = calibrated_by_rowid(built)
+    reference_ids, reference_vectors = calibrated_by_rowid(reference)
+    assert np.array_equal(ids, reference_ids)
+    np.testing.assert_allclose(vectors, reference_vectors, atol=1e-5)
+    for got, expected in zip(built.search(QUERIES, k=10), reference.search(QUERIES, k=10)):
+        assert [hit.doc_id for hit in got] == [hit.doc_id for hit in expected]
+
+
+@pytest.mark.timeout(300)
+def test_local_cluster_build_equals_the_local_engine_and_binds_loopback_only(passages, local_index, tmp_path):
+    before = listening_addresses()
+    with ray_cluster(None) as started:
+        assert started
+        resources = ray.cluster_resources()
+        new = listening_addresses() - before
+        assert_loopback(new)
+        summary = Index.build(passages, "ray", tmp_path, engine="ray", calibrator="none",
+                              ray_options=RayOptions(workers=2, batch_rows=200))
+        assert ray.is_initialized()  # a cluster it did not start is left running
+    assert not ray.is_initialized()  # ...and the one it started is stopped
+    assert resources["CPU"] == (os.cpu_count() or 1) + 1
+    built = Index.open("ray", tmp_path, device="cpu")
+    assert summary.documents == len(built) == 1200
+    assert built.manifest["engine"]["workers"] == 2
+    assert built.manifest["engine"]["workers"] * built.manifest["engine"]["cpus_per_worker"] < resources["CPU"]
+    assert_same_index(built, Index.open("local", local_index, device="cpu"))
+
+    # An ordinary version: add, delete and compact work on it unchanged.
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"_id": "new-1", "text": "a brand new document about gzip compression"}) + "\n")
+    built.add(extra)
+    Index.open("ray", tmp_path).delete([built.search("gzip", k=1)[0][0].doc_id])
+    Index.open("ray", tmp_path).compact()
+    assert len(Index.open("ray", tmp_path)) == 1200
+
+
+@pytest.mark.timeout(300)
+def test_a_three_node_cluster_builds_the_same_index(passages, local_index, tmp_path):
+    from ray.cluster_utils import Cluster
+
+    before = listening_addresses()
+    with loopback_only():
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
+                                                                 "include_dashboard": False})
+    try:
+        with loopback_only():
+            for _ in range(2):
+                cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        assert_loopback(listening_addresses() - before)
+        summary = Index.build(passages, "ray3", tmp_path, engine="ray", calibrator="none",
+                              ray_options=RayOptions(address=cluster.address, batch_rows=150))
+        assert not ray.is_initialized()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    built = Index.open("ray3", tmp_path, device="cpu")
+    assert summary.documents == 1200
+    assert built.manifest["engine"]["workers"] == 2  # 3 CPUs, one left to the read stage
+    assert_same_index(built, Index.open("local", local_index, device="cpu"))
+
+
+@pytest.mark.timeout(240)
+def test_a_failed_ray_build_is_one_line_and_keeps_the_previous_index(passages, tmp_path):
+    Index.build(passages, "kept", tmp_path, calibrator="none")
+    current = (tmp_path / "kept").resolve()
+    bad = tmp_path / "bad.jsonl"
+    lines = passages.read_text(encoding="utf-8").splitlines()
+    lines[1000] = '{"_id": "broken", "text": "no closing brace"'
+    bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(RetrieverError, match=r"^\S*bad.jsonl line 1001: not valid JSON"):
+        Index.build(bad, "kept", tmp_path, engine="ray", ray_options=RayOptions(batch_rows=300))
+    assert not ray.is_initialized()
+    assert (tmp_path / "kept").resolve() == current and len(Index.open("kept", tmp_path)) == 1200
+    assert not list((tmp_path / ".versions" / "kept").glob("*.partial"))  # the failed build's folder is gone
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_cluster_is_one_line(passages, cli):
+    result = cli("build", str(passages), "--name", "x", "--engine", "ray", "--ray-address", "127.0.0.1:9")
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("error: cannot reach a Ray cluster at 127.0.0.1:9")
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = cli("build", str(passages), "--name", "x", "--workers", "2")
+    assert result.returncode != 0 and "are for --engine ray" in result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_a_model_missing_on_a_node_fails_the_encode_stage_in_one_line(tmp_path, tiny_bert):
+    """What a node without the model does: the actor's constructor fails there, the driver gets one line."""
+    from retriever.encoder import Encoder
+    from retriever.engines.ray_build import _run_iter
+    from retriever.engines.workers import EncodeWorker
+
+    config = {**Encoder(str(tiny_bert), device="cpu").config(), "model": str(tmp_path / "only-on-the-driver")}
+    (tmp_path / "shards").mkdir()
+    with ray_cluster(None):
+        dataset = ray.data.from_items([{"rowid": 1, "doc_id": "a", "title": "", "text": "x", "source": "s",
+                                        "line": 1}]).map_batches(
+            EncodeWorker, fn_constructor_kwargs={"config": config, "shard_dir": str(tmp_path / "shards")},
+            compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
+        with pytest.raises(RetrieverError, match=r"^on \S+: .*only-on-the-driver"):
+            list(_run_iter(lambda: dataset.iter_batches(batch_size=None)))
