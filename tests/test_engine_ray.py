@@ -179,3 +179,16 @@ def test_a_model_missing_on_a_node_fails_the_encode_stage_in_one_line(tmp_path, 
             compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
         with pytest.raises(RetrieverError, match=r"^on \S+: .*only-on-the-driver"):
             list(_run_iter(lambda: dataset.iter_batches(batch_size=None)))
+
+
+@pytest.mark.timeout(240)
+def test_fit_queries_reach_the_calibrator_the_driver_fits(passages, tmp_path):
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(passages.read_text(encoding="utf-8").splitlines(keepends=True)[:400]), encoding="utf-8")
+    summary = Index.build(small, "fq", tmp_path, engine="ray", calibrator="flow", fit_queries=QUERIES * 4,
+                          ray_options=RayOptions(batch_rows=100))
+    built = Index.open("fq", tmp_path, device="cpu")
+    assert summary.documents == 400
+    assert built.manifest["fit"]["queries"] == 20 and built.manifest["fit"]["queries_from"] == "given"
+    assert built.manifest["calibrator"]["name"].startswith("flow") and built.calibrator.fitted
+    assert [hit.doc_id for hit in built.search("kernel memory", k=3)[0]]
