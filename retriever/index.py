@@ -415,13 +415,8 @@ class Index:
         corpus_format(corpus)
         if not Path(corpus).is_file():
             raise RetrieverError(f"{corpus}: no such file")
-        prefitted = isinstance(calibrator, Calibrator) and calibrator.fitted
-        query_texts, query_vectors, queries_from = _fit_queries(fit_queries, encoding)
-        fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
-        if index_type not in INDEX_TYPES:
-            raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
-        fit_sample_rows(0, fit_sample)  # validates the bound
-        check_target(index_dir, name)
+        fitted, prefitted, (query_texts, query_vectors, queries_from) = check_build_arguments(
+            calibrator, calibrator_options, index_type, fit_sample, fit_queries, encoding, index_dir, name)
         source = VectorSource(vectors) if vectors is not None else None
         encoder_settings = (loaded.config() if loaded is not None else
                             {"model": model, "pooling": pooling, "layers": _layers_key(layers),
@@ -465,11 +460,7 @@ class Index:
                 fitted.check_dim(encoder.dim)
             fitted, fallback = _enough_to_fit(fitted, prefitted, state.documents, fit_sample, encoder.dim)
             if fallback:
-                notes.append(f"warning: {fallback['reason']}; built without calibration (calibrator none); once the "
-                             f"index holds more documents run: retriever refit {options_hint(index_dir, name)} "
-                             f"--calibrator {fallback['asked']}")
-                if progress:
-                    stderr_console.print(notes[-1], markup=False, highlight=False, soft_wrap=True)
+                _note(notes, fallback_note(fallback, index_dir, name), progress)
 
             clock = time.perf_counter()
             if source is None:
@@ -488,21 +479,12 @@ class Index:
 
             clock = time.perf_counter()
             seed = getattr(fitted, "seed", 0)
-            if (query_texts or query_vectors is not None) and (prefitted or fitted.name == "none"):
-                notes.append("note: --fit-queries ignored: " + ("the calibrator was fitted before the build"
-                                                                if prefitted else "calibrator none fits nothing"))
-                if progress:
-                    stderr_console.print(notes[-1], markup=False, highlight=False, soft_wrap=True)
-                query_vectors = None
-            elif query_texts:
-                query_vectors = encoder.encode(query_texts, progress=progress, description="Encoding queries")
+            query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
             calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors)
             timings["fit"] = time.perf_counter() - clock
 
             clock = time.perf_counter()
-            spec = choose_spec(state.documents, calibrated_sample.shape[1], index_type)
-            spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(calibrated_sample.shape[1])
-            template = train_template(spec, calibrated_sample)
+            spec, template = train_index(state.documents, calibrated_sample, index_type, index_options)
             del calibrated_sample
             timings["train_index"] = time.perf_counter() - clock
 
@@ -514,9 +496,7 @@ class Index:
             timings["index"] = time.perf_counter() - clock
 
             clock = time.perf_counter()
-            fitted.save(folder / CALIBRATOR)
-            if template is not None:
-                VectorStore(template, spec).save(folder / TEMPLATE)
+            save_fitted(folder, fitted, spec, template)
             fit_record = fit_summary(prefitted, state.documents, fit_sample, seed, query_vectors, queries_from)
             manifest = new_manifest(name, corpus, encoder.config(), fitted, fit_record, spec,
                                     [(segment.name, state.documents)], state.truncated, fallback, vectors_from=vectors)
@@ -807,6 +787,62 @@ def _merge_segments(folder: Path, manifest: dict, names: list[str], tombstones: 
         elif entry["name"] not in names:
             segments.append(entry)
     return {**manifest, "segments": segments, "next_segment": manifest["next_segment"] + 1}, tombstones[~dropped]
+
+
+def check_build_arguments(calibrator: str | Calibrator, calibrator_options: dict | None, index_type: str,
+                          fit_sample: int | None, fit_queries, encoding: str, index_dir: Path,
+                          name: str) -> tuple[Calibrator, bool, tuple[list[str], np.ndarray | None, str | None]]:
+    """A build's refusals that need no corpus read or model load; returns the calibrator to fit, whether it came
+    fitted, and the queries to fit on (`_fit_queries`)."""
+    prefitted = isinstance(calibrator, Calibrator) and calibrator.fitted
+    queries = _fit_queries(fit_queries, encoding)
+    fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
+    if index_type not in INDEX_TYPES:
+        raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
+    fit_sample_rows(0, fit_sample)  # validates the bound
+    check_target(index_dir, name)
+    return fitted, prefitted, queries
+
+
+def fallback_note(fallback: dict, index_dir: Path, name: str) -> str:
+    return (f"warning: {fallback['reason']}; built without calibration (calibrator none); once the index holds "
+            f"more documents run: retriever refit {options_hint(index_dir, name)} --calibrator {fallback['asked']}")
+
+
+def queries_to_fit(query_texts: list[str], query_vectors: np.ndarray | None, calibrator: Calibrator,
+                   prefitted: bool, encoder: Encoder, notes: list[str], progress: bool) -> np.ndarray | None:
+    """The raw query vectors a build adds to its fit sample (`--fit-queries`): encoded now if given as texts,
+    none (with a note) when nothing is fitted."""
+    if (query_texts or query_vectors is not None) and (prefitted or calibrator.name == "none"):
+        _note(notes, "note: --fit-queries ignored: " + ("the calibrator was fitted before the build" if prefitted
+                                                        else "calibrator none fits nothing"), progress)
+        return None
+    if query_texts:
+        return encoder.encode(query_texts, progress=progress, description="Encoding queries")
+    return query_vectors
+
+
+def train_index(documents: int, calibrated_sample: np.ndarray, index_type: str,
+                index_options: dict | None) -> tuple[IndexSpec, object]:
+    """The index spec for DOCUMENTS (INDEX_TYPE, with INDEX_OPTIONS over its defaults) and its trained template
+    (the IVF quantizer every segment shares; None for flat and hnsw)."""
+    dim = calibrated_sample.shape[1]
+    spec = choose_spec(documents, dim, index_type)
+    spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(dim)
+    return spec, train_template(spec, calibrated_sample)
+
+
+def save_fitted(folder: Path, calibrator: Calibrator, spec: IndexSpec, template) -> None:
+    """What every segment of a version is written with: the calibrator and the trained template."""
+    calibrator.save(folder / CALIBRATOR)
+    if template is not None:
+        VectorStore(template, spec).save(folder / TEMPLATE)
+
+
+def _note(notes: list[str], note: str, progress: bool) -> None:
+    notes.append(note)
+    if progress:
+        stderr_console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
 def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: int,

@@ -35,9 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from retriever.calibration import DEFAULT_FIT_SAMPLE, Calibrator, fit_sample_rows, make_calibrator
+from retriever.calibration import DEFAULT_FIT_SAMPLE, Calibrator
 from retriever.engines.workers import (
     SHARDS,
     EncodeWorker,
@@ -47,7 +45,7 @@ from retriever.engines.workers import (
     write_segment,
 )
 from retriever.errors import RetrieverError
-from retriever.index_folder import check_target, resolve_index_dir, writing
+from retriever.index_folder import resolve_index_dir, writing
 from retriever.pipeline import CHUNK_ROWS
 from retriever.progress import progress_bar, stderr_console
 
@@ -212,33 +210,28 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
     """`Index.build` on a Ray cluster (see the module docstring); returns its ChangeSummary."""
     from retriever.encoder import Encoder
     from retriever.index import (
-        CALIBRATOR,
-        TEMPLATE,
         ChangeSummary,
         _enough_to_fit,
-        _fit_queries,
+        _note,
         _segment_name,
+        check_build_arguments,
+        fallback_note,
         fit_summary,
         new_manifest,
-        with_queries,
+        queries_to_fit,
+        save_fitted,
+        train_index,
     )
-    from retriever.index_folder import index_options as options_hint
     from retriever.index_folder import write_manifest
-    from retriever.pipeline import l2_normalize
+    from retriever.pipeline import fit
     from retriever.store.arrays import VectorSource
-    from retriever.store.vectors import INDEX_TYPES, IndexSpec, VectorStore, choose_spec, train_template
 
     started = time.perf_counter()
     options.check()
     index_dir = resolve_index_dir(index_dir)
     paths = corpus_files(corpus)
-    prefitted = isinstance(calibrator, Calibrator) and calibrator.fitted
-    query_texts, query_vectors, queries_from = _fit_queries(fit_queries, encoding)
-    fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
-    if index_type not in INDEX_TYPES:
-        raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
-    fit_sample_rows(0, fit_sample)
-    check_target(index_dir, name)
+    fitted, prefitted, (query_texts, query_vectors, queries_from) = check_build_arguments(
+        calibrator, calibrator_options, index_type, fit_sample, fit_queries, encoding, index_dir, name)
     timings: dict[str, float] = {}
     notes: list[str] = []
     clock = time.perf_counter()
@@ -290,11 +283,7 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
         timings["read"] = time.perf_counter() - clock
         fitted, fallback = _enough_to_fit(fitted, prefitted, documents, fit_sample, encoder.dim)
         if fallback:
-            notes.append(f"warning: {fallback['reason']}; built without calibration (calibrator none); once the "
-                         f"index holds more documents run: retriever refit {options_hint(index_dir, name)} "
-                         f"--calibrator {fallback['asked']}")
-            if progress:
-                stderr_console.print(notes[-1], markup=False, highlight=False, soft_wrap=True)
+            _note(notes, fallback_note(fallback, index_dir, name), progress)
 
         clock = time.perf_counter()
         # The read stage runs as its own tasks: fused into the actors (Ray Data fuses consecutive maps whose
@@ -335,28 +324,14 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
         clock = time.perf_counter()
         source = VectorSource(shard_dir)  # shards are named by first row id: file order is row order
         seed = getattr(fitted, "seed", 0)
-        if (query_texts or query_vectors is not None) and (prefitted or fitted.name == "none"):
-            notes.append("note: --fit-queries ignored: " + ("the calibrator was fitted before the build"
-                                                            if prefitted else "calibrator none fits nothing"))
-            query_vectors = None
-        elif query_texts:
-            query_vectors = encoder.encode(query_texts, progress=progress, description="Encoding queries")
-        rows = fit_sample_rows(source.rows, fit_sample, seed)
-        sample = np.concatenate(list(source.blocks())) if rows is None else source.take(rows)
-        if not fitted.fitted:
-            fitted.fit(with_queries(sample, query_vectors, fit_sample, seed))
-        calibrated_sample = l2_normalize(fitted.transform(sample))
-        del sample
+        query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
+        calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors)
         timings["fit"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
-        spec = choose_spec(documents, calibrated_sample.shape[1], index_type)
-        spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(calibrated_sample.shape[1])
-        template = train_template(spec, calibrated_sample)
+        spec, template = train_index(documents, calibrated_sample, index_type, index_options)
         del calibrated_sample
-        fitted.save(folder / CALIBRATOR)  # what every segment task calibrates with (the folder is shared)
-        if template is not None:
-            VectorStore(template, spec).save(folder / TEMPLATE)
+        save_fitted(folder, fitted, spec, template)  # what every segment task calibrates with (the folder is shared)
         timings["train_index"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
@@ -455,9 +430,7 @@ def _run(step):
     try:
         return step()
     except Exception as error:  # Ray wraps what failed remotely in its own exception types
-        if _ours(error):
-            raise
-        raise _ray_failure(error) from None
+        _reraise(error)
 
 
 def _run_iter(make):
@@ -468,9 +441,13 @@ def _run_iter(make):
             warnings.filterwarnings("ignore", message="The maximum number of concurrent tasks")
             yield from make()
     except Exception as error:
-        if _ours(error):
-            raise
-        raise _ray_failure(error) from None
+        _reraise(error)
+
+
+def _reraise(error: Exception):
+    if _ours(error):
+        raise error
+    raise _ray_failure(error) from None
 
 
 def _ours(error: BaseException) -> bool:

@@ -210,25 +210,21 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     index_spec = IndexSpec.from_dict(spec)
     template = (VectorStore.load(folder / TEMPLATE, index_spec, device="cpu", mmap=False)._index
                 if (folder / TEMPLATE).is_file() else None)
-    rows = 0
+    dim = int(np.load(shard_path(shard_dir, shards[0]), mmap_mode="r").shape[1])
+    calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=dim)
+    rows = sum(len(np.load(shard_path(shard_dir, first), mmap_mode="r")) for first in shards)  # headers only
     table = DocumentTable.create(target / DOCUMENTS)
-    try:
+
+    def blocks():  # each shard read once: its documents go to SQLite, its vectors on to the index
         for first in shards:
-            rowids, documents, _ = read_shard(shard_dir, first)
+            rowids, documents, vectors = read_shard(shard_dir, first)
             table.insert(rowids, documents)
-            rows += len(rowids)
+            yield rowids, vectors, l2_normalize(calibrator.transform(vectors))
+
+    try:
+        write_segment_vectors(target, blocks(), dim, fitted_out_dim(calibrator, dim), index_spec.for_segment(rows),
+                              template)
         table.finish()  # a doc_id repeated inside this segment fails here, with its lines
     finally:
         table.close()
-    dim = int(np.load(shard_path(shard_dir, shards[0]), mmap_mode="r").shape[1])
-    calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=dim)
-
-    def blocks():
-        for first in shards:
-            vectors = np.load(shard_path(shard_dir, first))
-            rowids = np.arange(first, first + len(vectors), dtype=np.int64)
-            yield rowids, vectors, l2_normalize(calibrator.transform(vectors))
-
-    write_segment_vectors(target, blocks(), dim, fitted_out_dim(calibrator, dim), index_spec.for_segment(rows),
-                          template)
     return rows
