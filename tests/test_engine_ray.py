@@ -192,3 +192,85 @@ def test_fit_queries_reach_the_calibrator_the_driver_fits(passages, tmp_path):
     assert built.manifest["fit"]["queries"] == 20 and built.manifest["fit"]["queries_from"] == "given"
     assert built.manifest["calibrator"]["name"].startswith("flow") and built.calibrator.fitted
     assert [hit.doc_id for hit in built.search("kernel memory", k=3)[0]]
+
+
+def encode_actor_pids() -> set[int]:
+    """Processes of this machine that are Ray's encode actors (Ray names an actor's process after its class)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if command.startswith(b"ray::MapWorker(MapBatches(EncodeWorker))"):
+                found.add(int(entry.name))
+    return found
+
+
+class ActorKiller:
+    """Kills encode actors (SIGKILL, as the out-of-memory killer or a lost node does) while a build runs, from a
+    thread: the first AFTER_SHARDS shards written, then up to TIMES actors in all, each as soon as it appears."""
+
+    def __init__(self, partial_glob: str, root: Path, after_shards: int, times: int):
+        import threading
+
+        self.root, self.pattern, self.after_shards, self.times = root, partial_glob, after_shards, times
+        self.killed: list[tuple[int, int]] = []  # (pid, shards written when it was killed)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def shards(self) -> int:
+        return len(list(self.root.glob(self.pattern)))
+
+    def run(self) -> None:
+        import signal
+        import time
+
+        while not self.stop.is_set() and len(self.killed) < self.times:
+            written = self.shards()
+            if written >= self.after_shards:
+                for pid in encode_actor_pids() - {pid for pid, _ in self.killed}:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        continue
+                    self.killed.append((pid, written))
+                    break
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_mid_build_is_restarted_and_the_build_is_the_same(passages, local_index, tmp_path):
+    with ActorKiller(".versions/killed/*.partial/shards/*.npy", tmp_path, after_shards=1, times=1) as killer:
+        summary = Index.build(passages, "killed", tmp_path, engine="ray", calibrator="none",
+                              ray_options=RayOptions(batch_rows=200))
+    assert len(killer.killed) == 1 and 1 <= killer.killed[0][1] < 6  # killed with batches still to encode
+    assert summary.documents == 1200
+    assert_same_index(Index.open("killed", tmp_path, device="cpu"), Index.open("local", local_index, device="cpu"))
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_keeps_dying_fails_the_build_in_one_line_and_keeps_the_previous_index(passages, tmp_path):
+    from retriever.engines.ray_build import WORKER_RESTARTS
+
+    Index.build(passages, "kept", tmp_path, calibrator="none")
+    current = (tmp_path / "kept").resolve()
+    with ActorKiller(".versions/kept/*.partial/shards/*.npy", tmp_path, after_shards=0,
+                     times=WORKER_RESTARTS + 1) as killer:
+        with pytest.raises(RetrieverError, match=f"^an encode worker died {WORKER_RESTARTS + 1} times") as failure:
+            Index.build(passages, "kept", tmp_path, engine="ray", calibrator="none",
+                        ray_options=RayOptions(batch_rows=200))
+    assert len(killer.killed) == WORKER_RESTARTS + 1
+    assert "\n" not in str(failure.value) and "previous index is unchanged" in str(failure.value)
+    assert not ray.is_initialized()
+    assert (tmp_path / "kept").resolve() == current and len(Index.open("kept", tmp_path)) == 1200
+    assert not list((tmp_path / ".versions" / "kept").glob("*.partial"))

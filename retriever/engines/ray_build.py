@@ -55,6 +55,9 @@ from retriever.progress import progress_bar, stderr_console
 DEFAULT_BATCH_ROWS = CHUNK_ROWS
 # CPUs a read task reserves: not a whole number, so it differs from every actor's (see `build`).
 READ_CPUS = 0.25
+# Restarts of an encode actor that dies (killed for memory, its node lost), each retrying the batch it held; one
+# that dies more often fails the build instead of retrying forever (Ray Data's default) on a batch that kills it.
+WORKER_RESTARTS = 3
 # A segment per this many documents at least (fewer, larger segments search faster; compaction merges later).
 MIN_SEGMENT_ROWS = 50_000
 
@@ -291,15 +294,19 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
         # quarter CPU, which no actor does, so the two never fuse; reading is light next to encoding, so one reader
         # more than there are actors keeps them fed (unbounded, dozens of readers start at once and slow the
         # actors' own start).
-        encoded = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            read_stage, batch_size=1, num_cpus=READ_CPUS, compute=ray.data.TaskPoolStrategy(size=plan.workers + 1),
-            fn_kwargs={"batch_rows": options.batch_rows, "encoding": encoding},
-        ).map_batches(
-            EncodeWorker, batch_size=options.batch_rows, num_cpus=plan.cpus,
-            **({"num_gpus": plan.gpus} if plan.gpus else {}), compute=ray.data.ActorPoolStrategy(size=plan.workers),
-            fn_constructor_kwargs={"config": config, "shard_dir": str(shard_dir), "threads": plan.cpus,
-                                   "device": "cuda" if plan.gpus else "cpu", "batch_size": batch_size},
-        )
+        with warnings.catch_warnings():
+            # Ray 2.60 names no parameter for an actor's restarts and warns at the generic ones it still takes.
+            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+            encoded = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+                read_stage, batch_size=1, num_cpus=READ_CPUS, compute=ray.data.TaskPoolStrategy(size=plan.workers + 1),
+                fn_kwargs={"batch_rows": options.batch_rows, "encoding": encoding},
+            ).map_batches(
+                EncodeWorker, batch_size=options.batch_rows, num_cpus=plan.cpus,
+                **({"num_gpus": plan.gpus} if plan.gpus else {}), compute=ray.data.ActorPoolStrategy(size=plan.workers),
+                max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS,
+                fn_constructor_kwargs={"config": config, "shard_dir": str(shard_dir), "threads": plan.cpus,
+                                       "device": "cuda" if plan.gpus else "cpu", "batch_size": batch_size},
+            )
         shards, truncated = [], 0
         with progress_bar(f"Encoding on {plan.workers} Ray worker{'s' if plan.workers != 1 else ''}",
                           total=documents, enabled=progress) as advance:
@@ -460,12 +467,33 @@ def _ray_failure(error: BaseException) -> RetrieverError:
     cause = _root_cause(error)
     if _ours(cause):
         return RetrieverError(str(cause))
+    died = _worker_death(error)
+    if died:
+        return RetrieverError(f"{died}; nothing was written and the previous index is unchanged (why it died: "
+                              "out of memory, its node lost...: see the Ray logs of that node)")
     # A remote exception arrives pickled, without its chain; its text still holds the remote traceback.
     said = _REMOTE_MESSAGE.findall(str(error))
     if said:
         return RetrieverError(said[-1].strip())
     return RetrieverError(f"the Ray build failed ({type(cause).__name__}: {_first_line(cause)}); check that every "
                           "node has the model and sees the index folder; the previous index is unchanged")
+
+
+def _worker_death(error: BaseException) -> str | None:
+    """What died, where ERROR (or an exception it wraps) says a Ray worker process or node was lost."""
+    from ray import exceptions
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (exceptions.ActorDiedError, exceptions.ActorUnavailableError)):
+            return f"an encode worker died {WORKER_RESTARTS + 1} times (restarted {WORKER_RESTARTS} times, each " \
+                   "retrying its batch)"
+        if isinstance(error, (exceptions.WorkerCrashedError, exceptions.NodeDiedError,
+                              exceptions.OutOfMemoryError)):
+            return f"a Ray worker died ({type(error).__name__}) and its task's retries ran out"
+        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+    return None
 
 
 _REMOTE_MESSAGE = re.compile(r"retriever\.errors\.RetrieverError: (.+)")
@@ -497,7 +525,8 @@ def _nodes(ray) -> str:
 
 def _quiet_ray_data(ray) -> None:
     """Ray Data's own progress bars and per-dataset log lines off: the build shows one progress display."""
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    # Its errors too: a failure reaches the user as the one line `_ray_failure` makes, not as Ray's tracebacks.
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     context.print_on_execution_start = False
