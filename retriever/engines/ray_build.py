@@ -467,14 +467,15 @@ def _ray_failure(error: BaseException) -> RetrieverError:
     cause = _root_cause(error)
     if _ours(cause):
         return RetrieverError(str(cause))
+    # A remote exception arrives pickled, without its chain; its text still holds the remote traceback. (An actor
+    # whose constructor raised is reported as an ActorDiedError too: what it said comes first.)
+    said = _REMOTE_MESSAGE.findall(str(error))
+    if said:
+        return RetrieverError(said[-1].strip())
     died = _worker_death(error)
     if died:
         return RetrieverError(f"{died}; nothing was written and the previous index is unchanged (why it died: "
                               "out of memory, its node lost...: see the Ray logs of that node)")
-    # A remote exception arrives pickled, without its chain; its text still holds the remote traceback.
-    said = _REMOTE_MESSAGE.findall(str(error))
-    if said:
-        return RetrieverError(said[-1].strip())
     return RetrieverError(f"the Ray build failed ({type(cause).__name__}: {_first_line(cause)}); check that every "
                           "node has the model and sees the index folder; the previous index is unchanged")
 
