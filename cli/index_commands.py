@@ -142,7 +142,8 @@ def build(
     elif any(value is not None for value in (ray_address, workers, gpus_per_worker)):
         raise RetrieverError("--ray-address, --workers and --gpus-per-worker are for --engine ray")
     summary = Index.build(
-        corpus, name, home, vectors=vectors, engine=engine, ray_options=ray_options, model=model, pooling=pooling, layers=layers, max_length=max_length,
+        corpus, name, home, vectors=vectors, engine=engine, ray_options=ray_options, model=model, pooling=pooling,
+        layers=layers, max_length=max_length,
         calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None, fit_sample=fit_sample,
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
         batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True, fit_queries=fit_queries,

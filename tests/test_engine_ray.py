@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import socket
 import struct
@@ -92,9 +93,13 @@ def test_local_cluster_build_equals_the_local_engine_and_binds_loopback_only(pas
         resources = ray.cluster_resources()
         new = listening_addresses() - before
         assert_loopback(new)
+        context = ray.data.DataContext.get_current()
+        settings = context.enable_progress_bars, logging.getLogger("ray.data").level
         summary = Index.build(passages, "ray", tmp_path, engine="ray", calibrator="none",
                               ray_options=RayOptions(workers=2, batch_rows=200))
         assert ray.is_initialized()  # a cluster it did not start is left running
+        # ...and so are the caller's Ray Data settings (the build quiets Ray Data only while it runs)
+        assert (context.enable_progress_bars, logging.getLogger("ray.data").level) == settings
     assert not ray.is_initialized()  # ...and the one it started is stopped
     assert resources["CPU"] == (os.cpu_count() or 1) + 1
     built = Index.open("ray", tmp_path, device="cpu")

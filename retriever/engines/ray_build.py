@@ -253,8 +253,7 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
     clock = time.perf_counter()
     with writing(index_dir, name, wait=False,
                  busy_hint="wait for it to finish, or build under another --name") as writer, \
-            ray_cluster(options.address) as local:
-        _quiet_ray_data(ray)
+            ray_cluster(options.address) as local, quiet_ray_data(ray):
         resources = ray.cluster_resources()
         if device == "cpu":  # asked for: no GPU actors even where the cluster has GPUs
             options = RayOptions(options.address, options.workers, 0, options.batch_rows)
@@ -484,16 +483,12 @@ def _worker_death(error: BaseException) -> str | None:
     """What died, where ERROR (or an exception it wraps) says a Ray worker process or node was lost."""
     from ray import exceptions
 
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, (exceptions.ActorDiedError, exceptions.ActorUnavailableError)):
-            return f"an encode worker died {WORKER_RESTARTS + 1} times (restarted {WORKER_RESTARTS} times, each " \
-                   "retrying its batch)"
-        if isinstance(error, (exceptions.WorkerCrashedError, exceptions.NodeDiedError,
-                              exceptions.OutOfMemoryError)):
-            return f"a Ray worker died ({type(error).__name__}) and its task's retries ran out"
-        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+    for inner in _chain(error):
+        if isinstance(inner, (exceptions.ActorDiedError, exceptions.ActorUnavailableError)):
+            return (f"an encode worker died {WORKER_RESTARTS + 1} times (restarted {WORKER_RESTARTS} times, each "
+                    "retrying its batch)")
+        if isinstance(inner, (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.OutOfMemoryError)):
+            return f"a Ray worker died ({type(inner).__name__}) and its task's retries ran out"
     return None
 
 
@@ -501,17 +496,20 @@ _REMOTE_MESSAGE = re.compile(r"retriever\.errors\.RetrieverError: (.+)")
 
 
 def _root_cause(error: BaseException) -> BaseException:
-    """The user-level exception under Ray's wrappers (RayTaskError.cause, UserCodeException.__cause__...)."""
+    """The user-level exception under Ray's wrappers, else the innermost one."""
+    for inner in _chain(error):
+        if _ours(inner):
+            return inner
+    return inner
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """ERROR, then each exception it wraps (RayTaskError.cause, UserCodeException.__cause__, __context__...)."""
     seen = set()
-    while id(error) not in seen:
+    while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if _ours(error):
-            return error
-        inner = getattr(error, "cause", None) or error.__cause__ or error.__context__
-        if inner is None:
-            break
-        error = inner
-    return error
+        yield error
+        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
 
 
 def _first_line(error: BaseException) -> str:
@@ -524,10 +522,18 @@ def _nodes(ray) -> str:
     return f"{len(alive)} node{'s' if len(alive) != 1 else ''}"
 
 
-def _quiet_ray_data(ray) -> None:
-    """Ray Data's own progress bars and per-dataset log lines off: the build shows one progress display."""
-    # Its errors too: a failure reaches the user as the one line `_ray_failure` makes, not as Ray's tracebacks.
-    logging.getLogger("ray.data").setLevel(logging.CRITICAL)
+@contextmanager
+def quiet_ray_data(ray) -> Iterator[None]:
+    """Ray Data's own progress bars, per-dataset log lines and error tracebacks off for the block (the build shows
+    one progress display, and a failure reaches the user as the one line `_ray_failure` makes); restored after, so
+    an application that shares the process keeps its own Ray Data settings."""
+    logger = logging.getLogger("ray.data")
     context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
+    before = logger.level, context.enable_progress_bars, context.print_on_execution_start
+    logger.setLevel(logging.CRITICAL)
+    context.enable_progress_bars = context.print_on_execution_start = False
+    try:
+        yield
+    finally:
+        logger.setLevel(before[0])
+        context.enable_progress_bars, context.print_on_execution_start = before[1], before[2]
