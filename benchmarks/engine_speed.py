@@ -125,13 +125,19 @@ def main() -> None:
                                    args.batch_size, model, args.dtype)
                 results[engine][size].append(record)
                 print(f"{engine:5} {size:>7,} docs: {record['wall_s']:7.1f} s  {record['timings']}", file=sys.stderr)
+        # Written after every repeat: a run cut short still leaves its finished repeats on disk.
+        write_report(args, sizes, results, repeat + 1, quiet=repeat + 1 < args.repeats)
+
+
+def write_report(args, sizes: list[int], results: dict, repeats: int, quiet: bool = False) -> None:
+    """OUT.json and OUT.md from the first REPEATS repeats of every build."""
     mean_wall = {engine: {size: float(np.mean([record["wall_s"] for record in results[engine][size]]))
                           for size in sizes} for engine in results}
     fits = {engine: line_fit(sizes, [mean_wall[engine][size] for size in sizes]) for engine in results}
     ratio = fits["ray"]["rate_docs_per_s"] / fits["local"]["rate_docs_per_s"]
     repeat_ratios = [line_fit(sizes, [results["ray"][size][r]["wall_s"] for size in sizes])["rate_docs_per_s"]
                      / line_fit(sizes, [results["local"][size][r]["wall_s"] for size in sizes])["rate_docs_per_s"]
-                     for r in range(args.repeats)]
+                     for r in range(repeats)]
     report = {
         "benchmark": "engine_speed",
         "device": args.device,
@@ -141,7 +147,7 @@ def main() -> None:
         "workers": args.workers or "engine default",
         "batch_rows": args.batch_rows,
         "encoder_batch_size": args.batch_size,
-        "repeats": args.repeats,
+        "repeats": repeats,
         "builds": results,
         "mean_wall_s": mean_wall,
         "fit": fits,
@@ -165,21 +171,22 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# engine_speed: {report['model']}, {args.dtype} ({args.device}, {os.cpu_count()} CPUs"
              f"{', ' + report['machine']['gpu'] if report['machine'].get('gpu') else ''})", "",
-             f"Wall seconds per build (each in a fresh process), {args.repeats} repeat(s), engines alternating "
+             f"Wall seconds per build (each in a fresh process), {repeats} repeat(s), engines alternating "
              "which goes first; the line is fitted through the means.", "",
              "| engine | " + " | ".join(f"{size:,} docs (s)" for size in sizes) + " | fixed (s) | rate (docs/s) |",
              "|---|" + "---:|" * (len(sizes) + 2)]
     for engine in ("local", "ray"):
         lines.append(f"| {engine} | " + " | ".join(
             f"{mean_wall[engine][size]:.1f}" + (" (" + ", ".join(f"{record['wall_s']:.1f}" for record in
-                                                        results[engine][size]) + ")" if args.repeats > 1 else "")
+                                                        results[engine][size]) + ")" if repeats > 1 else "")
             for size in sizes) + f" | {fits[engine]['fixed_s']:.1f} | {fits[engine]['rate_docs_per_s']:,.0f} |")
     lines += ["", f"steady-state rate ratio ray / local: **{ratio:.3f}** (target >= 0.9: "
               f"{'PASS' if ratio >= 0.9 else 'FAIL'}); per repeat: "
               + ", ".join(f"{value:.3f}" for value in repeat_ratios)
               + f"; Ray's extra fixed cost: {report['extra_fixed_s_ray']:.1f} s", ""]
     args.out.with_suffix(".md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    if not quiet:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
