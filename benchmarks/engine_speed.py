@@ -126,11 +126,12 @@ def main() -> None:
                 results[engine][size].append(record)
                 print(f"{engine:5} {size:>7,} docs: {record['wall_s']:7.1f} s  {record['timings']}", file=sys.stderr)
         # Written after every repeat: a run cut short still leaves its finished repeats on disk.
-        write_report(args, sizes, results, repeat + 1, quiet=repeat + 1 < args.repeats)
+        write_report(args, sizes, results, quiet=repeat + 1 < args.repeats)
 
 
-def write_report(args, sizes: list[int], results: dict, repeats: int, quiet: bool = False) -> None:
-    """OUT.json and OUT.md from the first REPEATS repeats of every build."""
+def write_report(args, sizes: list[int], results: dict, quiet: bool = False) -> None:
+    """OUT.json and OUT.md from the repeats finished so far."""
+    repeats = len(results["local"][sizes[0]])
     mean_wall = {engine: {size: float(np.mean([record["wall_s"] for record in results[engine][size]]))
                           for size in sizes} for engine in results}
     fits = {engine: line_fit(sizes, [mean_wall[engine][size] for size in sizes]) for engine in results}
