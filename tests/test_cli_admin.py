@@ -284,8 +284,11 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
     one line saying the index is unchanged, the previous version still searches, and the same command resumes."""
     corpus = tmp_path / "docs.txt"
     corpus.write_text("".join(f"Document number {i} about topic {i % 5}.\n" for i in range(40)), encoding="utf-8")
+    # A job started with '&' from a non-interactive shell (a CI runner, nohup) inherits SIGINT as ignored, and
+    # Python then keeps it ignored; the child restores the handler a terminal's Ctrl-C would meet.
     script = textwrap.dedent(f"""
         import os, signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import retriever.index as index
         from retriever.encoder import Encoder
         build = index.Index.build.__func__
