@@ -1,4 +1,4 @@
-"""build, list, search, show, add, delete, compact, refit, info, verify, remove: option parsing and rendering
+"""build, list, search, show, add, delete, compact, refit, check, info, verify, remove: option parsing and rendering
 around `retriever.index.Index` and `retriever.index_folder`.
 
 Every command finds its indexes through `resolve_index_dir` (--index-dir, else $RETRIEVER_HOME, else
@@ -384,6 +384,60 @@ def refit(
     _report("refitted", summary, "re-calibrated")
 
 
+def check(
+    index: Annotated[Optional[str], typer.Argument(help="the index to check (or --name)", show_default=False)] = None,
+    name: options.IndexName = None,
+    seed: Seed = None,
+    fit_sample: Annotated[int, typer.Option(
+        "--fit-sample", help="stored raw vectors the candidates are fitted on (a seeded sample)")] = DEFAULT_FIT_SAMPLE,
+    as_json: Json = False,
+    index_dir: options.IndexDir = None,
+) -> None:
+    """Does calibration help this corpus? A retrieval check on the index's own documents, without labels.
+
+    Pseudo-queries are cut out of a sample of the documents (a title, a sentence or a run of words, the document
+    without it as the target; or a few of its words, the document itself as the target) and searched through the
+    raw vectors, through each calibrator `auto` considers (fitted now on the stored raw vectors) and through the
+    index's own calibrator. nDCG@10 x100; the intervals (paired bootstrap over pseudo-queries) are 95% for all
+    candidates together. Writes nothing."""
+    from retriever.index import Index
+
+    if index and name and index != name:
+        raise RetrieverError(f"two different indexes named: '{index}' and --name '{name}'")
+    home = _home(index_dir)
+    opened = Index.open(_pick(home, index or name), home, device="cpu")
+    record = opened.check(fit_sample=fit_sample, seed=seed or 0, progress=not as_json)
+    if as_json:
+        print(json.dumps({"index": opened.name, **record}))
+        return
+    kinds = list(record["kinds"])
+    table = Table(title=escape(
+        f"retrieval check of index '{opened.name}': {record['pseudo_queries']:,} pseudo-quer"
+        f"{'y' if record['pseudo_queries'] == 1 else 'ies'} "
+        f"({', '.join(f'{kind} {n:,}' for kind, n in record['kinds'].items())}) among "
+        f"{count(record['pool'], 'document')}; nDCG@10 x100"), title_justify="left")
+    for column in ("calibrator", "nDCG@10", "MRR@10", "vs none", "interval", *kinds):
+        table.add_column(column, justify="left" if column == "calibrator" else "right", no_wrap=True)
+    chosen, current = record["auto"]["chosen"], record["current"]
+    rows = [record["none"], *record.get("candidates", [])]
+    if "ndcg@10" in current and current["name"] not in {row["name"] for row in rows}:
+        rows.append(current)
+    for row in rows:
+        marks = [mark for mark, hit in (("auto's choice", row["name"] == chosen),
+                                        ("this index", row["name"] == current["name"])) if hit]
+        label = row["name"] + (f" ({', '.join(marks)})" if marks else "")
+        interval = row.get("interval")
+        table.add_row(escape(label), f"{row['ndcg@10']:.2f}", f"{row['mrr@10']:.2f}",
+                      f"{row['difference']:+.2f}" if "difference" in row else "",
+                      f"[{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "",
+                      *(f"{row['ndcg@10_by_kind'].get(kind, 0):.2f}" for kind in kinds))
+    stdout.print(table)
+    verdict = ("calibration helps this corpus" if chosen != "none" else
+               "calibration does not help this corpus with confidence")
+    _say(f"{verdict}: auto would choose {chosen} ({record['auto']['reason']}); this index uses "
+         f"{current['calibrator']}{': ' + current['name'] if current['calibrator'] != current['name'] else ''}")
+
+
 def verify(
     index: Annotated[Optional[str], typer.Argument(help="the index to check (or --name)", show_default=False)] = None,
     name: options.IndexName = None,
@@ -477,6 +531,7 @@ def info(
                       "until compaction drops them)"),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", calibrator),
+        *([("auto check", _check_summary(decision["check"]))] if decision and decision.get("check") else []),
         *([("auto evidence", ", ".join(f"{key} {value}" for key, value in decision.get("evidence", {}).items()))]
           if decision else []),
         ("fitted on", "a calibrator fitted before the build" if fitted.get("prefitted") else
@@ -498,7 +553,17 @@ def info(
     stdout.print(table)
 
 
+def _check_summary(check: dict) -> str:
+    """auto's retrieval check on one line: the pseudo-queries, then nDCG@10 of none and each candidate's difference."""
+    kinds = ", ".join(f"{kind} {number:,}" for kind, number in check["kinds"].items())
+    scores = "; ".join(f"{c['name']} {c['difference']:+.2f} [{c['interval'][0]:+.2f}, {c['interval'][1]:+.2f}]"
+                       for c in check["candidates"])
+    return (f"{check['pseudo_queries']:,} pseudo-queries ({kinds}) among {check['pool']:,} documents; nDCG@10 of "
+            f"none {check['none']['ndcg@10']:.2f}; against none ({check['confidence']:.0%} intervals for all "
+            f"together): {scores}")
+
+
 # In workflow order, as `retriever --help` lists them (cli.main registers them after `encode`).
 COMMANDS = (("build", build), ("list", list_indexes), ("search", search), ("show", show), ("add", add),
-            ("delete", delete), ("compact", compact), ("refit", refit), ("info", info), ("verify", verify),
+            ("delete", delete), ("compact", compact), ("refit", refit), ("check", check), ("info", info), ("verify", verify),
             ("remove", remove))

@@ -28,8 +28,10 @@ import numpy as np
 from retriever import __version__
 from retriever.calibration import (
     DEFAULT_CALIBRATOR,
+    AutoCalibrator,
     DEFAULT_FIT_SAMPLE,
     Calibrator,
+    fit_calibrator,
     fit_sample_rows,
     load_calibrator,
     make_calibrator,
@@ -57,6 +59,7 @@ from retriever.pipeline import (
     CHUNK_ROWS,
     BuildState,
     calibrated_blocks,
+    check_set,
     check_vectors,
     encode_table,
     fit,
@@ -64,10 +67,12 @@ from retriever.pipeline import (
     ingest,
     l2_normalize,
     source_fingerprint,
+    table_texts,
     with_queries,
     write_segment_vectors,
 )
 from retriever.progress import stderr_console
+from retriever.pseudo_queries import make_check_set
 from retriever.store.arrays import VectorSource
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import DOCUMENTS, RAW, ROWIDS, VECTORS, RawWriter, Segment
@@ -324,6 +329,58 @@ class Index:
             offset += len(segment)
         return np.concatenate(parts) if parts else np.empty((0, self.manifest["encoder"]["dim"]), np.float32)
 
+    def check_sources(self):
+        """DOCUMENTS_AT and VECTORS_AT over the documents in the index (deleted ones left out), for
+        `pseudo_queries.make_check_set`: position i is the i-th live row id, segment by segment."""
+        live = [np.asarray(segment.rowids)[~np.isin(segment.rowids, self.tombstones)] for segment in self.segments]
+        rowids = np.concatenate(live) if live else np.empty(0, np.int64)
+        owner = np.concatenate([np.full(len(ids), number) for number, ids in enumerate(live)]) if live else rowids
+
+        def each_segment(positions: np.ndarray, read) -> list:
+            found: list = [None] * len(positions)
+            for number, segment in enumerate(self.segments):
+                mine = np.flatnonzero(owner[positions] == number)
+                if len(mine):
+                    for slot, value in zip(mine.tolist(), read(segment, rowids[positions[mine]])):
+                        found[slot] = value
+            return found
+
+        def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
+            return each_segment(positions, lambda segment, ids: [(row["title"], row["text"]) for row in
+                                                                segment.documents.get(ids, ("title", "text"))])
+
+        def vectors_at(positions: np.ndarray) -> np.ndarray:
+            dim = self.manifest["encoder"]["dim"]
+            return np.asarray(each_segment(positions, lambda segment, ids: list(segment.raw_for(ids))),
+                              dtype=np.float32).reshape(len(positions), dim)
+
+        return documents_at, vectors_at
+
+    def check(self, fit_sample: int | None = DEFAULT_FIT_SAMPLE, seed: int = 0, progress: bool = False) -> dict:
+        """The retrieval check on this index's own documents, without labels: pseudo-queries made from them
+        (`retriever.pseudo_queries`), searched through the raw vectors, through `auto`'s candidates fitted on a
+        sample of the stored raw vectors, and through the index's own calibrator as saved. Returns the check's
+        record (`AutoCalibrator.decision["check"]`) with what auto would choose now ("auto") and the index's own
+        calibrator's result ("current")."""
+        from retriever.calibration.check import compare, score_queries
+
+        auto = make_calibrator("auto", seed=seed, device="cpu")
+        documents_at, vectors_at = self.check_sources()
+        check = make_check_set(len(self), documents_at, vectors_at, self.encoder, seed, progress=progress)
+        auto.fit(self.raw_sample(fit_sample or len(self), seed=seed), check=check)
+        record = dict(auto.decision.get("check") or {"pseudo_queries": len(check), "kinds": check.counts(),
+                                                     "pool": check.pool_size})
+        current = self.calibrator.chosen if isinstance(self.calibrator, AutoCalibrator) else self.calibrator
+        if len(check) and current.name != "none":
+            baseline = score_queries(check, lambda raw: np.asarray(raw, np.float32))
+            (result,) = compare(check, baseline, [(current.name, score_queries(check, current.transform))], seed=seed)
+            record["current"] = result.record()
+        else:
+            record["current"] = {"name": current.name}
+        record["current"]["calibrator"] = self.manifest["calibrator"]["name"]
+        record["auto"] = {"chosen": auto.decision["chosen"]["name"], "reason": auto.decision["reason"]}
+        return record
+
     def info(self, sample: int = 5000, seed: int = 0) -> dict:
         """Manifest, counts, and isotropy before and after calibration on a sample of the stored vectors."""
         raw = self.raw_sample(sample, seed)
@@ -479,8 +536,13 @@ class Index:
 
             clock = time.perf_counter()
             seed = getattr(fitted, "seed", 0)
+            with DocumentTable.open(segment / DOCUMENTS) as table:
+                check = check_set(fitted, state.documents, table_texts(table), source.take, encoder, seed, progress)
+            if check is not None:
+                timings["pseudo_queries"] = time.perf_counter() - clock
+            clock = time.perf_counter()
             query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
-            calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors)
+            calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors, check)
             timings["fit"] = time.perf_counter() - clock
 
             clock = time.perf_counter()
@@ -648,7 +710,8 @@ class Index:
                 raise RetrieverError(f"{have} {shortfall}")
             seed = getattr(fitted, "seed", 0)
             sample = current.raw_sample(fit_sample or len(current), seed=seed)
-            fitted.fit(with_queries(sample, query_vectors, fit_sample, seed))
+            check = check_set(fitted, len(current), *current.check_sources(), current.encoder, seed, progress)
+            fit_calibrator(fitted, with_queries(sample, query_vectors, fit_sample, seed), check)
             calibrated_sample = l2_normalize(fitted.transform(sample))
             spec_record = dict(current.manifest["index"])
             if calibrated_sample.shape[1] != current.manifest["dim"]:

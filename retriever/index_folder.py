@@ -427,9 +427,27 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
 
 
 def _calibrator_label(record: dict) -> str:
-    """The calibrator's name; for auto, with what it chose: "auto: flow-254"."""
-    chosen = (record.get("decision") or {}).get("chosen", {}).get("name")
-    return f"{record['name']}: {chosen}" if chosen else str(record["name"])
+    """The calibrator's name; for auto, with what it chose and the retrieval check's evidence:
+    "auto: none (flow +0.31 [-0.52, +1.14] on 2,000 pseudo-queries)"."""
+    decision = record.get("decision")
+    if not isinstance(decision, dict) or not isinstance(decision.get("chosen"), dict):
+        return str(record["name"])
+    return f"{record['name']}: {short_decision(decision)}"
+
+
+def short_decision(decision: dict) -> str:
+    """What auto chose, with the retrieval check's difference for it (or, where it kept the raw vectors, for the
+    best candidate): "flow-254 (flow-254 +14.20 [+12.10, +16.40] on 2,000 pseudo-queries)". Plain dict work: `list`
+    reads many manifests and must not import torch for it."""
+    chosen = str((decision.get("chosen") or {}).get("name", "?"))
+    check = decision.get("check")
+    if not isinstance(check, dict) or not check.get("candidates"):
+        return chosen
+    shown = next((c for c in check["candidates"] if c.get("name") == chosen), None) or \
+        max(check["candidates"], key=lambda c: c.get("ndcg@10", 0))
+    low, high = shown["interval"]
+    return (f"{chosen} ({shown['name']} {shown['difference']:+.2f} [{low:+.2f}, {high:+.2f}] on "
+            f"{check['pseudo_queries']:,} pseudo-queries)")
 
 
 def remove_index(index_dir: str | Path, name: str) -> None:

@@ -2,7 +2,8 @@
 
     1 ingest: chunked read -> SQLite       (every line checked before any model loads)
     2 encode: SQLite -> encoder -> float32 vectors on disk     (or precomputed vectors: `--vectors`)
-    3 fit:    a bounded, seeded sample of the vectors -> calibrator
+    3 fit:    a bounded, seeded sample of the vectors -> calibrator (`auto`: with pseudo-queries made from a sample
+              of the documents, `check_set`, to check each candidate on)
     4 index:  vectors block by block -> calibrator -> L2 -> FAISS, and raw vectors -> the segment's raw store
 
 A corpus is never held whole: documents and vectors move in chunks, and only the FAISS index grows in memory.
@@ -23,8 +24,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from retriever.calibration import Calibrator, fit_sample_rows
+from retriever.calibration import Calibrator, fit_calibrator, fit_sample_rows
+from retriever.calibration.check import CheckSet
 from retriever.corpus import Document, document_text, iter_corpus
+from retriever.pseudo_queries import make_check_set
 from retriever.errors import RetrieverError
 from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import NpyAppender, VectorSource
@@ -198,15 +201,45 @@ def check_vectors(source: VectorSource, progress: bool = False) -> None:
 
 
 def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, seed: int,
-        queries: np.ndarray | None = None) -> np.ndarray:
+        queries: np.ndarray | None = None, check: CheckSet | None = None) -> np.ndarray:
     """Stage 3: fit CALIBRATOR on at most FIT_SAMPLE of SOURCE's vectors, plus at most FIT_SAMPLE raw QUERIES
-    vectors when given (`--fit-queries`: so the calibrated space also covers what users will search with); returns
-    the documents' sample calibrated and L2-normalized (what an IVF index trains its buckets on)."""
+    vectors when given (`--fit-queries`: so the calibrated space also covers what users will search with), checking
+    its candidates on CHECK where it takes one (`auto`); returns the documents' sample calibrated and L2-normalized
+    (what an IVF index trains its buckets on)."""
     rows = fit_sample_rows(source.rows, fit_sample, seed)
     sample = np.concatenate(list(source.blocks())) if rows is None else source.take(rows)
     if not calibrator.fitted:
-        calibrator.fit(with_queries(sample, queries, fit_sample, seed))
+        fit_calibrator(calibrator, with_queries(sample, queries, fit_sample, seed), check)
     return l2_normalize(calibrator.transform(sample))
+
+
+def check_set(calibrator: Calibrator, rows: int, documents_at, vectors_at, encoder, seed: int,
+              progress: bool = False) -> CheckSet | None:
+    """The pseudo-queries CALIBRATOR checks its candidates on (`pseudo_queries.make_check_set`), or None for a
+    calibrator that takes none."""
+    if not calibrator.uses_check or calibrator.fitted:
+        return None
+    return make_check_set(rows, documents_at, vectors_at, encoder, seed, progress=progress)
+
+
+def table_texts(table: DocumentTable, first_rowid: int = 1):
+    """DOCUMENTS_AT for `make_check_set`: (title, text) of 0-based positions in TABLE, from FIRST_ROWID on."""
+    def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
+        return [(row["title"], row["text"]) for row in table.get(positions + first_rowid, ("title", "text"))]
+    return documents_at
+
+
+def stream_texts(documents: Iterable[Document]):
+    """DOCUMENTS_AT for `make_check_set` from documents read in order (a corpus no table holds yet): one pass."""
+    def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
+        wanted, found = set(positions.tolist()), {}
+        for number, document in enumerate(documents):
+            if number in wanted:
+                found[number] = (document.title, document.text)
+                if len(found) == len(wanted):
+                    break
+        return [found[position] for position in positions.tolist()]
+    return documents_at
 
 
 def with_queries(sample: np.ndarray, queries: np.ndarray | None, fit_sample: int | None, seed: int) -> np.ndarray:

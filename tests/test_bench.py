@@ -263,7 +263,8 @@ def test_bench_fit_queries_and_auto_decisions_are_recorded(beir_folder, tiny_ber
     assert document["fit_sets"]["tiny-beir"]["source"] == "corpus+queries"
     assert document["fit_sets"]["tiny-beir"]["sentences"] == 60 + 12
     decision = document["decisions"]["tiny-beir"]["auto"]
-    assert set(decision) == {"chosen", "reason", "evidence"} and decision["evidence"]["rows"] == 72
+    assert set(decision) == {"chosen", "reason", "evidence", "check"} and decision["evidence"]["rows"] == 72
+    assert decision["check"]["pseudo_queries"] > 0 and decision["check"]["pool"] == 60  # the corpus's own documents
     assert f"tiny-beir: auto chose {decision['chosen']['name']}" in done.stderr
 
 

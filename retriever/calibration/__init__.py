@@ -14,6 +14,7 @@ import numpy as np
 
 from retriever.calibration.auto import AutoCalibrator, describe_decision
 from retriever.calibration.base import Calibrator, read_config
+from retriever.calibration.check import CheckSet
 from retriever.calibration.flow import FlowCalibrator
 from retriever.calibration.linear import make_linear
 from retriever.defaults import DEFAULT_FIT_SAMPLE
@@ -22,7 +23,8 @@ from retriever.errors import RetrieverError
 DEFAULT_CALIBRATOR = "auto"
 
 CALIBRATOR_NAMES = (
-    "auto (default): decides from the corpus, no labels: none for an isotropic space, else flow-K; "
+    "auto (default): decides from the corpus, no labels: a candidate (flow, flow-K, whitening-K) only where it beats "
+    "the raw vectors with confidence on a retrieval check with pseudo-queries made from the corpus, else none; "
     "flow: BERT-flow, a normalizing flow that Gaussianizes the vectors; "
     "flow-K: whitening-K, then a flow in those K dimensions; "
     "flow+lu, flow-K+lu: with Glow's learnable LU 1x1 mixing in every step (slower: a dim x dim product a step); "
@@ -81,10 +83,16 @@ def fit_sample_rows(rows: int, fit_sample: int | None, seed: int = 0) -> np.ndar
 
 
 def fit_on_sample(calibrator: Calibrator, X: np.ndarray, fit_sample: int | None = DEFAULT_FIT_SAMPLE,
-                  seed: int = 0) -> Calibrator:
-    """Fit CALIBRATOR on at most FIT_SAMPLE rows of X (all of X, as given, when it has no more)."""
+                  seed: int = 0, check: CheckSet | None = None) -> Calibrator:
+    """Fit CALIBRATOR on at most FIT_SAMPLE rows of X (all of X, as given, when it has no more), with CHECK for a
+    calibrator that takes one (`auto`)."""
     rows = fit_sample_rows(len(X), fit_sample, seed)
-    return calibrator.fit(X if rows is None else np.asarray(X[rows]))
+    return fit_calibrator(calibrator, X if rows is None else np.asarray(X[rows]), check)
+
+
+def fit_calibrator(calibrator: Calibrator, X: np.ndarray, check: CheckSet | None = None) -> Calibrator:
+    """CALIBRATOR.fit(X), given the retrieval check set where it takes one (`Calibrator.uses_check`)."""
+    return calibrator.fit(X, check=check) if calibrator.uses_check else calibrator.fit(X)
 
 
 def too_few_to_fit(calibrator: Calibrator, rows: int, dim: int) -> str | None:
@@ -116,5 +124,5 @@ def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Cali
     return type(calibrator).load(folder)
 
 
-__all__ = ["Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "DEFAULT_FIT_SAMPLE", "make_calibrator",
-           "load_calibrator", "describe_decision", "fit_on_sample", "fit_sample_rows", "too_few_to_fit"]
+__all__ = ["AutoCalibrator", "Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "DEFAULT_FIT_SAMPLE", "make_calibrator",
+           "load_calibrator", "describe_decision", "fit_calibrator", "fit_on_sample", "fit_sample_rows", "too_few_to_fit"]

@@ -1,18 +1,17 @@
-"""`auto`: decide, from the corpus alone (no labels), how much to calibrate, and record why.
+"""`auto`: calibrate only where a retrieval check on the corpus itself says it helps, and record why.
 
-A tuned sentence encoder (all-MiniLM-L6-v2, all-mpnet-base-v2 at their last layer) already spreads its vectors
-over the sphere: random pairs have a mean cosine near 0, and every calibrator measured on it was neutral to
-harmful (benchmarks/results/README.md, "auto"). An anisotropic representation (raw BERT, an embedding layer)
-packs them into a narrow cone, and there a whitened, dimension-reduced flow helps most. So:
+No statistic of the vectors alone says whether calibration helps retrieval: a tuned encoder whose random pairs
+have a mean cosine of 0.13 can still lose 4 nDCG@10 points to a flow. So `auto` asks retrieval itself, without
+labels. A `CheckSet` (pseudo-queries cut from the corpus's own documents, `retriever.pseudo_queries`) is searched
+through each candidate calibrator, fitted on the same vectors as the final one, and through the raw vectors:
 
-1. anisotropy = mean cosine of random pairs of corpus vectors. Below ISOTROPIC_MEAN_COSINE: `none`.
-2. Otherwise `flow-K`: whitening to the K principal directions that hold KEEP_VARIANCE of the variance, then
-   the flow. The rest is the noise floor that full whitening would raise to unit variance (issue 12's held-out
-   BEIR set of 5k documents, MiniLM layer 0: whitening 8.06 nDCG@10, whitening-256, about the 95% cut, 43.05).
+- candidates: the flow, and flow-K and whitening-K for the K principal directions that hold 95% and 99% of the
+  variance (whitening every direction raises the noise floor to unit variance; cutting it is what K is for);
+- the raw vectors stay unless a candidate beats them with confidence: the lower end of its paired bootstrap
+  interval (95% for all candidates together, `check.compare`) is above 0; then the best such candidate is chosen.
 
-The evidence (anisotropy, spectrum, the flow's held-out log-likelihood against the Gaussian it starts from, and
-how many nearest neighbours calibration keeps) is saved with the decision, in calibrator.json, the index manifest
-and `retriever info`.
+The decision, the spectrum, the pseudo-query counts and every candidate's score with its interval are saved with
+the calibrator (calibrator.json), so the manifest, `retriever info` and `retriever list` show them.
 """
 
 from __future__ import annotations
@@ -20,40 +19,28 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from retriever.calibration.base import Calibrator, centered_gram, column_mean, read_config
-from retriever.calibration.flow import FlowCalibrator, _standard_normal_log_density
-from retriever.calibration.linear import Identity
+from retriever.calibration.check import CONFIDENCE, CheckSet, baseline_result, compare, score_queries
+from retriever.calibration.flow import FlowCalibrator
+from retriever.calibration.linear import Identity, Whitening
 from retriever.errors import RetrieverError
 
-# Mean cosine of random pairs below which a space counts as isotropic. Measured on the 11 benchmark corpora
-# (benchmarks/results/auto_*.json, "decisions"): MiniLM and mpnet at their own pooling 0.021-0.066; at layer 0
-# MiniLM 0.28-0.49, mpnet 0.114-0.285 (raw BERT layers: 0.6 and more per Ethayarajh 2019, not measured here).
-# The cut sits between the tuned encoders and every anisotropic space measured; mpnet's layer 0 comes closest.
-ISOTROPIC_MEAN_COSINE = 0.10
-# Keep the principal directions that hold this share of the variance (MiniLM layer 0: 205-262 of 384).
-KEEP_VARIANCE = 0.95
-# Fewer vectors than this per kept direction estimate its variance too poorly to whiten by (the flow's hard
-# minimum is one more than the directions): below it, auto leaves the vectors as they are. STS-16's 1,867
-# sentences at MiniLM layer 0 (about 7 per direction) still gain 8 Spearman points from flow-K, so the bar is low.
-ROWS_PER_DIRECTION = 4
-# Rows the evidence is computed on (a seeded sample): enough for stable statistics, cheap next to the fit.
+# Candidates keep the principal directions that hold these shares of the variance.
+VARIANCE_SHARES = (0.95, 0.99)
+# Fewer pseudo-queries than this cannot tell calibrators apart: auto keeps the raw vectors.
+MIN_PSEUDO_QUERIES = 50
+# Rows the spectrum is computed on (a seeded sample): enough for stable statistics, cheap next to the fit.
 EVIDENCE_ROWS = 20_000
-# Fraction of the fit rows held out to score the flow's likelihood against its Gaussian start.
-HELD_OUT = 0.1
-NEIGHBOURS = 10
 # A 2-level flow splits its input twice: it needs at least 4 dimensions.
 MIN_FLOW_DIM = 4
 
 
 class AutoCalibrator(Calibrator):
-    """Fits the calibrator the corpus calls for (`decision`), then transforms exactly as it does.
-
-    A chosen flow-K is fitted on 90% of the rows given (all of them when 10% would be under 100 rows or leave too
-    few to fit): the other 10% score its held-out likelihood for the evidence."""
+    """Fits every candidate, keeps the one the retrieval check chooses (`decision`), transforms as it does."""
 
     name = "auto"
+    uses_check = True
 
     def __init__(self, seed: int = 0, device: str = "auto", decision: dict | None = None):
         # `decision` is accepted so that from_config(config()) works on a saved record; a new fit remakes it.
@@ -69,7 +56,7 @@ class AutoCalibrator(Calibrator):
         return record
 
     def min_fit_rows(self, dim: int) -> int:
-        return 0  # below what a flow needs, `fit` chooses `none` itself and says why
+        return 0  # with too few vectors for a candidate, `fit` leaves it out (and keeps the raw vectors if none is left)
 
     @property
     def weights_file(self) -> str | None:  # the chosen calibrator's file, saved next to calibrator.json
@@ -78,27 +65,56 @@ class AutoCalibrator(Calibrator):
     def _save_weights(self, path: Path) -> None:
         self.chosen._save_weights(path)
 
-    def fit(self, X: np.ndarray) -> AutoCalibrator:
+    def fit(self, X: np.ndarray, check: CheckSet | None = None) -> AutoCalibrator:
+        """Fit the candidates on X and keep the one CHECK chooses; without a check set (no texts to make
+        pseudo-queries from), keep the raw vectors and say so."""
         dim = self._check_fit_input(X, min_rows=1)
-        rng = np.random.default_rng(self.seed)
-        if len(X) < 2:
-            evidence, choice, reason = {"rows": len(X)}, None, "one vector: nothing to measure a spread on"
-        else:
-            sample = _sample(X, EVIDENCE_ROWS, rng)
-            evidence = spectrum_evidence(sample, rng)
-            choice, reason = _decide(evidence, len(X), dim)
-        if choice is None:
-            chosen: Calibrator = Identity().fit(X)
-        else:
-            chosen = FlowCalibrator(k=choice, seed=self.seed, device=self.device)
-            fit_rows, held_out = _split(len(X), chosen.min_fit_rows(dim), rng)
-            chosen.fit(X if held_out is None else np.asarray(X[fit_rows]))
-            if held_out is not None:
-                evidence.update(likelihood_evidence(chosen, np.asarray(X[held_out])))
-            evidence.update(neighbour_evidence(sample, chosen.transform(sample), rng))
+        evidence = spectrum_evidence(_sample(X, EVIDENCE_ROWS, np.random.default_rng(self.seed))) if len(X) > 1 else {}
+        candidates, reason = self.candidates(evidence, len(X), dim, check)
+        chosen: Calibrator = Identity().fit(X)
+        record = None
+        if candidates:
+            for candidate in candidates:
+                candidate.fit(X)
+            baseline = score_queries(check, chosen.transform)
+            results = compare(check, baseline, [(c.name, score_queries(check, c.transform)) for c in candidates],
+                              seed=self.seed)
+            winners = [result for result in results if result.low > 0]
+            best = max(winners or results, key=lambda result: result.ndcg)
+            if winners:
+                chosen = next(c for c in candidates if c.name == best.name)
+            reason = _reason(best, bool(winners), check)
+            record = {"pseudo_queries": len(check), "kinds": check.counts(), "pool": check.pool_size,
+                      "confidence": CONFIDENCE, "none": baseline_result("none", check, baseline).record(),
+                      "candidates": [result.record() for result in results]}
         self.chosen, self.dim = chosen, dim
-        self.decision = {"chosen": chosen.config(), "reason": reason, "evidence": evidence}
+        self.decision = {"chosen": chosen.config(), "reason": reason, "evidence": evidence,
+                         **({"check": record} if record else {})}
         return self
+
+    def candidates(self, evidence: dict, rows: int, dim: int,
+                   check: CheckSet | None) -> tuple[list[Calibrator], str | None]:
+        """The unfitted candidates for ROWS vectors of DIM dimensions, or none and why none is tried."""
+        if check is None:
+            return [], "no pseudo-queries to check calibration with (auto decides from the corpus's texts, which an " \
+                       "index build, refit or bench gives it): raw vectors kept"
+        if len(check) < MIN_PSEUDO_QUERIES:
+            return [], (f"only {len(check)} pseudo-queries could be made from the corpus (its documents are too "
+                        f"short or too few; at least {MIN_PSEUDO_QUERIES} are needed to tell calibrators apart): "
+                        "raw vectors kept")
+        if not evidence.get("top_direction_share"):
+            return [], "all vectors are identical: there is no spread to calibrate"
+        if dim < MIN_FLOW_DIM:
+            return [], f"{dim}-dimensional vectors are too few dimensions for a flow (it needs {MIN_FLOW_DIM})"
+        found: list[Calibrator] = [FlowCalibrator(seed=self.seed, device=self.device)]
+        for k in dict.fromkeys(evidence["directions"].values()):
+            if MIN_FLOW_DIM <= k < dim:
+                found += [FlowCalibrator(k=k, seed=self.seed, device=self.device), Whitening(k)]
+        found = [c for c in found if rows >= c.min_fit_rows(dim)]
+        if not found:
+            return [], (f"{rows:,} vectors are too few to fit any candidate (a flow on {dim} dimensions needs "
+                        f"{dim + 1:,}): raw vectors kept")
+        return found, None
 
     def transform(self, X: np.ndarray) -> np.ndarray:
         self._require_fitted()
@@ -127,14 +143,15 @@ class AutoCalibrator(Calibrator):
 
 
 def describe_decision(decision: dict) -> str:
-    """"auto chose flow-254: mean cosine of random pairs 0.432 >= 0.1 (anisotropic); ..." for `info` and logs."""
+    """"auto chose flow-254: it beat none on the retrieval check ..." for `info`, logs and the bench."""
     chosen = (decision.get("chosen") or {}).get("name", "?")
     return f"auto chose {chosen}: {decision.get('reason', 'no reason recorded')}"
 
 
-def spectrum_evidence(sample: np.ndarray, rng: np.random.Generator, pairs: int = 20_000) -> dict:
+def spectrum_evidence(sample: np.ndarray, pairs: int = 20_000, seed: int = 0) -> dict:
     """Anisotropy and spectrum of a sample: mean cosine of random pairs, the top direction's variance share, the
-    participation ratio (effective number of directions) and how many directions hold KEEP_VARIANCE."""
+    participation ratio (effective number of directions) and how many directions hold each of VARIANCE_SHARES."""
+    rng = np.random.default_rng(seed)
     unit = sample / np.maximum(np.linalg.norm(sample, axis=1, keepdims=True), 1e-12)
     first, second = rng.integers(0, len(unit), (2, pairs))
     distinct = first != second
@@ -149,70 +166,21 @@ def spectrum_evidence(sample: np.ndarray, rng: np.random.Generator, pairs: int =
         "mean_cosine": round(mean_cosine, 4),
         "top_direction_share": round(float(variances[0]) / total, 4),
         "participation_ratio": round(total**2 / float(np.square(variances).sum() or 1.0), 1),
-        "directions_for_variance": int(np.searchsorted(cumulative, KEEP_VARIANCE) + 1),
+        "directions": {f"{share:.0%}": int(min(np.searchsorted(cumulative, share) + 1, len(variances)))
+                       for share in VARIANCE_SHARES},
     }
 
 
-def likelihood_evidence(flow: FlowCalibrator, held_out: np.ndarray) -> dict:
-    """Held-out log-likelihood per dimension of the fitted flow, and of the Gaussian it starts from (its
-    whitening alone): how much the nonlinear part learned that generalises beyond the fit rows."""
-    with torch.inference_mode():
-        x = torch.from_numpy(np.asarray(held_out, dtype=np.float32)).to(next(flow.flow.parameters()).device)
-        y, logdet = flow.flow.reduction(x)
-        gaussian = (_standard_normal_log_density(y) + logdet).mean().item()
-    flow_ll = float(flow.log_prob(held_out).mean())
-    dims = flow.flow.dim
-    return {"held_out_rows": int(len(held_out)), "held_out_loglik_per_dim_flow": round(flow_ll / dims, 4),
-            "held_out_loglik_per_dim_gaussian": round(gaussian / dims, 4)}
-
-
-def neighbour_evidence(raw: np.ndarray, calibrated: np.ndarray, rng: np.random.Generator, queries: int = 500) -> dict:
-    """Of each sampled vector's NEIGHBOURS nearest (cosine) neighbours in the raw space, the share calibration
-    keeps: near 1 means it changes little, low values that it re-orders the corpus substantially."""
-    if len(raw) <= NEIGHBOURS + 1:
-        return {}
-    picks = rng.choice(len(raw), size=min(queries, len(raw)), replace=False)
-
-    def neighbours(vectors: np.ndarray) -> np.ndarray:
-        unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        scores = unit[picks] @ unit.T
-        scores[np.arange(len(picks)), picks] = -np.inf  # a vector is not its own neighbour
-        return np.argpartition(-scores, NEIGHBOURS, axis=1)[:, :NEIGHBOURS]
-
-    before, after = neighbours(raw), neighbours(calibrated)
-    kept = np.mean([len(np.intersect1d(b, a)) / NEIGHBOURS for b, a in zip(before, after)])
-    return {f"neighbours_kept_at_{NEIGHBOURS}": round(float(kept), 4)}
-
-
-def _decide(evidence: dict, rows: int, dim: int) -> tuple[int | None, str]:
-    """(K for flow-K, or None for none) and the reason, in words."""
-    cosine = evidence["mean_cosine"]
-    if evidence["top_direction_share"] == 0:
-        return None, "all vectors are identical: there is no spread to calibrate"
-    if dim < MIN_FLOW_DIM:
-        return None, f"{dim}-dimensional vectors are too few dimensions for a flow (it needs {MIN_FLOW_DIM})"
-    if cosine < ISOTROPIC_MEAN_COSINE:
-        return None, (f"mean cosine of random pairs {cosine:.3f} < {ISOTROPIC_MEAN_COSINE} (already isotropic: "
-                      "calibration would only move a tuned geometry)")
-    k = max(MIN_FLOW_DIM, min(evidence["directions_for_variance"], dim))
-    needed = max(FlowCalibrator(k=k).min_fit_rows(dim), ROWS_PER_DIRECTION * k)
-    if rows < needed:
-        return None, (f"mean cosine {cosine:.3f} is anisotropic, but {rows:,} vectors are too few to fit "
-                      f"flow-{k} reliably (it needs {ROWS_PER_DIRECTION} per direction, {needed:,})")
-    return k, (f"mean cosine of random pairs {cosine:.3f} >= {ISOTROPIC_MEAN_COSINE} (anisotropic); "
-               f"{k} of {dim} directions hold {KEEP_VARIANCE:.0%} of the variance")
+def _reason(best, won: bool, check: CheckSet) -> str:
+    kinds = ", ".join(f"{kind} {count:,}" for kind, count in check.counts().items())
+    measured = (f"{best.name} {100 * best.difference:+.2f} nDCG@10 [{100 * best.low:+.2f}, {100 * best.high:+.2f}] "
+                f"against none on {len(check):,} pseudo-queries ({kinds})")
+    if won:
+        return f"it beat the raw vectors on the retrieval check: {measured}"
+    return f"no candidate beat the raw vectors with confidence on the retrieval check; best: {measured}"
 
 
 def _sample(X: np.ndarray, rows: int, rng: np.random.Generator) -> np.ndarray:
     if len(X) <= rows:
         return np.asarray(X, dtype=np.float64)
     return np.asarray(X[np.sort(rng.choice(len(X), size=rows, replace=False))], dtype=np.float64)
-
-
-def _split(rows: int, min_fit: int, rng: np.random.Generator) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """(fit rows, held-out rows), or (None, None) when holding out would leave fewer than the fit needs."""
-    held = int(rows * HELD_OUT)
-    if held < 100 or rows - held < min_fit:
-        return None, None
-    order = rng.permutation(rows)
-    return np.sort(order[held:]), np.sort(order[:held])

@@ -28,6 +28,9 @@ class Calibrator(ABC):
     dim: int | None = None
     # File written next to calibrator.json by `save` (None: the calibrator has no weights).
     weights_file: str | None = None
+    # Whether `fit` takes a retrieval check set (`fit(X, check=...)`): pseudo-queries made from the corpus's texts,
+    # which only the caller that has the texts and the encoder can make (`auto`).
+    uses_check: bool = False
 
     @abstractmethod
     def fit(self, X: np.ndarray) -> Calibrator:

@@ -33,9 +33,11 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from retriever.calibration import DEFAULT_FIT_SAMPLE, Calibrator
+from retriever.corpus import iter_corpus
 from retriever.engines.workers import (
     SHARDS,
     EncodeWorker,
@@ -226,7 +228,7 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
         train_index,
     )
     from retriever.index_folder import write_manifest
-    from retriever.pipeline import fit
+    from retriever.pipeline import check_set, fit, stream_texts
     from retriever.store.arrays import VectorSource
 
     started = time.perf_counter()
@@ -330,8 +332,14 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
         clock = time.perf_counter()
         source = VectorSource(shard_dir)  # shards are named by first row id: file order is row order
         seed = getattr(fitted, "seed", 0)
+        # auto's pseudo-queries: the driver reads the sampled documents' texts from the corpus files, in row order.
+        texts = stream_texts(chain.from_iterable(iter_corpus(path, encoding) for path in paths))
+        check = check_set(fitted, documents, texts, source.take, encoder, seed, progress)
+        if check is not None:
+            timings["pseudo_queries"] = time.perf_counter() - clock
+        clock = time.perf_counter()
         query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
-        calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors)
+        calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors, check)
         timings["fit"] = time.perf_counter() - clock
 
         clock = time.perf_counter()

@@ -107,6 +107,13 @@ class CachedEncoder:
                 ) from None
             self._load_shards()
 
+    def __getattr__(self, name: str):
+        # Everything else (config(), model_name, max_length, ...) is the wrapped encoder's, so a cached encoder can
+        # stand in for it, e.g. as `Index.build(encoder=...)`, whose pseudo-queries then come from the cache too.
+        if name == "encoder":  # not set yet: unpickling or a failed __init__
+            raise AttributeError(name)
+        return getattr(self.encoder, name)
+
     def encode(self, texts: Sequence[str], progress: bool = False, description: str = "Encoding") -> np.ndarray:
         keys = [text_key(text) for text in texts]
         missing = {key: text for key, text in zip(keys, texts) if key not in self._vectors}

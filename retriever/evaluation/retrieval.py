@@ -130,8 +130,25 @@ RETRIEVAL_TASKS: dict[str, RetrievalTask] = {
                       lambda data: duplicate_retrieval("stsb", data)),
         RetrievalTask("sickr-dup", "SICK test as duplicate retrieval: pairs with gold >= 4, both ways",
                       lambda data: duplicate_retrieval("sickr", data)),
+        *(RetrievalTask(f"{year}-dup", f"{year.upper()} as duplicate retrieval: pairs with gold >= 4, both ways",
+                        lambda data, year=year: duplicate_retrieval(year, data))
+          for year in ("sts12", "sts13", "sts14", "sts15", "sts16")),
+        *(RetrievalTask(name, description, lambda data, name=name: _passage_task(name, data))
+          for name, description in (
+              ("bible-parallel", "a King James verse retrieves the same verse of the World English Bible (New "
+                                 "Testament), from passages/"),
+              ("wordnet-define", "a WordNet lemma retrieves the glosses of its synsets, from passages/"),
+              ("debian-package", "a Debian package's synopsis retrieves its description's paragraphs, from "
+                                 "passages/"),
+              ("foldoc-term", "a FOLDOC headword retrieves the paragraphs defining it, from passages/"))),
     )
 }
+
+
+def _passage_task(name: str, data_dir: Path) -> RetrievalSet:
+    from retriever.evaluation import passage_tasks
+
+    return getattr(passage_tasks, name.replace("-", "_"))(Path(data_dir))
 
 
 def beir_task(folder: str | Path, split: str = "test") -> RetrievalTask:

@@ -252,7 +252,7 @@ class _Run:
                      f"{len(rset.queries):,} queries")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                scores = evaluate_through_index(rset, self.embed, self.encoder.encoder, name, self.plan.seed,
+                scores = evaluate_through_index(rset, self.embed, self.encoder, name, self.plan.seed,
                                                 fit_queries=self.plan.fit_queries,
                                                 on_fitted=lambda fitted: self.record_decision(task.name, name, fitted))
             for warning in caught:
@@ -325,6 +325,7 @@ class _Run:
         """Calibrator ``name`` fitted on ``task``'s fit set, once per run (a file fit set is shared by all), as the
         index fits: on at most the default fit sample of its vectors."""
         from retriever.calibration import DEFAULT_FIT_SAMPLE, fit_on_sample, make_calibrator
+        from retriever.pipeline import check_set
 
         sentences = self.fit_sentences(task)
         fit_set = "file" if self.plan.fit_on not in FIT_ON_SPLITS else task.name
@@ -332,9 +333,13 @@ class _Run:
             self.log(f"{task.name}: fitting {name} on {len(sentences):,} sentences ({self.plan.fit_on})")
             calibrator = make_calibrator(name, seed=self.plan.seed, device=str(self.encoder.encoder.device))
             vectors = self.embed(sentences)
+            # auto checks its candidates on pseudo-queries cut from the same sentences, through the same encoder.
+            check = check_set(calibrator, len(sentences), lambda positions: [(None, sentences[i]) for i in positions],
+                              lambda positions: vectors[positions], self.encoder, self.plan.seed)
             with warnings.catch_warnings(record=True) as caught:  # e.g. whitening on fewer vectors than dims
                 warnings.simplefilter("always")
-                self._fitted[(fit_set, name)] = fit_on_sample(calibrator, vectors, DEFAULT_FIT_SAMPLE, self.plan.seed)
+                self._fitted[(fit_set, name)] = fit_on_sample(calibrator, vectors, DEFAULT_FIT_SAMPLE, self.plan.seed,
+                                                              check)
             self.record_decision(fit_set, name, self._fitted[(fit_set, name)])
             for warning in caught:
                 self.log(f"{task.name}: {name}: {warning.message}")

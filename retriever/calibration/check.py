@@ -1,0 +1,144 @@
+"""The retrieval check: how well each calibrator lets pseudo-queries find their targets, measured without labels.
+
+A `CheckSet` is pseudo-queries cut out of corpus documents (`retriever.pseudo_queries`), as raw vectors: each
+query, its target (the source document without the query, encoded again), and distractors (other documents of
+the corpus, as stored). A calibrator is scored exactly as search would use it: pool = targets + distractors,
+calibrated, L2-normalized and added to a flat FAISS inner-product index; queries calibrated the same way; top 10.
+Per pseudo-query, nDCG@10 (one relevant document: 1 / log2(rank + 1)) and reciprocal rank.
+
+A score is the mean over all pseudo-queries; the corpus decides how many of each kind it gives, and
+`make_pseudo_queries` balances them as far as it allows. A difference between two calibrators comes with a paired
+bootstrap interval over pseudo-queries, resampled within each kind so every resample keeps the kinds' shares
+(Efron & Tibshirani 1993; for IR evaluation: Sakai, SIGIR 2006; Smucker et al., CIKM 2007).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+DEPTH = 10
+# Bootstrap resamples: the interval's ends move by about 0.05 points between seeds at this count.
+RESAMPLES = 2000
+# Family-wise confidence of the intervals of all candidates together (each gets 1 - (1 - CONFIDENCE) / m).
+CONFIDENCE = 0.95
+
+
+@dataclass
+class CheckSet:
+    """Pseudo-queries as raw vectors; row i of `targets` is the one relevant document of query i."""
+
+    queries: np.ndarray  # (p, d)
+    targets: np.ndarray  # (p, d)
+    kinds: np.ndarray  # (p,) str: each query's kind
+    distractors: np.ndarray  # (m, d): other corpus documents
+
+    def __post_init__(self) -> None:
+        self.kinds = np.asarray(self.kinds, dtype=str)
+        if not (len(self.queries) == len(self.targets) == len(self.kinds)):
+            raise ValueError("a check set needs one target and one kind per query")
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+    def counts(self) -> dict[str, int]:
+        names, counts = np.unique(self.kinds, return_counts=True)
+        return {str(name): int(count) for name, count in zip(names, counts)}
+
+    @property
+    def pool_size(self) -> int:
+        return len(self.targets) + len(self.distractors)
+
+
+@dataclass
+class QueryScores:
+    """One calibrator's per-pseudo-query scores."""
+
+    ndcg: np.ndarray  # (p,) nDCG@10
+    reciprocal_rank: np.ndarray  # (p,) RR@10
+
+
+def score_queries(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> QueryScores:
+    """Search every pseudo-query through a flat inner-product index of the pool, all vectors passed through
+    TRANSFORM (a calibrator's) and L2-normalized as the index does."""
+    from retriever.store.vectors import VectorStore
+
+    pool = _unit(transform(np.concatenate([check.targets, check.distractors])))
+    store = VectorStore.create(pool.shape[1], "flat", device="cpu")
+    store.add(np.arange(len(pool), dtype=np.int64), pool)
+    _, ids = store.search(_unit(transform(check.queries)), min(DEPTH, len(pool)))
+    found = ids == np.arange(len(check))[:, None]
+    rank = np.where(found.any(1), found.argmax(1) + 1, 0)  # 0: not in the top DEPTH
+    hit = rank > 0
+    ndcg = np.where(hit, 1.0 / np.log2(np.maximum(rank, 1) + 1.0), 0.0)
+    reciprocal = np.where(hit, 1.0 / np.maximum(rank, 1), 0.0)
+    return QueryScores(ndcg, reciprocal)
+
+
+def paired_bootstrap(differences: np.ndarray, kinds: np.ndarray, confidence: float, resamples: int = RESAMPLES,
+                     seed: int = 0) -> tuple[float, float]:
+    """A percentile interval for the mean of per-query DIFFERENCES (candidate minus baseline), resampling the
+    pseudo-queries with replacement within each kind."""
+    rng = np.random.default_rng(seed)
+    totals = np.zeros(resamples)
+    for kind in np.unique(kinds):
+        group = differences[kinds == kind]
+        totals += group[rng.integers(0, len(group), size=(resamples, len(group)))].sum(1)
+    tail = (1.0 - confidence) / 2
+    low, high = np.quantile(totals / len(differences), [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+@dataclass
+class CandidateResult:
+    """A calibrator's check score and its difference from the baseline (`none`), in points (x100)."""
+
+    name: str
+    ndcg: float
+    mrr: float
+    by_kind: dict[str, float]  # nDCG@10 per kind
+    difference: float | None = None  # nDCG@10 minus the baseline's; None for the baseline itself
+    low: float | None = None
+    high: float | None = None
+
+    def record(self) -> dict:
+        record = {"name": self.name, "ndcg@10": _points(self.ndcg), "mrr@10": _points(self.mrr),
+                  "ndcg@10_by_kind": {kind: _points(value) for kind, value in self.by_kind.items()}}
+        if self.difference is not None:
+            record.update(difference=_points(self.difference), interval=[_points(self.low), _points(self.high)])
+        return record
+
+
+def compare(check: CheckSet, baseline: QueryScores, candidates: Sequence[tuple[str, QueryScores]],
+            confidence: float = CONFIDENCE, seed: int = 0) -> list[CandidateResult]:
+    """Each candidate against BASELINE: its score and a paired bootstrap interval of the difference, at CONFIDENCE
+    for all candidates together (Bonferroni: each interval at 1 - (1 - CONFIDENCE) / number of candidates)."""
+    each = 1.0 - (1.0 - confidence) / max(1, len(candidates))
+    results = []
+    for name, scores in candidates:
+        difference = scores.ndcg - baseline.ndcg
+        low, high = paired_bootstrap(difference, check.kinds, each, seed=seed)
+        results.append(_result(name, scores, check.kinds, float(difference.mean()), low, high))
+    return results
+
+
+def baseline_result(name: str, check: CheckSet, scores: QueryScores) -> CandidateResult:
+    return _result(name, scores, check.kinds)
+
+
+def _result(name: str, scores: QueryScores, kinds: np.ndarray, difference: float | None = None,
+            low: float | None = None, high: float | None = None) -> CandidateResult:
+    by_kind = {str(kind): float(scores.ndcg[kinds == kind].mean()) for kind in np.unique(kinds)}
+    return CandidateResult(name, float(scores.ndcg.mean()), float(scores.reciprocal_rank.mean()), by_kind,
+                           difference, low, high)
+
+
+def _points(value: float | None) -> float | None:
+    return None if value is None else round(100.0 * value, 2)
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)

@@ -1,0 +1,69 @@
+"""The retrieval check: per-query nDCG@10 through a flat index, the paired bootstrap, the comparison of candidates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retriever.calibration.check import CheckSet, compare, paired_bootstrap, score_queries
+
+
+def identity(X):
+    return np.asarray(X, np.float32)
+
+
+def test_scores_are_the_targets_rank_in_the_top_ten():
+    eye = np.eye(12, dtype=np.float32)
+    # query 0 finds its target first; query 1's target is second (a distractor is closer); query 2's is absent
+    queries = np.stack([eye[0], eye[1] + 0.9 * eye[2], eye[3]])
+    targets = np.stack([eye[0], eye[1], -eye[3]])
+    distractors = np.stack([eye[1] + eye[2]] + [eye[i] + 0.01 * eye[3] for i in range(4, 12)])
+    check = CheckSet(queries, targets, ["span"] * 3, distractors)
+    scores = score_queries(check, identity)
+    assert scores.ndcg == pytest.approx([1.0, 1 / np.log2(3), 0.0])
+    assert scores.reciprocal_rank == pytest.approx([1.0, 0.5, 0.0])
+
+
+def test_scores_use_the_calibrator_on_queries_and_pool_alike():
+    # meaning is isotropic; the stored vectors stretch it unequally and shift it into a cone
+    rng = np.random.default_rng(0)
+    scales = np.geomspace(50, 0.5, 8)
+    meaning = rng.normal(size=(400, 8))
+
+    def look(rows):
+        return rows * scales + 40
+
+    check = CheckSet(look(meaning[:100] + 0.3 * rng.normal(size=(100, 8))), look(meaning[:100]), ["span"] * 100,
+                     look(meaning[100:]))
+    raw = score_queries(check, identity).ndcg.mean()
+    undone = score_queries(check, lambda X: ((X - 40) / scales).astype(np.float32)).ndcg.mean()
+    assert undone > 0.95 and raw < 0.8
+
+
+def test_the_bootstrap_interval_covers_the_mean_and_narrows_with_more_queries():
+    rng = np.random.default_rng(1)
+    few, many = rng.normal(0.3, 1, 100), rng.normal(0.3, 1, 10_000)
+    narrow = paired_bootstrap(many, np.array(["span"] * len(many)), 0.95)
+    wide = paired_bootstrap(few, np.array(["span"] * len(few)), 0.95)
+    assert narrow[0] < many.mean() < narrow[1] and narrow[0] > 0
+    assert wide[1] - wide[0] > 5 * (narrow[1] - narrow[0])
+
+
+def test_the_bootstrap_keeps_each_kinds_share():
+    # one kind always +1, the other always -1: any resample within kinds has mean exactly (1 * 30 - 70) / 100
+    differences = np.r_[np.ones(30), -np.ones(70)]
+    kinds = np.array(["title"] * 30 + ["span"] * 70)
+    assert paired_bootstrap(differences, kinds, 0.95) == pytest.approx((-0.4, -0.4))
+
+
+def test_more_candidates_widen_every_interval():
+    rng = np.random.default_rng(2)
+    base = rng.normal(size=(300, 6)).astype(np.float32)
+    check = CheckSet(base + 0.5 * rng.normal(size=base.shape), base, ["span"] * 300, rng.normal(size=(500, 6)))
+    baseline = score_queries(check, identity)
+    candidate = score_queries(check, lambda X: np.asarray(X) * [1, 1, 1, 1, 0.3, 0.3])
+    (alone,) = compare(check, baseline, [("c", candidate)])
+    crowded = compare(check, baseline, [("c", candidate)] * 5)[0]
+    assert crowded.difference == alone.difference
+    assert crowded.low < alone.low and crowded.high > alone.high
+    assert alone.record()["interval"] == [round(100 * alone.low, 2), round(100 * alone.high, 2)]

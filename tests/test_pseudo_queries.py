@@ -1,0 +1,88 @@
+"""Pseudo-queries cut from a corpus: each kind's query and target, the balance of kinds, and the check set."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from retriever.pseudo_queries import KINDS, make_check_set, make_pseudo_queries, split_sentences
+
+PROSE = ("Heaps are binary trees. Every parent is smaller than its children. The smallest element is the root, "
+         "so it can be read in constant time.")
+
+
+def test_each_kind_cuts_its_query_out_of_the_target():
+    documents = [("heapq", PROSE)] * 40
+    made = make_pseudo_queries(documents, seed=1)
+    assert {query.kind for query in made} == set(KINDS)
+    for query in made:
+        if query.kind == "title":
+            assert query.query == "heapq" and query.target == " ".join(PROSE.split())
+        elif query.kind == "sentence":
+            assert query.query in split_sentences(PROSE) and query.query not in query.target
+            assert query.target.startswith("heapq ")  # the rest of the document, as the index holds it: with title
+        elif query.kind == "span":
+            assert query.query not in query.target and 3 <= len(query.query.split()) <= 16
+            assert len(query.query.split()) + len(query.target.split()) == len(PROSE.split()) + 1  # + the title
+        else:  # known-item: a few of the document's own words; the target is the stored document
+            words = {word.strip(".,").lower() for word in PROSE.split()}
+            assert query.target is None and 3 <= len(query.query.split()) <= 6
+            assert set(query.query.split()) <= words
+
+
+def test_kinds_are_balanced_one_query_per_document_and_reproducible():
+    documents = [("heapq", PROSE)] * 400
+    made = make_pseudo_queries(documents, seed=3)
+    counts = {kind: sum(query.kind == kind for query in made) for kind in KINDS}
+    assert counts == dict.fromkeys(KINDS, 100)
+    assert [query.source for query in made] == list(range(400))
+    assert make_pseudo_queries(documents, seed=3) == made and make_pseudo_queries(documents, seed=4) != made
+    assert len(make_pseudo_queries(documents, seed=3, limit=10)) == 10
+
+
+def test_documents_give_the_kinds_they_can_and_short_ones_none():
+    one_sentence = (None, "a man is playing a large guitar on the stage tonight")
+    made = make_pseudo_queries([one_sentence] * 20 + [("t", "too short"), (None, "")], seed=0)
+    assert {query.kind for query in made} == {"span", "known-item"} and len(made) == 20
+
+
+def test_rare_words_make_known_item_queries_more_often_than_common_ones():
+    documents = [(None, f"the cat and the dog sat on the mat near word{i} and term{i}") for i in range(300)]
+    made = [q for q in make_pseudo_queries(documents, seed=0) if q.kind == "known-item"]
+    # p(word) follows its inverse document frequency: the two words found in one document each are drawn before the
+    # eight found in all, which fill the rest of a 3 to 5 word query alike
+    assert made and all(f"word{q.source}" in q.query.split() and f"term{q.source}" in q.query.split() for q in made)
+
+
+class CountingEncoder:
+    """Encodes a text as a vector of its length and word count, and counts what it was asked."""
+
+    def __init__(self):
+        self.texts = []
+
+    def encode(self, texts, progress=False, description=""):
+        self.texts += list(texts)
+        return np.array([[len(text), len(text.split()), 1.0] for text in texts], dtype=np.float32).reshape(-1, 3)
+
+
+def test_a_check_set_holds_encoded_queries_targets_and_other_documents_as_distractors():
+    documents = [("heapq", PROSE)] * 30 + [(None, f"document {i} with a few more words here") for i in range(270)]
+    stored = np.arange(300 * 3, dtype=np.float32).reshape(300, 3)
+    asked = []
+
+    def vectors_at(positions):
+        assert np.all(np.diff(positions) > 0)  # ascending: read forward
+        asked.append(positions)
+        return stored[positions]
+
+    encoder = CountingEncoder()
+    check = make_check_set(300, lambda positions: [documents[i] for i in positions], vectors_at, encoder, seed=0,
+                           pseudo_queries=50, distractors=100)
+    assert len(check) == 50 and len(check.distractors) == 100 and check.pool_size == 150
+    known = check.kinds == "known-item"
+    assert known.any() and (~known).any()
+    # a known-item target is the document as stored; the other targets were encoded again, without the query
+    assert all((stored == target).all(axis=1).any() for target in check.targets[known])
+    assert len(encoder.texts) == 50 + int((~known).sum())
+    # distractors are other documents: never the source of a pseudo-query
+    sources = {tuple(target) for target in check.targets[known]}
+    assert not sources & {tuple(row) for row in check.distractors}
