@@ -66,6 +66,29 @@ def test_an_isotropic_space_keeps_its_raw_vectors():
     assert np.array_equal(auto.transform(X), X)
 
 
+def test_no_single_kind_of_pseudo_query_decides():
+    # known-item queries gain much from calibrating this distorted space; the span and title queries sit a tiny
+    # step from a stored document along its low-variance directions, which raw cosine ignores and calibration
+    # (equalizing the directions) blows up. The pooled score still favours calibrating; most kinds do not.
+    X, check = space(3000, 16, distorted=True)
+    rng = np.random.default_rng(1)
+    picks = rng.choice(len(check.distractors), 200, replace=False)
+    targets = check.distractors[picks]
+    queries = targets + 0.4 * rng.normal(size=(200, 16)) * (np.arange(16) >= 8)
+    mixed = CheckSet(np.r_[check.queries, queries].astype(np.float32), np.r_[check.targets, targets],
+                     np.array(["known-item"] * 400 + ["span"] * 100 + ["title"] * 100),
+                     np.delete(check.distractors, picks, 0))
+    auto = make_calibrator("auto").fit(X, check=mixed)
+    record = auto.decision["check"]
+    flow = next(c for c in record["candidates"] if c["name"] == "flow")
+    assert flow["interval"][0] > 0 and flow["kinds_improved"] == ["known-item"]
+    assert record["voting_kinds"] == ["known-item", "span", "title"]
+    assert auto.decision["chosen"] == {"name": "none"} and "no single kind decides" in auto.decision["reason"]
+    # the same known-item queries alone (one kind, which then decides) do calibrate
+    alone = CheckSet(check.queries, check.targets, np.array(["known-item"] * 400), check.distractors)
+    assert make_calibrator("auto").fit(X, check=alone).chosen.name != "none"
+
+
 def test_without_pseudo_queries_auto_keeps_the_raw_vectors_and_says_why():
     X, _ = space(500, 16, distorted=True)
     auto = make_calibrator("auto").fit(X)

@@ -186,17 +186,23 @@ def test_a_model_missing_on_a_node_fails_the_encode_stage_in_one_line(tmp_path, 
             list(_run_iter(lambda: dataset.iter_batches(batch_size=None)))
 
 
-@pytest.mark.timeout(240)
-def test_fit_queries_reach_the_calibrator_the_driver_fits(passages, tmp_path):
+@pytest.mark.timeout(300)
+def test_the_driver_fits_auto_with_the_same_pseudo_queries_and_the_fit_queries(passages, tmp_path):
     small = tmp_path / "small.jsonl"
     small.write_text("".join(passages.read_text(encoding="utf-8").splitlines(keepends=True)[:400]), encoding="utf-8")
-    summary = Index.build(small, "fq", tmp_path, engine="ray", calibrator="flow", fit_queries=QUERIES * 4,
+    summary = Index.build(small, "fq", tmp_path, engine="ray", calibrator="auto", fit_queries=QUERIES * 4,
                           ray_options=RayOptions(batch_rows=100))
     built = Index.open("fq", tmp_path, device="cpu")
     assert summary.documents == 400
     assert built.manifest["fit"]["queries"] == 20 and built.manifest["fit"]["queries_from"] == "given"
-    assert built.manifest["calibrator"]["name"].startswith("flow") and built.calibrator.fitted
+    assert built.manifest["calibrator"]["name"] == "auto" and built.calibrator.fitted
     assert [hit.doc_id for hit in built.search("kernel memory", k=3)[0]]
+    # the driver read the sampled documents' texts from the corpus file: the same pseudo-queries a local build makes
+    Index.build(small, "local", tmp_path, calibrator="auto", fit_queries=QUERIES * 4)
+    checks = [Index.open(name, tmp_path, device="cpu").manifest["calibrator"]["decision"]["check"]
+              for name in ("fq", "local")]
+    assert checks[0]["pseudo_queries"] == checks[1]["pseudo_queries"] > 300
+    assert checks[0]["kinds"] == checks[1]["kinds"] and checks[0]["pool"] == checks[1]["pool"] == 400
 
 
 def encode_actor_pids() -> set[int]:

@@ -7,8 +7,11 @@ through each candidate calibrator, fitted on the same vectors as the final one, 
 
 - candidates: the flow, and flow-K and whitening-K for the K principal directions that hold 95% and 99% of the
   variance (whitening every direction raises the noise floor to unit variance; cutting it is what K is for);
-- the raw vectors stay unless a candidate beats them with confidence: the lower end of its paired bootstrap
-  interval (95% for all candidates together, `check.compare`) is above 0; then the best such candidate is chosen.
+- whether to calibrate at all: the raw vectors stay unless some candidate beats them with confidence (the lower
+  end of its paired bootstrap interval, 95% for all candidates together, `check.compare`, is above 0) *and*
+  improves more than half of the kinds of pseudo-query (those with at least MIN_VOTE of them), so that no single
+  kind, in particular the lexical known-item one, decides;
+- which: then the best-scoring candidate among those that beat the raw vectors with confidence.
 
 The decision, the spectrum, the pseudo-query counts and every candidate's score with its interval are saved with
 the calibrator (calibrator.json), so the manifest, `retriever info` and `retriever list` show them.
@@ -30,6 +33,9 @@ from retriever.errors import RetrieverError
 VARIANCE_SHARES = (0.95, 0.99)
 # Fewer pseudo-queries than this cannot tell calibrators apart: auto keeps the raw vectors.
 MIN_PSEUDO_QUERIES = 50
+# A kind votes on whether calibration helps only with this many pseudo-queries: the mean of fewer is too noisy
+# (a few multi-sentence documents in a corpus of single sentences give a handful of `sentence` ones).
+MIN_VOTE = 100
 # Rows the spectrum is computed on (a seeded sample): enough for stable statistics, cheap next to the fit.
 EVIDENCE_ROWS = 20_000
 # A 2-level flow splits its input twice: it needs at least 4 dimensions.
@@ -79,14 +85,18 @@ class AutoCalibrator(Calibrator):
             baseline = score_queries(check, chosen.transform)
             results = compare(check, baseline, [(c.name, score_queries(check, c.transform)) for c in candidates],
                               seed=self.seed)
+            none = baseline_result("none", check, baseline)
             winners = [result for result in results if result.low > 0]
-            best = max(winners or results, key=lambda result: result.ndcg)
-            if winners:
+            voters = voting_kinds(check)
+            agreed = [result for result in winners if supported(result, none, voters)]
+            best = max((winners if agreed else []) or results, key=lambda result: result.ndcg)
+            if agreed:
                 chosen = next(c for c in candidates if c.name == best.name)
-            reason = _reason(best, bool(winners), check)
+            reason = _reason(best, agreed, winners, voters, check)
             record = {"pseudo_queries": len(check), "kinds": check.counts(), "pool": check.pool_size,
-                      "confidence": CONFIDENCE, "none": baseline_result("none", check, baseline).record(),
-                      "candidates": [result.record() for result in results]}
+                      "confidence": CONFIDENCE, "voting_kinds": voters, "none": none.record(),
+                      "candidates": [{**result.record(), "kinds_improved": supported_kinds(result, none, voters)}
+                                     for result in results]}
         self.chosen, self.dim = chosen, dim
         self.decision = {"chosen": chosen.config(), "reason": reason, "evidence": evidence,
                          **({"check": record} if record else {})}
@@ -171,12 +181,35 @@ def spectrum_evidence(sample: np.ndarray, pairs: int = 20_000, seed: int = 0) ->
     }
 
 
-def _reason(best, won: bool, check: CheckSet) -> str:
+def voting_kinds(check: CheckSet) -> list[str]:
+    """The kinds with enough pseudo-queries (MIN_VOTE) for their mean to count as a kind's verdict."""
+    counts = check.counts()
+    return [kind for kind, count in counts.items() if count >= MIN_VOTE] or list(counts)
+
+
+def supported_kinds(result, none, voters: list[str]) -> list[str]:
+    """The voting kinds whose pseudo-queries RESULT's calibrator finds better than the raw vectors do."""
+    return [kind for kind in voters if result.by_kind[kind] > none.by_kind[kind]]
+
+
+def supported(result, none, voters: list[str]) -> bool:
+    """More than half of the voting kinds improve: no single kind, the lexical one included, decides."""
+    return len(supported_kinds(result, none, voters)) > len(voters) / 2
+
+
+def _reason(best, agreed: list, winners: list, voters: list[str], check: CheckSet) -> str:
     kinds = ", ".join(f"{kind} {count:,}" for kind, count in check.counts().items())
     measured = (f"{best.name} {100 * best.difference:+.2f} nDCG@10 [{100 * best.low:+.2f}, {100 * best.high:+.2f}] "
                 f"against none on {len(check):,} pseudo-queries ({kinds})")
-    if won:
-        return f"it beat the raw vectors on the retrieval check: {measured}"
+    if agreed:
+        backers = ", ".join(result.name for result in agreed)
+        return (f"it beat the raw vectors on the retrieval check: {measured}; calibration helps most kinds of "
+                f"pseudo-query ({backers} {'improves' if len(agreed) == 1 else 'improve'} more than half of "
+                f"{', '.join(voters)})")
+    if winners:
+        return (f"raw vectors kept: {', '.join(result.name for result in winners)} beat them on the retrieval "
+                f"check, but none improves more than half of the kinds of pseudo-query ({', '.join(voters)}), so no "
+                f"single kind decides; best: {measured}")
     return f"no candidate beat the raw vectors with confidence on the retrieval check; best: {measured}"
 
 

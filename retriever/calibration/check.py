@@ -1,8 +1,8 @@
 """The retrieval check: how well each calibrator lets pseudo-queries find their targets, measured without labels.
 
 A `CheckSet` is pseudo-queries cut out of corpus documents (`retriever.pseudo_queries`), as raw vectors: each
-query, its target (the source document without the query, encoded again), and distractors (other documents of
-the corpus, as stored). A calibrator is scored exactly as search would use it: pool = targets + distractors,
+query, its target (the source document without the query, encoded again, or for a known-item query the document
+as stored), and distractors (other documents of the corpus, as stored). A calibrator is scored exactly as search would use it: pool = targets + distractors,
 calibrated, L2-normalized and added to a flat FAISS inner-product index; queries calibrated the same way; top 10.
 Per pseudo-query, nDCG@10 (one relevant document: 1 / log2(rank + 1)) and reciprocal rank.
 
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 DEPTH = 10
-# Bootstrap resamples: the interval's ends move by about 0.05 points between seeds at this count.
+# Bootstrap resamples: the intervals' ends are tail quantiles (0.5% and 99.5% with five candidates), which need
+# thousands of resamples to be stable.
 RESAMPLES = 2000
 # Family-wise confidence of the intervals of all candidates together (each gets 1 - (1 - CONFIDENCE) / m).
 CONFIDENCE = 0.95
