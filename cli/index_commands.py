@@ -411,27 +411,33 @@ def check(
         print(json.dumps({"index": opened.name, **record}))
         return
     kinds = list(record["kinds"])
-    table = Table(title=escape(
-        f"retrieval check of index '{opened.name}': {record['pseudo_queries']:,} pseudo-quer"
-        f"{'y' if record['pseudo_queries'] == 1 else 'ies'} "
-        f"({', '.join(f'{kind} {n:,}' for kind, n in record['kinds'].items())}) among "
-        f"{count(record['pool'], 'document')}; nDCG@10 x100"), title_justify="left")
-    for column in ("calibrator", "nDCG@10", "MRR@10", "vs none", "interval", *kinds):
-        table.add_column(column, justify="left" if column == "calibrator" else "right", no_wrap=True)
     chosen, current = record["auto"]["chosen"], record["current"]
     rows = [record["none"], *record.get("candidates", [])]
     if "ndcg@10" in current and current["name"] not in {row["name"] for row in rows}:
         rows.append(current)
+    scores = Table(title=escape(
+        f"retrieval check of index '{opened.name}': {record['pseudo_queries']:,} pseudo-quer"
+        f"{'y' if record['pseudo_queries'] == 1 else 'ies'} among {count(record['pool'], 'document')}; vs none with "
+        f"its {record['confidence']:.0%} interval; kinds: of the kinds of pseudo-query, how many it improves"),
+        title_justify="left")
+    for column in ("calibrator", "nDCG@10", "vs none", "kinds", "note"):
+        scores.add_column(column, justify="left" if column in ("calibrator", "note") else "right", no_wrap=True)
+    per_kind = Table(title=escape("nDCG@10 by kind of pseudo-query ("
+                                  + ", ".join(f"{kind} {n:,}" for kind, n in record["kinds"].items()) + "), and MRR@10"),
+                     title_justify="left")
+    for column in ("calibrator", *kinds, "MRR@10"):
+        per_kind.add_column(column, justify="left" if column == "calibrator" else "right", no_wrap=True)
     for row in rows:
-        marks = [mark for mark, hit in (("auto's choice", row["name"] == chosen),
-                                        ("this index", row["name"] == current["name"])) if hit]
-        label = row["name"] + (f" ({', '.join(marks)})" if marks else "")
+        note = ", ".join(mark for mark, hit in (("auto", row["name"] == chosen),
+                                                ("index", row["name"] == current["name"])) if hit)
         interval = row.get("interval")
-        table.add_row(escape(label), f"{row['ndcg@10']:.2f}", f"{row['mrr@10']:.2f}",
-                      f"{row['difference']:+.2f}" if "difference" in row else "",
-                      f"[{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "",
-                      *(f"{row['ndcg@10_by_kind'].get(kind, 0):.2f}" for kind in kinds))
-    stdout.print(table)
+        difference = f"{row['difference']:+.2f} [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else ""
+        better = f"{len(row['kinds_improved'])} of {len(record['voting_kinds'])}" if "kinds_improved" in row else ""
+        scores.add_row(escape(row["name"]), f"{row['ndcg@10']:.2f}", difference, better, note)
+        per_kind.add_row(escape(row["name"]), *(f"{row['ndcg@10_by_kind'].get(kind, 0):.2f}" for kind in kinds),
+                         f"{row['mrr@10']:.2f}")
+    stdout.print(scores)
+    stdout.print(per_kind)
     verdict = ("calibration helps this corpus" if chosen != "none" else
                "calibration does not help this corpus with confidence")
     _say(f"{verdict}: auto would choose {chosen} ({record['auto']['reason']}); this index uses "

@@ -362,21 +362,27 @@ class Index:
         sample of the stored raw vectors, and through the index's own calibrator as saved. Returns the check's
         record (`AutoCalibrator.decision["check"]`) with what auto would choose now ("auto") and the index's own
         calibrator's result ("current")."""
-        from retriever.calibration.check import compare, score_queries
+        from retriever.calibration.auto import supported_kinds, voting_kinds
+        from retriever.calibration.check import CONFIDENCE, baseline_result, compare, score_queries
 
-        auto = make_calibrator("auto", seed=seed, device="cpu")
         documents_at, vectors_at = self.check_sources()
         check = make_check_set(len(self), documents_at, vectors_at, self.encoder, seed, progress=progress)
+        if not len(check):
+            raise RetrieverError(f"index '{self.name}' has no document long enough to cut a pseudo-query from (a "
+                                 "title and 3 words of text, or 6 words): there is nothing to check with")
+        auto = make_calibrator("auto", seed=seed, device="cpu")
         auto.fit(self.raw_sample(fit_sample or len(self), seed=seed), check=check)
-        record = dict(auto.decision.get("check") or {"pseudo_queries": len(check), "kinds": check.counts(),
-                                                     "pool": check.pool_size})
+        baseline = score_queries(check, lambda raw: np.asarray(raw, np.float32))
+        none, voters = baseline_result("none", check, baseline), voting_kinds(check)
+        record = dict(auto.decision.get("check") or {
+            "pseudo_queries": len(check), "kinds": check.counts(), "pool": check.pool_size, "confidence": CONFIDENCE,
+            "voting_kinds": voters, "none": none.record(), "candidates": []})
         current = self.calibrator.chosen if isinstance(self.calibrator, AutoCalibrator) else self.calibrator
-        if len(check) and current.name != "none":
-            baseline = score_queries(check, lambda raw: np.asarray(raw, np.float32))
+        if current.name != "none":
             (result,) = compare(check, baseline, [(current.name, score_queries(check, current.transform))], seed=seed)
-            record["current"] = result.record()
+            record["current"] = {**result.record(), "kinds_improved": supported_kinds(result, none, voters)}
         else:
-            record["current"] = {"name": current.name}
+            record["current"] = {"name": "none"}
         record["current"]["calibrator"] = self.manifest["calibrator"]["name"]
         record["auto"] = {"chosen": auto.decision["chosen"]["name"], "reason": auto.decision["reason"]}
         return record

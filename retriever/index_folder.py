@@ -446,7 +446,9 @@ def short_decision(decision: dict) -> str:
     shown = next((c for c in check["candidates"] if c.get("name") == chosen), None) or \
         max(check["candidates"], key=lambda c: c.get("ndcg@10", 0))
     low, high = shown["interval"]
-    return (f"{chosen} ({shown['name']} {shown['difference']:+.2f} [{low:+.2f}, {high:+.2f}] on "
+    kinds = (f", {len(shown['kinds_improved'])} of {len(check['voting_kinds'])} kinds better"
+             if "kinds_improved" in shown and check.get("voting_kinds") else "")
+    return (f"{chosen} ({shown['name']} {shown['difference']:+.2f} [{low:+.2f}, {high:+.2f}]{kinds} on "
             f"{check['pseudo_queries']:,} pseudo-queries)")
 
 

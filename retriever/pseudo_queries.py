@@ -128,6 +128,18 @@ OVERSAMPLE = 3
 DISTRACTORS = 50_000
 
 
+def sample_pseudo_queries(rows: int, documents_at: Callable[[np.ndarray], list[tuple[str | None, str]]],
+                          rng: np.random.Generator, seed: int = 0, pseudo_queries: int = PSEUDO_QUERIES,
+                          ) -> tuple[list[PseudoQuery], np.ndarray]:
+    """Pseudo-queries from a random sample of a corpus of ROWS documents (drawn with RNG; the pseudo-queries made
+    with SEED), and each one's source position."""
+    drawn = rng.choice(rows, size=min(rows, OVERSAMPLE * pseudo_queries), replace=False)
+    ascending = np.sort(drawn)  # read forward; the pseudo-queries then follow the random draw
+    found = dict(zip(ascending.tolist(), documents_at(ascending)))
+    made = make_pseudo_queries([found[position] for position in drawn.tolist()], seed, pseudo_queries)
+    return made, drawn[[query.source for query in made]].astype(np.int64)
+
+
 def make_check_set(rows: int, documents_at: Callable[[np.ndarray], list[tuple[str | None, str]]],
                    vectors_at: Callable[[np.ndarray], np.ndarray], encoder, seed: int = 0,
                    pseudo_queries: int = PSEUDO_QUERIES, distractors: int = DISTRACTORS,
@@ -139,11 +151,7 @@ def make_check_set(rows: int, documents_at: Callable[[np.ndarray], list[tuple[st
     document positions: the build reads them from its SQLite table and encoded vectors, `Index.check` from an
     index's segments."""
     rng = np.random.default_rng(seed)
-    drawn = rng.choice(rows, size=min(rows, OVERSAMPLE * pseudo_queries), replace=False)
-    ascending = np.sort(drawn)  # read forward; the pseudo-queries then follow the random draw
-    found = dict(zip(ascending.tolist(), documents_at(ascending)))
-    made = make_pseudo_queries([found[position] for position in drawn.tolist()], seed, pseudo_queries)
-    sources = drawn[[query.source for query in made]].astype(np.int64)
+    made, sources = sample_pseudo_queries(rows, documents_at, rng, seed, pseudo_queries)
     queries = encoder.encode([query.query for query in made], progress=progress,
                              description="Encoding pseudo-queries")
     dim = queries.shape[1]

@@ -186,7 +186,7 @@ def test_build_defaults_to_auto_and_info_list_and_check_show_the_retrieval_check
     assert record["current"]["calibrator"] == "auto" and record["current"]["name"] == chosen
     assert [c["name"] for c in record["candidates"]] == [c["name"] for c in decision["check"]["candidates"]]
     table = cli("check", "docs", "--index-dir", home)
-    assert "retrieval check of index 'docs': 600 pseudo-queries" in table.stdout
+    assert "retrieval check of index 'docs': 600 pseudo-queries" in table.stdout and "…" not in table.stdout
     assert f"auto would choose {record['auto']['chosen']}" in table.stderr
 
 
@@ -265,16 +265,23 @@ def test_the_default_model_on_real_sentences_is_left_uncalibrated(minilm_encoder
 
 
 @pytest.mark.slow
-def test_the_default_models_embedding_layer_gets_calibrated(shared_data):
-    # Its layer 0 (token embeddings, mean-pooled) is a narrow cone, where calibration finds targets better.
+def test_the_default_models_embedding_layer_gets_calibrated(prose_corpus):
+    # Its layer 0 (token embeddings, mean-pooled) is a narrow cone, where every kind of pseudo-query made from real
+    # documents with titles finds its target better after calibration.
+    from retriever.corpus import read_corpus, document_text
     from retriever.encoder import Encoder
+    from retriever.pseudo_queries import make_check_set
 
-    vectors, check = _sts_check(Encoder(layers=[0], device="cpu"), shared_data)
+    documents = read_corpus(prose_corpus)
+    encoder = Encoder(layers=[0], device="cpu")
+    vectors = encoder.encode([document_text(d) for d in documents])
+    check = make_check_set(len(documents), lambda rows: [(documents[i].title, documents[i].text) for i in rows],
+                           lambda rows: vectors[rows], encoder)
     auto = make_calibrator("auto").fit(vectors, check=check)
     assert auto.decision["evidence"]["mean_cosine"] > 0.3
     assert isinstance(auto.chosen, FlowCalibrator) or auto.chosen.name.startswith("whitening-"), auto.decision
     chosen = next(c for c in auto.decision["check"]["candidates"] if c["name"] == auto.chosen.name)
-    assert chosen["interval"][0] > 0
+    assert chosen["interval"][0] > 0 and len(chosen["kinds_improved"]) > 2
 
 
 def test_a_flow_k_wider_than_the_vectors_is_refused_before_encoding(tiny_bert, cli, tmp_path):
@@ -293,3 +300,23 @@ def test_fit_queries_with_calibrator_none_says_they_are_ignored(tiny_bert, cli, 
     done = cli("build", corpus, "--model", tiny_bert, "-c", "none", "--fit-queries", queries,
                "--index-dir", tmp_path / "indexes")
     assert done.returncode == 0 and "--fit-queries ignored: calibrator none fits nothing" in done.stderr
+
+
+def test_check_on_an_index_too_small_or_too_short_to_check(tiny_bert, cli, tmp_path):
+    home = tmp_path / "indexes"
+    short = tmp_path / "short.txt"
+    short.write_text("one\ntwo words\n", encoding="utf-8")
+    assert cli("build", short, "--model", tiny_bert, "--index-dir", home).returncode == 0
+    done = cli("check", "short", "--index-dir", home)
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+        "error: index 'short' has no document long enough to cut a pseudo-query from (a title and 3 words of "
+        "text, or 6 words): there is nothing to check with")
+    few = tmp_path / "few.txt"  # 20 pseudo-queries: scored, but too few for auto to try a candidate
+    few.write_text("".join(f"document number {i} has a few more words in it\n" for i in range(20)), encoding="utf-8")
+    assert cli("build", few, "--model", tiny_bert, "-c", "whitening", "--index-dir", home).returncode == 0
+    record = json.loads(cli("check", "few", "--index-dir", home, "--json").stdout)
+    assert record["pseudo_queries"] == 20 and record["candidates"] == [] and record["auto"]["chosen"] == "none"
+    assert record["current"]["name"] == "whitening" and "interval" in record["current"]
+    table = cli("check", "few", "--index-dir", home)
+    assert table.returncode == 0 and "│ index" in table.stdout and "1 of 2" in table.stdout, table.stderr
+    assert "…" not in table.stdout  # nothing cut, even at 80 columns
