@@ -716,7 +716,8 @@ class Index:
                 raise RetrieverError(f"{have} {shortfall}")
             seed = getattr(fitted, "seed", 0)
             sample = current.raw_sample(fit_sample or len(current), seed=seed)
-            check = check_set(fitted, len(current), *current.check_sources(), current.encoder, seed, progress)
+            check = (check_set(fitted, len(current), *current.check_sources(), current.encoder, seed, progress)
+                     if fitted.uses_check else None)  # only auto needs the model here
             fit_calibrator(fitted, with_queries(sample, query_vectors, fit_sample, seed), check)
             calibrated_sample = l2_normalize(fitted.transform(sample))
             spec_record = dict(current.manifest["index"])
