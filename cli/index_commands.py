@@ -422,9 +422,8 @@ def check(
         title_justify="left")
     for column in ("calibrator", "nDCG@10", "vs none", "kinds", "note"):
         scores.add_column(column, justify="left" if column in ("calibrator", "note") else "right", no_wrap=True)
-    per_kind = Table(title=escape("nDCG@10 by kind of pseudo-query ("
-                                  + ", ".join(f"{kind} {n:,}" for kind, n in record["kinds"].items()) + "), and MRR@10"),
-                     title_justify="left")
+    counts = ", ".join(f"{kind} {n:,}" for kind, n in record["kinds"].items())
+    per_kind = Table(title=escape(f"nDCG@10 by kind of pseudo-query ({counts}), and MRR@10"), title_justify="left")
     for column in ("calibrator", *kinds, "MRR@10"):
         per_kind.add_column(column, justify="left" if column == "calibrator" else "right", no_wrap=True)
     for row in rows:
@@ -571,5 +570,6 @@ def _check_summary(check: dict) -> str:
 
 # In workflow order, as `retriever --help` lists them (cli.main registers them after `encode`).
 COMMANDS = (("build", build), ("list", list_indexes), ("search", search), ("show", show), ("add", add),
-            ("delete", delete), ("compact", compact), ("refit", refit), ("check", check), ("info", info), ("verify", verify),
+            ("delete", delete), ("compact", compact), ("refit", refit), ("check", check), ("info", info),
+            ("verify", verify),
             ("remove", remove))

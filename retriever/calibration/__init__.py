@@ -124,5 +124,6 @@ def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Cali
     return type(calibrator).load(folder)
 
 
-__all__ = ["AutoCalibrator", "Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "DEFAULT_FIT_SAMPLE", "make_calibrator",
-           "load_calibrator", "describe_decision", "fit_calibrator", "fit_on_sample", "fit_sample_rows", "too_few_to_fit"]
+__all__ = ["AutoCalibrator", "Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "DEFAULT_FIT_SAMPLE",
+           "make_calibrator", "load_calibrator", "describe_decision", "fit_calibrator", "fit_on_sample",
+           "fit_sample_rows", "too_few_to_fit"]

@@ -62,7 +62,7 @@ class AutoCalibrator(Calibrator):
         return record
 
     def min_fit_rows(self, dim: int) -> int:
-        return 0  # with too few vectors for a candidate, `fit` leaves it out (and keeps the raw vectors if none is left)
+        return 0  # `fit` leaves out a candidate it has too few vectors for, and keeps the raw vectors if none is left
 
     @property
     def weights_file(self) -> str | None:  # the chosen calibrator's file, saved next to calibrator.json

@@ -2,8 +2,9 @@
 
 A `CheckSet` is pseudo-queries cut out of corpus documents (`retriever.pseudo_queries`), as raw vectors: each
 query, its target (the source document without the query, encoded again, or for a known-item query the document
-as stored), and distractors (other documents of the corpus, as stored). A calibrator is scored exactly as search would use it: pool = targets + distractors,
-calibrated, L2-normalized and added to a flat FAISS inner-product index; queries calibrated the same way; top 10.
+as stored), and distractors (other documents of the corpus, as stored). A calibrator is scored exactly as search
+would use it: pool = targets + distractors, calibrated, L2-normalized and added to a flat FAISS inner-product index;
+queries calibrated the same way; top 10.
 Per pseudo-query, nDCG@10 (one relevant document: 1 / log2(rank + 1)) and reciprocal rank.
 
 A score is the mean over all pseudo-queries; the corpus decides how many of each kind it gives, and
@@ -141,5 +142,6 @@ def _points(value: float | None) -> float | None:
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
+    # pipeline.l2_normalize, which this package cannot import (the pipeline imports the calibrators)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
