@@ -15,3 +15,8 @@ class NotFoundError(RetrieverError):
 
 class ConflictError(RetrieverError):
     """The request clashes with the index's state: an id already in it, or another writer at work (409)."""
+
+
+class DamagedIndexError(RetrieverError):
+    """An index's files fail their checks (a checksum, a parse, a count): that index cannot be used until it is
+    restored or rebuilt; the others can (the server answers 503 for it alone)."""
