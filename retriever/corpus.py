@@ -10,7 +10,10 @@ Formats, picked by extension:
 - Any of these gzipped (``corpus.jsonl.gz``), decompressed as a stream.
 
 Ids are always strings (a JSON id ``7`` becomes ``"7"``). Every problem with the input raises
-``RetrieverError`` with one line naming the file and, where there is one, the line.
+``RetrieverError`` with one line naming the file and, where there is one, the line: undecodable bytes (with the
+byte and column), a lone surrogate from a JSON ``"\ud800"`` escape, JSON nested too deeply for the parser, an
+integer too long to convert, a field of the wrong type. So every Document holds valid Unicode: a tokenizer and
+SQLite (and a terminal's UTF-8 output) never see a lone surrogate.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ import csv
 import gzip
 import io
 import json
-import zlib
 import re
+import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from retriever.errors import RetrieverError
+from retriever.text import check_text, describe_invalid, escape_undecodable, invalid_character
 
 CORPUS_FORMATS = (".txt", ".jsonl", ".csv", ".tsv")
 COMPRESSED = ".gz"
@@ -88,6 +93,7 @@ def iter_corpus(path: str | Path, encoding: str = "utf-8", start: int = 0, first
     .txt file, see `splittable`), so ids and error messages name the lines of the whole file."""
     path = Path(path)
     suffix, compressed = corpus_format(path)
+    _check_file_name(path)
     if not path.exists():
         raise RetrieverError(f"{path}: no such file")
     if not path.is_file():
@@ -175,6 +181,16 @@ def _first_few(items: list[str]) -> str:
     return shown if len(items) <= _SHOWN else f"{shown} and {len(items) - _SHOWN} more"
 
 
+def _check_file_name(path: Path) -> None:
+    """Refuse a path that is not valid Unicode (a file name with bytes the locale cannot decode arrives with
+    surrogate escapes): it becomes every document's source, and a .txt file's name is in every id."""
+    name = str(path)
+    position = invalid_character(name)
+    if position is not None:
+        raise RetrieverError(f"{escape_undecodable(name)}: the file's path is not valid UTF-8 "
+                             f"({describe_invalid(name[position])} at character {position + 1}); rename it")
+
+
 def _checked_lines(file: TextIO, path: Path, encoding: str, first_line: int = 1) -> Iterator[str]:
     """The file's lines as read (line endings kept), refusing undecodable bytes with their line and column."""
     for number, line in enumerate(file, start=first_line):
@@ -190,7 +206,7 @@ def _checked_lines(file: TextIO, path: Path, encoding: str, first_line: int = 1)
 
 def _read_txt(lines: Iterator[str], path: Path, first_line: int = 1) -> Iterator[Document]:
     for number, line in enumerate(lines, start=first_line):
-        text = line.strip()
+        text = check_text(line.strip(), f"{path} line {number}: the text")
         if text:
             yield Document(doc_id=f"{path.name}:{number}", text=text, title=None, source=str(path), line=number)
 
@@ -205,6 +221,10 @@ def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1) -> Iterat
             record = json.loads(line, strict=False)
         except json.JSONDecodeError as error:
             raise RetrieverError(f"{where}: not valid JSON ({_json_problem(error)})") from None
+        except RecursionError:
+            raise RetrieverError(f"{where}: not valid JSON (nested too deeply to read)") from None
+        except ValueError:  # the only other one: an integer past Python's int-string conversion limit
+            raise RetrieverError(f"{where}: {_too_long_integer()}") from None
         yield _record_document(record, where, path, number)
 
 
@@ -278,16 +298,36 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Do
 def _document(raw_id: object, raw_text: object, raw_title: object, where: str, path: Path, line: int) -> Document:
     # bool is an int subclass; true/false as an id is almost certainly a mistake.
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
-        raise RetrieverError(f"{where}: id must be a string or an integer, got {json.dumps(raw_id)}")
-    doc_id = str(raw_id).strip()
+        raise RetrieverError(f"{where}: id must be a string or an integer, got {_shown(raw_id)}")
+    try:
+        doc_id = check_text(str(raw_id).strip(), f"{where}: the id")
+    except ValueError:  # an int past Python's int-string conversion limit (a record built in Python)
+        raise RetrieverError(f"{where}: {_too_long_integer()}") from None
     if not doc_id:
         raise RetrieverError(f"{where}: empty id")
     if not isinstance(raw_text, str):
-        raise RetrieverError(f'{where}: "text" must be a string, got {json.dumps(raw_text)}')
-    text = raw_text.strip()
+        raise RetrieverError(f'{where}: "text" must be a string, got {_shown(raw_text)}')
+    text = check_text(raw_text.strip(), f'{where}: "text"')
     if not text:
         raise RetrieverError(f"{where}: empty text (document {doc_id!r})")
     if raw_title is not None and not isinstance(raw_title, str):
-        raise RetrieverError(f'{where}: "title" must be a string, got {json.dumps(raw_title)}')
-    title = raw_title.strip() if raw_title else None
+        raise RetrieverError(f'{where}: "title" must be a string, got {_shown(raw_title)}')
+    title = check_text(raw_title.strip(), f'{where}: "title"') if raw_title else None
     return Document(doc_id=doc_id, text=text, title=title or None, source=str(path), line=line)
+
+
+def _shown(value: object) -> str:
+    """A JSON value of the wrong type, for an error line: a scalar as JSON, a list or object by its kind only
+    (it may be megabytes, or nested too deeply to write back)."""
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
+    try:
+        return json.dumps(value)
+    except ValueError:  # an int past the conversion limit
+        return "an integer too long to show"
+
+
+def _too_long_integer() -> str:
+    """Python refuses to convert integers longer than this to or from text (a guard against slow conversions)."""
+    return (f"an integer of more than {sys.get_int_max_str_digits():,} digits; write long numbers, such as ids, "
+            "as strings")

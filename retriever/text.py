@@ -5,11 +5,13 @@ corpus byte kept by errors="surrogateescape". A tokenizer, SQLite and an HTTP re
 are refused where text enters, with the position, instead of failing later inside someone else's batch.
 
 Stored documents can hold control characters (ESC sequences that clear a screen or write the clipboard through
-OSC 52); `terminal_safe` shows them as visible escapes so printing a document never drives the terminal.
+OSC 52); `terminal_safe` shows them as visible escapes so printing a document never drives the terminal, and
+`terminal_json` does the same inside JSON strings while keeping the JSON exact.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 from retriever.errors import RetrieverError
@@ -18,6 +20,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # C0 controls except tab and newline, DEL, and the C1 controls (U+0080-U+009F: CSI, OSC, ... on 8-bit terminals);
 # also the bidi overrides that reorder what is shown (Trojan Source).
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# How much of a refused command-line argument an error shows (a query can be long).
+_SHOWN_CHARACTERS = 60
 
 
 def invalid_character(text: str) -> int | None:
@@ -35,6 +39,37 @@ def check_text(text: str, what: str = "text") -> str:
     return text
 
 
+def check_argument(argument: str, number: int) -> str:
+    """ARGUMENT (command-line argument NUMBER) itself when it is valid Unicode. Python decodes argv with
+    errors="surrogateescape", so a byte the locale cannot decode (`retriever search $'\\xff'`) arrives as U+DCFF;
+    refused here, naming the byte, before it reaches a tokenizer, SQLite or a print to stdout."""
+    position = invalid_character(argument)
+    if position is None:
+        return argument
+    shown = escape_undecodable(argument)
+    shown = shown if len(shown) <= _SHOWN_CHARACTERS else shown[: _SHOWN_CHARACTERS - 1] + "…"
+    raise RetrieverError(f"command-line argument {number} ({shown}) is not valid UTF-8 "
+                         f"({describe_invalid(argument[position])} at character {position + 1})")
+
+
+def describe_invalid(character: str) -> str:
+    """A lone surrogate for an error message: "byte 0xNN" where it stands for an undecodable byte kept by
+    errors="surrogateescape" (U+DC80-U+DCFF), else "a lone surrogate U+NNNN"."""
+    code = ord(character)
+    return f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+
+
+def escape_undecodable(text: str) -> str:
+    """TEXT decoded with errors="surrogateescape" (a command-line argument, a file name) shown as the user typed
+    it: undecodable bytes as \\xNN, other lone surrogates as \\uNNNN, control characters escaped."""
+    return terminal_safe(_SURROGATE.sub(_escape_byte, text))
+
+
+def _escape_byte(found: re.Match) -> str:
+    code = ord(found.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
 def terminal_safe(text: str) -> str:
     """TEXT with control characters (ESC, BEL, C1, bidi overrides, lone surrogates) shown as \\xNN / \\uNNNN
     escapes, so stored text cannot move the cursor, clear the screen or set the clipboard when printed."""
@@ -45,3 +80,16 @@ def terminal_safe(text: str) -> str:
 def _escape(found: re.Match) -> str:
     code = ord(found.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_json(value: object, **dumps) -> str:
+    """VALUE as JSON for a terminal: exactly what json.dumps(ensure_ascii=False) gives, except that the characters
+    `terminal_safe` escapes, which json.dumps leaves raw (DEL, the C1 controls, the bidi overrides, lone
+    surrogates), are written as \\uNNNN escapes. They can only occur inside strings, so the JSON decodes to the same
+    value; only what reaches the terminal changes."""
+    text = json.dumps(value, ensure_ascii=False, **dumps)
+    return _SURROGATE.sub(_json_escape, _CONTROL.sub(_json_escape, text))
+
+
+def _json_escape(found: re.Match) -> str:
+    return f"\\u{ord(found.group()):04x}"

@@ -1,8 +1,16 @@
 import json
+import os
 
 import pytest
 
-from retriever.corpus import Document, check_unique_ids, iter_corpus, read_corpus, read_queries
+from retriever.corpus import (
+    Document,
+    check_unique_ids,
+    documents_from_records,
+    iter_corpus,
+    read_corpus,
+    read_queries,
+)
 from retriever.errors import RetrieverError
 
 
@@ -162,11 +170,67 @@ def test_unknown_encoding(tmp_path):
         ('{"_id": "b", "text": "x",}', "not valid JSON (trailing comma at column 25)"),
         ('{"_id": "b", "text": "x", "tags": [1, 2 , ]}', "not valid JSON (trailing comma at column 41)"),
         ('{"_id": "b" "text": "x"}', "not valid JSON (Expecting ',' delimiter at column 13)"),
+        # Non-string fields are named by their kind: a list may be megabytes, or nested too deeply to write back.
+        ('{"_id": [1, 2], "text": "t"}', "id must be a string or an integer, got a list"),
+        ('{"_id": {"a": 1}, "text": "t"}', "id must be a string or an integer, got an object"),
+        ('{"_id": 1.5, "text": "t"}', "id must be a string or an integer, got 1.5"),
+        ('{"_id": null, "text": "t"}', "id must be a string or an integer, got null"),
+        ('{"_id": "d", "text": {"nested": [1]}}', '"text" must be a string, got an object'),
+        ('{"_id": "d", "text": "t", "title": ["a"]}', '"title" must be a string, got a list'),
+        # JSON escapes of half a UTF-16 pair decode to lone surrogates: refused, never stored or tokenized.
+        ('{"_id": "d", "text": "a \\ud800 b"}',
+         '"text" holds an invalid character (a lone surrogate U+D800 at character 3); send valid UTF-8'),
+        ('{"_id": "d\\udfff", "text": "t"}',
+         "the id holds an invalid character (a lone surrogate U+DFFF at character 2); send valid UTF-8"),
+        ('{"_id": "d", "text": "t", "title": "\\udc80"}',
+         '"title" holds an invalid character (a lone surrogate U+DC80 at character 1); send valid UTF-8'),
+        # What Python's own limits make of hostile lines: RecursionError and ValueError, as one line each.
+        ('{"_id": "d", "text": "t", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+         "not valid JSON (nested too deeply to read)"),
+        ('{"_id": ' + "1" * 5000 + ', "text": "t"}',
+         "an integer of more than 4,300 digits; write long numbers, such as ids, as strings"),
     ],
 )
 def test_bad_jsonl_line(tmp_path, line, expected):
     path = write(tmp_path, "corpus.jsonl", '{"_id": "ok", "text": "fine"}\n\n' + line + "\n")
     assert error_of(path) == f"{path} line 3: {expected}"
+
+
+def test_an_integer_id_within_the_limit_is_kept_as_its_digits(tmp_path):
+    digits = "9" * 4000
+    path = write(tmp_path, "corpus.jsonl", '{"_id": %s, "text": "t"}\n' % digits)
+    assert read_corpus(path)[0].doc_id == digits
+
+
+def test_a_lone_surrogate_from_a_codec_is_refused_in_a_txt_line(tmp_path):
+    """unicode_escape decodes a written "\\ud800" to a lone surrogate without an undecodable byte in sight."""
+    path = write(tmp_path, "corpus.txt", "fine\nbad \\ud800 here\n")
+    assert error_of(path, encoding="unicode_escape") == (
+        f"{path} line 2: the text holds an invalid character (a lone surrogate U+D800 at character 5); send valid UTF-8")
+
+
+def test_a_file_name_that_is_not_utf8_is_refused(tmp_path):
+    """A .txt file's name is part of every id, and every document stores its file's path."""
+    path = tmp_path / os.fsdecode(b"caf\xe9.txt")
+    path.write_text("text\n")
+    message = error_of(path)
+    assert message == (f"{tmp_path}/caf\\xe9.txt: the file's path is not valid UTF-8 (byte 0xe9 at character "
+                       f"{len(str(tmp_path)) + 5}); rename it")
+
+
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        ({"_id": "a", "text": "x \ud800"}, '"text" holds an invalid character (a lone surrogate U+D800'),
+        ({"_id": 10**5000, "text": "t"}, "an integer of more than 4,300 digits"),
+        ({"_id": "a", "text": 10**5000}, '"text" must be a string, got an integer too long to show'),
+    ],
+)
+def test_records_are_checked_like_lines(record, expected):
+    """The server's add requests go through the same checks, naming the record."""
+    with pytest.raises(RetrieverError) as caught:
+        documents_from_records([{"_id": "ok", "text": "fine"}, record])
+    assert str(caught.value).startswith(f"request record 2: {expected}")
 
 
 def test_csv_without_required_columns(tmp_path):
