@@ -37,7 +37,10 @@ class Encoder:
         dtype: str = "fp32",
         batch_size: int = 64,
         runtime: str = "torch",
+        cap_max_length: bool = False,
     ):
+        """CAP_MAX_LENGTH: take a MAX_LENGTH above the model's positions as the model's limit instead of refusing it
+        (for settings recorded before the limit was checked, see `from_config`)."""
         if dtype not in DTYPES:
             raise RetrieverError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
         if batch_size < 1:
@@ -52,7 +55,7 @@ class Encoder:
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
         self.model = loaded.model.to(self.device, DTYPES[dtype])
-        self.max_length = max_length or loaded.max_length
+        self.max_length = _checked_max_length(max_length, loaded.max_length, self.model, loaded.name, cap_max_length)
         self.num_hidden_layers = self.model.config.num_hidden_layers
         deepest = max(self.pooling.layer_indices(self.num_hidden_layers))  # validates --layers against this model
         self.layers_run = _drop_unused_layers(self.model, deepest)
@@ -72,7 +75,10 @@ class Encoder:
     @classmethod
     def from_config(cls, config: dict, device: str | None = "auto", batch_size: int = 64,
                     runtime: str = "torch") -> Encoder:
-        """Rebuild the exact encoder recorded in an index manifest or a benchmark result."""
+        """Rebuild the exact encoder recorded in an index manifest or a benchmark result.
+
+        A recorded max_length above the model's positions (an index built before that was refused) is capped at
+        them: that build could encode no longer text, so every vector it made is reproduced."""
         return cls(
             model=config["model"],
             pooling=config["pooling"],
@@ -82,6 +88,7 @@ class Encoder:
             dtype=config.get("dtype", "fp32"),
             batch_size=batch_size,
             runtime=runtime,
+            cap_max_length=True,
         )
 
     def config(self) -> dict:
@@ -134,6 +141,29 @@ class Encoder:
             )
             vectors = pool(self.pooling, outputs, attention_mask, self.num_hidden_layers)
         return vectors.cpu().numpy()
+
+
+def model_positions(model) -> int | None:
+    """The longest input MODEL's position embeddings take, in tokens; None when it has no absolute positions.
+
+    RoBERTa-style models (RoBERTa, XLM-R, MPNet...) count positions from padding_idx + 1, so of mpnet's 514
+    position embeddings 512 are usable; BERT's start at 0."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0:
+        return None
+    padding_idx = getattr(getattr(model, "embeddings", None), "padding_idx", None)
+    return positions - (padding_idx + 1 if isinstance(padding_idx, int) else 0)
+
+
+def _checked_max_length(asked: int | None, default: int, model, name: str, cap: bool) -> int:
+    """The tokens per text to keep: ASKED, else the model's DEFAULT, never more than its positions. A longer
+    --max-length is refused (not clamped): it would only fail later, inside a batch, on the first long text."""
+    limit = model_positions(model)
+    if limit is None:
+        return asked or default
+    if asked is not None and asked > limit and not cap:
+        raise RetrieverError(f"max_length {asked:,} is more than model '{name}' takes: at most {limit} tokens")
+    return min(asked or default, limit)
 
 
 def _drop_unused_layers(model, deepest: int) -> int:

@@ -155,3 +155,53 @@ def test_layers_past_the_deepest_pooled_one_are_not_run(tiny_bert):
         whole = Encoder(str(tiny_bert), layers=layers, device="cpu")
         whole.model = load_model(str(tiny_bert)).model.eval()  # all 3 layers
         np.testing.assert_array_equal(encoder.encode(texts), whole.encode(texts))
+
+
+LONG_TEXT = "word " * 3000  # ~3,000 tokens: past every model's positions
+
+
+@pytest.fixture(scope="module")
+def tiny_roberta(tmp_path_factory, tiny_bert):
+    """A random RoBERTa-style encoder with 34 position embeddings: positions count from padding_idx + 1 = 2, so 32
+    tokens fit (as mpnet's 514 give 512)."""
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-roberta")
+    config = RobertaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=37, max_position_embeddings=34, pad_token_id=1)
+    RobertaModel(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "model, usable",
+    [("tiny_bert", 512), ("tiny_roberta", 32)],  # BERT positions start at 0; RoBERTa's after the padding index
+)
+def test_max_length_past_the_model_positions_is_refused(request, model, usable):
+    """--max-length 1000000000 used to build, then fail on the first long text (tensor a (3002) vs (512))."""
+    folder = str(request.getfixturevalue(model))
+    assert Encoder(folder, device="cpu", max_length=usable).max_length == usable
+    for too_long in (usable + 1, 10**9):
+        with pytest.raises(RetrieverError) as caught:
+            Encoder(folder, device="cpu", max_length=too_long)
+        assert str(caught.value) == (f"max_length {too_long:,} is more than model '{folder}' takes: at most "
+                                     f"{usable} tokens")
+
+
+def test_the_default_max_length_fits_the_model_positions(tiny_roberta):
+    """The tokenizer says 512; the model has 32 usable positions: the default is 32, and a long text encodes."""
+    encoder = Encoder(str(tiny_roberta), device="cpu")
+    vectors, truncated = encoder.encode_counting_truncated([LONG_TEXT, "short"])
+    assert encoder.max_length == 32 and truncated == 1 and np.isfinite(vectors).all()
+
+
+def test_a_recorded_max_length_past_the_positions_is_capped(tiny_bert):
+    """An index built before the limit was checked still searches: no text longer than 512 tokens could have been
+    encoded then, so capping reproduces its vectors."""
+    encoder = Encoder(str(tiny_bert), device="cpu", max_length=512)
+    recorded = {**encoder.config(), "max_length": 10**9}
+    again = Encoder.from_config(recorded, device="cpu")
+    assert again.max_length == 512
+    np.testing.assert_array_equal(again.encode([LONG_TEXT] + TEXTS), encoder.encode([LONG_TEXT] + TEXTS))
