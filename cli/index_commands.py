@@ -15,7 +15,6 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.cells import cell_len
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -26,8 +25,12 @@ from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.errors import RetrieverError
 from retriever.index_folder import NAME_RULE, check_name, index_options, resolve_index_dir
 from retriever.progress import stderr_console
+from retriever.text import terminal_json, terminal_safe
 
 stdout = Console(soft_wrap=True)
+# The most results per query `search -k` gives: k x queries score and id arrays are allocated before anything is
+# found (-k 1000000000 asked for 7.45 GiB). Ten thousand covers recall@1000 evaluation ten times over.
+MAX_K = 10_000
 
 Calibrator = Annotated[str, typer.Option("--calibrator", "-c", help=options.CALIBRATORS)]
 FitQueries = Annotated[Optional[Path], typer.Option(
@@ -46,8 +49,9 @@ def count(number: int, noun: str) -> str:
 
 
 def _say(line: str) -> None:
-    """One message on stderr, as plain text (no rich markup) and unwrapped, so a hint pastes as one command."""
-    stderr_console.print(line, markup=False, highlight=False, soft_wrap=True)
+    """One message on stderr, as plain text (no rich markup), control characters escaped, and unwrapped, so a
+    hint pastes as one command."""
+    stderr_console.print(terminal_safe(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def _home(index_dir: str | None) -> Path:
@@ -61,6 +65,11 @@ def _pick(home: Path, name: str | None, writing: bool = False) -> str:
     if name is None:
         _say(f"using index '{chosen}'")
     return chosen
+
+
+def _plain(text: str) -> Text:
+    """Stored or user text for a table cell or title: no rich markup read from it, control characters escaped."""
+    return Text(terminal_safe(text))
 
 
 def _snippet(text: str, width: int = 100) -> str:
@@ -179,32 +188,32 @@ def list_indexes(
     home = _home(index_dir)
     records = describe_indexes(home)
     if as_json:
-        print(json.dumps({"index_dir": str(home), "indexes": records}, ensure_ascii=False))
+        print(terminal_json({"index_dir": str(home), "indexes": records}))
         return
     if not records:
         _say(f"no index in {home}; build one with: retriever build CORPUS {index_options(home)}".rstrip())
         return
-    table = Table(title=escape(f"indexes in {home}"), title_justify="left")
+    table = Table(title=_plain(f"indexes in {home}"), title_justify="left")
     for column in ("name", "documents", "model", "calibrator", "index type", "last written"):
         table.add_column(column, justify="right" if column == "documents" else "left", overflow="fold",
                          no_wrap=column in ("name", "documents", "index type", "last written"))
     for record in records:
         written = datetime.fromisoformat(record["written"]).strftime("%Y-%m-%d %H:%M UTC")
         if "problem" in record:
-            table.add_row(record["name"], "", escape(record["problem"]), "", "", written)
+            table.add_row(_plain(record["name"]), "", _plain(record["problem"]), "", "", written)
             continue
         calibrator = record["calibrator"]
         if "calibrator_asked" in record:
             calibrator += f" ({record['calibrator_asked']} asked: too few documents)"
-        table.add_row(record["name"], f"{record['documents']:,}", escape(record["model"]), escape(calibrator),
-                      record["index_type"], written)
+        table.add_row(_plain(record["name"]), f"{record['documents']:,}", _plain(record["model"]),
+                      _plain(calibrator), _plain(record["index_type"]), written)
     stdout.print(table)
 
 
 def search(
     query: Annotated[Optional[str], typer.Argument(help="the query text", show_default=False)] = None,
     name: options.IndexName = None,
-    k: Annotated[int, typer.Option("-k", help="results per query")] = 10,
+    k: Annotated[int, typer.Option("-k", min=1, max=MAX_K, help="results per query")] = 10,
     queries: Annotated[Optional[Path], typer.Option(
         "--queries", help=".txt (one per line) or BEIR queries.jsonl " + default("none: search QUERY"))] = None,
     as_json: Annotated[bool, typer.Option(
@@ -223,7 +232,10 @@ def search(
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
 ) -> None:
-    """Search an index with one QUERY or a --queries file, through the index's own encode path."""
+    """Search an index with one QUERY or a --queries file, through the index's own encode path.
+
+    Stored text is printed with control characters escaped (\\x1b, \\u202e): a document cannot drive the terminal.
+    --json is exact JSON, with those characters as \\u escapes."""
     from retriever.corpus import read_queries
     from retriever.index import Index, check_queries, search_record
 
@@ -233,6 +245,7 @@ def search(
         check_queries([query])  # before an index is picked or opened
     home = _home(index_dir)
     index = Index.open(_pick(home, name), home, device=device)
+    k = min(k, max(len(index), 1))  # more than the index holds would allocate room for nothing
     if queries is None:
         batch = [(None, query)]
         results = index.search(query, k, nprobe=nprobe, ef_search=ef_search, rerank=rerank)
@@ -242,7 +255,7 @@ def search(
                                rerank=rerank)
     for (query_id, text), hits in zip(batch, results):
         if as_json:
-            print(json.dumps(search_record(query_id, text, hits), ensure_ascii=False))
+            print(terminal_json(search_record(query_id, text, hits)))
         else:
             _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full)
 
@@ -250,7 +263,8 @@ def search(
 def _hits_table(title: str, hits, full: bool) -> None:
     """One query's results. A doc id is shown whole, on one line while it fits (it is what `show` and `delete`
     take); the text is a one-line snippet filling the rest of the width, or with FULL all of it, wrapped."""
-    rows = [(str(hit.rank), f"{hit.score:.3f}", hit.doc_id) for hit in hits]
+    title = terminal_safe(title)
+    rows = [(str(hit.rank), f"{hit.score:.3f}", terminal_safe(hit.doc_id)) for hit in hits]
     rank, score, ids = (max([cell_len(row[i]) for row in rows] + [len(header)])
                         for i, header in enumerate(("rank", "score", "doc id")))
     # Widths set here, not left to rich, which would squeeze the ids first. Overhead: 1 + 3 per column (a border
@@ -267,9 +281,9 @@ def _hits_table(title: str, hits, full: bool) -> None:
     for (rank, score, doc_id), hit in zip(rows, hits):
         cell = Text()
         if hit.title:
-            cell.append(hit.title if full else " ".join(hit.title.split()), style="bold")
+            cell.append(terminal_safe(hit.title if full else " ".join(hit.title.split())), style="bold")
             cell.append(" ")
-        cell.append(hit.text if full else " ".join(hit.text.split()))
+        cell.append(terminal_safe(hit.text if full else " ".join(hit.text.split())))
         if not full:
             cell.truncate(room, overflow="ellipsis")
         table.add_row(rank, score, Text(doc_id, overflow="fold"), cell)
@@ -283,7 +297,9 @@ def show(
         "--json", help='print {"doc_id", "title", "text", "source", "line"} instead of a table')] = False,
     index_dir: options.IndexDir = None,
 ) -> None:
-    """Show one stored document in full: id, title, text, and the file and line it came from."""
+    """Show one stored document in full: id, title, text, and the file and line it came from.
+
+    Control characters are shown escaped (\\x1b, \\u202e); --json is exact JSON, with them as \\u escapes."""
     from retriever.index import Index
 
     home = _home(index_dir)
@@ -293,13 +309,13 @@ def show(
         raise RetrieverError(f"no document {doc_id!r} in index '{index}'")
     record = {key: row[key] for key in ("doc_id", "title", "text", "source", "line")}
     if as_json:
-        print(json.dumps(record, ensure_ascii=False))
+        print(terminal_json(record))
         return
-    table = Table(show_header=False, title=escape(f"index '{index}'"), title_justify="left")
+    table = Table(show_header=False, title=_plain(f"index '{index}'"), title_justify="left")
     table.add_column("field", no_wrap=True, style="bold")
     table.add_column("value", overflow="fold")
     for key, value in record.items():
-        table.add_row("id" if key == "doc_id" else key, escape("" if value is None else str(value)))
+        table.add_row("id" if key == "doc_id" else key, _plain("" if value is None else str(value)))
     stdout.print(table)
 
 
@@ -415,7 +431,7 @@ def check(
     rows = [record["none"], *record.get("candidates", [])]
     if "ndcg@10" in current and current["name"] not in {row["name"] for row in rows}:
         rows.append(current)
-    scores = Table(title=escape(
+    scores = Table(title=_plain(
         f"retrieval check of index '{opened.name}': {record['pseudo_queries']:,} pseudo-quer"
         f"{'y' if record['pseudo_queries'] == 1 else 'ies'} among {count(record['pool'], 'document')}; vs none with "
         f"its {record['confidence']:.0%} interval; kinds: of the kinds of pseudo-query, how many it improves"),
@@ -423,7 +439,7 @@ def check(
     for column in ("calibrator", "nDCG@10", "vs none", "kinds", "note"):
         scores.add_column(column, justify="left" if column in ("calibrator", "note") else "right", no_wrap=True)
     counts = ", ".join(f"{kind} {n:,}" for kind, n in record["kinds"].items())
-    per_kind = Table(title=escape(f"nDCG@10 by kind of pseudo-query ({counts}), and MRR@10"), title_justify="left")
+    per_kind = Table(title=_plain(f"nDCG@10 by kind of pseudo-query ({counts}), and MRR@10"), title_justify="left")
     for column in ("calibrator", *kinds, "MRR@10"):
         per_kind.add_column(column, justify="left" if column == "calibrator" else "right", no_wrap=True)
     for row in rows:
@@ -432,8 +448,8 @@ def check(
         interval = row.get("interval")
         difference = f"{row['difference']:+.2f} [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else ""
         better = f"{len(row['kinds_improved'])} of {len(record['voting_kinds'])}" if "kinds_improved" in row else ""
-        scores.add_row(escape(row["name"]), f"{row['ndcg@10']:.2f}", difference, better, note)
-        per_kind.add_row(escape(row["name"]), *(f"{row['ndcg@10_by_kind'].get(kind, 0):.2f}" for kind in kinds),
+        scores.add_row(_plain(row["name"]), f"{row['ndcg@10']:.2f}", difference, better, note)
+        per_kind.add_row(_plain(row["name"]), *(f"{row['ndcg@10_by_kind'].get(kind, 0):.2f}" for kind in kinds),
                          f"{row['mrr@10']:.2f}")
     stdout.print(scores)
     stdout.print(per_kind)
@@ -514,7 +530,7 @@ def info(
         print(json.dumps(details, indent=2))
         return
     manifest = details["manifest"]
-    table = Table(title=escape(f"index '{manifest['name']}'"), show_header=False, title_justify="left")
+    table = Table(title=_plain(f"index '{manifest['name']}'"), show_header=False, title_justify="left")
     encoder = manifest["encoder"]
     pooling = f"layers {encoder['layers']}" if encoder["layers"] else encoder["pooling"]
     spec = {**manifest["index"], **details["search_settings"]}
@@ -554,7 +570,7 @@ def info(
             rows.append((f"isotropy ({stage})", f"mean cosine of random pairs {values['mean_cosine_random_pairs']:+.3f}, "
                          f"top direction holds {values['top_direction_variance_share']:.1%} of the variance"))
     for key, value in rows:
-        table.add_row(key, escape(str(value)))
+        table.add_row(key, _plain(str(value)))
     stdout.print(table)
 
 

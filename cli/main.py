@@ -12,6 +12,7 @@ import typer
 from cli import interrupts, options
 from retriever import __version__
 from retriever.errors import RetrieverError
+from retriever.text import check_argument, terminal_safe
 
 app = typer.Typer(
     help="Vector search over a calibrated index (BERT-flow): encode, build, search, bench.",
@@ -84,7 +85,20 @@ app.command()(serve)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"warning: {message}", file=sys.stderr)  # a user needs the advice, not our source line
+    print(f"warning: {terminal_safe(str(message))}", file=sys.stderr)  # the advice, not our source line
+
+
+def _check_arguments(arguments: list[str]) -> None:
+    """Refuse an argument with bytes the locale cannot decode (`retriever search $'\\xff'`) before any command
+    runs: Python keeps them as lone surrogates, which a tokenizer, SQLite or stdout would fail on mid-command."""
+    for number, argument in enumerate(arguments, start=1):
+        check_argument(argument, number)
+
+
+def _one_line(message: str) -> str:
+    """An error message as one safe line: it may quote stored or typed text, with control characters or a
+    newline in it."""
+    return terminal_safe(message).replace("\n", "\\n")
 
 
 def main() -> None:
@@ -92,16 +106,17 @@ def main() -> None:
     becomes one line saying what it left behind, exit code 130."""
     warnings.showwarning = _show_warning
     try:
+        _check_arguments(sys.argv[1:])
         app()  # standalone: typer reports usage errors itself and exits 2
     except RetrieverError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {_one_line(str(error))}", file=sys.stderr)
         sys.exit(1)
     except (interrupts.Interrupted, KeyboardInterrupt) as interrupted:
         print(interrupts.message(interrupted), file=sys.stderr)
         sys.exit(130)
     except OSError as error:  # the last guard: a file problem the library did not word itself
         where = f": {error.filename}" if error.filename is not None else ""
-        print(f"error: {error.strerror or error}{where}", file=sys.stderr)
+        print(f"error: {_one_line(f'{error.strerror or error}{where}')}", file=sys.stderr)
         sys.exit(1)
 
 

@@ -81,3 +81,22 @@ def test_encode_streams_title_and_text_and_resumes_after_a_kill(tmp_path, tiny_b
     np.testing.assert_allclose(np.load(out), expected, atol=1e-5)
     assert json.loads(out.with_suffix(".json").read_text())["complete"] is True
     assert len(read_corpus(corpus)) == 40
+
+
+def test_an_undecodable_argument_byte_is_one_line():
+    """A real process: the kernel hands over bytes, Python decodes argv with surrogateescape, `$'\\xff'` arrives as
+    U+DCFF; refused before any command runs, naming the byte."""
+    done = subprocess.run([sys.executable, "-m", "cli.main", "search", b"caf\xe9 au lait"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr == ("error: command-line argument 2 (caf\\xe9 au lait) is not valid UTF-8 (byte 0xe9 at "
+                           "character 4)\n")
+
+
+def test_encode_refuses_a_max_length_past_the_model_positions(tmp_path, tiny_bert, cli):
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("word " * 3000 + "\n", encoding="utf-8")
+    done = cli("encode", corpus, "--out", tmp_path / "v.npy", "--model", tiny_bert, "--max-length", "1000000000")
+    assert done.returncode == 1 and done.stderr == (
+        f"error: max_length 1,000,000,000 is more than model '{tiny_bert}' takes: at most 512 tokens\n")
+    assert not (tmp_path / "v.npy").exists()

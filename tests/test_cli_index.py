@@ -195,3 +195,37 @@ def test_commands_without_name_pick_the_index(built, cli, tmp_path, tiny_bert):
     assert done.returncode == 0 and json.loads(done.stdout)["results"][0]["text"] == "A brand new document."
     assert_one_line_error(cli("delete", "docs.txt:1", "--index-dir", built), "newer, docs", "--name")  # writes never guess
     assert_one_line_error(cli("search", "q", "--index-dir", tmp_path / "empty"), "no index in", "retriever build")
+
+
+def test_max_length_past_the_model_positions_is_refused(built, cli, tmp_path, tiny_bert):
+    """It used to build, then every long query or added document failed (tensor a (3002) vs (512))."""
+    corpus = tmp_path / "docs.txt"
+    assert_one_line_error(cli("build", corpus, "--name", "long", "--model", tiny_bert, "--max-length", "1000000000",
+                              "--calibrator", "none", "--index-dir", built),
+                          "max_length 1,000,000,000 is more than model", "at most 512 tokens")
+    done = cli("search", "word " * 3000, "--name", "docs", "--json", "--index-dir", built)
+    assert done.returncode == 0 and len(json.loads(done.stdout)["results"]) == 4
+
+
+@pytest.mark.parametrize(
+    "k, fragments",
+    [
+        ("1000000000", ["10000"]),  # it allocated 7.45 GiB, then a traceback; the message names the bound
+        ("10001", ["10000"]),
+        ("0", []),
+        ("-3", []),
+        ("true", []),  # not taken as 1
+        ("1e9", []),
+    ],
+)
+def test_k_out_of_bounds_is_a_usage_error(built, cli, k, fragments):
+    """typer's own usage error (exit 2); its wording varies between click versions, the bound does not."""
+    assert_usage_error(cli("search", "q", "--name", "docs", "-k", k, "--index-dir", built),
+                       "Invalid value for '-k'", *fragments)
+
+
+def test_k_up_to_the_bound_is_cut_to_the_index_size(built, cli):
+    from cli.index_commands import MAX_K
+
+    done = cli("search", "q", "--name", "docs", "-k", MAX_K, "--json", "--index-dir", built)
+    assert done.returncode == 0 and [hit["rank"] for hit in json.loads(done.stdout)["results"]] == [1, 2, 3, 4]
