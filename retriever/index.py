@@ -10,15 +10,21 @@ the encode path the manifest records. A version is a manifest over immutable seg
 - `refit` fits a new calibrator on the stored raw vectors and rewrites the vector indexes, without re-encoding.
 
 Every write builds a new version folder and swaps it in atomically (see `index_folder`), so a failed or killed
-write loses nothing and readers see one version or the other, never a mix.
+write loses nothing and readers see one version or the other, never a mix. A write re-hashes what it reads from
+the previous version (`index_folder.verify_read`), so damage is refused rather than carried into a new version.
+
+Damage found while reading (a file that no longer parses, counts that disagree) is a `DamagedIndexError` naming
+the index, in one line; `close()` releases a version's files (a server swapping versions calls it).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import platform
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,7 +46,7 @@ from retriever.calibration import (
 from retriever.corpus import Document, check_unique_ids, corpus_format, document_text, iter_corpus
 from retriever.encoder import Encoder
 from retriever.engines import ENGINES
-from retriever.errors import ConflictError, NotFoundError, RetrieverError
+from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError
 from retriever.index_folder import (
     BUILD_STATE,
     resolve_index_dir,
@@ -52,6 +58,7 @@ from retriever.index_folder import (
     read_manifest,
     resolve_existing,
     verify_files,
+    verify_read,
     write_manifest,
     writing,
 )
@@ -73,7 +80,7 @@ from retriever.pipeline import (
 )
 from retriever.progress import stderr_console
 from retriever.pseudo_queries import make_check_set
-from retriever.store.arrays import VectorSource
+from retriever.store.arrays import VectorSource, load_npy, npy_layout
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import DOCUMENTS, RAW, ROWIDS, VECTORS, RawWriter, Segment
 from retriever.store.vectors import INDEX_TYPES, IndexSpec, VectorStore, choose_spec, train_template
@@ -91,6 +98,8 @@ MANIFEST_FIELDS = {"name": str, "created": str, "encoder": dict, "calibrator": d
                    "documents": int, "segments": list, "next_rowid": int, "next_segment": int, "versions": dict}
 ENCODER_FIELDS = {"model": str, "pooling": str, "layers": (list, type(None)), "max_length": int, "dtype": str,
                   "dim": int}
+# A segment's folder name, as `_segment_name` writes it: a manifest naming anything else ('../x') is refused.
+SEGMENT_NAME = re.compile(r"\d{6,9}")
 
 
 @dataclass
@@ -144,13 +153,83 @@ class Index:
         self.name = manifest["name"]
         self.index_dir = resolve_index_dir(index_dir)
         self.device = device
-        self.spec = IndexSpec.from_dict(manifest["index"])
-        self.segments = [Segment(folder / SEGMENTS / entry["name"], _segment_spec(entry, self.spec), device=device)
-                         for entry in manifest["segments"]]
-        self.calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=manifest["encoder"]["dim"])
-        self.tombstones = (np.load(folder / TOMBSTONES) if (folder / TOMBSTONES).is_file()
-                           else np.empty(0, dtype=np.int64))
         self._encoder: Encoder | None = None
+        self._segments: list[Segment] = []
+        self._closed = False
+        if device != "cpu":  # a device this machine lacks is the caller's error, not damage: refused before the guard
+            from retriever.device import resolve_device
+
+            resolve_device(device)
+        try:
+            with self._reading(MANIFEST, everything=True):
+                self.spec = IndexSpec.from_dict(manifest["index"])
+            for entry in manifest["segments"]:
+                with self._reading(f"{SEGMENTS}/{entry['name']}", everything=True):
+                    self._segments.append(Segment(folder / SEGMENTS / entry["name"], _segment_spec(entry, self.spec),
+                                                  device=device))
+            with self._reading(CALIBRATOR, everything=True):
+                self.calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=manifest["encoder"]["dim"])
+            with self._reading(TOMBSTONES, everything=True):
+                self.tombstones = (load_npy(folder / TOMBSTONES) if (folder / TOMBSTONES).is_file()
+                                   else np.empty(0, dtype=np.int64))
+                _check_tombstones(self.tombstones)
+            _check_counts(manifest, [len(segment) for segment in self._segments],
+                          [segment.vectors.ntotal for segment in self._segments], len(self.tombstones), self.name)
+        except BaseException:
+            self.close()  # the segments opened before the damage was found
+            raise
+
+    @property
+    def segments(self) -> list[Segment]:
+        if self._closed:
+            raise RetrieverError(f"index '{self.name}' was closed; open it again to use it")
+        return self._segments
+
+    def close(self) -> None:
+        """Release this version's files: each segment's SQLite connection, FAISS index and memory maps (a few
+        descriptors a segment). A long-running process that swaps in new versions (the server) calls it once no
+        request uses the old one, so pruned versions do not pile up open; using the index afterwards is refused.
+        Calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        for segment in self._segments:
+            segment.close()
+        self._segments = []
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _reading(self, part: str, everything: bool = False) -> Iterator[None]:
+        """Damage found while reading PART of this version (a file, or a folder of them) becomes one line naming the
+        index, a DamagedIndexError, instead of whatever a parser raised (UnicodeDecodeError, ValueError, faiss's
+        RuntimeError, sqlite3.DatabaseError...). EVERYTHING: our own refusals (RetrieverError) too, where no
+        argument of the caller's is involved (opening), so any failure is the files'. OSErrors pass: a file that
+        cannot be opened is not a damaged one."""
+        try:
+            yield
+        except OSError:
+            raise
+        except DamagedIndexError as error:
+            if str(error).startswith(f"index '{self.name}' "):
+                raise
+            raise self._damaged(part, error) from None
+        except RetrieverError as error:
+            if not everything:
+                raise
+            raise self._damaged(part, error) from None
+        except Exception as error:
+            raise self._damaged(part, error) from None
+
+    def _damaged(self, part: str, error: BaseException | str) -> DamagedIndexError:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = reason.replace(f"{self.folder}/", "").replace(str(self.folder), "")[:200]
+        return damaged_index(f"index '{self.name}'", f"{part} cannot be read ({reason}); `retriever verify` checks "
+                                                     "every file")
 
     @classmethod
     def open(cls, name: str, index_dir: str | Path | None = None, device: str = "auto") -> Index:
@@ -206,16 +285,17 @@ class Index:
 
     def hits(self, scores: np.ndarray, ids: np.ndarray) -> list[list[SearchHit]]:
         """SearchHits with their documents for `search_vectors`' scores and row ids (padding ids skipped)."""
-        rows = self._rows(ids)
-        results = []
-        for query_scores, query_ids in zip(scores, ids):
-            hits = []
-            for score, rowid in zip(query_scores.tolist(), query_ids.tolist()):
-                if rowid < 0:
-                    break
-                row = rows[rowid]
-                hits.append(SearchHit(len(hits) + 1, row["doc_id"], score, row["title"], row["text"]))
-            results.append(hits)
+        with self._reading(SEGMENTS):  # a row id no segment holds (a KeyError here) means damaged files
+            rows = self._rows(ids)
+            results = []
+            for query_scores, query_ids in zip(scores, ids):
+                hits = []
+                for score, rowid in zip(query_scores.tolist(), query_ids.tolist()):
+                    if rowid < 0:
+                        break
+                    row = rows[rowid]
+                    hits.append(SearchHit(len(hits) + 1, row["doc_id"], score, row["title"], row["text"]))
+                results.append(hits)
         return results
 
     def search_raw(self, raw: np.ndarray, k: int) -> list[list[SearchHit]]:
@@ -251,9 +331,10 @@ class Index:
         candidates = k * rerank if self.spec.type == "ivfpq" else k
         all_scores, all_ids = [], []
         for segment in self.segments:
-            scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search)
-            if candidates > k:
-                scores, ids = self._rerank(segment, queries, ids, k)
+            with self._reading(f"{SEGMENTS}/{segment.name}"):
+                scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search)
+                if candidates > k:
+                    scores, ids = self._rerank(segment, queries, ids, k)
             all_scores.append(scores)
             all_ids.append(ids)
         if not all_scores:
@@ -290,18 +371,20 @@ class Index:
     def document(self, doc_id: str) -> dict | None:
         """The stored row of DOC_ID (doc_id, title, text, source, line), or None if it is not in the index."""
         for segment in self.segments:
-            rowid = segment.documents.rowids_for([doc_id]).get(doc_id)
-            if rowid is not None and not _in(rowid, self.tombstones):
-                return segment.documents.get([rowid])[0]
+            with self._reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                rowid = segment.documents.rowids_for([doc_id]).get(doc_id)
+                if rowid is not None and not _in(rowid, self.tombstones):
+                    return segment.documents.get([rowid])[0]
         return None
 
     def live_rowids(self, doc_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         """doc_id -> (row id, segment position) for those of DOC_IDS in the index (deleted ones are not)."""
         found: dict[str, tuple[int, int]] = {}
         for position, segment in enumerate(self.segments):
-            for doc_id, rowid in segment.documents.rowids_for(doc_ids).items():
-                if not _in(rowid, self.tombstones):
-                    found[doc_id] = (rowid, position)
+            with self._reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                for doc_id, rowid in segment.documents.rowids_for(doc_ids).items():
+                    if not _in(rowid, self.tombstones):
+                        found[doc_id] = (rowid, position)
         return found
 
     def raw_vectors(self) -> tuple[np.ndarray, np.ndarray]:
@@ -317,7 +400,8 @@ class Index:
                 np.concatenate(ids) if ids else np.empty(0, np.int64))
 
     def raw_sample(self, size: int, seed: int = 0) -> np.ndarray:
-        """At most SIZE raw vectors (float32) of documents in the index, drawn uniformly with SEED."""
+        """At most SIZE raw vectors (float32) of documents in the index, drawn uniformly with SEED; a value that is
+        not finite (what a flipped bit in a float16 file can make) is a damaged segment, not something to fit on."""
         total = sum(len(segment) for segment in self.segments)
         rows = fit_sample_rows(total, size, seed)
         parts, offset = [], 0
@@ -325,6 +409,8 @@ class Index:
             local = np.arange(len(segment)) if rows is None else rows[(rows >= offset) & (rows < offset + len(segment))] - offset
             if len(local):
                 vectors = np.asarray(segment.raw[local], dtype=np.float32)
+                if not np.isfinite(vectors).all():
+                    raise self._damaged(f"{SEGMENTS}/{segment.name}/{RAW}", "it holds values that are not finite")
                 parts.append(vectors[~np.isin(np.asarray(segment.rowids[local]), self.tombstones)])
             offset += len(segment)
         return np.concatenate(parts) if parts else np.empty((0, self.manifest["encoder"]["dim"]), np.float32)
@@ -341,8 +427,9 @@ class Index:
             for number, segment in enumerate(self.segments):
                 mine = np.flatnonzero(owner[positions] == number)
                 if len(mine):
-                    for slot, value in zip(mine.tolist(), read(segment, rowids[positions[mine]])):
-                        found[slot] = value
+                    with self._reading(f"{SEGMENTS}/{segment.name}"):
+                        for slot, value in zip(mine.tolist(), read(segment, rowids[positions[mine]])):
+                            found[slot] = value
             return found
 
         def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
@@ -391,26 +478,46 @@ class Index:
         """Manifest, counts, and isotropy before and after calibration on a sample of the stored vectors."""
         raw = self.raw_sample(sample, seed)
         rng = np.random.default_rng(seed)
+        with self._reading(f"{SEGMENTS} and {CALIBRATOR}", everything=True):  # no argument here can fail these
+            files = self.manifest["files"]
+            segments = [{"name": s.name, "rows": len(s),
+                         "index_bytes": files[f"{SEGMENTS}/{s.name}/{VECTORS}"]["bytes"]} for s in self.segments]
+            calibrated = l2_normalize(self.calibrator.transform(raw)) if len(raw) else raw
+            measured = {"raw": isotropy(raw, rng), "calibrated": isotropy(calibrated, rng) if len(raw) else {}}
         return {
             "manifest": {key: value for key, value in self.manifest.items() if key not in ("files", "checksum")},
             "folder": str(self.folder),
             "documents": len(self),
             "vectors": sum(segment.vectors.ntotal for segment in self.segments),
             "deleted": len(self.tombstones),
-            "segments": [{"name": s.name, "rows": len(s),
-                          "index_bytes": self.manifest["files"][f"{SEGMENTS}/{s.name}/{VECTORS}"]["bytes"]}
-                         for s in self.segments],
+            "segments": segments,
             "search_backend": self.segments[0].vectors.backend if self.segments else "none",
             "search_settings": self.spec.search_settings(),
-            "isotropy": {
-                "raw": isotropy(raw, rng),
-                "calibrated": isotropy(l2_normalize(self.calibrator.transform(raw)), rng) if len(raw) else {},
-            },
+            "isotropy": measured,
         }
 
     def verify(self, progress=None) -> int:
-        """Re-hash every file against the manifest (opening only checks sizes); returns the bytes checked."""
+        """Re-hash every file against the manifest (opening only checks sizes, and the counts); returns the bytes
+        checked."""
         return verify_files(self.folder, self.manifest, name=self.name, progress=progress)
+
+    def _check_read(self, *parts: str) -> None:
+        """Before a write reads PARTS of this version (files, or folders of them) into a new one: re-hash them
+        against the manifest (`index_folder.verify_read`), so damage is refused instead of carried on."""
+        files = self.manifest["files"]
+        verify_read(self.folder, [relative for relative in files
+                                  if any(relative == part or relative.startswith(part + "/") for part in parts)],
+                    files, self.name)
+
+    @contextmanager
+    def _current(self) -> Iterator[Index]:
+        """The version that is current now, for a write (`_current_version`); closed after it if opened for it."""
+        current = self._current_version()
+        try:
+            yield current
+        finally:
+            if current is not self:
+                current.close()
 
     # --- writing -------------------------------------------------------------------------------------------
 
@@ -495,6 +602,8 @@ class Index:
             segment = folder / SEGMENTS / _segment_name(1)
             segment.mkdir(parents=True, exist_ok=True)
             state = BuildState.load(folder / BUILD_STATE) if writer.resumed else BuildState(folder / BUILD_STATE, key)
+            if writer.resumed:
+                _resumable(folder, segment, state, notes, progress)
 
             clock = time.perf_counter()
             if state.documents is None:
@@ -586,8 +695,10 @@ class Index:
             check_unique_ids(given)
         source = VectorSource(vectors) if vectors is not None else None
         timings: dict[str, float] = {}
-        with writing(self.index_dir, self.name) as writer:
-            current = self._current_version()
+        with writing(self.index_dir, self.name) as writer, self._current() as current:
+            # Read into the new version: the calibrator (through the new vectors) and the tombstones (written again);
+            # the template as it is loaded (`_template`), merged segments in `_merge_segments`. The rest is linked.
+            current._check_read(CALIBRATOR, TOMBSTONES)
             folder = writer.folder
             link_tree(current.folder, folder)
             segment = folder / SEGMENTS / _segment_name(current.manifest["next_segment"])
@@ -631,7 +742,7 @@ class Index:
                         "segments": [*current.manifest["segments"], _segment_entry(segment.name, count, current.spec)],
                         "documents": len(current) + count, "next_rowid": first + count,
                         "next_segment": current.manifest["next_segment"] + 1}
-            manifest, merged = _compact_if_needed(folder, manifest, current.tombstones, template, current.spec)
+            manifest, merged = _compact_if_needed(folder, manifest, current.tombstones, template, current)
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
@@ -645,8 +756,8 @@ class Index:
         doc_ids = list(dict.fromkeys(doc_ids))
         if not doc_ids:
             raise RetrieverError("give at least one document id to delete")
-        with writing(self.index_dir, self.name) as writer:
-            current = self._current_version()
+        with writing(self.index_dir, self.name) as writer, self._current() as current:
+            current._check_read(TOMBSTONES)  # written again, with the new ones
             found = current.live_rowids(doc_ids)
             missing = [doc_id for doc_id in doc_ids if doc_id not in found]
             if missing:
@@ -663,7 +774,7 @@ class Index:
                         for entry, count in zip(current.manifest["segments"], newly)]
             manifest = {**current.manifest, "segments": segments, "documents": len(current) - len(removed),
                         "deleted": len(tombstones)}
-            manifest, merged = _compact_if_needed(folder, manifest, tombstones, current._template(), current.spec)
+            manifest, merged = _compact_if_needed(folder, manifest, tombstones, current._template(), current)
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
         notes = [f"merged {merged} segments"] if merged else []
@@ -673,13 +784,13 @@ class Index:
     def compact(self) -> ChangeSummary:
         """Merge every segment into one and drop the deleted documents for good."""
         started = time.perf_counter()
-        with writing(self.index_dir, self.name) as writer:
-            current = self._current_version()
+        with writing(self.index_dir, self.name) as writer, self._current() as current:
+            current._check_read(TOMBSTONES)  # which rows to drop; every segment is checked as it is merged
             folder = writer.folder
             link_tree(current.folder, folder, skip=lambda relative: relative == TOMBSTONES)
             names = [entry["name"] for entry in current.manifest["segments"]]
             manifest, _ = _merge_segments(folder, current.manifest, names, current.tombstones,
-                                          current._template(), current.spec)
+                                          current._template(), current)
             _write_tombstones(folder, np.empty(0, np.int64))
             manifest["deleted"] = 0
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
@@ -706,8 +817,11 @@ class Index:
                                  f"'{self.name}' stores {self.manifest['encoder']['dim']}")
         if name == "none":
             query_vectors = None
-        with writing(self.index_dir, self.name) as writer:
-            current = self._current_version()
+        with writing(self.index_dir, self.name) as writer, self._current() as current:
+            # Read into the new version: every raw vector and row id (the new vector indexes), the tombstones. The
+            # documents and raw vectors are linked into renamed segments and keep their entries (`write_manifest`).
+            current._check_read(TOMBSTONES, *(f"{SEGMENTS}/{entry['name']}/{part}"
+                                              for entry in current.manifest["segments"] for part in (RAW, ROWIDS)))
             rows = min(len(current), fit_sample or len(current))
             shortfall = too_few_to_fit(fitted, rows, current.manifest["encoder"]["dim"])
             if shortfall:  # refit is an explicit request: refused, never quietly replaced by another calibrator
@@ -763,9 +877,12 @@ class Index:
         return Index.open(self.name, self.index_dir, device=self.device)
 
     def _template(self):
+        """The trained template, for a write: re-hashed first, since every new segment starts from a copy of it."""
         if not (self.folder / TEMPLATE).is_file():
             return None
-        return VectorStore.load(self.folder / TEMPLATE, self.spec, device="cpu", mmap=False)._index
+        self._check_read(TEMPLATE)
+        with self._reading(TEMPLATE, everything=True):
+            return VectorStore.load(self.folder / TEMPLATE, self.spec, device="cpu", mmap=False)._index
 
     def _refuse_existing_ids(self, table: DocumentTable) -> None:
         """Refuse (one line, before any encoding) new documents whose ids are already in the index."""
@@ -795,17 +912,55 @@ def verify_index(name: str, index_dir: str | Path | None = None, progress=None) 
     index_dir = resolve_index_dir(index_dir)
     folder = resolve_existing(index_dir, name)
     manifest = read_manifest(folder, name=name)
-    return manifest, verify_files(folder, manifest, name=name, progress=progress)
+    _check_manifest(manifest, name, folder)  # before a path from it is followed
+    checked = verify_files(folder, manifest, name=name, progress=progress)
+    _check_counts(manifest, [_stored_rows(folder, f"{SEGMENTS}/{entry['name']}/{ROWIDS}", name)
+                             for entry in manifest["segments"]], None,
+                  _stored_rows(folder, TOMBSTONES, name) if (folder / TOMBSTONES).is_file() else 0, name)
+    return manifest, checked
 
 
-def _compact_if_needed(folder: Path, manifest: dict, tombstones: np.ndarray, template, spec: IndexSpec):
-    """Apply the automatic compaction policy to the version being written in FOLDER; returns the manifest and
-    how many segments were merged (0: nothing to do). Only small segments or heavily deleted ones are rewritten,
-    so a write's cost stays proportional to what it changes."""
+def _stored_rows(folder: Path, relative: str, name: str) -> int:
+    """The rows of a .npy of the version in FOLDER, from its header alone."""
+    try:
+        return int(npy_layout(folder / relative)[0][0])
+    except (RetrieverError, IndexError) as error:
+        reason = str(error).replace(f"{folder}/", "") if isinstance(error, RetrieverError) else "no rows"
+        raise damaged_index(f"index '{name}'", f"{relative} cannot be read ({reason})") from None
+
+
+def _check_counts(manifest: dict, rows: list[int], vectors: list[int] | None, deleted: int, name: str) -> None:
+    """The manifest's counts against the files': each segment's ROWS (and VECTORS, when loaded), and its document
+    count against all rows less the DELETED ones. Header reads only, so opening stays cheap; a manifest written
+    by hand or a swapped file shows here rather than as wrong counts or missing rows later."""
+    def damaged(problem: str) -> DamagedIndexError:
+        return damaged_index(f"index '{name}'", problem)
+
+    for number, (entry, held) in enumerate(zip(manifest["segments"], rows)):
+        where = f"{SEGMENTS}/{entry['name']}"
+        if held != entry["rows"]:
+            raise damaged(f"{where}/{ROWIDS} holds {held:,} rows, the manifest says {entry['rows']:,}")
+        if vectors is not None and vectors[number] != held:
+            raise damaged(f"{where}/{VECTORS} holds {vectors[number]:,} vectors for {held:,} rows")
+    if manifest["documents"] != sum(rows) - deleted:
+        raise damaged(f"the manifest counts {_documents(manifest['documents'])}, but its segments hold "
+                      f"{_count(sum(rows), 'row')} of which {deleted:,} are deleted")
+
+
+def _check_tombstones(tombstones: np.ndarray) -> None:
+    """Tombstones are row ids, ascending and distinct (searches look them up by bisection)."""
+    if tombstones.ndim != 1 or tombstones.dtype.kind not in "iu" or (np.diff(tombstones) <= 0).any():
+        raise RetrieverError("not an ascending list of row ids")
+
+
+def _compact_if_needed(folder: Path, manifest: dict, tombstones: np.ndarray, template, previous: Index):
+    """Apply the automatic compaction policy to the version being written in FOLDER over PREVIOUS; returns the
+    manifest and how many segments were merged (0: nothing to do). Only small segments or heavily deleted ones
+    are rewritten, so a write's cost stays proportional to what it changes."""
     merged = 0
     for entry in list(manifest["segments"]):
         if entry["rows"] and _deleted_rows(folder, entry, tombstones) >= COMPACT_TOMBSTONE_SHARE * entry["rows"]:
-            manifest, tombstones = _merge_segments(folder, manifest, [entry["name"]], tombstones, template, spec)
+            manifest, tombstones = _merge_segments(folder, manifest, [entry["name"]], tombstones, template, previous)
             merged += 1
     names = [entry["name"] for entry in manifest["segments"]]
     if len(names) > COMPACT_MAX_SEGMENTS:
@@ -813,16 +968,20 @@ def _compact_if_needed(folder: Path, manifest: dict, tombstones: np.ndarray, tem
         run = len(names) - COMPACT_MAX_SEGMENTS + 1
         start = min(range(len(names) - run + 1), key=lambda first: sum(rows[first : first + run]))
         manifest, tombstones = _merge_segments(folder, manifest, names[start : start + run], tombstones, template,
-                                               spec)
+                                               previous)
         merged += run
     _write_tombstones(folder, tombstones)
     return {**manifest, "deleted": len(tombstones)}, merged
 
 
 def _merge_segments(folder: Path, manifest: dict, names: list[str], tombstones: np.ndarray, template,
-                    spec: IndexSpec) -> tuple[dict, np.ndarray]:
-    """Replace the adjacent segments NAMES of the version in FOLDER by one, without the TOMBSTONES' rows;
-    returns the manifest and the tombstones still needed (those of the other segments)."""
+                    previous: Index) -> tuple[dict, np.ndarray]:
+    """Replace the adjacent segments NAMES of the version in FOLDER (written over PREVIOUS) by one, without the
+    TOMBSTONES' rows; returns the manifest and the tombstones still needed (those of the other segments). Every
+    byte of the merged segments is copied into the new one, so those of PREVIOUS are re-hashed first: a new
+    segment, hashed as it is written, would vouch for any damage it copied."""
+    spec = previous.spec
+    previous._check_read(*(f"{SEGMENTS}/{name}" for name in names))
     new = folder / SEGMENTS / _segment_name(manifest["next_segment"])
     new.mkdir(parents=True)
     entries = {entry["name"]: entry for entry in manifest["segments"]}
@@ -972,7 +1131,33 @@ def _deleted_rows(folder: Path, entry: dict, tombstones: np.ndarray) -> int:
         return int(entry["deleted"])
     if not len(tombstones):
         return 0
-    return int(np.isin(np.load(folder / SEGMENTS / entry["name"] / ROWIDS, mmap_mode="r"), tombstones).sum())
+    return int(np.isin(load_npy(folder / SEGMENTS / entry["name"] / ROWIDS, mmap_mode="r"), tombstones).sum())
+
+
+def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str], progress: bool) -> None:
+    """Match a killed build's STATE to what its folder really holds, so the re-run continues from there whatever
+    step the kill hit: its temporary files go; documents without their table are read again; vectors on record
+    but not on disk are encoded again (the build deletes them once the segment is written: a kill between that
+    and the commit leaves the state saying "all encoded" with no file)."""
+    for stale in [path for path in folder.rglob("*.partial") if path.is_file()]:
+        stale.unlink()  # a file a killed step was writing, never renamed into place
+    if state.documents is not None and not (segment / DOCUMENTS).is_file():
+        state.documents, state.encoded, state.truncated = None, 0, 0
+    if state.encoded and _encoded_rows(folder / ENCODED) < state.encoded:
+        _note(notes, f"resumed a killed build: its {state.documents:,} documents were already read; their "
+                     "vectors were gone, so they are encoded again", progress)
+        state.encoded, state.truncated = 0, 0
+        state.save()
+
+
+def _encoded_rows(path: Path) -> int:
+    """Rows a build's encoded-vectors file holds whole: as many as its header says (rewritten at every flush), if
+    the file is that long; 0 for no file, or one that is not a 2-D .npy."""
+    try:
+        (rows, dim), dtype, offset = npy_layout(path)
+        return min(int(rows), (path.stat().st_size - offset) // max(1, dim * dtype.itemsize))
+    except (RetrieverError, OSError, ValueError):
+        return 0
 
 
 def _write_tombstones(folder: Path, tombstones: np.ndarray) -> None:
@@ -1059,8 +1244,13 @@ def _check_manifest(manifest: dict, name: str, folder: Path) -> None:
                 raise damaged(f"has a wrong type for '{where}{field_name}'")
     if not isinstance(manifest["calibrator"].get("name"), str):
         raise damaged("lacks 'calibrator.name'")
-    if not all(isinstance(entry, dict) and isinstance(entry.get("name"), str) for entry in manifest["segments"]):
+    if not all(isinstance(entry, dict) and isinstance(entry.get("name"), str) and type(entry.get("rows")) is int
+               for entry in manifest["segments"]):
         raise damaged("has a malformed 'segments' list")
+    strange = next((entry["name"] for entry in manifest["segments"] if not SEGMENT_NAME.fullmatch(entry["name"])),
+                   None)
+    if strange is not None:  # written by hand: followed, '../x' would reach outside the version
+        raise damaged(f"names a segment {strange[:40]!r}, which is not a segment's name")
 
 
 def isotropy(vectors: np.ndarray, rng: np.random.Generator, pairs: int = 20000) -> dict:

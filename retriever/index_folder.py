@@ -17,11 +17,14 @@ they are written, a shared file is the same file in every version that lists it.
 
 The manifest lists every file with its size and sha256 and carries a checksum of itself. Opening checks the
 manifest's checksum and every file's size, which costs microseconds at any index size; `verify` re-hashes every
-file on demand.
+file on demand. A writer re-hashes every file of the previous version whose bytes it reads into the new one
+(`verify_read`), so a damaged file is refused instead of being copied into a version whose manifest vouches for
+it; a file it only links keeps its old manifest entry, so its damage stays visible to `verify`.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -29,13 +32,15 @@ import os
 import re
 import shlex
 import shutil
+import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retriever.errors import NotFoundError, RetrieverError
+from retriever.errors import DamagedIndexError, NotFoundError, RetrieverError
 
 MANIFEST = "manifest.json"
 BUILD_STATE = "build-state.json"  # in a build's partial folder: what it has finished, for resuming
@@ -46,6 +51,9 @@ HOME_VARIABLE = "RETRIEVER_HOME"
 # One rule for every index name, so a name is always a safe file name, a URL path part and a shell word.
 NAME_RULE = "1 to 64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# What `_new_version_name` makes: a version folder, and the middle of a writer's temporary link.
+_VERSION = r"\d{8}T\d{12}-[0-9a-f]{6}"
+_TEMPORARY_LINK = re.compile(rf"\.([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})\.{_VERSION}\.link")
 
 
 def check_name(name: str) -> str:
@@ -106,8 +114,8 @@ def check_target(index_dir: str | Path, name: str) -> None:
         raise RetrieverError(f"{link} is a plain folder, not a retriever index link; move it away first")
 
 
-def damaged_index(label: str, problem: str) -> RetrieverError:
-    return RetrieverError(f"{label} is damaged: {problem}; rebuild the index")
+def damaged_index(label: str, problem: str) -> DamagedIndexError:
+    return DamagedIndexError(f"{label} is damaged: {problem}; rebuild the index")
 
 
 def sha256_file(path: Path) -> str:
@@ -150,6 +158,10 @@ def read_manifest(folder: Path, name: str | None = None) -> dict:
         raise damaged_index(label, f"{manifest_path} lists no files")
     if manifest.get("checksum") != manifest_checksum(manifest):
         raise damaged_index(label, f"{manifest_path} does not match its own checksum")
+    # The checksum catches accidents, not a manifest written on purpose: a path must stay inside the version.
+    outside = next((relative for relative in files if not _inside(relative)), None)
+    if outside is not None:
+        raise damaged_index(label, f"{manifest_path} lists a file outside its version: {outside[:80]!r}")
     for relative, entry in files.items():
         try:
             size = (folder / relative).stat().st_size
@@ -180,20 +192,69 @@ def _is_entry(entry: object) -> bool:
     return (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str))
 
 
+def _inside(relative: str) -> bool:
+    """Whether RELATIVE names a file inside a version folder: relative, no '..', no empty or odd parts."""
+    parts = relative.split("/")
+    return (relative == relative.strip() and "\\" not in relative and "\0" not in relative
+            and all(part not in ("", ".", "..") for part in parts))
+
+
+# Files a writer has re-hashed in this process, by identity: versions never change a file, so one that kept its
+# inode, size and modification time since it matched needs no second hash (a server writing all day re-hashes
+# the tombstones and the calibrator once per version, not once per request). Bounded: cleared when full.
+_VERIFIED: dict[tuple[int, int, int, int], str] = {}
+_VERIFIED_LOCK = threading.Lock()
+_VERIFIED_MAX = 65536
+
+
+def verify_read(folder: Path, relatives, known: dict, name: str) -> None:
+    """Refuse to write a new version from damaged bytes: re-hash each of RELATIVES (files in FOLDER, the version
+    being written over or a partial folder linked from it) that the previous manifest lists in KNOWN. A file not
+    in KNOWN was written by this writer and is skipped. Only what a writer reads is hashed here; a file it only
+    links keeps its manifest entry (`write_manifest`), so damage there stays visible to `verify` without making
+    every add cost a hash of the whole index."""
+    for relative in relatives:
+        entry = known.get(relative)
+        if entry is None:
+            continue
+        path = folder / relative
+        try:
+            status = path.stat()
+        except FileNotFoundError:
+            raise _refused(name, f"{relative} is missing") from None
+        identity = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+        with _VERIFIED_LOCK:
+            if _VERIFIED.get(identity) == entry["sha256"]:
+                continue
+        if status.st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+            raise _refused(name, f"{relative} does not match its manifest checksum")
+        with _VERIFIED_LOCK:
+            if len(_VERIFIED) >= _VERIFIED_MAX:
+                _VERIFIED.clear()
+            _VERIFIED[identity] = entry["sha256"]
+
+
+def _refused(name: str, problem: str) -> DamagedIndexError:
+    return DamagedIndexError(f"index '{name}' is damaged: {problem}; nothing was written (a new version would "
+                             "carry the damage on); rebuild the index")
+
+
 def write_manifest(folder: Path, manifest: dict, previous: Path | None = None, known: dict | None = None) -> dict:
     """Write MANIFEST into FOLDER with an entry for every file there and a checksum of itself.
 
-    A file that is a hard link to the same file in PREVIOUS (the version it was linked from, whose manifest
-    entries are KNOWN) keeps its entry without being hashed again: it is the very file hashed when written."""
-    known = known or {}
+    A file that is a hard link to a file of PREVIOUS (the version it was linked from, whose manifest entries are
+    KNOWN), under the same name or another (a refit's renamed segments), keeps that file's entry without being
+    hashed again: it is the very file hashed when written, and if it was damaged since, the old entry keeps the
+    damage visible to `verify`, where a new hash would vouch for it. Temporary files (`*.partial`, a killed
+    writer's) are never listed."""
+    linked = _entries_by_identity(previous, known or {}) if previous is not None else {}
     files = {}
     for path in sorted(folder.rglob("*")):
-        if not path.is_file() or path.name in (MANIFEST, BUILD_STATE):
+        if not path.is_file() or path.name in (MANIFEST, BUILD_STATE) or path.name.endswith(".partial"):
             continue
         relative = str(path.relative_to(folder))
-        entry = known.get(relative)
-        linked = entry is not None and previous is not None and _same_file(path, previous / relative)
-        files[relative] = entry if linked else file_entry(path)
+        status = path.stat()
+        files[relative] = linked.get((status.st_dev, status.st_ino)) or file_entry(path)
     manifest = {key: value for key, value in manifest.items() if key not in ("files", "checksum")}
     manifest["files"] = files
     manifest["checksum"] = manifest_checksum(manifest)
@@ -203,11 +264,16 @@ def write_manifest(folder: Path, manifest: dict, previous: Path | None = None, k
     return manifest
 
 
-def _same_file(path: Path, other: Path) -> bool:
-    try:
-        return os.path.samefile(path, other)
-    except OSError:
-        return False
+def _entries_by_identity(previous: Path, known: dict) -> dict[tuple[int, int], dict]:
+    """KNOWN's entries keyed by the (device, inode) of their file in PREVIOUS."""
+    entries = {}
+    for relative, entry in known.items():
+        try:
+            status = (previous / relative).stat()
+        except OSError:
+            continue
+        entries[(status.st_dev, status.st_ino)] = entry
+    return entries
 
 
 def link_tree(source: Path, target: Path, skip: Callable[[str], bool] = lambda relative: False) -> None:
@@ -243,10 +309,19 @@ class IndexWriter:
         temporary_link = self.link.with_name(f".{self.link.name}.{self.version}.link")
         os.symlink(os.path.relpath(final, self.link.parent), temporary_link)
         os.replace(temporary_link, self.link)  # the atomic moment: readers now open the new version
-        _fsync_dir(self.link.parent)
         self.folder = final
-        self._prune(keep=final)
+        self._after_commit(final)
         return final
+
+    def _after_commit(self, final: Path) -> None:
+        """Make the swap durable and prune old versions. The write has happened by now, so nothing here may turn
+        it into an error: a caller told "failed" would retry a write that is already in."""
+        try:
+            _fsync_dir(self.link.parent)
+            self._prune(keep=final)
+        except OSError as error:
+            warnings.warn(f"index '{self.link.name}' was written, but tidying up after it failed "
+                          f"({error.strerror or error}); the next write tries again", stacklevel=3)
 
     def _prune(self, keep: Path) -> None:
         finished = sorted(path for path in self.versions.iterdir() if path.is_dir() and not path.name.endswith(".partial"))
@@ -318,22 +393,90 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
     writer = IndexWriter(index_dir, name)
     check_target(index_dir, name)
     with writer_lock(index_dir, name, wait, busy_hint):  # writers of one name take turns; readers never wait
+        _remove_stray_links(index_dir, name)
         for leftover in sorted(writer.versions.glob("*.partial")):  # from writes that were killed
             if resume_key is not None and not writer.resumed and _build_key(leftover) == resume_key:
                 writer.folder, writer.version, writer.resumed = leftover, leftover.name[: -len(".partial")], True
                 continue
             shutil.rmtree(leftover, ignore_errors=True)
         _remove_orphans(writer)
-        writer.folder.mkdir(exist_ok=writer.resumed)
         try:
+            writer.folder.mkdir(exist_ok=writer.resumed)
             yield writer
         except KeyboardInterrupt:
             # An interrupted build keeps what it finished, to resume from; anything else is discarded.
             writer.keep_partial = writer.keep_partial or (writer.folder / BUILD_STATE).is_file()
             raise
+        except Exception as error:
+            if _disk_full(error):  # whichever library hit it, and however it words it: one line
+                kept = "the previous version is intact" if writer.link.is_symlink() else "no index was made"
+                raise RetrieverError(f"index '{name}' was not written: the disk is full ({_first_line(error)}); "
+                                     f"{kept}; free some space and run it again") from None
+            raise
         finally:
             if writer.folder.name.endswith(".partial") and not writer.keep_partial:
                 shutil.rmtree(writer.folder, ignore_errors=True)
+            _remove_if_unused(writer.versions, writer.link)
+
+
+def _disk_full(error: BaseException | None) -> bool:
+    """Whether ERROR, or an error it was raised from, is a full disk: an OSError's ENOSPC or EDQUOT, or the words
+    faiss (strerror in a RuntimeError), SQLite and torch put it in."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(words in str(error) for words in ("No space left on device", "Disk quota exceeded", "disk is full")):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _first_line(error: BaseException) -> str:
+    text = (error.strerror if isinstance(error, OSError) and error.strerror else str(error)).strip()
+    return text.splitlines()[0][:160] if text else type(error).__name__
+
+
+def _remove_stray_links(index_dir: str | Path, name: str) -> None:
+    """Remove NAME's temporary links: a writer killed between making one and swapping it in left it dangling.
+    Called holding NAME's writer lock, so no writer is between those two steps now."""
+    for path in Path(index_dir).glob(f".{name}.*.link"):
+        found = _TEMPORARY_LINK.fullmatch(path.name)
+        if found and found.group(1) == name:
+            path.unlink(missing_ok=True)
+
+
+def _remove_if_unused(versions: Path, link: Path) -> None:
+    """Remove .versions/NAME when it holds nothing but its lock and no link points into it (a first build that
+    failed). Called holding the lock, which goes last, as in `remove_index`: a writer waiting for it then finds its
+    lock file gone and locks a fresh one."""
+    try:
+        if link.is_symlink() or [path.name for path in versions.iterdir()] != [LOCK]:
+            return
+        (versions / LOCK).unlink()
+        versions.rmdir()
+    except OSError:
+        pass  # not ours to tidy (a read-only home), or someone else's file appeared: keep it
+
+
+def sweep_leftovers(index_dir: str | Path) -> None:
+    """Tidy what killed writers left where no writer is at work now: temporary links never swapped in, and
+    .versions/NAME folders holding nothing but a lock. A writer tidies its own name as it starts; `list` calls
+    this for all of them. A name whose writer lock is held, or a home this process may not write, is skipped."""
+    folder = Path(index_dir)
+    if not folder.is_dir():
+        return
+    names = {found.group(1) for path in folder.glob(".*.link") if (found := _TEMPORARY_LINK.fullmatch(path.name))}
+    versions = folder / VERSIONS
+    if versions.is_dir():
+        names |= {path.name for path in versions.iterdir() if path.is_dir() and _NAME.fullmatch(path.name)
+                  and not (folder / path.name).is_symlink() and (path / LOCK).is_file()}
+    for name in sorted(names):
+        try:
+            with writer_lock(folder, name, wait=False):
+                _remove_stray_links(folder, name)
+                _remove_if_unused(versions / name, folder / name)
+        except (RetrieverError, OSError):
+            continue
 
 
 def _remove_orphans(writer: IndexWriter) -> None:
@@ -358,15 +501,22 @@ def _build_key(folder: Path) -> dict | None:
 
 
 def _fsync_tree(folder: Path) -> None:
+    """Make a version folder durable before it is renamed in: every file written for it, and every folder in it,
+    deepest first (a new file's or folder's name lives in its parent folder, which a power loss could otherwise
+    lose even with the file itself on disk)."""
+    folders = [folder]
     for path in folder.rglob("*"):
+        if path.is_dir():
+            folders.append(path)
         # A file with other links was reused from an earlier version, made durable when that one was written.
-        if path.is_file() and path.stat().st_nlink == 1:
+        elif path.is_file() and path.stat().st_nlink == 1:
             descriptor = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(descriptor)
             finally:
                 os.close(descriptor)
-    _fsync_dir(folder)
+    for directory in sorted(folders, key=lambda path: len(path.parts), reverse=True):
+        _fsync_dir(directory)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -403,7 +553,9 @@ def pick_index(index_dir: str | Path, name: str | None, writing: bool = False) -
 def describe_indexes(index_dir: str | Path) -> list[dict]:
     """What `retriever list` shows: one record per index in INDEX_DIR, most recently written first, with name,
     documents, model, calibrator, index_type, written (when its current version was written, ISO 8601 UTC) and
-    folder, read from each manifest after the cheap checks; an index that fails them has "problem" instead."""
+    folder, read from each manifest after the cheap checks; an index that fails them has "problem" instead.
+    Tidies what killed writers left first (`sweep_leftovers`)."""
+    sweep_leftovers(index_dir)
     records = []
     for name in list_indexes(index_dir):
         link = Path(index_dir) / name
@@ -466,8 +618,7 @@ def remove_index(index_dir: str | Path, name: str) -> None:
         if link.is_symlink():
             link.unlink()
             _fsync_dir(link.parent)
-        for stray in Path(index_dir).glob(f".{name}.*.link"):  # a writer killed between its two link steps
-            stray.unlink(missing_ok=True)
+        _remove_stray_links(index_dir, name)  # a writer killed between its two link steps
         for path in versions.iterdir():
             if path.name != LOCK:
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()

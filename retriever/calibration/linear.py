@@ -14,6 +14,7 @@ import numpy as np
 
 from retriever.calibration.base import Calibrator, centered_gram, column_mean, row_chunks
 from retriever.errors import RetrieverError
+from retriever.store.arrays import HEADER_LOCK
 
 # Eigenvalues are raised to at least this fraction of the largest, so exactly singular covariances (constant or
 # duplicated dimensions, as in MiniLM's last layer) give finite weights instead of inf.
@@ -71,7 +72,7 @@ class LinearCalibrator(Calibrator):
             np.savez(file, **arrays)
 
     def _load_weights(self, path: Path) -> None:
-        with np.load(path) as arrays:
+        with HEADER_LOCK, np.load(path) as arrays:  # each array's header is parsed as it is read
             self.mean = arrays["mean"]
             for key in ("scale", "removed", "W"):
                 setattr(self, key, arrays[key] if key in arrays else None)

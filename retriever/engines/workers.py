@@ -181,8 +181,10 @@ def write_shard(shard_dir: Path, first_rowid: int, documents: Sequence[Document]
 
 def read_shard(shard_dir: Path, first_rowid: int) -> tuple[np.ndarray, list[Document], np.ndarray]:
     """(row ids, documents, float32 vectors) of the shard that starts at FIRST_ROWID."""
+    from retriever.store.arrays import load_npy  # a header parse under the lock every .npy read takes
+
     path = shard_path(shard_dir, first_rowid)
-    vectors = np.load(path)
+    vectors = load_npy(path)
     with open(path.with_suffix(".jsonl"), encoding="utf-8") as file:
         documents = [Document(**json.loads(line)) for line in file]
     if len(documents) != len(vectors):
@@ -198,6 +200,7 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     from retriever.calibration import load_calibrator
     from retriever.index import CALIBRATOR, SEGMENTS, TEMPLATE, fitted_out_dim
     from retriever.pipeline import l2_normalize, write_segment_vectors
+    from retriever.store.arrays import load_npy
     from retriever.store.documents import DocumentTable
     from retriever.store.segment import DOCUMENTS
     from retriever.store.vectors import IndexSpec, VectorStore, set_threads
@@ -210,9 +213,9 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     index_spec = IndexSpec.from_dict(spec)
     template = (VectorStore.load(folder / TEMPLATE, index_spec, device="cpu", mmap=False)._index
                 if (folder / TEMPLATE).is_file() else None)
-    dim = int(np.load(shard_path(shard_dir, shards[0]), mmap_mode="r").shape[1])
+    dim = int(load_npy(shard_path(shard_dir, shards[0]), mmap_mode="r").shape[1])
     calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=dim)
-    rows = sum(len(np.load(shard_path(shard_dir, first), mmap_mode="r")) for first in shards)  # headers only
+    rows = sum(len(load_npy(shard_path(shard_dir, first), mmap_mode="r")) for first in shards)  # headers only
     table = DocumentTable.create(target / DOCUMENTS)
 
     def blocks():  # each shard read once: its documents go to SQLite, its vectors on to the index

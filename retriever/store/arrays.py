@@ -4,11 +4,16 @@
 any shape and is rewritten with the rows written so far at every `flush`, so the file is a valid .npy after each
 flush and a killed writer can be resumed from its last flushed row (`NpyAppender.resume`). `VectorSource` reads
 the vectors a user computed elsewhere (`build --vectors`): one .npy, or a folder of .npy shards in name order.
+
+numpy parses a .npy header with `ast.literal_eval`, which some CPython versions cannot run in two threads at once
+("SystemError: AST constructor recursion depth mismatch", python/cpython#106905): every .npy or .npz read in
+this package goes through `load_npy` or `npy_layout`, which parse headers under one lock.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +27,15 @@ _MAGIC = b"\x93NUMPY\x01\x00"
 DTYPES = {"float16": np.float16, "float32": np.float32, "int64": np.int64}
 # Rows per block when checking or copying a source: 65,536 x 768 float32 is 200 MB.
 BLOCK_ROWS = 65536
+# Held while numpy parses a header (see the module's docstring). Reentrant: a caller may hold it around a load.
+HEADER_LOCK = threading.RLock()
+
+
+def load_npy(path: str | Path, mmap_mode: str | None = None):
+    """`np.load` under HEADER_LOCK. With MMAP_MODE only the header is read; without it, the whole (small) array.
+    An .npz is parsed lazily, array by array: read it inside `with HEADER_LOCK:`."""
+    with HEADER_LOCK:
+        return np.load(path, mmap_mode=mmap_mode)
 
 
 def _header(dtype: np.dtype, rows: int, dim: int | None) -> bytes:
@@ -95,7 +109,7 @@ def npy_layout(path: str | Path) -> tuple[tuple[int, ...], np.dtype, int]:
     it is not a .npy."""
     path = Path(path)
     try:
-        with open(path, "rb") as file:
+        with open(path, "rb") as file, HEADER_LOCK:
             version = np.lib.format.read_magic(file)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran_order, dtype = read_header(file)

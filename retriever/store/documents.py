@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.corpus import Document
-from retriever.errors import RetrieverError
+from retriever.errors import DamagedIndexError, RetrieverError
 
 COLUMNS = ("rowid", "doc_id", "title", "text", "source", "line")
 
@@ -191,8 +191,8 @@ class DocumentTable:
         by_rowid = {row[0]: dict(zip(selected, row)) for row in cursor}
         missing = [r for r in wanted if r not in by_rowid]
         if missing:
-            raise RetrieverError(
-                f"index is inconsistent: {len(missing)} vector ids have no document row, e.g. {missing[:_SHOWN]}"
+            raise DamagedIndexError(
+                f"{self.path}: {len(missing)} vector ids have no document row, e.g. {missing[:_SHOWN]}"
             )
         return [by_rowid[r] for r in wanted]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.errors import RetrieverError
-from retriever.store.arrays import NpyAppender, read_rows
+from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
 from retriever.store.vectors import IndexSpec, VectorStore
 
@@ -38,8 +38,8 @@ class Segment:
         self.documents = DocumentTable.open(folder / DOCUMENTS)
         # Mapped now, read on demand: the mappings keep this segment readable after a later write prunes the
         # version folder it was opened from, as the open SQLite connection does for the documents.
-        self.raw = np.load(folder / RAW, mmap_mode="r")
-        self.rowids = np.load(folder / ROWIDS, mmap_mode="r")
+        self.raw = load_npy(folder / RAW, mmap_mode="r")
+        self.rowids = load_npy(folder / ROWIDS, mmap_mode="r")
 
     def __len__(self) -> int:
         return len(self.rowids)
@@ -63,7 +63,10 @@ class Segment:
             yield ids, read_rows(self.folder / RAW, start, len(ids))
 
     def close(self) -> None:
+        """Release the segment's files: the SQLite connection at once; the FAISS index and the memory maps (each
+        holds a descriptor) as soon as nothing else refers to them. Calling it again does nothing."""
         self.documents.close()
+        self.vectors = self.raw = self.rowids = None
 
 
 class RawWriter:
