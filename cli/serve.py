@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
@@ -21,16 +22,44 @@ def serve(
         help="run the encoder on PyTorch or ONNX Runtime (same numbers; ONNX Runtime has less overhead per "
         "query on a CPU); auto: onnx on a CPU when onnxruntime is installed")] = "auto",
     index_dir: options.IndexDir = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", help="require Authorization: Bearer KEY on every request but the page and /health (read and "
+        "write); also $RETRIEVER_API_KEY")] = None,
+    api_key_file: Annotated[Optional[Path], typer.Option(
+        "--api-key-file", help="read the read-write key from the first line of this file (keeps it out of ps)")] = None,
+    read_only_api_key: Annotated[Optional[str], typer.Option(
+        "--read-only-api-key", help="a key that may search and read only (writes answer 403); also "
+        "$RETRIEVER_READ_ONLY_API_KEY")] = None,
+    read_only_api_key_file: Annotated[Optional[Path], typer.Option(
+        "--read-only-api-key-file", help="read the read-only key from the first line of this file")] = None,
+    allowed_host: Annotated[Optional[list[str]], typer.Option(
+        "--allowed-host", help="a Host name to answer besides the bound address and loopback names (repeatable; "
+        "*.example.org for a domain); other names get 421, which stops DNS rebinding")] = None,
+    no_key: Annotated[bool, typer.Option(
+        "--no-key", help="serve on a non-loopback address without an API key (anyone who reaches it may read and "
+        "write)")] = False,
 ) -> None:
     """Serve every index over HTTP: a JSON API (docs at /docs) and a search page at /.
 
     The model loads once and each index opens once; a version committed later (by the CLI or the API) is picked
-    up by the next request, and every answer names the version it comes from. Ctrl-C stops the server."""
+    up by the next request, and every answer names the version it comes from. Ctrl-C stops the server.
+
+    Beyond 127.0.0.1 the server needs an API key (--api-key, --api-key-file or $RETRIEVER_API_KEY); a read-only
+    key may be given besides. Requests naming another Host than the server's are refused."""
     import os
+
+    from retriever.access import API_KEY_ENV, READ_ONLY_API_KEY_ENV, AccessPolicy, resolve_key, serving_hosts
+
+    access = AccessPolicy.create(
+        serving_hosts(host, allowed_host or ()),
+        api_key=resolve_key(api_key, api_key_file, API_KEY_ENV, "--api-key"),
+        read_only_api_key=resolve_key(read_only_api_key, read_only_api_key_file, READ_ONLY_API_KEY_ENV,
+                                      "--read-only-api-key"))
 
     # Before torch and FAISS load: idle OpenMP workers then sleep instead of spinning. On a few cores spinning
     # workers take the CPU the HTTP loop needs between batches (measured: p90 518 ms -> 51 ms at 1 client).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from retriever.server import serve as run
 
-    run(index_dir, host=host, port=port, device=device, max_batch=max_batch, access_log=access_log, runtime=runtime)
+    run(index_dir, host=host, port=port, device=device, max_batch=max_batch, access_log=access_log, runtime=runtime,
+        access=access, allow_without_key=no_key)

@@ -8,9 +8,14 @@ One process holds the model and the open indexes, so a query costs milliseconds 
 - `SearchBatcher` answers searches on one thread: whatever queries have queued while it worked go through one
   encoder call (one per encoder), then one FAISS search per index version. Under load that is micro-batching for
   free; a lone query waits for nothing.
-- Bad input is a JSON error with its status (400 bad value, 404 no such index or document, 409 an id already
-  there, 413 too large, 422 malformed request), never a traceback; sizes and k are bounded. Writes take turns
-  with every other writer of the index (the CLI's included), as `retriever add` does.
+- Bad input is a JSON error with its status (400 bad value, 401/403 no key or a read-only one, 404 no such index
+  or document, 409 an id already there, 413 too large, 421 a Host name not served, 422 malformed request, 503 a
+  damaged index or a missing model: that index alone), never a traceback and never a server path; sizes, k and
+  the results and bytes of one answer are bounded. One client's bad query never fails another's: queries are
+  checked before they are batched, and a batch that fails anyway is retried query by query. Answers are
+  rendered off the event loop. Writes take turns with every other writer of the index (the CLI's included), as
+  `retriever add` does, and a committed write is reported as committed.
+- `retriever.access` checks the Host header (DNS rebinding) and API keys before any of this runs.
 
 Endpoints (the contract clients rely on; answers use `retriever.index.search_record` for each query, the same
 JSON as `retriever search --json`): GET /health, GET /indexes, GET /indexes/{name},
@@ -21,6 +26,7 @@ GET|DELETE /indexes/{name}/documents/{doc_id}, POST /indexes/{name}/documents {"
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -38,9 +44,11 @@ from typing import Literal, Optional, Union
 
 import numpy as np
 
+from retriever.access import AccessGuard, AccessPolicy
 from retriever.corpus import documents_from_records
-from retriever.errors import ConflictError, NotFoundError, RetrieverError
-from retriever.index import Index, SearchHit, search_record
+from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError
+from retriever.index import Index, SearchHit, check_queries, search_record
+from retriever.text import check_text
 from retriever.onnx_runtime import resolve_runtime
 from retriever.index_folder import check_name, describe_indexes, list_indexes, resolve_index_dir
 
@@ -48,8 +56,8 @@ try:
     from fastapi import Body, FastAPI, Query, Request
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import FileResponse, JSONResponse
-    from pydantic import BaseModel, Field
+    from fastapi.responses import FileResponse, JSONResponse, Response
+    from pydantic import BaseModel, Field, StrictInt, StrictStr
     from starlette.exceptions import HTTPException
 except ImportError as error:  # a dependency of the package; a broken install should still say what to do
     raise RetrieverError(f"serving needs FastAPI and uvicorn ({error}); reinstall: pip install -e .") from None
@@ -62,6 +70,8 @@ MAX_QUERY_CHARS = 10_000  # the encoder keeps at most max_length tokens anyway
 MAX_DOCUMENTS = 10_000  # documents per POST /indexes/{name}/documents
 MAX_BODY_BYTES = 16 * 2**20
 MAX_BATCH_QUERIES = 64  # queries per encoder call in the batcher
+MAX_HITS = 10_000  # results per request (queries x k)
+MAX_ANSWER_CHARS = 32 * 2**20  # document text in one answer: a few huge documents x many queries stays bounded
 STATIC = Path(__file__).with_name("static")
 Space = Literal["calibrated", "raw"]
 
@@ -73,6 +83,8 @@ class ApiError(Exception):
 
 
 def status_of(error: RetrieverError) -> int:
+    if isinstance(error, DamagedIndexError):
+        return 503  # the server's data, not the client's request: the other indexes go on
     if isinstance(error, NotFoundError):
         return 404
     if isinstance(error, ConflictError):
@@ -81,7 +93,11 @@ def status_of(error: RetrieverError) -> int:
 
 
 class OpenIndexes:
-    """Each index opened once, swapped for its newer version when one is committed; one encoder per model."""
+    """Each index opened once, swapped for its newer version when one is committed; one encoder per model.
+
+    Requests hold the version they use (`using`); a replaced version is closed (its files, SQLite connections
+    and mapped vectors released) once the last request holding it is answered, so write storms do not pile up
+    open descriptors of pruned versions."""
 
     def __init__(self, index_dir: Path, device: str = "auto", runtime: str = "auto"):
         self.index_dir = index_dir
@@ -90,6 +106,8 @@ class OpenIndexes:
         self._held: dict[str, Index] = {}
         self._encoders: dict[str, object] = {}
         self._lock = threading.Lock()
+        self._holders: dict[int, int] = {}  # id(index) -> requests using it
+        self._retired: dict[int, Index] = {}  # replaced versions still in use, closed by their last holder
 
     def names(self) -> list[str]:
         return list_indexes(self.index_dir)
@@ -107,11 +125,10 @@ class OpenIndexes:
         with self._lock:  # one opener at a time; the others wait here for the same new version
             if self.held(name) is not None:  # opened by the thread that held the lock before
                 return self._held[name]
-            held = self._held.get(name)
             try:
                 index = Index.open(name, self.index_dir, device=self.device)
             except NotFoundError:  # removed: forget the version held
-                self._held.pop(name, None)
+                self._retire(self._held.pop(name, None))
                 raise
             key = json.dumps(index.manifest["encoder"], sort_keys=True)
             if key in self._encoders:
@@ -120,11 +137,53 @@ class OpenIndexes:
                 try:
                     self._encoders[key] = index._encoder = index.load_encoder(self.runtime)
                 except RetrieverError as error:  # this machine lacks the model: the server's problem, not the request's
+                    index.close()
                     raise ApiError(503, str(error)) from None
+            previous = self._held.get(name)
             self._held[name] = index
-            if held is not None:
-                log.info("index '%s': now serving version %s (was %s)", name, index.folder.name, held.folder.name)
+            self._retire(previous)
+            if previous is not None:
+                log.info("index '%s': now serving version %s (was %s)", name, index.folder.name, previous.folder.name)
             return index
+
+    def _retire(self, index: Index | None) -> None:
+        """Close INDEX now if no request holds it, else when the last one lets go (called under the lock)."""
+        if index is None:
+            return
+        if self._holders.get(id(index), 0) == 0:
+            index.close()
+        else:
+            self._retired[id(index)] = index
+
+    def _hold(self, index: Index) -> bool:
+        with self._lock:
+            if self._held.get(index.name) is not index and id(index) not in self._retired:
+                return False  # replaced (and closed) between the look-up and now: look again
+            self._holders[id(index)] = self._holders.get(id(index), 0) + 1
+            return True
+
+    def _release(self, index: Index) -> None:
+        with self._lock:
+            left = self._holders[id(index)] - 1
+            if left:
+                self._holders[id(index)] = left
+                return
+            del self._holders[id(index)]
+            retired = self._retired.pop(id(index), None)
+        if retired is not None:
+            retired.close()
+
+    @asynccontextmanager
+    async def using(self, name: str | None):
+        """NAME's current version (the only index when NAME is empty), held open until the block ends."""
+        while True:
+            index = await self.current(name)
+            if self._hold(index):
+                break
+        try:
+            yield index
+        finally:
+            self._release(index)
 
     async def current(self, name: str | None) -> Index:
         """NAME (or the only index when none is named), current version; an open, when one is needed, runs off
@@ -132,11 +191,18 @@ class OpenIndexes:
         if not name:
             names = self.names()
             if not names:
-                raise NotFoundError(f"no index in {self.index_dir}; build one with: retriever build CORPUS")
+                raise NotFoundError("no index is served yet; build one with: retriever build CORPUS")
             if len(names) > 1:
                 raise ApiError(400, f"{len(names)} indexes ({', '.join(names)}); say which with index=NAME")
             name = names[0]
         return self.held(name) or await run_in_threadpool(self.get, name)
+
+    def close(self) -> None:
+        with self._lock:
+            for index in [*self._held.values(), *self._retired.values()]:
+                index.close()
+            self._held.clear()
+            self._retired.clear()
 
 
 @dataclass
@@ -194,23 +260,39 @@ class SearchBatcher:
         for job in jobs:
             by_encoder[id(job.index.encoder)].append(job)
         for group in by_encoder.values():
-            try:
-                raw = group[0].index.encoder.encode([text for job in group for text in job.queries])
-            except Exception as error:  # noqa: BLE001 - each waiting request gets the error, the thread lives on
+            self._encode_and_search(group)
+
+    def _encode_and_search(self, group: list[_Job]) -> None:
+        """One encoder call for the group, then one search per index version; a failure of a group of several
+        is retried job by job, so it reaches only the request that caused it."""
+        try:
+            raw = group[0].index.encoder.encode([text for job in group for text in job.queries])
+        except Exception as error:  # noqa: BLE001 - the thread lives on; only the guilty request gets the error
+            if len(group) == 1:
                 _fail(group, error)
-                continue
-            offset = 0
-            for job in group:
-                job.raw = raw[offset : offset + len(job.queries)]
-                offset += len(job.queries)
-            by_search: dict[tuple, list[_Job]] = defaultdict(list)
-            for job in group:
-                by_search[(id(job.index), job.options)].append(job)
-            for same in by_search.values():
-                try:
-                    self._search(same)
-                except Exception as error:  # noqa: BLE001
+            else:
+                for job in group:
+                    self._encode_and_search([job])
+            return
+        offset = 0
+        for job in group:
+            job.raw = raw[offset : offset + len(job.queries)]
+            offset += len(job.queries)
+        by_search: dict[tuple, list[_Job]] = defaultdict(list)
+        for job in group:
+            by_search[(id(job.index), job.options)].append(job)
+        for same in by_search.values():
+            try:
+                self._search(same)
+            except Exception as error:  # noqa: BLE001
+                if len(same) == 1:
                     _fail(same, error)
+                    continue
+                for job in same:
+                    try:
+                        self._search([job])
+                    except Exception as alone:  # noqa: BLE001
+                        _fail([job], alone)
 
     @staticmethod
     def _search(jobs: list[_Job]) -> None:
@@ -232,18 +314,19 @@ def _fail(jobs: list[_Job], error: Exception) -> None:
 
 
 class QueryItem(BaseModel):
-    id: Optional[str] = Field(None, description="echoed back as query_id")
-    text: str
+    id: Optional[StrictStr] = Field(None, description="echoed back as query_id")
+    text: StrictStr
 
 
 class SearchRequest(BaseModel):
-    queries: list[Union[str, QueryItem]] = Field(..., description=f"at most {MAX_QUERIES}: texts, or {{id, text}}")
-    k: int = Field(10, ge=1, le=MAX_K)
-    index: Optional[str] = Field(None, description="the index's name (optional when there is only one)")
+    queries: list[Union[StrictStr, QueryItem]] = Field(..., description=f"at most {MAX_QUERIES}: texts, or "
+                                                                       "{id, text}")
+    k: StrictInt = Field(10, ge=1, le=MAX_K)  # strict: `true` is not a number of results
+    index: Optional[StrictStr] = Field(None, description="the index's name (optional when there is only one)")
     space: Space = Field("calibrated", description="raw: rank by the uncalibrated vectors (exact), to compare")
-    nprobe: Optional[int] = Field(None, ge=1)
-    ef_search: Optional[int] = Field(None, ge=1)
-    rerank: Optional[int] = Field(None, ge=1)
+    nprobe: Optional[StrictInt] = Field(None, ge=1)
+    ef_search: Optional[StrictInt] = Field(None, ge=1)
+    rerank: Optional[StrictInt] = Field(None, ge=1)
 
 
 class AddRequest(BaseModel):
@@ -252,12 +335,15 @@ class AddRequest(BaseModel):
 
 
 def create_app(index_dir: str | Path | None = None, device: str = "auto", preload: bool = False,
-               max_batch: int = MAX_BATCH_QUERIES, runtime: str = "auto") -> FastAPI:
+               max_batch: int = MAX_BATCH_QUERIES, runtime: str = "auto",
+               access: AccessPolicy | None = None) -> FastAPI:
     """The application: INDEX_DIR as `resolve_index_dir` finds it; PRELOAD opens every index (and loads its
     model) at start-up rather than on its first request; RUNTIME runs the encoder on PyTorch or ONNX Runtime
-    (auto: ONNX Runtime on CPU when installed, `retriever.onnx_runtime`)."""
+    (auto: ONNX Runtime on CPU when installed, `retriever.onnx_runtime`); ACCESS, the Host names answered and
+    the API keys (default: loopback names, no key)."""
     resolve_runtime(runtime, "cpu")  # validates the name before anything loads
     indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime)
+    private = _private_paths(indexes.index_dir)
     state: dict = {}
 
     @asynccontextmanager
@@ -269,11 +355,12 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                     opened = indexes.get(name)
                     log.info("index '%s': %s documents, version %s, encoder on %s", name,
                              f"{len(opened):,}", opened.folder.name, opened.encoder.runtime)
-                except (RetrieverError, ApiError) as error:  # one bad index must not keep the others from being served
-                    log.warning("index '%s' not served: %s", name, error)
+                except Exception as error:  # noqa: BLE001 - one bad index must not keep the others from being served
+                    log.warning("index '%s' not served: %s", name, _one_line(error))
             log.info("serving %d indexes from %s", len(indexes.names()), indexes.index_dir)
         yield
         state["batcher"].close()
+        indexes.close()
 
     app = FastAPI(title="retriever", version="1", lifespan=lifespan,
                   description="Search calibrated (BERT-flow) indexes; every answer names the index version it "
@@ -281,30 +368,45 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     app.state.indexes = indexes
     app.state.server_state = state
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(AccessGuard, policy=access or AccessPolicy())  # outermost: before anything is read
+
+    def error(status: int, message: str) -> JSONResponse:
+        return _error(status, _scrub(message, private))
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, error: ApiError):
-        return _error(error.status, str(error))
+    async def api_error(request: Request, problem: ApiError):
+        return error(problem.status, str(problem))
 
     @app.exception_handler(RetrieverError)
-    async def retriever_error(request: Request, error: RetrieverError):
-        return _error(status_of(error), str(error))
+    async def retriever_error(request: Request, problem: RetrieverError):
+        if isinstance(problem, DamagedIndexError):
+            log.error("%s", problem)
+        return error(status_of(problem), str(problem))
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException):
-        return _error(error.status_code, str(error.detail))
+    async def http_error(request: Request, problem: HTTPException):
+        return error(problem.status_code, str(problem.detail))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, error: RequestValidationError):
-        problems = error.errors()
-        if any(problem.get("type") == "json_invalid" for problem in problems):
-            return _error(400, "the request body is not valid JSON")
-        return _error(422, "; ".join(_describe(problem) for problem in problems[:3]))
+    async def validation_error(request: Request, problem: RequestValidationError):
+        problems = problem.errors()
+        if any(item.get("type") == "json_invalid" for item in problems):
+            return error(400, "the request body is not valid JSON")
+        return error(422, "; ".join(_describe(item) for item in problems[:3]))
+
+    @app.exception_handler(OSError)
+    async def storage_error(request: Request, problem: OSError):
+        # The server's disk, not the request: full, read-only, or not ours to write.
+        log.error("%s %s: %s", request.method, request.url.path, problem)
+        reason = {errno.ENOSPC: "the disk is full", errno.EROFS: "the index folder is on a read-only file system",
+                  errno.EACCES: "the server may not write the index folder",
+                  errno.EPERM: "the server may not write the index folder"}.get(problem.errno)
+        return error(503, f"{reason or 'a storage error'}; the index is unchanged")
 
     @app.exception_handler(Exception)
-    async def unexpected(request: Request, error: Exception):
+    async def unexpected(request: Request, problem: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return _error(500, f"internal error ({type(error).__name__}); the server log has the details")
+        return error(500, f"internal error ({type(problem).__name__}); the server log has the details")
 
     @app.get("/", include_in_schema=False)
     async def page():
@@ -312,37 +414,29 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "index_dir": str(indexes.index_dir), "indexes": len(indexes.names())}
+        return {"status": "ok"}  # open to anyone who can reach the server: says nothing about the indexes
 
     @app.get("/indexes")
     async def all_indexes():
-        listed = describe_indexes(indexes.index_dir)  # what `retriever list --json` shows, plus the version
-        return {"index_dir": str(indexes.index_dir),
-                "indexes": [{**record, "version": Path(record["folder"]).name} for record in listed]}
+        listed = await run_in_threadpool(describe_indexes, indexes.index_dir)  # `retriever list --json`'s records
+        return {"indexes": [_public_record(record, private) for record in listed]}
 
     @app.get("/indexes/{name}")
     async def one_index(name: str):
-        index = await indexes.current(name)
-        return {**_describe_index(index), "segments": index.manifest["segments"],
-                "search_settings": index.spec.search_settings(), "fit": index.manifest.get("fit")}
+        async with indexes.using(name) as index:
+            return {**_describe_index(index), "segments": index.manifest["segments"],
+                    "search_settings": index.spec.search_settings(), "fit": index.manifest.get("fit")}
 
-    async def run_search(index: Index, texts: list[str], ids: list[str | None], k: int, space: str,
-                         options: tuple) -> JSONResponse:
-        from retriever.index import check_queries
-
-        if len(texts) > MAX_QUERIES:
-            raise ApiError(413, f"{len(texts)} queries in one request; at most {MAX_QUERIES}")
-        if any(len(text) > MAX_QUERY_CHARS for text in texts):
-            raise ApiError(413, f"a query longer than {MAX_QUERY_CHARS:,} characters")
-        check_queries(texts)
-        if space == "raw":
-            hits = await run_in_threadpool(lambda: index.search_raw(index.encoder.encode(texts), k))
-        else:
-            hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, options))
-        # A JSONResponse as is: FastAPI's generic encoder would walk every hit again to re-encode plain JSON.
-        return JSONResponse({"index": index.name, "version": index.folder.name, "space": space, "k": k,
-                             "queries": [search_record(query_id, text, found)
-                                         for query_id, text, found in zip(ids, texts, hits)]})
+    async def run_search(name: str | None, texts: list[str], ids: list[str | None], k: int, space: str,
+                         options: tuple) -> Response:
+        check_search(texts, ids, k)
+        async with indexes.using(name) as index:
+            if space == "raw":
+                hits = await run_in_threadpool(lambda: index.search_raw(index.encoder.encode(texts), k))
+            else:
+                hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, options))
+            # Rendered on a worker thread: a large answer must not stall every other request on the event loop.
+            return await run_in_threadpool(render_answer, index, texts, ids, hits, k, space)
 
     @app.get("/search")
     async def search_get(
@@ -354,50 +448,87 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         ef_search: Optional[int] = Query(None, ge=1),
         rerank: Optional[int] = Query(None, ge=1),
     ):
-        opened = await indexes.current(index)
-        return await run_search(opened, [q], [None], k, space, (nprobe, ef_search, rerank))
+        return await run_search(index, [q], [None], k, space, (nprobe, ef_search, rerank))
 
     @app.post("/search")
     async def search_post(request: SearchRequest):
-        opened = await indexes.current(request.index)
         texts = [item if isinstance(item, str) else item.text for item in request.queries]
         ids = [None if isinstance(item, str) else item.id for item in request.queries]
-        return await run_search(opened, texts, ids, request.k, request.space,
+        return await run_search(request.index, texts, ids, request.k, request.space,
                                 (request.nprobe, request.ef_search, request.rerank))
 
     @app.get("/indexes/{name}/documents/{doc_id:path}")
     async def get_document(name: str, doc_id: str):
-        index = await indexes.current(name)
-        document = await run_in_threadpool(index.document, doc_id)
-        if document is None:
-            raise NotFoundError(f"no document '{doc_id}' in index '{name}'")
-        return {"index": name, "version": index.folder.name,
-                "document": {key: document.get(key) for key in ("doc_id", "title", "text", "source", "line")}}
+        check_text(doc_id, "the document id")
+        async with indexes.using(name) as index:
+            document = await run_in_threadpool(index.document, doc_id)
+            if document is None:
+                raise NotFoundError(f"no document '{doc_id}' in index '{name}'")
+            return await run_in_threadpool(render, {
+                "index": name, "version": index.folder.name,
+                "document": {key: document.get(key) for key in ("doc_id", "title", "text", "source", "line")}})
 
     @app.post("/indexes/{name}/documents", status_code=201)
     async def add_documents(name: str, request: AddRequest = Body(...)):
         if len(request.documents) > MAX_DOCUMENTS:
             raise ApiError(413, f"{len(request.documents):,} documents in one request; at most {MAX_DOCUMENTS:,}")
-        documents = documents_from_records(request.documents)
-        index = await indexes.current(name)
-        summary = await run_in_threadpool(index.add, documents)
-        current = await run_in_threadpool(indexes.get, name)  # opened now: the writer reads its own write
-        return {"index": name, "version": current.folder.name, "added": summary.changed,
-                "documents": summary.documents}
+        documents = await run_in_threadpool(documents_from_records, request.documents)
+        async with indexes.using(name) as index:
+            summary = await run_in_threadpool(index.add, documents)
+        # The version the write committed, as written: nothing after the commit may turn it into a failure.
+        return JSONResponse({"index": name, "version": Path(summary.folder).name, "added": summary.changed,
+                             "documents": summary.documents}, status_code=201)
 
     @app.delete("/indexes/{name}/documents/{doc_id:path}")
     async def delete_document(name: str, doc_id: str):
-        index = await indexes.current(name)
-        summary = await run_in_threadpool(index.delete, [doc_id])
-        current = await run_in_threadpool(indexes.get, name)
-        return {"index": name, "version": current.folder.name, "deleted": summary.changed,
+        check_text(doc_id, "the document id")
+        async with indexes.using(name) as index:
+            summary = await run_in_threadpool(index.delete, [doc_id])
+        return {"index": name, "version": Path(summary.folder).name, "deleted": summary.changed,
                 "documents": summary.documents}
 
     return app
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"detail": " ".join(message.split()), "status": status}, status_code=status)
+def check_search(texts: list[str], ids: list[str | None], k: int) -> None:
+    """Every query of a request checked on its own, before it can join anyone else's batch."""
+    if len(texts) > MAX_QUERIES:
+        raise ApiError(413, f"{len(texts)} queries in one request; at most {MAX_QUERIES}")
+    if len(texts) * k > MAX_HITS:
+        raise ApiError(422, f"{len(texts)} queries x k={k} asks for {len(texts) * k:,} results; at most "
+                            f"{MAX_HITS:,} per request (lower k or split the queries)")
+    for number, (text, query_id) in enumerate(zip(texts, ids), start=1):
+        which = "the query" if len(texts) == 1 else f"query {number}"
+        if len(text) > MAX_QUERY_CHARS:
+            raise ApiError(413, f"{which} has {len(text):,} characters; at most {MAX_QUERY_CHARS:,}")
+        check_text(text, which)
+        if query_id is not None:
+            check_text(query_id, f"the id of {which}")
+    check_queries(texts)
+
+
+def render_answer(index: Index, texts: list[str], ids: list[str | None], hits: list[list[SearchHit]], k: int,
+                  space: str) -> Response:
+    """The search answer as JSON bytes, refused (413) when the documents' text in it would exceed
+    MAX_ANSWER_CHARS (a few very long documents times many queries)."""
+    chars = sum(len(hit.text) + len(hit.title or "") for found in hits for hit in found)
+    if chars > MAX_ANSWER_CHARS:
+        raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
+                            f"{MAX_ANSWER_CHARS // 2**20} M per request (lower k or send fewer queries at once)")
+    return render({"index": index.name, "version": index.folder.name, "space": space, "k": k,
+                   "queries": [search_record(query_id, text, found) for query_id, text, found in zip(ids, texts, hits)]})
+
+
+def render(payload: dict, status: int = 200) -> Response:
+    """JSON bytes, built once (FastAPI's generic encoder would walk every hit again). Text stored before inputs
+    were checked may hold lone surrogates: they go out as JSON \\uDXXX escapes instead of failing the answer."""
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    body = json.dumps({"detail": " ".join(message.split()), "status": status})  # ASCII: any text goes out whole
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def _describe(problem: dict) -> str:
@@ -408,9 +539,43 @@ def _describe(problem: dict) -> str:
 def _describe_index(index: Index) -> dict:
     manifest = index.manifest
     return {"name": index.name, "version": index.folder.name, "documents": manifest["documents"],
-            "model": manifest["encoder"]["model"], "dim": manifest["dim"], "calibrator": manifest["calibrator"]["name"],
-            "index_type": manifest["index"]["type"], "created": manifest["created"],
-            "refitted": manifest.get("refitted"), "folder": str(index.folder)}
+            "model": _public_model(manifest["encoder"]["model"]), "dim": manifest["dim"],
+            "calibrator": manifest["calibrator"]["name"], "index_type": manifest["index"]["type"],
+            "created": manifest["created"], "refitted": manifest.get("refitted")}
+
+
+def _public_model(model: str) -> str:
+    """A model named by a local folder is shown by the folder's name: no server path in any answer."""
+    return Path(model).name if os.path.isabs(model) else model
+
+
+def _public_record(record: dict, private: tuple[str, ...]) -> dict:
+    """A `describe_indexes` record without server paths: the version folder's name instead of its path."""
+    public = {key: value for key, value in record.items() if key != "folder"}
+    public["version"] = Path(record["folder"]).name
+    if "model" in public:
+        public["model"] = _public_model(public["model"])
+    if "problem" in public:
+        public["problem"] = _scrub(public["problem"], private)
+    return public
+
+
+def _private_paths(index_dir: Path) -> tuple[str, ...]:
+    """Server paths that must not reach a client, longest first: the index home (as given and resolved) and the
+    user's home folder."""
+    paths = {str(index_dir), os.path.realpath(index_dir), str(Path.home())}
+    return tuple(sorted((path for path in paths if len(path) > 1), key=len, reverse=True))
+
+
+def _scrub(message: str, private: tuple[str, ...]) -> str:
+    """MESSAGE with server paths replaced by what they are (the index home, ~)."""
+    for path in private:
+        message = message.replace(path, "~" if path == str(Path.home()) else "<index home>")
+    return message
+
+
+def _one_line(error: Exception) -> str:
+    return str(error) if isinstance(error, RetrieverError) else f"{type(error).__name__}: {error}"
 
 
 class BodyLimit:
@@ -445,9 +610,11 @@ def serving_in_thread(app: FastAPI, timeout: float = 60.0) -> Iterator[str]:
     in another program); yields the base URL and stops the server on exit."""
     import uvicorn
 
+    from retriever.http_protocol import BoundedHttpProtocol
+
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=BoundedHttpProtocol))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -464,13 +631,21 @@ def serving_in_thread(app: FastAPI, timeout: float = 60.0) -> Iterator[str]:
 
 
 def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
-          max_batch: int = MAX_BATCH_QUERIES, access_log: bool = False, runtime: str = "auto") -> None:
-    """Run the server until interrupted (the CLI's `retriever serve`)."""
+          max_batch: int = MAX_BATCH_QUERIES, access_log: bool = False, runtime: str = "auto",
+          access: AccessPolicy | None = None, allow_without_key: bool = False) -> None:
+    """Run the server until interrupted (the CLI's `retriever serve`). ACCESS: the Host names answered and the
+    keys (default: `serving_hosts(host)`, no key); listening beyond loopback without a key is refused unless
+    ALLOW_WITHOUT_KEY."""
     import uvicorn
 
+    from retriever.access import check_exposure, serving_hosts
+    from retriever.http_protocol import BoundedHttpProtocol
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
-    app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
+    access = access or AccessPolicy.create(serving_hosts(host))
+    check_exposure(host, access, allow_without_key)
+    app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime, access=access)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log, http=BoundedHttpProtocol)
 
 
 __all__ = ["create_app", "serve", "serving_in_thread", "OpenIndexes", "SearchBatcher", "SearchHit"]

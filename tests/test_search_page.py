@@ -95,3 +95,30 @@ def test_a_blank_query_and_a_server_error_are_shown_not_thrown(browser, served):
     wait.until(lambda driver: "k:" in driver.find_element(By.ID, "status").text)
     assert "error" in browser.find_element(By.ID, "status").get_attribute("class")
     assert not hits(browser, "calibrated-results")
+
+
+def test_a_server_with_a_key_asks_for_it_and_then_searches(browser, tmp_path, tiny_bert):
+    from retriever.access import AccessPolicy
+
+    folder = tmp_path / "keyed"
+    Index.build(write_corpus(tmp_path / "notes.jsonl", documents(40)), "notes", folder, model=str(tiny_bert),
+                calibrator="none", device="cpu")
+    key = "page-key-0123456789abcdef"
+    app = create_app(folder, device="cpu", access=AccessPolicy.create(read_only_api_key=key))
+    with serving_in_thread(app) as url:
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, 30)
+        key_form = browser.find_element(By.ID, "key-form")
+        wait.until(lambda driver: key_form.is_displayed())
+        assert "API key" in browser.find_element(By.ID, "status").text
+        browser.find_element(By.ID, "api-key").send_keys("a-wrong-key-0123456789")
+        browser.find_element(By.ID, "use-key").click()
+        wait.until(lambda driver: "not valid" in driver.find_element(By.ID, "status").text)
+        browser.find_element(By.ID, "api-key").send_keys(key)
+        browser.find_element(By.ID, "use-key").click()
+        wait.until(lambda driver: Select(driver.find_element(By.ID, "index")).options)
+        assert not key_form.is_displayed()
+        browser.find_element(By.ID, "query").send_keys(documents(40)[7]["text"])
+        browser.find_element(By.ID, "search").click()
+        wait.until(lambda driver: hits(driver, "calibrated-results"))
+        assert hits(browser, "calibrated-results")[0].get_attribute("data-doc-id") == "d7"

@@ -1,0 +1,203 @@
+"""Who may talk to the server: the Host header it answers to, and API keys (read-write or read-only).
+
+Two attacks shape this module. DNS rebinding: a web page the user visits points its own host name at 127.0.0.1,
+and the browser then sends the page's requests to the local server with `Host: attacker.example`; checking Host
+against the names the server is bound to stops it, with or without keys. And anyone else on the network, once
+the server listens beyond loopback: `serve` refuses that without a key unless told otherwise, loudly.
+
+Keys travel as `Authorization: Bearer KEY`. A read-write key may do everything; a read-only key may search and
+read (a write answers 403). Keys are compared as SHA-256 digests with `hmac.compare_digest`, each against every
+stored key, so the time taken says nothing about how much of a guess was right. The search page, `/health` and
+the API docs need no key: none of them holds anything private.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from retriever.errors import RetrieverError
+
+log = logging.getLogger("retriever.server")
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+WILDCARD_BINDS = ("0.0.0.0", "::", "")
+API_KEY_ENV = "RETRIEVER_API_KEY"
+READ_ONLY_API_KEY_ENV = "RETRIEVER_READ_ONLY_API_KEY"
+MIN_KEY_CHARS = 16
+OPEN_PATHS = frozenset({"/", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+READ_POSTS = frozenset({"/search"})  # a POST that only reads: searching many queries at once
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """The Host names answered (`*` any, `*.example.org` a domain and its subdomains) and the keys' digests."""
+
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
+    write_keys: tuple[bytes, ...] = ()
+    read_keys: tuple[bytes, ...] = ()
+
+    @classmethod
+    def create(cls, allowed_hosts: tuple[str, ...] | list[str] = LOOPBACK_HOSTS, api_key: str | None = None,
+               read_only_api_key: str | None = None) -> AccessPolicy:
+        for key, what in ((api_key, "the API key"), (read_only_api_key, "the read-only API key")):
+            if key is not None:
+                check_key(key, what)
+        if api_key is not None and api_key == read_only_api_key:
+            raise RetrieverError("the API key and the read-only API key are the same; give them different values")
+        hosts = tuple(dict.fromkeys(host.strip().lower() for host in allowed_hosts if host.strip()))
+        return cls(hosts or LOOPBACK_HOSTS, (_digest(api_key),) if api_key else (),
+                   (_digest(read_only_api_key),) if read_only_api_key else ())
+
+    @property
+    def needs_key(self) -> bool:
+        return bool(self.write_keys or self.read_keys)
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        host = host_name(host_header)
+        if host is None:
+            return False
+        for allowed in self.allowed_hosts:
+            if allowed == "*" or host == allowed:
+                return True
+            if allowed.startswith("*.") and (host == allowed[2:] or host.endswith(allowed[1:])):
+                return True
+        return False
+
+    def role(self, authorization: str | None) -> str | None:
+        """"write", "read", or None (no valid key) for an Authorization header's value."""
+        if not authorization:
+            return None
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            return None
+        digest = _digest(key.strip())
+        write = any([hmac.compare_digest(digest, known) for known in self.write_keys])  # no early exit: a list
+        read = any([hmac.compare_digest(digest, known) for known in self.read_keys])
+        return "write" if write else "read" if read else None
+
+
+def host_name(host_header: str | None) -> str | None:
+    """The name in a Host header, without the port, lower case ("[::1]:8000" -> "::1"); None when malformed."""
+    if not host_header:
+        return None
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        rest = host[end + 1 :]
+        if end <= 1 or not (rest == "" or (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        return host[1:end]
+    name, _, port = host.partition(":")
+    if ":" in port or (port and not port.isdigit()) or not name:
+        return None
+    return name
+
+
+def check_key(key: str, what: str = "the API key") -> str:
+    if len(key) < MIN_KEY_CHARS:
+        raise RetrieverError(f"{what} has {len(key)} characters; use at least {MIN_KEY_CHARS} (e.g. from: "
+                             "python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    if any(character.isspace() for character in key) or not key.isprintable():
+        raise RetrieverError(f"{what} holds spaces or control characters; use printable characters only")
+    return key
+
+
+def resolve_key(value: str | None, file: str | Path | None, env_name: str, what: str) -> str | None:
+    """A key from the option's VALUE, else from FILE (its first line), else from the environment variable."""
+    if value is not None and file is not None:
+        raise RetrieverError(f"{what}: give the key or a file that holds it, not both")
+    if file is not None:
+        try:
+            lines = Path(file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise RetrieverError(f"{what}: cannot read {file} ({getattr(error, 'strerror', None) or error})") from None
+        if not lines or not lines[0].strip():
+            raise RetrieverError(f"{what}: {file} is empty; put the key on its first line")
+        value = lines[0].strip()
+    elif value is None:
+        value = os.environ.get(env_name) or None
+    return check_key(value, what) if value is not None else None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serving_hosts(bind: str, extra: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
+    """The Host names a server bound to BIND answers: loopback names, the bound address itself, and EXTRA; bound
+    to every address (0.0.0.0, ::) with no EXTRA, any name (a key is then required, see `check_exposure`)."""
+    hosts = list(LOOPBACK_HOSTS) + [host.strip().lower() for host in extra]
+    if bind in WILDCARD_BINDS:
+        if not extra:
+            hosts.append("*")
+    elif not is_loopback(bind):
+        hosts.append(bind.strip("[]").lower())
+    return tuple(dict.fromkeys(hosts))
+
+
+def check_exposure(bind: str, policy: AccessPolicy, allow_without_key: bool) -> None:
+    """Refuse to listen beyond this machine without a key, unless the user said so explicitly (then warn)."""
+    if is_loopback(bind) or policy.needs_key:
+        return
+    if not allow_without_key:
+        raise RetrieverError(
+            f"serving on {bind or 'every address'} without an API key would let anyone who reaches this machine "
+            f"read and change its indexes; set one with --api-key KEY, --api-key-file FILE or ${API_KEY_ENV} "
+            "(or pass --no-key to serve without one at your own risk)")
+    log.warning("SERVING ON %s WITHOUT AN API KEY: anyone who can reach this address can read, add and delete "
+                "documents (--no-key)", bind or "every address")
+
+
+class AccessGuard:
+    """ASGI middleware: the Host check on every request, then the key check on all but the open paths."""
+
+    def __init__(self, app, policy: AccessPolicy):
+        self.app, self.policy = app, policy
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {}
+        for name, value in scope.get("headers") or ():
+            headers.setdefault(name, value)
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not self.policy.host_allowed(host):
+            return await _refuse(send, 421 if host else 400,
+                                 "this server does not answer to that Host name (a guard against DNS rebinding); "
+                                 "use the address it was started on, or add the name with --allowed-host")
+        path, method = scope.get("path", ""), scope.get("method", "GET")
+        if self.policy.needs_key and path not in OPEN_PATHS:
+            role = self.policy.role(headers.get(b"authorization", b"").decode("latin-1"))
+            if role is None:
+                said = b"authorization" in headers
+                return await _refuse(send, 401, "the API key is not valid" if said else
+                                     "this server needs an API key: send Authorization: Bearer KEY",
+                                     [(b"www-authenticate", b'Bearer realm="retriever"')])
+            if role == "read" and method not in READ_METHODS and path not in READ_POSTS:
+                return await _refuse(send, 403, "this key may only read; writes need the read-write API key")
+        return await self.app(scope, receive, send)
+
+
+async def _refuse(send, status: int, detail: str, headers: list | None = None) -> None:
+    body = json.dumps({"detail": detail, "status": status}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})

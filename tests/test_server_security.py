@@ -1,0 +1,356 @@
+"""What a hostile client must not be able to do to the server or to the other clients: poison their batches,
+reach it through DNS rebinding, use it without a key, read server paths, take it down with one damaged index,
+make it build unbounded answers, or crash it with bad text, bad HTTP or concurrent writes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from retriever.access import AccessPolicy, check_exposure, host_name, resolve_key, serving_hosts
+from retriever.errors import RetrieverError
+from retriever.index import Index
+from retriever.server import MAX_HITS, create_app, serving_in_thread
+from tests.test_server import documents, one_line_error, write_corpus
+
+WRITE_KEY = "write-key-0123456789abcdef"
+READ_KEY = "read-key-0123456789abcdef"
+LOCAL = "http://127.0.0.1"
+
+
+@pytest.fixture()
+def index_dir(tmp_path, tiny_bert) -> Path:
+    folder = tmp_path / "indexes"
+    Index.build(write_corpus(tmp_path / "notes.jsonl", documents(60)), "notes", folder, model=str(tiny_bert),
+                calibrator="sn", device="cpu")
+    return folder
+
+
+@pytest.fixture()
+def client(index_dir):
+    with TestClient(create_app(index_dir, device="cpu"), base_url=LOCAL) as test_client:
+        yield test_client
+
+
+# ---- 1. one client's bad query never fails another's -------------------------------------------------------
+
+def test_a_malformed_query_among_concurrent_clients_fails_only_its_own_request(client):
+    poison = '{"queries": ["a \\ud800 b"], "k": 3}'  # a lone surrogate, as JSON escapes it
+    barrier = threading.Barrier(24)
+
+    def innocent(number: int) -> int:
+        barrier.wait()
+        return client.post("/search", json={"queries": [f"a dog on day {number}", "the budget"], "k": 3}).status_code
+
+    def malicious(_: int) -> int:
+        barrier.wait()
+        return client.post("/search", content=poison, headers={"content-type": "application/json"}).status_code
+
+    with ThreadPoolExecutor(24) as pool:
+        innocents = [pool.submit(innocent, n) for n in range(16)]
+        attacks = [pool.submit(malicious, n) for n in range(8)]
+        assert [f.result() for f in innocents] == [200] * 16
+        assert [f.result() for f in attacks] == [400] * 8
+    detail = one_line_error(client.post("/search", content=poison, headers={"content-type": "application/json"}),
+                            400)
+    assert "invalid character" in detail
+
+
+def test_a_batch_that_fails_anyway_is_retried_query_by_query(index_dir, monkeypatch):
+    """A query that passes every check yet breaks the encoder (as a tokenizer might) fails its own request only."""
+    with TestClient(create_app(index_dir, device="cpu"), base_url=LOCAL, raise_server_exceptions=False) as client:
+        _retried_alone(client, monkeypatch)
+
+
+def _retried_alone(client, monkeypatch) -> None:
+    encoder = client.app.state.indexes.get("notes").encoder
+    original, batches = encoder.encode, []
+
+    def fragile(texts, *args, **kwargs):
+        batches.append(len(texts))
+        if any("explode" in text for text in texts):
+            raise ValueError("cannot tokenize")
+        return original(texts, *args, **kwargs)
+
+    monkeypatch.setattr(encoder, "encode", fragile)
+    barrier = threading.Barrier(12)
+
+    def ask(text: str) -> int:
+        barrier.wait()
+        return client.post("/search", json={"queries": [text], "k": 3}).status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        statuses = list(pool.map(ask, ["explode now"] + [f"a dog on day {n}" for n in range(11)]))
+    assert statuses[0] == 500 and statuses[1:] == [200] * 11
+    assert max(batches) > 1  # the queries were batched together, so the retry is what saved the others
+
+
+# ---- 2. Host header and API keys ---------------------------------------------------------------------------
+
+ENDPOINTS = [  # (method, path, JSON body, is a write)
+    ("GET", "/indexes", None, False),
+    ("GET", "/indexes/notes", None, False),
+    ("GET", "/search?q=dog&k=2", None, False),
+    ("POST", "/search", {"queries": ["dog"], "k": 2}, False),
+    ("GET", "/indexes/notes/documents/d1", None, False),
+    ("POST", "/indexes/notes/documents", {"documents": [{"_id": "new", "text": "a new note"}]}, True),
+    ("DELETE", "/indexes/notes/documents/d2", None, True),
+]
+OPEN = [("GET", "/health"), ("GET", "/"), ("GET", "/openapi.json")]
+
+
+@pytest.mark.parametrize("key,expected_read,expected_write", [
+    (None, 401, 401),
+    ("not-the-key-0123456789", 401, 401),
+    (READ_KEY, 200, 403),
+    (WRITE_KEY, 200, (200, 201)),
+])
+def test_keys_on_every_endpoint(index_dir, key, expected_read, expected_write):
+    policy = AccessPolicy.create(api_key=WRITE_KEY, read_only_api_key=READ_KEY)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with TestClient(create_app(index_dir, device="cpu", access=policy), base_url=LOCAL) as client:
+        for method, path, body, write in ENDPOINTS:
+            response = client.request(method, path, json=body, headers=headers)
+            expected = expected_write if write else expected_read
+            assert response.status_code in (expected if isinstance(expected, tuple) else (expected,)), \
+                (method, path, response.text)
+            if response.status_code >= 400:
+                one_line_error(response, response.status_code)
+            if response.status_code == 401:
+                assert response.headers["www-authenticate"].startswith("Bearer")
+        for method, path in OPEN:
+            assert client.request(method, path).status_code == 200, path
+
+
+@pytest.mark.parametrize("host", ["rebind.attacker.example", "rebind.attacker.example:8000", "127.0.0.1.evil.example",
+                                  "localhost.", "[::2]:80", "127.0.0.1:80:80"])
+def test_a_foreign_host_header_is_refused_on_every_endpoint_even_with_a_key(index_dir, host):
+    policy = AccessPolicy.create(api_key=WRITE_KEY)
+    with TestClient(create_app(index_dir, device="cpu", access=policy), base_url=LOCAL) as client:
+        for method, path, body, _ in ENDPOINTS + [(m, p, None, False) for m, p in OPEN]:
+            response = client.request(method, path, json=body,
+                                      headers={"Host": host, "Authorization": f"Bearer {WRITE_KEY}"})
+            assert "rebinding" in one_line_error(response, 421), (method, path)
+        assert client.get("/indexes/notes/documents/d2", headers={"Authorization": f"Bearer {WRITE_KEY}"}).status_code \
+            == 200  # nothing was deleted
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.1:8000", "localhost:8000", "LOCALHOST", "[::1]:8000"])
+def test_loopback_names_are_served(client, host):
+    assert client.get("/indexes", headers={"Host": host}).status_code == 200
+
+
+def test_host_names_served_follow_the_bind_address():
+    assert host_name("[::1]:8000") == "::1" and host_name("Example.org:80") == "example.org"
+    assert host_name("a:b") is None and host_name("[::1]x") is None and host_name("") is None
+    assert "*" in serving_hosts("0.0.0.0") and "*" not in serving_hosts("0.0.0.0", ["search.example.org"])
+    assert "10.1.2.3" in serving_hosts("10.1.2.3") and "*" not in serving_hosts("127.0.0.1")
+    policy = AccessPolicy.create(["*.example.org"])
+    assert policy.host_allowed("a.example.org:443") and policy.host_allowed("example.org")
+    assert not policy.host_allowed("evilexample.org")
+
+
+def test_serving_beyond_loopback_needs_a_key_or_an_explicit_flag(caplog):
+    with pytest.raises(RetrieverError, match="--api-key"):
+        check_exposure("0.0.0.0", AccessPolicy.create(serving_hosts("0.0.0.0")), allow_without_key=False)
+    check_exposure("0.0.0.0", AccessPolicy.create(api_key=WRITE_KEY), allow_without_key=False)
+    check_exposure("127.0.0.1", AccessPolicy.create(), allow_without_key=False)
+    with caplog.at_level(logging.WARNING, logger="retriever.server"):
+        check_exposure("0.0.0.0", AccessPolicy.create(), allow_without_key=True)
+    assert "WITHOUT AN API KEY" in caplog.text
+
+
+def test_serve_on_all_addresses_without_a_key_is_one_cli_line(cli, index_dir):
+    result = cli("serve", "--host", "0.0.0.0", "--index-dir", index_dir)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "--api-key" in result.stderr
+
+
+def test_keys_come_from_the_option_a_file_or_the_environment(tmp_path, monkeypatch, cli):
+    key_file = tmp_path / "key"
+    key_file.write_text(WRITE_KEY + "\n")
+    assert resolve_key(None, key_file, "RETRIEVER_API_KEY", "--api-key") == WRITE_KEY
+    monkeypatch.setenv("RETRIEVER_API_KEY", READ_KEY)
+    assert resolve_key(None, None, "RETRIEVER_API_KEY", "--api-key") == READ_KEY
+    assert resolve_key(WRITE_KEY, None, "RETRIEVER_API_KEY", "--api-key") == WRITE_KEY
+    for bad in ("short", "has a space in it 0123456789"):
+        with pytest.raises(RetrieverError):
+            resolve_key(bad, None, "RETRIEVER_API_KEY", "--api-key")
+    with pytest.raises(RetrieverError, match="empty"):
+        (tmp_path / "empty").write_text("")
+        resolve_key(None, tmp_path / "empty", "RETRIEVER_API_KEY", "--api-key")
+    result = cli("serve", "--api-key", "short")
+    assert result.returncode == 1 and "at least 16" in result.stderr
+
+
+# ---- no server paths, damage, storage errors ---------------------------------------------------------------
+
+def test_no_answer_holds_a_server_path(client, index_dir):
+    answers = [client.get(path) for path in ("/health", "/indexes", "/indexes/notes", "/indexes/none",
+                                              "/search?q=dog", "/indexes/notes/documents/nope")]
+    answers.append(client.post("/indexes/none/documents", json={"documents": [{"_id": "x", "text": "y"}]}))
+    for answer in answers:
+        assert str(index_dir) not in answer.text and str(Path.home()) not in answer.text, answer.text
+        assert os.path.realpath(index_dir) not in answer.text
+
+
+def _second_index(index_dir: Path, tmp_path: Path, tiny_bert: Path) -> None:
+    Index.build(write_corpus(tmp_path / "other.jsonl", documents(30, prefix="o")), "other", index_dir,
+                model=str(tiny_bert), calibrator="sn", device="cpu")
+
+
+def _flip_byte(path: Path, offset: int = 5) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_calibrator_is_that_index_s_503_and_the_others_serve(index_dir, tmp_path, tiny_bert):
+    _second_index(index_dir, tmp_path, tiny_bert)
+    _flip_byte((index_dir / "notes").resolve() / "calibrator" / "calibrator.json")
+    with TestClient(create_app(index_dir, device="cpu", preload=True), base_url=LOCAL) as client:  # starts
+        for path in ("/search?q=dog&index=notes", "/indexes/notes", "/indexes/notes/documents/d1"):
+            assert "damaged" in one_line_error(client.get(path), 503), path
+        assert client.get("/search?q=dog&index=other").status_code == 200
+        listed = {entry["name"]: entry for entry in client.get("/indexes").json()["indexes"]}
+        assert listed["other"].get("problem") is None
+
+
+def test_a_storage_error_during_a_write_is_a_503_and_the_index_is_unchanged(client, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Index, "add", read_only)
+    detail = one_line_error(client.post("/indexes/notes/documents", json={"documents": [{"_id": "n", "text": "x"}]}),
+                            503)
+    assert "read-only" in detail and client.get("/indexes/notes").json()["documents"] == 60
+
+
+# ---- 6. bounded answers, built off the event loop ----------------------------------------------------------
+
+def test_results_per_request_are_bounded(client):
+    queries = [f"query {n}" for n in range(MAX_HITS // 1000 + 1)]
+    detail = one_line_error(client.post("/search", json={"queries": queries, "k": 1000}), 422)
+    assert f"{MAX_HITS:,}" in detail
+
+
+def test_the_text_in_one_answer_is_bounded(client, monkeypatch):
+    import retriever.server as server
+
+    monkeypatch.setattr(server, "MAX_ANSWER_CHARS", 2_000)
+    detail = one_line_error(client.post("/search", json={"queries": ["dog"] * 20, "k": 10}), 413)
+    assert "lower k" in detail
+    assert client.get("/search?q=dog&k=2").status_code == 200
+
+
+def test_answers_are_rendered_off_the_event_loop(client, monkeypatch):
+    import retriever.server as server
+
+    threads = []
+    original = server.render_answer
+
+    def recording(*args):
+        threads.append(threading.current_thread().name)
+        return original(*args)
+
+    monkeypatch.setattr(server, "render_answer", recording)
+    assert client.get("/search?q=dog").status_code == 200
+    loop_thread = client.portal.call(lambda: threading.current_thread().name)
+    assert threads and threads[0] != loop_thread
+
+
+# ---- 7. invalid text, 11. odd values -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    '{"queries": ["\\udc80"]}',
+    '{"queries": [{"id": "\\ud800", "text": "dog"}]}',
+    '{"queries": ["dog"], "index": "\\ud800"}',
+    '{"documents": [{"_id": "\\ud800", "text": "x"}]}',
+    '{"documents": [{"_id": "ok", "text": "bad \\udfff text"}]}',
+    '{"documents": [{"_id": "ok", "title": "\\ud83d", "text": "x"}]}',
+])
+def test_lone_surrogates_in_requests_are_400_not_500(client, body):
+    path = "/indexes/notes/documents" if "documents" in body else "/search"
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code in (400, 404, 422), response.text
+    one_line_error(response, response.status_code)
+
+
+@pytest.mark.parametrize("path", ["/indexes/notes/documents/%ED%A0%80", "/search?q=%ED%A0%80%FF",
+                                  "/indexes/%FF/documents/x", "/search?q=a&index=%ED%A0%80"])
+def test_invalid_utf8_in_urls_is_answered_without_a_500(client, path):
+    response = client.get(path)
+    assert response.status_code < 500, response.text
+    assert response.headers["content-type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("body", ['{"queries": ["dog"], "k": true}', '{"queries": ["dog"], "k": "3"}',
+                                  '{"queries": ["dog"], "k": 2.5}', '{"queries": [7]}', '{"queries": "dog"}'])
+def test_values_of_the_wrong_type_are_422_not_coerced(client, body):
+    one_line_error(client.post("/search", content=body, headers={"content-type": "application/json"}), 422)
+
+
+# ---- 9. concurrent writes; 11. descriptors of replaced versions ---------------------------------------------
+
+def _open_version_files(index_dir: Path) -> set[str]:
+    versions = os.path.realpath(index_dir)
+    found = set()
+    for descriptor in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{descriptor}")
+        except OSError:
+            continue
+        if target.startswith(versions):
+            found.add(target)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors through /proc")
+def test_concurrent_writes_all_succeed_and_replaced_versions_are_closed(client, index_dir):
+    def write(number: int) -> tuple[int, int]:
+        added = client.post("/indexes/notes/documents",
+                            json={"documents": [{"_id": f"w{number}", "text": f"note number {number}"}]})
+        searched = client.get(f"/search?q=note+{number}")
+        deleted = client.delete(f"/indexes/notes/documents/d{number}")
+        return added.status_code, searched.status_code, deleted.status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(write, range(24)))
+    assert all(status == (201, 200, 200) for status in statuses), statuses
+    assert client.get("/indexes/notes").json()["documents"] == 60
+    current = os.path.realpath(index_dir / "notes")
+    assert client.get("/search?q=note").status_code == 200
+    stale = {path for path in _open_version_files(index_dir) if not path.startswith(current + os.sep)}
+    assert not stale, sorted(stale)[:5]
+
+
+# ---- 11. HTTP the application never sees --------------------------------------------------------------------
+
+def _raw_request(url: str, payload: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(payload)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_protocol_errors_and_huge_headers_get_json_answers(index_dir):
+    with serving_in_thread(create_app(index_dir, device="cpu")) as url:
+        garbage = _raw_request(url, b"\x16\x03\x01 not http at all\r\n\r\n")
+        head, _, body = garbage.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and json.loads(body)["status"] == 400
+        huge = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (256 * 1024) + b"\r\n\r\n"
+        head, _, body = _raw_request(url, huge).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431") and json.loads(body)["status"] == 431
+        fine = _raw_request(url, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert fine.startswith(b"HTTP/1.1 200")
