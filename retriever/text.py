@@ -60,9 +60,10 @@ def describe_invalid(character: str) -> str:
 
 
 def escape_undecodable(text: str) -> str:
-    """TEXT decoded with errors="surrogateescape" (a command-line argument, a file name) shown as the user typed
-    it: undecodable bytes as \\xNN, other lone surrogates as \\uNNNN, control characters escaped."""
-    return terminal_safe(_SURROGATE.sub(_escape_byte, text))
+    """TEXT decoded with errors="surrogateescape" (a command-line argument, a file name) shown on one line as the
+    user typed it: undecodable bytes as \\xNN, other lone surrogates as \\uNNNN, control characters (newline and tab
+    too) escaped."""
+    return terminal_safe(_SURROGATE.sub(_escape_byte, text)).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def _escape_byte(found: re.Match) -> str:
