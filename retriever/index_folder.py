@@ -305,13 +305,17 @@ class IndexWriter:
         final = self.versions / self.version
         os.rename(self.folder, final)
         _fsync_dir(self.versions)
-        check_target(self.link.parent, self.link.name)  # again: a folder could have appeared meanwhile
-        temporary_link = self.link.with_name(f".{self.link.name}.{self.version}.link")
-        os.symlink(os.path.relpath(final, self.link.parent), temporary_link)
-        os.replace(temporary_link, self.link)  # the atomic moment: readers now open the new version
+        self._link(final)
         self.folder = final
         self._after_commit(final)
         return final
+
+    def _link(self, final: Path) -> None:
+        """Point NAME at FINAL: a temporary link beside it, then swapped in (`_swap`)."""
+        check_target(self.link.parent, self.link.name)  # again: a folder could have appeared meanwhile
+        temporary_link = self.link.with_name(f".{self.link.name}.{self.version}.link")
+        os.symlink(os.path.relpath(final, self.link.parent), temporary_link)
+        _swap(temporary_link, self.link)
 
     def _after_commit(self, final: Path) -> None:
         """Make the swap durable and prune old versions. The write has happened by now, so nothing here may turn
@@ -319,9 +323,9 @@ class IndexWriter:
         try:
             _fsync_dir(self.link.parent)
             self._prune(keep=final)
-        except OSError as error:
+        except Exception as error:
             warnings.warn(f"index '{self.link.name}' was written, but tidying up after it failed "
-                          f"({error.strerror or error}); the next write tries again", stacklevel=3)
+                          f"({_first_line(error)}); the next write tries again", stacklevel=3)
 
     def _prune(self, keep: Path) -> None:
         finished = sorted(path for path in self.versions.iterdir() if path.is_dir() and not path.name.endswith(".partial"))
@@ -517,6 +521,10 @@ def _fsync_tree(folder: Path) -> None:
                 os.close(descriptor)
     for directory in sorted(folders, key=lambda path: len(path.parts), reverse=True):
         _fsync_dir(directory)
+
+
+def _swap(temporary_link: Path, link: Path) -> None:
+    os.replace(temporary_link, link)  # the atomic moment: readers now open the new version
 
 
 def _fsync_dir(folder: Path) -> None:

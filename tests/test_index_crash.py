@@ -1,8 +1,9 @@
-"""Crash safety and resuming: a write killed at any stage loses nothing, a killed build resumes without
-re-encoding, and readers during writes see one version or the other, never a mix."""
+"""Crash safety and resuming: a write killed at any stage loses nothing, a killed build resumes from any step
+without re-encoding what it finished, and readers during writes see one version or the other, never a mix."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -15,43 +16,89 @@ from retriever.index import Index
 from retriever.index_folder import VERSIONS
 from tests.test_index import sentences, write_jsonl
 
-# Runs one write in a fresh process that SIGKILLs itself at a chosen moment: when the Nth call of a function
-# starts ("before") or returns ("after"). Deterministic, unlike killing from outside at a guessed time.
-DYING_WRITE = textwrap.dedent(
+# One process imports the library once, then forks a child for each write; the child SIGKILLs itself at a chosen
+# moment: when the Nth call of a function starts ("before") or returns ("after"). Deterministic, unlike killing
+# from outside at a guessed time; and forking skips the seconds of start-up and imports a fresh process would pay
+# per kill. The parent never runs a model or a search, so no thread pool is forked half-started.
+FORKING_WRITER = textwrap.dedent(
     """
-    import importlib, os, signal, sys
-    target, call, when, operation, index_dir, argument, model = sys.argv[1:8]
-    module_name, _, attribute = target.partition(":")
-    owner = importlib.import_module(module_name)
-    *path, name = attribute.split(".")
-    for part in path:
-        owner = getattr(owner, part)
-    original, calls = getattr(owner, name), [0]
-
-    def dying(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == int(call) and when == "before":
-            os.kill(os.getpid(), signal.SIGKILL)
-        result = original(*args, **kwargs)
-        if calls[0] == int(call) and when == "after":
-            os.kill(os.getpid(), signal.SIGKILL)
-        return result
-
-    setattr(owner, name, dying)
+    import importlib, json, os, signal, sys, traceback
     from retriever.index import Index
-    if operation == "build":
-        Index.build(argument, "crash", index_dir, model=model, calibrator="whitening", device="cpu", chunk_rows=10)
-    else:
-        index = Index.open("crash", index_dir, device="cpu")
-        if operation == "add":
-            index.add(argument, chunk_rows=10)
-        elif operation == "delete":
-            index.delete(argument.split(","))
+    from transformers import AutoModel, AutoTokenizer  # imported now, once, for every child
+
+    def write(target, call, when, operation, index_dir, argument, model):
+        module_name, _, attribute = target.partition(":")
+        owner = importlib.import_module(module_name)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        original, calls = getattr(owner, name), [0]
+
+        def dying(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == int(call) and when == "before":
+                os.kill(os.getpid(), signal.SIGKILL)
+            result = original(*args, **kwargs)
+            if calls[0] == int(call) and when == "after":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+
+        setattr(owner, name, dying)
+        if operation == "build":
+            Index.build(argument, "crash", index_dir, model=model, calibrator="whitening", device="cpu", chunk_rows=10)
         else:
-            index.compact()
-    print("finished")  # never reached: the process dies first
+            index = Index.open("crash", index_dir, device="cpu")
+            if operation == "add":
+                index.add(argument, chunk_rows=10)
+            elif operation == "delete":
+                index.delete(argument.split(","))
+            else:
+                index.compact()
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        child = os.fork()
+        if child == 0:
+            log = os.open(request.pop("log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            code = 0
+            try:
+                write(**request)
+                print("finished")  # never reached: the child dies first
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(child, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
     """
 )
+
+
+@pytest.fixture(scope="module")
+def dying_write(tmp_path_factory):
+    """run(target, call, when, operation, index_dir, argument, model): one write in a forked child that kills
+    itself at the chosen moment; asserts it died there (SIGKILL, not an error or the end of the write)."""
+    writer = subprocess.Popen([sys.executable, "-c", FORKING_WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    logs = tmp_path_factory.mktemp("dying-writes")
+
+    def run(target, call, when, operation, index_dir, argument, model) -> None:
+        log = logs / f"{len(list(logs.iterdir()))}.log"
+        writer.stdin.write(json.dumps({"target": target, "call": call, "when": when, "operation": operation,
+                                       "index_dir": str(index_dir), "argument": str(argument), "model": str(model),
+                                       "log": str(log)}) + "\n")
+        writer.stdin.flush()
+        code = int(writer.stdout.readline())
+        assert code == -9, log.read_text()  # killed where intended
+
+    yield run
+    writer.stdin.close()
+    writer.wait(timeout=60)
+
 
 # (operation, what to patch, which call, before or after it): one moment in each stage of each write.
 MOMENTS = {
@@ -59,11 +106,13 @@ MOMENTS = {
     "build while encoding": ("build", "retriever.store.arrays:NpyAppender.flush", 2, "after"),
     "build while fitting": ("build", "retriever.index:fit", 1, "before"),
     "build while writing the segment": ("build", "retriever.store.segment:RawWriter.append", 1, "after"),
-    "build between rename and link swap": ("build", "retriever.index_folder:_fsync_dir", 2, "after"),
+    "build between rename and link swap": ("build", "retriever.index_folder:IndexWriter._link", 1, "before"),
+    "build with its new link beside the old": ("build", "retriever.index_folder:_swap", 1, "before"),
     "add while writing its segment": ("add", "retriever.store.segment:RawWriter.append", 1, "after"),
     "add before its manifest": ("add", "retriever.index:write_manifest", 1, "before"),
     "delete before its manifest": ("delete", "retriever.index:write_manifest", 1, "before"),
-    "delete between rename and link swap": ("delete", "retriever.index_folder:_fsync_dir", 2, "after"),
+    "delete between rename and link swap": ("delete", "retriever.index_folder:IndexWriter._link", 1, "before"),
+    "delete with its new link beside the old": ("delete", "retriever.index_folder:_swap", 1, "before"),
     "compact after merging": ("compact", "retriever.store.vectors:VectorStore.merged", 1, "after"),
     "compact before its manifest": ("compact", "retriever.index:write_manifest", 1, "before"),
 }
@@ -87,7 +136,7 @@ def snapshot(index_dir):
 
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
-def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_bert, moment):
+def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_bert, dying_write, moment):
     operation, target, call, when = MOMENTS[moment]
     argument = {
         "build": write_jsonl(tmp_path / "other.jsonl", sentences(50, start=100)),
@@ -97,16 +146,63 @@ def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_b
     }[operation]
     before = snapshot(crash_index)
     previous = (crash_index / "crash").resolve().name
-    done = subprocess.run([sys.executable, "-c", DYING_WRITE, target, str(call), when, operation, crash_index,
-                           argument, tiny_bert], capture_output=True, text=True, timeout=300)
-    assert done.returncode == -9 and "finished" not in done.stdout, done.stderr  # killed where intended
+    dying_write(target, call, when, operation, crash_index, argument, tiny_bert)
     assert snapshot(crash_index) == before  # the link still points at the complete previous version
-    # The next writer clears what the killed one left (partial folders, a renamed but never linked version).
+    # The next writer clears what the killed one left (partial folders, a renamed but never linked version, a
+    # link never swapped in).
     Index.open("crash", crash_index, device="cpu").add(write_jsonl(tmp_path / "after.jsonl", sentences(2, 300)))
     versions = crash_index / VERSIONS / "crash"
     current = (crash_index / "crash").resolve().name
     assert sorted(folder.name for folder in versions.iterdir() if folder.is_dir()) == [previous, current]
+    assert [path.name for path in crash_index.iterdir() if path.name != VERSIONS] == ["crash"]
     assert len(Index.open("crash", crash_index, device="cpu")) == before[0] + 2
+
+
+# What to patch to kill a build at each of its steps, in order (50 documents in chunks of 10: the build state is
+# saved once the documents are read, then once per encoded chunk).
+BUILD_STEPS = {
+    "reading, a chunk in": ("retriever.store.documents:DocumentTable.insert", 2, "after"),
+    "read, not yet on record": ("retriever.index:ingest", 1, "after"),
+    "read and on record": ("retriever.pipeline:BuildState.save", 1, "after"),
+    "encoding, a chunk flushed but not on record": ("retriever.store.arrays:NpyAppender.flush", 2, "after"),
+    "encoded and on record": ("retriever.pipeline:BuildState.save", 6, "after"),
+    "fitting": ("retriever.index:fit", 1, "before"),
+    "training the index": ("retriever.index:train_index", 1, "after"),
+    "writing the segment": ("retriever.store.segment:RawWriter.append", 1, "after"),
+    "segment written, encoded vectors deleted": ("retriever.index:save_fitted", 1, "before"),
+    "calibrator saved": ("retriever.index:save_fitted", 1, "after"),
+    "manifest written": ("retriever.index:write_manifest", 1, "after"),
+    "committing, build state gone": ("retriever.index_folder:_fsync_tree", 1, "before"),
+    "renamed, not linked": ("retriever.index_folder:IndexWriter._link", 1, "before"),
+    "linked beside, not swapped": ("retriever.index_folder:_swap", 1, "before"),
+    "swapped, not tidied": ("retriever.index_folder:IndexWriter._after_commit", 1, "before"),
+}
+
+
+@pytest.fixture(scope="module")
+def fresh_build(tmp_path_factory, tiny_bert):
+    """The index a build of 50 documents makes when nothing interrupts it, and its corpus."""
+    folder = tmp_path_factory.mktemp("fresh")
+    corpus = write_jsonl(folder / "big.jsonl", sentences(50))
+    Index.build(corpus, "fresh", folder / "indexes", model=str(tiny_bert), calibrator="whitening", device="cpu",
+                chunk_rows=10)
+    return corpus, Index.open("fresh", folder / "indexes", device="cpu")
+
+
+@pytest.mark.parametrize("step", list(BUILD_STEPS))
+def test_a_build_killed_at_any_step_finishes_when_run_again(tmp_path, tiny_bert, dying_write, fresh_build, step):
+    corpus, fresh = fresh_build
+    index_dir = tmp_path / "indexes"
+    dying_write(*BUILD_STEPS[step], "build", index_dir, corpus, tiny_bert)
+    summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening", device="cpu",
+                          chunk_rows=10)
+    resumed = Index.open("crash", index_dir, device="cpu")
+    resumed.verify()
+    assert summary.documents == len(resumed) == 50
+    np.testing.assert_allclose(resumed.segments[0].vectors.stored_vectors(),
+                               fresh.segments[0].vectors.stored_vectors(), atol=1e-6)
+    assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
+    assert [path.name for path in index_dir.iterdir() if path.name != VERSIONS] == ["crash"]
 
 
 @pytest.fixture()
@@ -125,19 +221,18 @@ def encoded_texts(monkeypatch) -> list[str]:
     return texts
 
 
-def kill_build_after_three_chunks(index_dir, corpus, model) -> None:
+def kill_build_after_three_chunks(dying_write, index_dir, corpus, model) -> None:
     """A build in chunks of 10 killed once its third chunk's vectors are flushed, before it records them: 20
     documents are on record as encoded."""
-    done = subprocess.run([sys.executable, "-c", DYING_WRITE, "retriever.store.arrays:NpyAppender.flush", "3",
-                           "after", "build", index_dir, corpus, model], capture_output=True, timeout=300)
-    assert done.returncode == -9
+    dying_write("retriever.store.arrays:NpyAppender.flush", 3, "after", "build", index_dir, corpus, model)
 
 
-def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, tiny_bert, encoded_texts):
+def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, tiny_bert, encoded_texts,
+                                                                   dying_write):
     index_dir = tmp_path / "indexes"
     docs = sentences(50)
     corpus = write_jsonl(tmp_path / "big.jsonl", docs)
-    kill_build_after_three_chunks(index_dir, corpus, tiny_bert)
+    kill_build_after_three_chunks(dying_write, index_dir, corpus, tiny_bert)
     summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening", device="cpu",
                           chunk_rows=10)
     assert encoded_texts == list(docs.values())[20:]  # only what the killed build had not finished
@@ -153,11 +248,12 @@ def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, ti
     assert [h.doc_id for h in resumed.search(docs["d7"], k=5)[0]] == [h.doc_id for h in fresh.search(docs["d7"], k=5)[0]]
 
 
-def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tmp_path, tiny_bert, encoded_texts):
+def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tmp_path, tiny_bert, encoded_texts,
+                                                                              dying_write):
     index_dir = tmp_path / "indexes"
     corpus = write_jsonl(tmp_path / "big.jsonl", sentences(50))
     for change in ("resume=False", "another corpus"):
-        kill_build_after_three_chunks(index_dir, corpus, tiny_bert)
+        kill_build_after_three_chunks(dying_write, index_dir, corpus, tiny_bert)
         encoded_texts.clear()
         if change == "resume=False":
             summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening",
