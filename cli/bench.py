@@ -16,6 +16,7 @@ import typer
 
 from cli import options
 from cli.options import default
+from retriever.text import terminal_safe
 
 Datasets = Annotated[
     str,
@@ -111,7 +112,7 @@ def bench(
 
     encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
     cached = CachedEncoder(encoder, None if no_cache else resolve_cache_dir(cache_dir))
-    log = lambda line: stderr_console.print(line, markup=False, highlight=False)  # noqa: E731
+    log = lambda line: stderr_console.print(terminal_safe(line), markup=False, highlight=False)  # noqa: E731
     report = run_benchmark(plan, cached, progress=True, log=log)
     where = "no disk cache" if cached.folder is None else f"cache {cached.folder}"
     stderr_console.print(
@@ -155,15 +156,17 @@ def _print_tables(report) -> None:
 
 def _print_table(console, title: str, headers: list[str], rows: list[list], note: str) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     from retriever.evaluation.runner import format_score
 
-    # Title and note as lines of their own: as table title/caption rich would wrap them to the table's width.
-    console.print(title, style="bold", markup=False, highlight=False)
+    # Title and note as lines of their own: as table title/caption rich would wrap them to the table's width. Names
+    # (model, data set folders) are the user's: no markup read from them, control characters escaped.
+    console.print(terminal_safe(title), style="bold", markup=False, highlight=False)
     table = Table()
     for index, header in enumerate(headers):
-        table.add_column(header, justify="left" if index == 0 else "right", no_wrap=True)
+        table.add_column(Text(terminal_safe(str(header))), justify="left" if index == 0 else "right", no_wrap=True)
     for row in rows:
-        table.add_row(*(format_score(value) for value in row))
+        table.add_row(*(Text(terminal_safe(format_score(value))) for value in row))
     console.print(table)
     console.print(note + "\n", style="dim", markup=False, highlight=False)

@@ -67,6 +67,17 @@ def _pick(home: Path, name: str | None, writing: bool = False) -> str:
     return chosen
 
 
+def _print_json(value) -> None:
+    """One JSON line on stdout: exact, terminal-safe (`terminal_json`), and all ASCII where stdout cannot encode
+    every character (PYTHONIOENCODING=ascii, a legacy console code page), so it never fails half-written."""
+    try:
+        "\u00e9\U0010ffff".encode(sys.stdout.encoding or "ascii")
+        takes_unicode = True
+    except (UnicodeEncodeError, LookupError):
+        takes_unicode = False
+    print(terminal_json(value, ascii=not takes_unicode))
+
+
 def _plain(text: str) -> Text:
     """Stored or user text for a table cell or title: no rich markup read from it, control characters escaped."""
     return Text(terminal_safe(text))
@@ -188,7 +199,7 @@ def list_indexes(
     home = _home(index_dir)
     records = describe_indexes(home)
     if as_json:
-        print(terminal_json({"index_dir": str(home), "indexes": records}))
+        _print_json({"index_dir": str(home), "indexes": records})
         return
     if not records:
         _say(f"no index in {home}; build one with: retriever build CORPUS {index_options(home)}".rstrip())
@@ -255,7 +266,7 @@ def search(
                                rerank=rerank)
     for (query_id, text), hits in zip(batch, results):
         if as_json:
-            print(terminal_json(search_record(query_id, text, hits)))
+            _print_json(search_record(query_id, text, hits))
         else:
             _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full)
 
@@ -309,7 +320,7 @@ def show(
         raise RetrieverError(f"no document {doc_id!r} in index '{index}'")
     record = {key: row[key] for key in ("doc_id", "title", "text", "source", "line")}
     if as_json:
-        print(terminal_json(record))
+        _print_json(record)
         return
     table = Table(show_header=False, title=_plain(f"index '{index}'"), title_justify="left")
     table.add_column("field", no_wrap=True, style="bold")

@@ -95,6 +95,15 @@ def _check_arguments(arguments: list[str]) -> None:
         check_argument(argument, number)
 
 
+def _replace_unencodable() -> None:
+    """Where stdout or stderr cannot encode every character (PYTHONIOENCODING=ascii, a legacy console code page),
+    print a document's "é" as \\xe9 instead of failing with a traceback halfway through a table."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def _one_line(message: str) -> str:
     """An error message as one safe line: it may quote stored or typed text, with control characters or a
     newline in it."""
@@ -105,6 +114,7 @@ def main() -> None:
     """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback; Ctrl-C
     becomes one line saying what it left behind, exit code 130."""
     warnings.showwarning = _show_warning
+    _replace_unencodable()
     try:
         _check_arguments(sys.argv[1:])
         app()  # standalone: typer reports usage errors itself and exits 2

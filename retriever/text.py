@@ -83,12 +83,13 @@ def _escape(found: re.Match) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-def terminal_json(value: object, **dumps) -> str:
+def terminal_json(value: object, ascii: bool = False, **dumps) -> str:
     """VALUE as JSON for a terminal: exactly what json.dumps(ensure_ascii=False) gives, except that the characters
     `terminal_safe` escapes, which json.dumps leaves raw (DEL, the C1 controls, the bidi overrides, lone
     surrogates), are written as \\uNNNN escapes. They can only occur inside strings, so the JSON decodes to the same
-    value; only what reaches the terminal changes."""
-    text = json.dumps(value, ensure_ascii=False, **dumps)
+    value; only what reaches the terminal changes. ASCII: every non-ASCII character escaped, for an output that
+    cannot encode them."""
+    text = json.dumps(value, ensure_ascii=ascii, **dumps)
     return _SURROGATE.sub(_json_escape, _CONTROL.sub(_json_escape, text))
 
 

@@ -7,7 +7,10 @@ the terminal with its control characters escaped, and --json stays exact JSON.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -21,7 +24,7 @@ EVIL_TITLE = "Clipboard \x1b]52;c;aGk=\x07 title"
 EVIL_TEXT = "A guitar \x1b[2J clears the screen \u202eelbisivni\u202c and \x9b2J and [bold]markup[/bold]\x7f."
 DOCUMENTS = [
     {"_id": EVIL_ID, "title": EVIL_TITLE, "text": EVIL_TEXT},
-    {"_id": "plain", "text": "A woman slices an onion in the kitchen."},
+    {"_id": "plain", "text": "A woman slices an onion in the café ☕."},
     {"_id": "other", "text": "Stock markets fell sharply on Monday."},
 ]
 
@@ -208,3 +211,15 @@ def test_queries_file_ids_and_texts_are_escaped(cli, index_dir, tmp_path):
     assert_terminal_safe(lines)
     record = json.loads(lines.stdout)
     assert record["query_id"] == "q\x1b[2J" and record["query"] == "guitar \u202e\x07"
+
+
+def test_an_output_that_cannot_encode_unicode_gets_escapes_not_a_traceback(index_dir):
+    """PYTHONIOENCODING=ascii (or a legacy console code page): tables show \\xe9, JSON is all-ASCII and exact."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "cli.main", *args, "--index-dir", str(index_dir)],
+                              capture_output=True, timeout=300, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+
+    table = run("show", "evil", "plain")
+    assert table.returncode == 0 and b"caf\\xe9 \\u2615" in table.stdout, table.stderr
+    exact = run("show", "evil", "plain", "--json")
+    assert exact.returncode == 0 and json.loads(exact.stdout)["text"] == DOCUMENTS[1]["text"], exact.stderr
