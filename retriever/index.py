@@ -365,7 +365,8 @@ class Index:
         for segment in self.segments:
             here = wanted[segment.contains(wanted)]
             if len(here):
-                rows.update((row["rowid"], row) for row in segment.documents.get(here))
+                with self._reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                    rows.update((row["rowid"], row) for row in segment.documents.get(here))
         return rows
 
     def document(self, doc_id: str) -> dict | None:

@@ -1,0 +1,243 @@
+"""Damaged indexes: damage in any file is one line naming the index wherever it is read (open, search, info,
+check, verify), and no write carries damaged bytes into a new version, where a fresh hash would vouch for them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retriever.errors import DamagedIndexError
+from retriever.index import Index, verify_index
+from retriever.index_folder import MANIFEST, VERSIONS, manifest_checksum
+from tests.test_index import sentences, write_jsonl
+
+SEGMENT = "segments/000001"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory, tiny_bert) -> Path:
+    """An index home with 'tiny': 100 documents in one segment, 5 more in a second, one of them deleted."""
+    folder = tmp_path_factory.mktemp("pristine")
+    home = folder / "indexes"
+    Index.build(write_jsonl(folder / "base.jsonl", sentences(100)), "tiny", home, model=str(tiny_bert),
+                calibrator="whitening", device="cpu")
+    Index.open("tiny", home, device="cpu").add(write_jsonl(folder / "more.jsonl", sentences(5, start=100)))
+    Index.open("tiny", home, device="cpu").delete(["d101"])
+    return home
+
+
+@pytest.fixture()
+def home(pristine, tmp_path) -> Path:
+    """A copy of the pristine index home, to damage."""
+    copy = tmp_path / "indexes"
+    shutil.copytree(pristine, copy, symlinks=True)
+    return copy
+
+
+def current(home: Path) -> Path:
+    return (home / "tiny").resolve()
+
+
+def flip(path: Path, start: int, length: int) -> None:
+    """Invert LENGTH bytes of PATH from START: same size, so only a re-hash or a parse can tell."""
+    data = bytearray(path.read_bytes())
+    end = min(len(data), start + length)
+    data[start:end] = bytes(byte ^ 0xFF for byte in data[start:end])
+    path.write_bytes(bytes(data))
+
+
+def edit_text(path: Path) -> None:
+    """Change one stored text in place, same length (what an edit with a hex editor or sqlite would do)."""
+    data = path.read_bytes()
+    assert b"harbour on day 5." in data
+    path.write_bytes(data.replace(b"harbour on day 5.", b"HARBOUR on day 5.", 1))
+
+
+def assert_one_line(error: Exception) -> None:
+    message = str(error)
+    assert message.startswith("index 'tiny' is damaged: ") and "\n" not in message, message
+
+
+# Damage that parses: only a re-hash can tell it, so the files a write reads must be re-hashed.
+SILENT = {
+    "raw.npy, 4 KB flipped": lambda folder: flip(folder / SEGMENT / "raw.npy", 1024, 4096),
+    "documents.db, a text edited": lambda folder: edit_text(folder / SEGMENT / "documents.db"),
+    "vectors.faiss, a vector flipped": lambda folder: flip(folder / SEGMENT / "vectors.faiss", 4096, 64),
+    "tombstones.npy, a row id changed": lambda folder: flip(folder / "tombstones.npy", 128, 1),
+}
+WRITES = {
+    "add": lambda index, tmp: index.add(write_jsonl(tmp / "new.jsonl", sentences(3, start=500))),
+    "delete": lambda index, tmp: index.delete(["d7"]),
+    "compact": lambda index, tmp: index.compact(),
+    "refit": lambda index, tmp: index.refit(),
+}
+# What each write does with each damage: refuse it (it reads those bytes into the new version), or link the file
+# with its old manifest entry (the new version is as damaged, and says so), or drop it (refit writes every
+# vector index again from the raw vectors: nothing of the damaged file is left).
+OUTCOMES = {
+    ("raw.npy, 4 KB flipped", "add"): "linked",
+    ("raw.npy, 4 KB flipped", "delete"): "linked",
+    ("raw.npy, 4 KB flipped", "compact"): "refused",
+    ("raw.npy, 4 KB flipped", "refit"): "refused",
+    ("documents.db, a text edited", "add"): "linked",
+    ("documents.db, a text edited", "delete"): "linked",
+    ("documents.db, a text edited", "compact"): "refused",
+    ("documents.db, a text edited", "refit"): "linked",
+    ("vectors.faiss, a vector flipped", "add"): "linked",
+    ("vectors.faiss, a vector flipped", "delete"): "linked",
+    ("vectors.faiss, a vector flipped", "compact"): "refused",
+    ("vectors.faiss, a vector flipped", "refit"): "dropped",
+    ("tombstones.npy, a row id changed", "add"): "refused",
+    ("tombstones.npy, a row id changed", "delete"): "refused",
+    ("tombstones.npy, a row id changed", "compact"): "refused",
+    ("tombstones.npy, a row id changed", "refit"): "refused",
+}
+
+
+@pytest.mark.parametrize("damage, write", list(OUTCOMES))
+def test_no_write_launders_damage(home, tmp_path, damage, write):
+    before = current(home)
+    SILENT[damage](before)
+    with pytest.raises(DamagedIndexError, match="does not match its manifest checksum"):
+        verify_index("tiny", home)
+    index = Index.open("tiny", home, device="cpu")  # sizes and parses are fine: only hashes can tell
+    outcome = OUTCOMES[(damage, write)]
+    if outcome == "refused":
+        with pytest.raises(DamagedIndexError, match="does not match its manifest checksum; nothing was written") as raised:
+            WRITES[write](index, tmp_path)
+        assert_one_line(raised.value)
+        assert current(home) == before and not list((home / VERSIONS / "tiny").glob("*.partial"))
+        return
+    WRITES[write](index, tmp_path)
+    assert current(home) != before
+    if outcome == "linked":  # the new version lists the file with the hash it was written with: still damaged
+        with pytest.raises(DamagedIndexError, match="does not match its manifest checksum"):
+            verify_index("tiny", home)
+    else:
+        verify_index("tiny", home)
+        assert not any(path.samefile(before / SEGMENT / "vectors.faiss") for path in current(home).rglob("*.faiss"))
+
+
+def test_add_refuses_a_damaged_template(tmp_path, tiny_bert):
+    home = tmp_path / "indexes"
+    Index.build(write_jsonl(tmp_path / "base.jsonl", sentences(100)), "tiny", home, model=str(tiny_bert),
+                calibrator="none", index_type="ivf", device="cpu")
+    before = current(home)
+    flip(before / "trained.faiss", 200, 16)
+    with pytest.raises(DamagedIndexError, match="trained.faiss does not match its manifest checksum"):
+        Index.open("tiny", home, device="cpu").add(write_jsonl(tmp_path / "new.jsonl", sentences(3, start=500)))
+    assert current(home) == before
+
+
+def npz_member_flip(folder: Path) -> None:
+    flip(folder / "calibrator" / "calibrator.npz", 200, 8)
+
+
+# Damage that no longer parses, file by file: every one is a DamagedIndexError naming the index and the file,
+# never the parser's own exception (UnicodeDecodeError, ValueError, RuntimeError, zipfile.BadZipFile...).
+UNREADABLE = {
+    "calibrator.json, a byte that is not UTF-8": (lambda f: flip(f / "calibrator" / "calibrator.json", 3, 1),
+                                                  "calibrator cannot be read"),
+    "calibrator.json, a name changed": (lambda f: _replace(f / "calibrator" / "calibrator.json", b"whitening",
+                                                           b"whitenimg"), "calibrator cannot be read"),
+    "calibrator weights": (npz_member_flip, "calibrator cannot be read"),
+    "raw.npy header": (lambda f: flip(f / SEGMENT / "raw.npy", 10, 40), f"{SEGMENT} cannot be read"),
+    "rowids.npy header": (lambda f: flip(f / SEGMENT / "rowids.npy", 10, 40), f"{SEGMENT} cannot be read"),
+    "vectors.faiss header": (lambda f: flip(f / SEGMENT / "vectors.faiss", 0, 64), f"{SEGMENT} cannot be read"),
+    "documents.db header": (lambda f: flip(f / SEGMENT / "documents.db", 0, 100), f"{SEGMENT} cannot be read"),
+    "tombstones.npy header": (lambda f: flip(f / "tombstones.npy", 10, 40), "tombstones.npy cannot be read"),
+    "tombstones.npy, ids out of order": (lambda f: _tombstones(f, [9, 3]), "tombstones.npy cannot be read"),
+}
+
+
+def _replace(path: Path, old: bytes, new: bytes) -> None:
+    path.write_bytes(path.read_bytes().replace(old, new))
+
+
+def _tombstones(folder: Path, ids: list[int]) -> None:
+    """Tombstones of the same size (a 1-element file becomes another 1-element file would not show): rewritten
+    with their manifest entry and checksum, as a buggy tool might."""
+    path = folder / "tombstones.npy"
+    path.unlink()
+    np.save(path, np.asarray(ids, dtype=np.int64))
+    reseal(folder, lambda manifest: {**manifest, "documents": manifest["documents"] + 1 - len(ids), "files": {
+        **manifest["files"], "tombstones.npy": {"bytes": path.stat().st_size, "sha256": "0" * 64}}})
+
+
+def reseal(folder: Path, change) -> None:
+    """Rewrite the manifest of the version in FOLDER through CHANGE, with a checksum that matches: what a tool
+    (or an attacker) writes, which the checksum cannot catch."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest = change(manifest)
+    manifest["checksum"] = manifest_checksum(manifest)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage", list(UNREADABLE))
+def test_a_file_that_no_longer_parses_is_one_line_naming_the_index(home, damage):
+    spoil, where = UNREADABLE[damage]
+    spoil(current(home))
+    with pytest.raises(DamagedIndexError, match=f"index 'tiny' is damaged: {where}") as raised:
+        Index.open("tiny", home, device="cpu")
+    assert_one_line(raised.value)
+    assert str(current(home)) not in str(raised.value)  # the index's name and the file's place in it, no path
+
+
+def test_damage_found_while_searching_or_reading_is_one_line(home):
+    database = current(home) / SEGMENT / "documents.db"
+    data = bytearray(database.read_bytes())
+    data[4096:] = bytes(len(data) - 4096)  # the header and first page stay: it opens, then its pages are gone
+    database.write_bytes(bytes(data))
+    damaged = Index.open("tiny", home, device="cpu")
+    with pytest.raises(DamagedIndexError, match=f"index 'tiny' is damaged: {SEGMENT}/documents.db cannot be read"):
+        damaged.search(sentences(1)["d0"], k=3)
+    with pytest.raises(DamagedIndexError, match="documents.db cannot be read"):
+        damaged.document("d0")
+    raw = current(home) / SEGMENT / "raw.npy"
+    raw.write_bytes(raw.read_bytes()[:128] + b"\xff" * (raw.stat().st_size - 128))  # float16 0xFFFF is NaN
+    with pytest.raises(DamagedIndexError, match=f"{SEGMENT}/raw.npy cannot be read \\(it holds values that are not"):
+        Index.open("tiny", home, device="cpu").info()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda m: {**m, "documents": m["documents"] + 1}, "the manifest counts 105 documents, but its segments "
+                                                           "hold 105 rows of which 1 are deleted"),
+        (lambda m: {**m, "segments": [{**m["segments"][0], "rows": 99}, *m["segments"][1:]]},
+         f"{SEGMENT}/rowids.npy holds 100 rows, the manifest says 99"),
+    ],
+)
+def test_counts_that_disagree_with_the_files_are_damage(home, change, message):
+    reseal(current(home), change)
+    for check in (lambda: Index.open("tiny", home, device="cpu"), lambda: verify_index("tiny", home)):
+        with pytest.raises(DamagedIndexError, match=message):
+            check()
+
+
+def test_a_crafted_manifest_cannot_reach_outside_its_version(home, tmp_path):
+    outside = tmp_path / "outside"
+    shutil.copytree(current(home) / SEGMENT, outside)
+    escape = os.path.relpath(outside, current(home) / "segments")
+    assert escape.startswith("../") and (current(home) / "segments" / escape).resolve() == outside.resolve()
+
+    def renamed(manifest):
+        files = {key.replace(SEGMENT, f"segments/{escape}"): value for key, value in manifest["files"].items()}
+        return {**manifest, "files": files,
+                "segments": [{**manifest["segments"][0], "name": escape}, *manifest["segments"][1:]]}
+
+    reseal(current(home), renamed)
+    for check in (lambda: Index.open("tiny", home, device="cpu"), lambda: verify_index("tiny", home)):
+        with pytest.raises(DamagedIndexError, match="lists a file outside its version"):
+            check()
+    reseal(current(home), lambda manifest: {**manifest, "files": {
+        key.replace(f"segments/{escape}", SEGMENT): value for key, value in manifest["files"].items()}})
+    for check in (lambda: Index.open("tiny", home, device="cpu"), lambda: verify_index("tiny", home)):
+        with pytest.raises(DamagedIndexError, match=re.escape(f"names a segment {escape!r}, which is not a")):
+            check()
