@@ -56,19 +56,19 @@ MAX_REQUESTS = 200_000  # per phase: a bound even if the server answered impossi
 TARGETS = {"p50_ms_1_client": 15.0, "qps_16_clients": 150.0, "failed": 0}
 
 
-def prepare(work: Path, vectors_path: Path | None) -> Path:
-    """The 100k index (built once) and the writer's passages; returns the index folder."""
+def prepare(work: Path, vectors_path: Path | None, documents: int = DOCUMENTS, name: str = NAME) -> Path:
+    """The index of DOCUMENTS passages (built once) and the writer's passages; returns the index folder."""
     from retriever.index import Index
     from retriever.index_folder import list_indexes
 
     index_dir = work / "indexes"
     writes = work / "writes.jsonl"
-    if NAME in list_indexes(index_dir) and writes.is_file():
+    if name in list_indexes(index_dir) and writes.is_file():
         return index_dir
     work.mkdir(parents=True, exist_ok=True)
     records = [json.loads(line) for line in gzip.open(PASSAGES, "rt", encoding="utf-8")]
-    rows = np.linspace(0, len(records) - 1, DOCUMENTS).astype(int)
-    corpus = work / "corpus-100k.jsonl"
+    rows = np.linspace(0, len(records) - 1, documents).astype(int)
+    corpus = work / f"corpus-{name}.jsonl"
     _write_jsonl(corpus, (records[i] for i in rows))
     # Passages between the sampled ones, under new ids: what the writer adds, 10 per commit.
     _write_jsonl(writes, ({**records[i + 5], "_id": records[i + 5]["_id"] + "+added"} for i in rows[::97][:1000]))
@@ -77,12 +77,12 @@ def prepare(work: Path, vectors_path: Path | None) -> Path:
         matrix = np.load(vectors_path, mmap_mode="r")
         if len(matrix) != len(records):
             raise SystemExit(f"{vectors_path} has {len(matrix)} rows for {len(records)} passages")
-        vectors = work / "vectors-100k.npy"
+        vectors = work / f"vectors-{name}.npy"
         np.save(vectors, np.asarray(matrix[rows], dtype=np.float32))
     started = time.perf_counter()
-    summary = Index.build(corpus, NAME, index_dir, vectors=vectors, max_length=MAX_LENGTH, index_type=INDEX_TYPE,
+    summary = Index.build(corpus, name, index_dir, vectors=vectors, max_length=MAX_LENGTH, index_type=INDEX_TYPE,
                           device="cpu", progress=True)
-    print(f"built {NAME}: {summary.documents:,} documents in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    print(f"built {name}: {summary.documents:,} documents in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return index_dir
 
 
@@ -134,7 +134,7 @@ def request(port: int, method: str, path: str, body: dict | None = None, connect
 
 
 def run_phase(port: int, queries: list[str], clients: int, seconds: float, writes: list[dict],
-              initial_version: str) -> dict:
+              initial_version: str, name: str = NAME) -> dict:
     """CLIENTS sequential clients for SECONDS while the writer commits every WRITE_EVERY_S; see the docstring."""
     results: list[list[tuple[float, float, str]]] = [[] for _ in range(clients)]  # (start, latency, version)
     failures: list[str] = []
@@ -156,7 +156,7 @@ def run_phase(port: int, queries: list[str], clients: int, seconds: float, write
                 sent[0] += 1
             query = queries[turn % len(queries)]
             turn += clients
-            path = "/search?" + urlencode({"q": query, "k": 10, "index": NAME})
+            path = "/search?" + urlencode({"q": query, "k": 10, "index": name})
             begin = time.perf_counter()
             try:
                 status, body = request(port, "GET", path, connection=connection)
@@ -188,7 +188,7 @@ def run_phase(port: int, queries: list[str], clients: int, seconds: float, write
             documents = [{**record, "_id": f"{record['_id']}@{run_tag}"}
                          for record in writes[batch * WRITE_DOCUMENTS : (batch + 1) * WRITE_DOCUMENTS]]
             begin = time.perf_counter()
-            status, body = request(port, "POST", f"/indexes/{NAME}/documents", {"documents": documents})
+            status, body = request(port, "POST", f"/indexes/{name}/documents", {"documents": documents})
             entry = {"at_s": round(time.monotonic() - started, 2), "status": status,
                      "seconds": round(time.perf_counter() - begin, 3)}
             if status == 201:
@@ -252,8 +252,8 @@ def cli_per_query(index_dir: Path, queries: list[str], runs: int) -> dict:
     return {"runs": runs, "seconds": [round(t, 3) for t in times], "median_ms": round(1000 * statistics.median(times), 1)}
 
 
-def current_version(index_dir: Path) -> str:
-    return Path(os.path.realpath(index_dir / NAME)).name
+def current_version(index_dir: Path, name: str = NAME) -> str:
+    return Path(os.path.realpath(index_dir / name)).name
 
 
 def main() -> None:

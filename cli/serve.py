@@ -24,17 +24,18 @@ def serve(
     index_dir: options.IndexDir = None,
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", help="require Authorization: Bearer KEY on every request but the page and /health (read and "
-        "write); also $RETRIEVER_API_KEY")] = None,
+        "write); also $RETRIEVER_API_KEY [default: none: no key on 127.0.0.1]")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(
-        "--api-key-file", help="read the read-write key from the first line of this file (keeps it out of ps)")] = None,
+        "--api-key-file", help="read the read-write key from the first line of this file (keeps it out of ps) [default: none]")] = None,
     read_only_api_key: Annotated[Optional[str], typer.Option(
         "--read-only-api-key", help="a key that may search and read only (writes answer 403); also "
-        "$RETRIEVER_READ_ONLY_API_KEY")] = None,
+        "$RETRIEVER_READ_ONLY_API_KEY [default: none]")] = None,
     read_only_api_key_file: Annotated[Optional[Path], typer.Option(
-        "--read-only-api-key-file", help="read the read-only key from the first line of this file")] = None,
+        "--read-only-api-key-file", help="read the read-only key from the first line of this file [default: none]")] = None,
     allowed_host: Annotated[Optional[list[str]], typer.Option(
         "--allowed-host", help="a Host name to answer besides the bound address and loopback names (repeatable; "
-        "*.example.org for a domain); other names get 421, which stops DNS rebinding")] = None,
+        "*.example.org for a domain); other names get 421, which stops DNS rebinding [default: none: the bound "
+        "address and loopback names; any name when bound to 0.0.0.0 with a key]")] = None,
     no_key: Annotated[bool, typer.Option(
         "--no-key", help="serve on a non-loopback address without an API key (anyone who reaches it may read and "
         "write)")] = False,
