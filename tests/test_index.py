@@ -442,3 +442,108 @@ def test_bad_vectors_are_one_line_and_write_nothing(tiny_index, tmp_path, tiny_b
                         device="cpu")
     assert sorted((tmp_path / "indexes" / VERSIONS / "tiny").iterdir()) == versions  # nothing written
     assert Index.open("tiny", tmp_path / "indexes", device="cpu").search(list(DOCS.values()), k=2) == before
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_close_releases_a_versions_files(tiny_index, tmp_path):
+    tiny_index.add(write_jsonl(tmp_path / "extra.jsonl", {"kitten": "A kitten plays with a ball of yarn."}))
+    queries = l2_normalize(np.random.default_rng(0).normal(size=(2, tiny_index.manifest["dim"])))
+    baseline = open_descriptors()
+    with Index.open("tiny", tmp_path / "indexes", device="cpu") as index:
+        scores, ids = index.search_vectors(queries, k=3)
+        assert len(index.hits(scores, ids)[0]) == 3
+        assert open_descriptors() >= baseline + 2 * len(index.segments)  # a connection and maps per segment
+    assert open_descriptors() == baseline
+    index.close()  # again: nothing to do
+    with pytest.raises(RetrieverError, match="^index 'tiny' was closed; open it again to use it$"):
+        index.search_vectors(queries, k=3)
+
+
+def test_threads_reading_and_writing_at_once_never_fail(tmp_path, tiny_bert, monkeypatch):
+    """Searches, adds and deletes from a thread pool, as the server runs them. numpy parses .npy headers with
+    ast.literal_eval, which some CPython versions cannot run in two threads at once (python/cpython#106905:
+    "SystemError: AST constructor recursion depth mismatch"); the parses numpy makes must take turns."""
+    import ast
+    import sys
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    index_dir = tmp_path / "indexes"
+    Index.build(write_jsonl(tmp_path / "base.jsonl", sentences(40)), "busy", index_dir, model=str(tiny_bert),
+                calibrator="whitening", device="cpu")
+    parsing, overlaps, guard, original = [0], [], threading.Lock(), ast.literal_eval
+
+    def watched(text):
+        if not sys._getframe(1).f_globals.get("__name__", "").startswith("numpy"):
+            return original(text)
+        with guard:
+            parsing[0] += 1
+            overlaps.append(parsing[0] > 1)
+        try:
+            time.sleep(0.002)  # widen the window a concurrent parse would fall in
+            return original(text)
+        finally:
+            with guard:
+                parsing[0] -= 1
+
+    monkeypatch.setattr(ast, "literal_eval", watched)
+    rng = np.random.default_rng(0)
+
+    def add(number: int) -> None:
+        docs = {f"new{number}-{i}": f"added text {number} {i}" for i in range(3)}
+        np.save(tmp_path / f"new{number}.npy", rng.normal(size=(3, 32)).astype(np.float32))
+        Index.open("busy", index_dir, device="cpu").add(write_jsonl(tmp_path / f"new{number}.jsonl", docs),
+                                                        vectors=tmp_path / f"new{number}.npy")
+
+    def delete(number: int) -> None:
+        Index.open("busy", index_dir, device="cpu").delete([f"d{number}"])
+
+    def search(number: int) -> None:
+        with Index.open("busy", index_dir, device="cpu") as index:
+            queries = l2_normalize(np.random.default_rng(number).normal(size=(2, index.manifest["dim"])))
+            assert all(len(hits) == 5 for hits in index.hits(*index.search_vectors(queries, k=5)))
+            assert index.document("d39")["text"] == sentences(40)["d39"]
+
+    tasks = [(add, n) for n in range(6)] + [(delete, n) for n in range(6)] + [(search, n) for n in range(24)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for done in [pool.submit(task, number) for task, number in tasks]:
+            done.result()  # re-raises what a thread raised
+    assert len(overlaps) > 100 and not any(overlaps)
+    assert len(Index.open("busy", index_dir, device="cpu")) == 40 + 6 * 3 - 6
+
+
+def test_a_write_never_fails_after_its_commit(tiny_index, tmp_path, monkeypatch):
+    from retriever.index_folder import IndexWriter
+
+    def failing(self, keep):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(IndexWriter, "_prune", failing)
+    with pytest.warns(UserWarning, match="index 'tiny' was written, but tidying up after it failed"):
+        summary = tiny_index.delete(["dog"])
+    assert summary.documents == len(DOCS) - 1 == len(Index.open("tiny", tmp_path / "indexes", device="cpu"))
+
+
+def test_every_folder_of_a_new_version_is_fsynced(tiny_index, tmp_path, monkeypatch):
+    import retriever.index_folder as index_folder
+
+    synced, original = [], index_folder._fsync_dir
+
+    def recording(folder):
+        parts = Path(folder).parts
+        partial = [number for number, part in enumerate(parts) if part.endswith(".partial")]
+        if partial:  # inside the version being written: record where, relative to it
+            synced.append(str(Path(*parts[partial[0] + 1 :]) if len(parts) > partial[0] + 1 else "."))
+        original(folder)
+
+    monkeypatch.setattr(index_folder, "_fsync_dir", recording)
+    tiny_index.add(write_jsonl(tmp_path / "extra.jsonl", {"kitten": "A kitten plays with a ball of yarn."}))
+    version = (tmp_path / "indexes" / "tiny").resolve()
+    folders = {"."} | {str(path.relative_to(version)) for path in version.rglob("*") if path.is_dir()}
+    assert folders == {".", "calibrator", "segments", "segments/000001", "segments/000002"}
+    assert sorted(synced) == sorted(folders)  # each once, the version's own folder last
+    assert synced[-1] == "."
