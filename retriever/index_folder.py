@@ -412,10 +412,11 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
             writer.keep_partial = writer.keep_partial or (writer.folder / BUILD_STATE).is_file()
             raise
         except Exception as error:
-            if _disk_full(error):  # whichever library hit it, and however it words it: one line
+            full = _disk_full(error)  # whichever library hit it, and however it words it: one line
+            if full:
                 kept = "the previous version is intact" if writer.link.is_symlink() else "no index was made"
-                raise RetrieverError(f"index '{name}' was not written: the disk is full ({_first_line(error)}); "
-                                     f"{kept}; free some space and run it again") from None
+                raise RetrieverError(f"index '{name}' was not written: the disk is full ({full}); {kept}; free some "
+                                     "space and run it again") from None
             raise
         finally:
             if writer.folder.name.endswith(".partial") and not writer.keep_partial:
@@ -423,16 +424,20 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
             _remove_if_unused(writer.versions, writer.link)
 
 
-def _disk_full(error: BaseException | None) -> bool:
-    """Whether ERROR, or an error it was raised from, is a full disk: an OSError's ENOSPC or EDQUOT, or the words
-    faiss (strerror in a RuntimeError), SQLite and torch put it in."""
+_FULL_DISK_WORDS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
+
+
+def _disk_full(error: BaseException | None) -> str | None:
+    """How ERROR, or an error it was raised from, says the disk is full (None: it does not): an OSError's ENOSPC
+    or EDQUOT, or the words faiss (strerror inside a RuntimeError), SQLite and torch put it in."""
     while error is not None:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(words in str(error) for words in ("No space left on device", "Disk quota exceeded", "disk is full")):
-            return True
+            return os.strerror(error.errno)
+        found = next((words for words in _FULL_DISK_WORDS if words in str(error)), None)
+        if found:
+            return found
         error = error.__cause__ or error.__context__
-    return False
+    return None
 
 
 def _first_line(error: BaseException) -> str:

@@ -3,8 +3,11 @@ refuses, other writes wait), listing and removing indexes."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import re
+import sqlite3
 import threading
 import time
 
@@ -138,3 +141,79 @@ def test_describe_and_remove_indexes(tmp_path, tiny_bert):
     assert (tmp_path / "mine").is_dir()
     Index.build(corpus, "first", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")  # the name is free
     assert Index.open("first", tmp_path).search(DOCS["dog"], k=1)[0][0].doc_id == "dog"
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def faiss_no_space(*args, **kwargs):  # how faiss reports it: strerror inside a RuntimeError
+    raise RuntimeError("Error in void faiss::FileIOWriter::operator()(const void*, size_t, size_t) at "
+                       "impl/io.cpp:120: Error: 'ret == nitems' failed: write error: No space left on device")
+
+
+def sqlite_no_space(*args, **kwargs):
+    raise sqlite3.OperationalError("database or disk is full")
+
+
+@pytest.mark.parametrize("write, target, failure", [
+    ("refit", "retriever.store.vectors:VectorStore.save", no_space),
+    ("refit", "retriever.store.vectors:VectorStore.save", faiss_no_space),
+    ("build", "retriever.store.arrays:NpyAppender.flush", no_space),
+    ("build", "retriever.store.documents:DocumentTable.insert", sqlite_no_space),
+    ("add", "retriever.store.segment:RawWriter.append", no_space),
+])
+def test_a_full_disk_is_one_line_and_the_previous_version_stays(tmp_path, tiny_bert, monkeypatch, write, target,
+                                                                failure):
+    import importlib
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", sentences(40))
+    Index.build(corpus, "full", tmp_path, model=str(tiny_bert), calibrator="whitening", device="cpu")
+    before = (tmp_path / "full").resolve()
+    module, _, attribute = target.partition(":")
+    owner_name, name = attribute.split(".")
+    monkeypatch.setattr(getattr(importlib.import_module(module), owner_name), name, failure)
+    index = Index.open("full", tmp_path, device="cpu")
+    attempts = {
+        "refit": lambda: index.refit(),
+        "build": lambda: Index.build(corpus, "full", tmp_path, model=str(tiny_bert), calibrator="whitening",
+                                     device="cpu"),
+        "add": lambda: index.add(write_jsonl(tmp_path / "more.jsonl", sentences(3, start=100))),
+    }
+    with pytest.raises(RetrieverError) as refused:
+        attempts[write]()
+    assert re.fullmatch(r"index 'full' was not written: the disk is full \((No space left on device|database or "
+                        r"disk is full)\); the previous version is intact; free some space and run it again",
+                        str(refused.value)), str(refused.value)
+    assert (tmp_path / "full").resolve() == before  # and no partial folder is left taking space
+    assert sorted(os.listdir(tmp_path / VERSIONS / "full")) == sorted([before.name, LOCK])
+    if write == "build":  # a new name: nothing of it is left
+        with pytest.raises(RetrieverError, match="the disk is full .*; no index was made;"):
+            Index.build(corpus, "new", tmp_path, model=str(tiny_bert), calibrator="whitening", device="cpu")
+        assert not (tmp_path / "new").exists() and not (tmp_path / VERSIONS / "new").exists()
+
+
+def test_failed_and_killed_writers_leave_nothing_behind(tmp_path, tiny_bert, held_lock):
+    duplicates = tmp_path / "dup.jsonl"
+    duplicates.write_text('{"_id": "a", "text": "one"}\n{"_id": "a", "text": "two"}\n', encoding="utf-8")
+    with pytest.raises(RetrieverError, match="duplicate ids"):
+        Index.build(duplicates, "broken", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
+    assert not (tmp_path / "broken").exists() and not (tmp_path / VERSIONS / "broken").exists()
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    Index.build(corpus, "kept", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
+    # What kills leave: a temporary link never swapped in, and a folder holding only a lock.
+    stray = tmp_path / ".kept.20260101T000000000000-abcdef.link"
+    stray.symlink_to(".versions/kept/20260101T000000000000-abcdef")
+    (tmp_path / VERSIONS / "ghost").mkdir()
+    (tmp_path / VERSIONS / "ghost" / LOCK).write_text("999999\n")
+    busy_stray = tmp_path / ".busy.20260101T000000000000-abcdef.link"
+    busy_stray.symlink_to(".versions/busy/20260101T000000000000-abcdef")
+    assert [record["name"] for record in describe_indexes(tmp_path)] == ["kept"]  # `retriever list`
+    assert not stray.is_symlink() and not (tmp_path / VERSIONS / "ghost").exists()
+    assert busy_stray.is_symlink() and (tmp_path / VERSIONS / "busy" / LOCK).is_file()  # its writer is at work
+    assert len(Index.open("kept", tmp_path)) == len(DOCS)
+
+    stray.symlink_to(".versions/kept/20260101T000000000000-abcdef")
+    Index.open("kept", tmp_path).delete(["dog"])  # the next write of the name tidies it too
+    assert not stray.is_symlink()
