@@ -406,3 +406,36 @@ def test_counts_agree_with_their_nouns(cli, tmp_path, tiny_bert):
     assert_one_line_error(cli("delete", "absent", "--name", "long"), "1 id is not in the index: 'absent'")
     done = cli("verify", "long")
     assert done.returncode == 0 and "files, " in done.stderr
+
+
+# --- damaged indexes, a full disk -----------------------------------------------------------------------------
+
+
+def test_a_damaged_index_is_one_error_line_in_every_command(cli, built_home):
+    config = (built_home / "docs").resolve() / "calibrator" / "calibrator.json"
+    data = bytearray(config.read_bytes())
+    data[3] ^= 0xFF  # not UTF-8 any more: a UnicodeDecodeError deep in a JSON read
+    config.write_bytes(bytes(data))
+    damaged = "error: index 'docs' is damaged: calibrator cannot be read"
+    for command in (("search", "a query", "--name", "docs"), ("info", "--name", "docs"), ("show", "docs", "x"),
+                    ("check", "docs"), ("delete", "docs.txt:1", "--name", "docs")):
+        assert_one_line_error(cli(*command), damaged)
+    assert_one_line_error(cli("verify", "docs"),
+                          "error: index 'docs' is damaged: calibrator/calibrator.json does not match its manifest")
+    listed = cli("list", "--json")
+    assert listed.returncode == 0 and "calibrator cannot be read" not in listed.stdout  # list reads manifests only
+
+
+def test_a_full_disk_during_refit_is_one_error_line(cli, built_home, monkeypatch):
+    from retriever.store.vectors import VectorStore
+
+    def full(*args, **kwargs):  # faiss's wording: strerror inside a RuntimeError
+        raise RuntimeError("Error in void faiss::FileIOWriter::operator()(const void*, size_t, size_t) at "
+                           "impl/io.cpp:120: Error: 'ret == nitems' failed: write error: No space left on device")
+
+    before = (built_home / "docs").resolve()
+    monkeypatch.setattr(VectorStore, "save", full)
+    assert_one_line_error(cli("refit", "--name", "docs", "--calibrator", "sn"),
+                          "error: index 'docs' was not written: the disk is full (No space left on device); the "
+                          "previous version is intact")
+    assert (built_home / "docs").resolve() == before
