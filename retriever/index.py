@@ -98,6 +98,8 @@ MANIFEST_FIELDS = {"name": str, "created": str, "encoder": dict, "calibrator": d
                    "documents": int, "segments": list, "next_rowid": int, "next_segment": int, "versions": dict}
 ENCODER_FIELDS = {"model": str, "pooling": str, "layers": (list, type(None)), "max_length": int, "dtype": str,
                   "dim": int}
+# How often `open` starts again when the version it resolved is pruned under it (two writes in the meantime).
+OPEN_ATTEMPTS = 5
 # A segment's folder name, as `_segment_name` writes it: a manifest naming anything else ('../x') is refused.
 SEGMENT_NAME = re.compile(r"\d{6,9}")
 
@@ -236,10 +238,19 @@ class Index:
         """Open the current version: checks the manifest's checksum and every file's size (`verify` re-hashes).
         INDEX_DIR: where indexes live (default: the index home, `index_folder.resolve_index_dir`)."""
         index_dir = resolve_index_dir(index_dir)
-        folder = resolve_existing(index_dir, name)  # resolved once: a concurrent swap cannot mix versions
-        manifest = read_manifest(folder, name=name)
-        _check_manifest(manifest, name, folder)
-        return cls(folder, manifest, device=device, index_dir=index_dir)
+        attempts = OPEN_ATTEMPTS
+        while True:
+            folder = resolve_existing(index_dir, name)  # resolved once: a concurrent swap cannot mix versions
+            try:
+                manifest = read_manifest(folder, name=name)
+                _check_manifest(manifest, name, folder)
+                return cls(folder, manifest, device=device, index_dir=index_dir)
+            except (RetrieverError, OSError):
+                # Writes committed while it opened, and one pruned the version it had resolved: files went missing
+                # under it. Not damage: the index is whole, in the newer version the link points at now.
+                attempts -= 1
+                if not attempts or resolve_existing(index_dir, name) == folder:
+                    raise
 
     @property
     def encoder(self) -> Encoder:
@@ -698,7 +709,8 @@ class Index:
         timings: dict[str, float] = {}
         with writing(self.index_dir, self.name) as writer, self._current() as current:
             # Read into the new version: the calibrator (through the new vectors) and the tombstones (written again);
-            # the template as it is loaded (`_template`), merged segments in `_merge_segments`. The rest is linked.
+            # the template as it is loaded (`_template`), merged segments in `_merge_segments`. The rest is linked,
+            # or only looked up in (the ids already there): hashing it would make every add cost the whole index.
             current._check_read(CALIBRATOR, TOMBSTONES)
             folder = writer.folder
             link_tree(current.folder, folder)

@@ -547,3 +547,21 @@ def test_every_folder_of_a_new_version_is_fsynced(tiny_index, tmp_path, monkeypa
     assert folders == {".", "calibrator", "segments", "segments/000001", "segments/000002"}
     assert sorted(synced) == sorted(folders)  # each once, the version's own folder last
     assert synced[-1] == "."
+
+
+def test_an_open_raced_by_two_writes_opens_the_newer_version(tiny_index, tmp_path, monkeypatch):
+    import retriever.index as index_module
+
+    original, raced = index_module.read_manifest, []
+
+    def racing(folder, name=None):
+        manifest = original(folder, name)
+        if not raced:
+            raced.append(folder)
+            for doc_id in ("dog", "cat"):  # two commits: the second prunes the version this open resolved
+                tiny_index.delete([doc_id])
+        return manifest
+
+    monkeypatch.setattr(index_module, "read_manifest", racing)
+    index = Index.open("tiny", tmp_path / "indexes", device="cpu")
+    assert not raced[0].exists() and index.folder != raced[0] and len(index) == len(DOCS) - 2
