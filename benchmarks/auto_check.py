@@ -33,7 +33,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from retriever.evaluation.retrieval import RETRIEVAL_TASKS, evaluate_through_index  # noqa: E402
+from retriever.evaluation.retrieval import evaluate_through_index  # noqa: E402
+from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS  # noqa: E402
 
 DEV = ("qnli-retrieval", "stsb-dup", "sickr-dup", "debian-package", "wordnet-define")
 HELD_OUT = ("sts12-dup", "sts13-dup", "sts14-dup", "sts15-dup", "sts16-dup", "bible-parallel", "foldoc-term")
@@ -122,7 +123,7 @@ def judge(record: dict, pooling: str) -> dict:
 def sts_and_qnli(encoder, seed: int) -> list[dict]:
     """STS-B, SICK-R, STS12-16 (Spearman x100, main aggregation) and QNLI (ROC-AUC x100), none against auto."""
     from retriever.evaluation.runner import plan_benchmark, run_benchmark
-    from retriever.evaluation.tasks import TASKS
+    from retriever.evaluation.registry import TASKS
 
     report = run_benchmark(plan_benchmark("all", "none,auto", seed=seed), encoder, progress=True,
                            log=lambda line: print(line, file=sys.stderr, flush=True))

@@ -70,9 +70,9 @@ def prepare(work: Path, vectors_path: Path, passages: Path, copies: int = COPIES
 
     small = np.arange(0, len(records), 109)[:10_000]
     added = np.arange(54, len(records), 1089)[:1_000]
-    _write_jsonl(work / "corpus-10k.jsonl", (records[i] for i in small))
+    write_jsonl(work / "corpus-10k.jsonl", (records[i] for i in small))
     np.save(work / "vectors-10k.npy", np.asarray(vectors[small], dtype=np.float32))
-    _write_jsonl(work / "add-1k.jsonl", ({**records[i], "_id": records[i]["_id"] + "+added"} for i in added))
+    write_jsonl(work / "add-1k.jsonl", ({**records[i], "_id": records[i]["_id"] + "+added"} for i in added))
     np.save(work / "add-1k.npy", np.asarray(vectors[added], dtype=np.float32))
     deleted = np.arange(7, len(records), 1089)[:1_000]
     (work / "delete-1k.txt").write_text("".join(records[i]["_id"] + "\n" for i in deleted))
@@ -95,7 +95,7 @@ def prepare(work: Path, vectors_path: Path, passages: Path, copies: int = COPIES
             print(f"10m: copy {copy + 1}/{copies} written", file=sys.stderr)
 
 
-def _write_jsonl(path: Path, records) -> None:
+def write_jsonl(path: Path, records) -> None:
     with open(path, "w", encoding="utf-8") as file:
         for record in records:
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -135,7 +135,7 @@ def step_writes(work: Path) -> dict:
             corpus = work / f"add-1k-{attempt}.jsonl"
             records = [json.loads(line) for line in open(work / "add-1k.jsonl", encoding="utf-8")]
             run = int(time.time())  # ids new to the index even when the step runs again on the same indexes
-            _write_jsonl(corpus, ({**r, "_id": f"{r['_id']}{attempt}-{run}"} for r in records))
+            write_jsonl(corpus, ({**r, "_id": f"{r['_id']}{attempt}-{run}"} for r in records))
             start = time.perf_counter()
             summary = index.add(corpus, vectors=work / "add-1k.npy")
             timings.append(time.perf_counter() - start)
@@ -280,7 +280,7 @@ def step_encode_build(work: Path) -> dict:
     corpus = work / "corpus-100k.jsonl"
     if not corpus.exists():
         records = [json.loads(line) for line in gzip.open(PASSAGES, "rt", encoding="utf-8")]
-        _write_jsonl(corpus, (records[i] for i in np.linspace(0, len(records) - 1, 100_000).astype(int)))
+        write_jsonl(corpus, (records[i] for i in np.linspace(0, len(records) - 1, 100_000).astype(int)))
     summary = Index.build(corpus, "p100k-encoded", work / "indexes", device="cpu")
     encode = summary.timings["encode"]
     return {"documents": summary.documents, "seconds": round(summary.seconds, 1),

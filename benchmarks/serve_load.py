@@ -42,7 +42,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.scale import PASSAGES, _write_jsonl, qnli_questions  # noqa: E402  (same data, same queries)
+from benchmarks.scale import PASSAGES, write_jsonl, qnli_questions  # noqa: E402  (same data, same queries)
 
 NAME = "p100k"
 DOCUMENTS = 100_000
@@ -69,9 +69,9 @@ def prepare(work: Path, vectors_path: Path | None, documents: int = DOCUMENTS, n
     records = [json.loads(line) for line in gzip.open(PASSAGES, "rt", encoding="utf-8")]
     rows = np.linspace(0, len(records) - 1, documents).astype(int)
     corpus = work / f"corpus-{name}.jsonl"
-    _write_jsonl(corpus, (records[i] for i in rows))
+    write_jsonl(corpus, (records[i] for i in rows))
     # Passages between the sampled ones, under new ids: what the writer adds, 10 per commit.
-    _write_jsonl(writes, ({**records[i + 5], "_id": records[i + 5]["_id"] + "+added"} for i in rows[::97][:1000]))
+    write_jsonl(writes, ({**records[i + 5], "_id": records[i + 5]["_id"] + "+added"} for i in rows[::97][:1000]))
     vectors = None
     if vectors_path is not None:
         matrix = np.load(vectors_path, mmap_mode="r")

@@ -248,7 +248,8 @@ def search(
     Stored text is printed with control characters escaped (\\x1b, \\u202e): a document cannot drive the terminal.
     --json is exact JSON, with those characters as \\u escapes."""
     from retriever.corpus import read_queries
-    from retriever.index import Index, check_queries, search_record
+    from retriever.index import Index, search_record
+    from retriever.text import check_queries
 
     if (query is None) == (queries is None):
         raise RetrieverError('give either a query ("...") or --queries FILE')

@@ -19,19 +19,14 @@ the index, in one line; `close()` releases a version's files (a server swapping 
 
 from __future__ import annotations
 
-import importlib.metadata
-import platform
-import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from retriever import __version__
 from retriever.calibration import (
     DEFAULT_CALIBRATOR,
     AutoCalibrator,
@@ -44,6 +39,22 @@ from retriever.calibration import (
     too_few_to_fit,
 )
 from retriever.corpus import Document, check_unique_ids, corpus_format, document_text, iter_corpus
+from retriever.build_steps import (
+    ChangeSummary,
+    check_build_arguments,
+    enough_to_fit,
+    fallback_note,
+    fit_summary,
+    fitted_out_dim,
+    new_manifest,
+    note,
+    now_iso,
+    parse_fit_queries,
+    queries_to_fit,
+    save_fitted,
+    segment_entry,
+    train_index,
+)
 from retriever.encoder import Encoder
 from retriever.engines import ENGINES
 from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError
@@ -51,9 +62,7 @@ from retriever.index_folder import (
     BUILD_STATE,
     resolve_index_dir,
     MANIFEST,
-    check_target,
     damaged_index,
-    index_options as options_hint,  # `index_options` is build's FAISS options argument
     link_tree,
     read_manifest,
     resolve_existing,
@@ -78,16 +87,23 @@ from retriever.pipeline import (
     with_queries,
     write_segment_vectors,
 )
+from retriever.layout import (
+    CALIBRATOR,
+    ENCODED,
+    SEGMENT_NAME,
+    SEGMENTS,
+    TEMPLATE,
+    TOMBSTONES,
+    segment_name,
+)
 from retriever.progress import stderr_console
 from retriever.pseudo_queries import make_check_set
 from retriever.store.arrays import VectorSource, load_npy, npy_layout
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import DOCUMENTS, RAW, ROWIDS, VECTORS, RawWriter, Segment
-from retriever.store.vectors import INDEX_TYPES, IndexSpec, VectorStore, choose_spec, train_template
+from retriever.store.vectors import IndexSpec, VectorStore, train_template
+from retriever.text import check_queries
 
-FORMAT_VERSION = 2
-CALIBRATOR, TEMPLATE, TOMBSTONES, SEGMENTS = "calibrator", "trained.faiss", "tombstones.npy", "segments"
-ENCODED = "encoded.npy"  # a build's float32 vectors, in its partial folder until the segment is written
 # Automatic compaction after a write: a segment whose tombstones reach this share of its rows is rewritten...
 COMPACT_TOMBSTONE_SHARE = 0.3
 # ...and past this many segments, the adjacent run with the fewest rows is merged into one.
@@ -100,8 +116,6 @@ ENCODER_FIELDS = {"model": str, "pooling": str, "layers": (list, type(None)), "m
                   "dim": int}
 # How often `open` starts again when the version it resolved is pruned under it (two writes in the meantime).
 OPEN_ATTEMPTS = 5
-# A segment's folder name, as `_segment_name` writes it: a manifest naming anything else ('../x') is refused.
-SEGMENT_NAME = re.compile(r"\d{6,9}")
 
 
 @dataclass
@@ -113,36 +127,12 @@ class SearchHit:
     text: str
 
 
-def check_queries(queries: Sequence[str]) -> None:
-    """Refuse what would rank documents arbitrarily: no query at all, or an empty or blank one."""
-    if not queries:
-        raise RetrieverError("no query given")
-    for number, query in enumerate(queries, start=1):
-        if not isinstance(query, str) or not query.strip():
-            where = "" if len(queries) == 1 else f" (query {number} of {len(queries)})"
-            raise RetrieverError(f"empty query{where}: give some text to search for")
-
-
 def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit]) -> dict:
     """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
     server: {"query_id", "query", "results": [{"rank", "doc_id", "score", "title", "text"}]}."""
     return {"query_id": query_id, "query": query,
             "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": round(float(h.score), 6), "title": h.title,
                          "text": h.text} for h in hits]}
-
-
-@dataclass
-class ChangeSummary:
-    """What a build/add/delete/refit/compact did, for the CLI's closing line and for benchmarks."""
-
-    name: str
-    folder: str
-    documents: int  # in the index afterwards
-    changed: int  # documents added, removed or re-calibrated
-    truncated: int = 0
-    seconds: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)  # e.g. "resumed after 32,768 encoded documents"
 
 
 class Index:
@@ -258,6 +248,11 @@ class Index:
         if self._encoder is None:
             self._encoder = self.load_encoder()
         return self._encoder
+
+    def use_encoder(self, encoder: Encoder) -> None:
+        """Search with ENCODER, already loaded, instead of loading the recorded one: a server holding one model
+        for many indexes (and versions) built with it. The caller vouches that it is the recorded encoder."""
+        self._encoder = encoder
 
     def load_encoder(self, runtime: str = "torch") -> Encoder:
         """A new instance of the recorded encoder; RUNTIME picks PyTorch or ONNX Runtime for its forward pass."""
@@ -611,7 +606,7 @@ class Index:
         with writing(index_dir, name, resume_key=key if resume else None, wait=False,
                      busy_hint="wait for it to finish, or build under another --name") as writer:
             folder = writer.folder
-            segment = folder / SEGMENTS / _segment_name(1)
+            segment = folder / SEGMENTS / segment_name(1)
             segment.mkdir(parents=True, exist_ok=True)
             state = BuildState.load(folder / BUILD_STATE) if writer.resumed else BuildState(folder / BUILD_STATE, key)
             if writer.resumed:
@@ -642,9 +637,9 @@ class Index:
             # Decided before encoding, now that the documents are counted and the dimension is known.
             if not prefitted:
                 fitted.check_dim(encoder.dim)
-            fitted, fallback = _enough_to_fit(fitted, prefitted, state.documents, fit_sample, encoder.dim)
+            fitted, fallback = enough_to_fit(fitted, prefitted, state.documents, fit_sample, encoder.dim)
             if fallback:
-                _note(notes, fallback_note(fallback, index_dir, name), progress)
+                note(notes, fallback_note(fallback, index_dir, name), progress)
 
             clock = time.perf_counter()
             if source is None:
@@ -714,7 +709,7 @@ class Index:
             current._check_read(CALIBRATOR, TOMBSTONES)
             folder = writer.folder
             link_tree(current.folder, folder)
-            segment = folder / SEGMENTS / _segment_name(current.manifest["next_segment"])
+            segment = folder / SEGMENTS / segment_name(current.manifest["next_segment"])
             segment.mkdir(parents=True)
             first = current.manifest["next_rowid"]
 
@@ -752,7 +747,7 @@ class Index:
                                   current.spec.for_segment(count), template)
             (folder / ENCODED).unlink(missing_ok=True)
             manifest = {**current.manifest,
-                        "segments": [*current.manifest["segments"], _segment_entry(segment.name, count, current.spec)],
+                        "segments": [*current.manifest["segments"], segment_entry(segment.name, count, current.spec)],
                         "documents": len(current) + count, "next_rowid": first + count,
                         "next_segment": current.manifest["next_segment"] + 1}
             manifest, merged = _compact_if_needed(folder, manifest, current.tombstones, template, current)
@@ -822,7 +817,7 @@ class Index:
         name = calibrator or self.manifest["calibrator"]["name"]
         fitted = make_calibrator(name, **(calibrator_options or {}))
         fitted.check_dim(self.manifest["encoder"]["dim"])  # before any query is encoded
-        query_texts, query_vectors, queries_from = _fit_queries(fit_queries, "utf-8")
+        query_texts, query_vectors, queries_from = parse_fit_queries(fit_queries, "utf-8")
         if query_texts and name != "none":
             query_vectors = self.load_encoder().encode(query_texts, progress=progress, description="Encoding queries")
         if query_vectors is not None and query_vectors.shape[1] != self.manifest["encoder"]["dim"]:
@@ -857,7 +852,7 @@ class Index:
                                                                                           TEMPLATE)))
             segments, next_segment = [], current.manifest["next_segment"]
             for old, entry in zip(current.segments, current.manifest["segments"]):
-                new = folder / SEGMENTS / _segment_name(next_segment)
+                new = folder / SEGMENTS / segment_name(next_segment)
                 new.mkdir(parents=True)
                 next_segment += 1
                 for file_name in (DOCUMENTS, RAW, ROWIDS):
@@ -867,7 +862,7 @@ class Index:
                 for rowids, raw in old.raw_blocks():
                     store.add(rowids, l2_normalize(fitted.transform(raw)))
                 store.save(new / VECTORS)
-                segments.append(_segment_entry(new.name, len(old), spec,
+                segments.append(segment_entry(new.name, len(old), spec,
                                                _deleted_rows(current.folder, entry, current.tombstones)))
             fitted.save(folder / CALIBRATOR)
             if template is not None:
@@ -878,7 +873,7 @@ class Index:
                         "fit": {"sample": len(sample), "of": len(current), "seed": seed,
                                 **({"queries": fitted_query_count(query_vectors, fit_sample),
                                     "queries_from": queries_from} if query_vectors is not None else {})},
-                        "refitted": _now()}
+                        "refitted": now_iso()}
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
         return ChangeSummary(self.name, str(final), len(current), len(current), 0, time.perf_counter() - started)
@@ -995,7 +990,7 @@ def _merge_segments(folder: Path, manifest: dict, names: list[str], tombstones: 
     segment, hashed as it is written, would vouch for any damage it copied."""
     spec = previous.spec
     previous._check_read(*(f"{SEGMENTS}/{name}" for name in names))
-    new = folder / SEGMENTS / _segment_name(manifest["next_segment"])
+    new = folder / SEGMENTS / segment_name(manifest["next_segment"])
     new.mkdir(parents=True)
     entries = {entry["name"]: entry for entry in manifest["segments"]}
     old = [Segment(folder / SEGMENTS / name, _segment_spec(entries[name], spec), device="cpu") for name in names]
@@ -1025,112 +1020,10 @@ def _merge_segments(folder: Path, manifest: dict, names: list[str], tombstones: 
     segments = []
     for entry in manifest["segments"]:
         if entry["name"] == names[0] and rows:
-            segments.append(_segment_entry(new.name, rows, spec))
+            segments.append(segment_entry(new.name, rows, spec))
         elif entry["name"] not in names:
             segments.append(entry)
     return {**manifest, "segments": segments, "next_segment": manifest["next_segment"] + 1}, tombstones[~dropped]
-
-
-def check_build_arguments(calibrator: str | Calibrator, calibrator_options: dict | None, index_type: str,
-                          fit_sample: int | None, fit_queries, encoding: str, index_dir: Path,
-                          name: str) -> tuple[Calibrator, bool, tuple[list[str], np.ndarray | None, str | None]]:
-    """A build's refusals that need no corpus read or model load; returns the calibrator to fit, whether it came
-    fitted, and the queries to fit on (`_fit_queries`)."""
-    prefitted = isinstance(calibrator, Calibrator) and calibrator.fitted
-    queries = _fit_queries(fit_queries, encoding)
-    fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
-    if index_type not in INDEX_TYPES:
-        raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
-    fit_sample_rows(0, fit_sample)  # validates the bound
-    check_target(index_dir, name)
-    return fitted, prefitted, queries
-
-
-def fallback_note(fallback: dict, index_dir: Path, name: str) -> str:
-    return (f"warning: {fallback['reason']}; built without calibration (calibrator none); once the index holds "
-            f"more documents run: retriever refit {options_hint(index_dir, name)} --calibrator {fallback['asked']}")
-
-
-def queries_to_fit(query_texts: list[str], query_vectors: np.ndarray | None, calibrator: Calibrator,
-                   prefitted: bool, encoder: Encoder, notes: list[str], progress: bool) -> np.ndarray | None:
-    """The raw query vectors a build adds to its fit sample (`--fit-queries`): encoded now if given as texts,
-    none (with a note) when nothing is fitted."""
-    if (query_texts or query_vectors is not None) and (prefitted or calibrator.name == "none"):
-        _note(notes, "note: --fit-queries ignored: " + ("the calibrator was fitted before the build" if prefitted
-                                                        else "calibrator none fits nothing"), progress)
-        return None
-    if query_texts:
-        return encoder.encode(query_texts, progress=progress, description="Encoding queries")
-    return query_vectors
-
-
-def train_index(documents: int, calibrated_sample: np.ndarray, index_type: str,
-                index_options: dict | None) -> tuple[IndexSpec, object]:
-    """The index spec for DOCUMENTS (INDEX_TYPE, with INDEX_OPTIONS over its defaults) and its trained template
-    (the IVF quantizer every segment shares; None for flat and hnsw)."""
-    dim = calibrated_sample.shape[1]
-    spec = choose_spec(documents, dim, index_type)
-    spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(dim)
-    return spec, train_template(spec, calibrated_sample)
-
-
-def save_fitted(folder: Path, calibrator: Calibrator, spec: IndexSpec, template) -> None:
-    """What every segment of a version is written with: the calibrator and the trained template."""
-    calibrator.save(folder / CALIBRATOR)
-    if template is not None:
-        VectorStore(template, spec).save(folder / TEMPLATE)
-
-
-def _note(notes: list[str], note: str, progress: bool) -> None:
-    notes.append(note)
-    if progress:
-        stderr_console.print(note, markup=False, highlight=False, soft_wrap=True)
-
-
-def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: int,
-                query_vectors: np.ndarray | None, queries_from: str | None) -> dict:
-    """The manifest's record of how a build fitted its calibrator."""
-    if prefitted:
-        return {"prefitted": True}
-    return {"sample": min(documents, fit_sample or documents), "of": documents, "seed": seed,
-            **({"queries": fitted_query_count(query_vectors, fit_sample), "queries_from": queries_from}
-               if query_vectors is not None else {})}
-
-
-def new_manifest(name: str, corpus: str | Path, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
-                 spec: IndexSpec, segments: Sequence[tuple[str, int]], truncated: int, fallback: dict | None,
-                 vectors_from: str | Path | None = None, engine: dict | None = None) -> dict:
-    """The manifest of a freshly built index of SEGMENTS ((name, rows) in row id order, ids from 1), whichever
-    engine built it."""
-    documents = sum(rows for _, rows in segments)
-    return {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "created": _now(),
-        "source": str(Path(corpus).resolve()),
-        "vectors_from": str(Path(vectors_from).resolve()) if vectors_from is not None else None,
-        "encoder": encoder_config,
-        "calibrator": calibrator.config(),
-        "fit": fit_record,
-        "index": spec.to_dict(),
-        "index_type": spec.type,
-        "dim": fitted_out_dim(calibrator, encoder_config["dim"]),
-        "documents": documents,
-        "segments": [_segment_entry(segment, rows, spec) for segment, rows in segments],
-        "next_rowid": documents + 1,
-        "next_segment": len(segments) + 1,
-        "deleted": 0,
-        "truncated_at_build": truncated,
-        "versions": library_versions(),
-        **({"engine": engine} if engine else {}),
-        **({"calibrator_fallback": fallback} if fallback else {}),
-    }
-
-
-def _segment_entry(name: str, rows: int, spec: IndexSpec, deleted: int = 0) -> dict:
-    """A manifest's record of a segment: its rows, how many of them are tombstoned (so the compaction policy
-    reads counts instead of scanning row ids), and its index type (small hnsw segments are flat)."""
-    return {"name": name, "rows": int(rows), "deleted": int(deleted), "index": spec.for_segment(rows).type}
 
 
 def _segment_spec(entry: dict, spec: IndexSpec) -> IndexSpec:
@@ -1157,7 +1050,7 @@ def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str],
     if state.documents is not None and not (segment / DOCUMENTS).is_file():
         state.documents, state.encoded, state.truncated = None, 0, 0
     if state.encoded and _encoded_rows(folder / ENCODED) < state.encoded:
-        _note(notes, f"resumed a killed build: its {state.documents:,} documents were already read; their "
+        note(notes, f"resumed a killed build: its {state.documents:,} documents were already read; their "
                      "vectors were gone, so they are encoded again", progress)
         state.encoded, state.truncated = 0, 0
         state.save()
@@ -1180,40 +1073,6 @@ def _write_tombstones(folder: Path, tombstones: np.ndarray) -> None:
         np.save(path, np.asarray(tombstones, dtype=np.int64))
 
 
-def _fit_queries(fit_queries, encoding: str) -> tuple[list[str], np.ndarray | None, str | None]:
-    """The example queries a build fits on, as texts to encode or as given raw vectors, and where they came
-    from (a path, or "given")."""
-    if fit_queries is None:
-        return [], None, None
-    if isinstance(fit_queries, np.ndarray):
-        if fit_queries.ndim != 2 or not len(fit_queries):
-            raise RetrieverError(f"fit_queries vectors must be a non-empty 2-D array (got shape {fit_queries.shape})")
-        return [], fit_queries.astype(np.float32, copy=False), "given"
-    if isinstance(fit_queries, (str, Path)):
-        from retriever.corpus import read_queries
-
-        if not Path(fit_queries).is_file():
-            raise RetrieverError(f"--fit-queries {fit_queries}: no such file")
-        return [text for _, text in read_queries(fit_queries, encoding)], None, str(Path(fit_queries).resolve())
-    texts = list(fit_queries)
-    check_queries(texts)
-    return texts, None, "given"
-
-
-def _enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_sample: int | None,
-                   dim: int) -> tuple[Calibrator, dict | None]:
-    """The calibrator a build fits, and the record of a fallback: with fewer documents than CALIBRATOR needs
-    (`Calibrator.min_fit_rows`) the build goes on uncalibrated (`none`) rather than fit on too few vectors or
-    fail after encoding; a --fit-sample below the need is the caller's explicit choice and is refused."""
-    rows = min(documents, fit_sample or documents)
-    shortfall = None if prefitted else too_few_to_fit(calibrator, rows, dim)
-    if shortfall is None:
-        return calibrator, None
-    if rows < documents:
-        raise RetrieverError(f"--fit-sample {fit_sample:,} is {shortfall}")
-    return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {_documents(documents)}: {shortfall}"}
-
-
 def _count(number: int, noun: str) -> str:
     return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
@@ -1227,21 +1086,8 @@ def _in(rowid: int, sorted_ids: np.ndarray) -> bool:
     return bool(position < len(sorted_ids) and sorted_ids[position] == rowid)
 
 
-def _segment_name(number: int) -> str:
-    return f"{number:06d}"
-
-
 def _layers_key(layers: str | Sequence[int] | None):
     return layers if layers is None or isinstance(layers, str) else list(layers)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def fitted_out_dim(calibrator: Calibrator, dim: int) -> int:
-    """The dimension of CALIBRATOR's output for DIM-dimensional input (whitening-K and flow-K reduce it)."""
-    return int(calibrator.transform(np.zeros((1, dim), np.float32)).shape[1])
 
 
 def _check_manifest(manifest: dict, name: str, folder: Path) -> None:
@@ -1278,16 +1124,6 @@ def isotropy(vectors: np.ndarray, rng: np.random.Generator, pairs: int = 20000) 
     variance = singular**2
     return {"mean_cosine_random_pairs": round(mean_cosine, 4),
             "top_direction_variance_share": round(float(variance[0] / variance.sum()), 4)}
-
-
-def library_versions() -> dict[str, str]:
-    versions = {"retriever": __version__, "python": platform.python_version()}
-    for package in ("torch", "transformers", "faiss-cpu", "faiss-gpu-cu12", "numpy", "sqlite-utils"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return versions
 
 
 __all__ = ["Index", "SearchHit", "ChangeSummary", "document_text", "l2_normalize", "isotropy"]

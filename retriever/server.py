@@ -47,8 +47,8 @@ import numpy as np
 from retriever.access import AccessGuard, AccessPolicy
 from retriever.corpus import documents_from_records
 from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError
-from retriever.index import Index, SearchHit, check_queries, search_record
-from retriever.text import check_text
+from retriever.index import Index, SearchHit, search_record
+from retriever.text import check_queries, check_text
 from retriever.onnx_runtime import resolve_runtime
 from retriever.index_folder import check_name, describe_indexes, list_indexes, resolve_index_dir
 
@@ -131,14 +131,13 @@ class OpenIndexes:
                 self._retire(self._held.pop(name, None))
                 raise
             key = json.dumps(index.manifest["encoder"], sort_keys=True)
-            if key in self._encoders:
-                index._encoder = self._encoders[key]
-            else:  # loads the model: once per model for the server's life
+            if key not in self._encoders:  # loads the model: once per model for the server's life
                 try:
-                    self._encoders[key] = index._encoder = index.load_encoder(self.runtime)
+                    self._encoders[key] = index.load_encoder(self.runtime)
                 except RetrieverError as error:  # this machine lacks the model: the server's problem, not the request's
                     index.close()
                     raise ApiError(503, str(error)) from None
+            index.use_encoder(self._encoders[key])
             previous = self._held.get(name)
             self._held[name] = index
             self._retire(previous)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 from retriever.errors import RetrieverError
 
@@ -69,6 +70,16 @@ def escape_undecodable(text: str) -> str:
 def _escape_byte(found: re.Match) -> str:
     code = ord(found.group())
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def check_queries(queries: Sequence[str]) -> None:
+    """Refuse what would rank documents arbitrarily: no query at all, or an empty or blank one."""
+    if not queries:
+        raise RetrieverError("no query given")
+    for number, query in enumerate(queries, start=1):
+        if not isinstance(query, str) or not query.strip():
+            where = "" if len(queries) == 1 else f" (query {number} of {len(queries)})"
+            raise RetrieverError(f"empty query{where}: give some text to search for")
 
 
 def terminal_safe(text: str) -> str:

@@ -269,7 +269,7 @@ def test_bench_fit_queries_and_auto_decisions_are_recorded(beir_folder, tiny_ber
 
 
 def test_retrieval_tasks_resolve_and_refuse_bad_input(tmp_path):
-    from retriever.evaluation.tasks import resolve_tasks
+    from retriever.evaluation.registry import resolve_tasks
 
     assert [t.name for t in resolve_tasks("retrieval")] == ["qnli-retrieval", "stsb-dup", "sickr-dup"]
     assert "beir:PATH" in run_cli("bench", "nope").stderr

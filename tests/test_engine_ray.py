@@ -172,7 +172,7 @@ def test_an_unreachable_cluster_is_one_line(passages, cli):
 def test_a_model_missing_on_a_node_fails_the_encode_stage_in_one_line(tmp_path, tiny_bert):
     """What a node without the model does: the actor's constructor fails there, the driver gets one line."""
     from retriever.encoder import Encoder
-    from retriever.engines.ray_build import _run_iter
+    from retriever.engines.ray_build import run_iter
     from retriever.engines.workers import EncodeWorker
 
     config = {**Encoder(str(tiny_bert), device="cpu").config(), "model": str(tmp_path / "only-on-the-driver")}
@@ -183,7 +183,7 @@ def test_a_model_missing_on_a_node_fails_the_encode_stage_in_one_line(tmp_path, 
             EncodeWorker, fn_constructor_kwargs={"config": config, "shard_dir": str(tmp_path / "shards")},
             compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
         with pytest.raises(RetrieverError, match=r"^on \S+: .*only-on-the-driver"):
-            list(_run_iter(lambda: dataset.iter_batches(batch_size=None)))
+            list(run_iter(lambda: dataset.iter_batches(batch_size=None)))
 
 
 @pytest.mark.timeout(300)

@@ -19,7 +19,7 @@ from retriever.evaluation.data import (
     parse_sts_benchmark,
     parse_sts_input_gold,
 )
-from retriever.evaluation.tasks import GROUPS, TASKS, get_task, resolve_tasks
+from retriever.evaluation.registry import GROUPS, TASKS, get_task, resolve_tasks
 
 
 @cache

@@ -18,7 +18,7 @@ from retriever.evaluation.evaluators import (
     sts_records,
 )
 from retriever.evaluation.lexical import lexical_analysis, word_edit_distances
-from retriever.evaluation.tasks import get_task
+from retriever.evaluation.registry import get_task
 
 SCORES = np.array([0.91, 0.15, 0.40, 0.40, 0.77, -0.20, 0.05, 0.66])
 GOLD = np.array([4.6, 1.0, 2.4, 3.0, 4.0, 0.0, 1.0, 2.2])

@@ -18,7 +18,7 @@ from retriever.calibration.flow import (
     Permutation,
     Reduction,
     Reverse,
-    _share_one_buffer,
+    share_one_buffer,
 )
 from retriever.errors import RetrieverError
 
@@ -94,7 +94,7 @@ def test_hand_derived_gradients_equal_autograd(dim, levels, permutation, n, mixi
     expected_loss.backward()
     # As in training: every parameter and its .grad are views of one flat buffer, here pre-filled with NaN so a
     # gradient that is not written (or accumulated instead of overwritten) shows.
-    flat = _share_one_buffer(flow)
+    flat = share_one_buffer(flow)
     flat.grad.fill_(float("nan"))
     loss = flow.loss_and_gradients(x, shift_penalty=0.7)
     assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-12)

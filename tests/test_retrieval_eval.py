@@ -9,15 +9,8 @@ import pytest
 import pytrec_eval
 
 from retriever.errors import RetrieverError
-from retriever.evaluation.retrieval import (
-    RetrievalSet,
-    duplicate_retrieval,
-    evaluate_run,
-    evaluate_through_index,
-    load_beir,
-    qnli_retrieval,
-    ranked,
-)
+from retriever.evaluation.retrieval import RetrievalSet, evaluate_run, evaluate_through_index, load_beir, ranked
+from retriever.evaluation.retrieval_tasks import duplicate_retrieval, qnli_retrieval
 
 
 def reference(run, qrels) -> dict[str, float]:

@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import inspect
-import re
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +13,7 @@ import numpy as np
 from retriever.calibration.auto import AutoCalibrator, describe_decision
 from retriever.calibration.base import Calibrator, read_config
 from retriever.calibration.check import CheckSet
-from retriever.calibration.flow import FlowCalibrator
-from retriever.calibration.linear import make_linear
+from retriever.calibration.names import COMMON_OPTIONS, VALID_NAMES, fixed_class, make_fixed
 from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.errors import RetrieverError
 
@@ -34,42 +31,17 @@ CALIBRATOR_NAMES = (
     "sn+natsv-K: sn, then natsv-K; "
     "none: raw vectors"
 )
-_VALID_NAMES = "auto, flow, flow-K, flow+lu, flow-K+lu, whitening, whitening-K, sn, natsv-K, sn+natsv-K, none"
-_FLOW_NAME = re.compile(r"^flow(?:-(\d+))?(\+lu)?$")
-# Options every calibrator accepts so callers can pass them uniformly; linear calibrators are deterministic
-# numpy code and need neither.
-_COMMON_OPTIONS = ("seed", "device")
 
 
 def make_calibrator(name: str | None = DEFAULT_CALIBRATOR, **options) -> Calibrator:
     """An unfitted calibrator by name; keyword options configure the flow (levels, depth, width, lr, ...)."""
     name = (name or DEFAULT_CALIBRATOR).strip().lower()
     if name == AutoCalibrator.name:
-        unknown = sorted(set(options) - set(_COMMON_OPTIONS))
+        unknown = sorted(set(options) - set(COMMON_OPTIONS))
         if unknown:
             raise RetrieverError(f"calibrator 'auto' takes no option {', '.join(unknown)}")
         return AutoCalibrator(**options)
-    flow_k = _FLOW_NAME.match(name)
-    if flow_k is not None:
-        if flow_k.group(1) is not None:
-            options = {**options, "k": int(flow_k.group(1))}
-        if flow_k.group(2) is not None:
-            options = {**options, "mixing": "lu"}
-        try:
-            return FlowCalibrator(**options)
-        except TypeError:
-            allowed = set(inspect.signature(FlowCalibrator).parameters)
-            unknown = sorted(set(options) - allowed)
-            raise RetrieverError(
-                f"unknown flow option {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}"
-            ) from None
-    calibrator = make_linear(name)
-    if calibrator is None:
-        raise RetrieverError(f"unknown calibrator '{name}'; valid names: {_VALID_NAMES} (K a positive integer)")
-    unknown = sorted(set(options) - set(_COMMON_OPTIONS))
-    if unknown:
-        raise RetrieverError(f"calibrator '{name}' takes no option {', '.join(unknown)}")
-    return calibrator
+    return make_fixed(name, **options)
 
 
 def fit_sample_rows(rows: int, fit_sample: int | None, seed: int = 0) -> np.ndarray | None:
@@ -114,14 +86,12 @@ def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Cali
             f"calibrator in {folder} was fitted on {record['dim']}-dim vectors, this encoder gives {expected_dim}"
         )
     name = str(record["name"])
-    if _FLOW_NAME.match(name):
-        return FlowCalibrator.load(folder)
     if name == AutoCalibrator.name:
         return AutoCalibrator.load(folder)
-    calibrator = make_linear(name)
-    if calibrator is None:
-        raise RetrieverError(f"calibrator in {folder} has unknown name '{name}'; valid names: {_VALID_NAMES}")
-    return type(calibrator).load(folder)
+    kind = fixed_class(name)
+    if kind is None:
+        raise RetrieverError(f"calibrator in {folder} has unknown name '{name}'; valid names: {VALID_NAMES}")
+    return kind.load(folder)
 
 
 __all__ = ["AutoCalibrator", "Calibrator", "CALIBRATOR_NAMES", "DEFAULT_CALIBRATOR", "DEFAULT_FIT_SAMPLE",

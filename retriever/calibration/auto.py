@@ -27,6 +27,7 @@ from retriever.calibration.base import Calibrator, centered_gram, column_mean, r
 from retriever.calibration.check import CONFIDENCE, CheckSet, baseline_result, compare, score_queries
 from retriever.calibration.flow import FlowCalibrator
 from retriever.calibration.linear import Identity, Whitening
+from retriever.calibration.names import make_fixed
 from retriever.errors import RetrieverError
 
 # Candidates keep the principal directions that hold these shares of the variance.
@@ -138,14 +139,12 @@ class AutoCalibrator(Calibrator):
 
     @classmethod
     def load(cls, folder: str | Path) -> AutoCalibrator:
-        from retriever.calibration import make_calibrator
-
         record = read_config(folder)
         decision = record.get("decision")
         if not isinstance(decision, dict) or not isinstance(decision.get("chosen"), dict):
             raise RetrieverError(f"calibrator in {folder} is 'auto' but records no decision")
         calibrator = cls(seed=record.get("seed", 0), decision=decision)
-        chosen = type(make_calibrator(decision["chosen"]["name"])).from_config(decision["chosen"])
+        chosen = type(make_fixed(decision["chosen"]["name"])).from_config(decision["chosen"])
         chosen.dim = int(record["dim"])
         chosen._load_weights_from(folder)
         calibrator.chosen, calibrator.dim, calibrator.decision = chosen, int(record["dim"]), decision

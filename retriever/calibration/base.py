@@ -21,6 +21,9 @@ CONFIG_FILE = "calibrator.json"
 CHUNK_ROWS = 65536
 
 
+_KINDS: list[type] = []  # every Calibrator subclass, in definition order
+
+
 class Calibrator(ABC):
     """Fitted map from raw vectors (n, dim) to calibrated float32 vectors (n, d_out)."""
 
@@ -80,12 +83,25 @@ class Calibrator(ABC):
         record = {**self.config(), "dim": self.dim}
         (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        _KINDS.append(cls)  # so `Calibrator.load` finds the class of a saved name without importing them all
+
+    @classmethod
+    def takes_name(cls, name: str) -> bool:
+        """Whether a calibrator saved under NAME is one of this class (flow-256 is a flow, whitening-64 a
+        whitening)."""
+        return name == getattr(cls, "name", None)
+
     @classmethod
     def load(cls, folder: str | Path) -> Calibrator:
         if cls is Calibrator:  # the abstract class: let the name in calibrator.json pick the subclass
-            from retriever.calibration import load_calibrator
-
-            return load_calibrator(folder)
+            name = str(read_config(folder)["name"])
+            kind = next((kind for kind in _KINDS if not getattr(kind, "__abstractmethods__", None)
+                         and kind.takes_name(name)), None)
+            if kind is None:
+                raise RetrieverError(f"calibrator in {folder} has unknown name '{name}'")
+            return kind.load(folder)
         record = read_config(folder)
         calibrator = cls.from_config(record)
         if calibrator.name != record["name"]:

@@ -15,6 +15,7 @@ Training computes its gradients by hand (`Glow.loss_and_gradients`, checked agai
 from __future__ import annotations
 
 import math
+import re
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import NamedTuple
@@ -40,6 +41,10 @@ SMALL_TRANSFORM = 2048
 PERMUTATIONS = ("reverse", "random")
 MIXINGS = ("none", "lu")
 _LOG_2PI = math.log(2 * math.pi)
+
+
+# The names a flow is saved and asked for under: flow, flow-K (whitening-K first), with +lu for LU mixing.
+FLOW_NAME = re.compile(r"^flow(?:-(\d+))?(\+lu)?$")
 
 
 class LossWeights(NamedTuple):
@@ -401,7 +406,7 @@ class Glow(nn.Module):
     @torch.no_grad()  # no autograd graph: the gradients are computed below
     def loss_and_gradients(self, x: Tensor, shift_penalty: float) -> Tensor:
         """`loss(x, shift_penalty)`, with its gradient written by hand into every parameter's .grad, which must
-        exist (`_share_one_buffer` gives them; a missing one raises rather than losing the gradient).
+        exist (`share_one_buffer` gives them; a missing one raises rather than losing the gradient).
 
         At batch 32 a step is ~250 tiny ops whose per-op overhead outweighs their arithmetic; autograd's recording
         and replay add to it, and this hand-derived pass takes about half the time (`flow_gradient_step` in
@@ -471,7 +476,7 @@ def _relu_backward(grad_output: Tensor, output: Tensor) -> Tensor:
     return torch.ops.aten.threshold_backward(grad_output, output, 0)
 
 
-def _share_one_buffer(module: nn.Module) -> nn.Parameter:
+def share_one_buffer(module: nn.Module) -> nn.Parameter:
     """Make every parameter of module, and its .grad, a view of one flat tensor, returned as a Parameter.
 
     Optimizing that one tensor makes Adam and gradient clipping one op per step instead of one per tensor."""
@@ -488,7 +493,7 @@ def _share_one_buffer(module: nn.Module) -> nn.Parameter:
 
 
 def _own_buffers(module: nn.Module) -> None:
-    """Undo `_share_one_buffer`: each parameter gets its own storage again, so a state_dict saves only its own."""
+    """Undo `share_one_buffer`: each parameter gets its own storage again, so a state_dict saves only its own."""
     for parameter in module.parameters():
         parameter.data = parameter.data.clone()
         parameter.grad = None
@@ -548,6 +553,10 @@ class FlowCalibrator(Calibrator):
 
     name = "flow"
     weights_file = "flow.pt"
+
+    @classmethod
+    def takes_name(cls, name: str) -> bool:
+        return FLOW_NAME.match(name) is not None
 
     def __init__(
         self,
@@ -648,7 +657,7 @@ class FlowCalibrator(Calibrator):
         if self.k is not None:
             flow.reduction = Reduction.fit(X, self.k)
         flow = flow.to(device)
-        parameters = _share_one_buffer(flow)
+        parameters = share_one_buffer(flow)
         optimizer = _adam([parameters], self.lr)
         rng = np.random.default_rng(self.seed)
         losses = []

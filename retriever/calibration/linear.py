@@ -40,6 +40,10 @@ class LinearCalibrator(Calibrator):
         return {"name": self.name}
 
     @classmethod
+    def takes_name(cls, name: str) -> bool:
+        return type(make_linear(name)) is cls
+
+    @classmethod
     def from_config(cls, config: dict) -> Calibrator:
         calibrator = make_linear(config["name"])
         if not isinstance(calibrator, cls):

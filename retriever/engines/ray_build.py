@@ -214,19 +214,19 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
           progress: bool = False, fit_queries=None):
     """`Index.build` on a Ray cluster (see the module docstring); returns its ChangeSummary."""
     from retriever.encoder import Encoder
-    from retriever.index import (
+    from retriever.build_steps import (
         ChangeSummary,
-        _enough_to_fit,
-        _note,
-        _segment_name,
         check_build_arguments,
+        enough_to_fit,
         fallback_note,
         fit_summary,
         new_manifest,
+        note,
         queries_to_fit,
         save_fitted,
         train_index,
     )
+    from retriever.layout import segment_name
     from retriever.index_folder import write_manifest
     from retriever.pipeline import check_set, fit, stream_texts
     from retriever.store.arrays import VectorSource
@@ -285,9 +285,9 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
                          | {"first_rowid": first_rowid})
             first_rowid += int(row["documents"])
         timings["read"] = time.perf_counter() - clock
-        fitted, fallback = _enough_to_fit(fitted, prefitted, documents, fit_sample, encoder.dim)
+        fitted, fallback = enough_to_fit(fitted, prefitted, documents, fit_sample, encoder.dim)
         if fallback:
-            _note(notes, fallback_note(fallback, index_dir, name), progress)
+            note(notes, fallback_note(fallback, index_dir, name), progress)
 
         clock = time.perf_counter()
         # The read stage runs as its own tasks: fused into the actors (Ray Data fuses consecutive maps whose
@@ -312,7 +312,7 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
         with progress_bar(f"Encoding on {plan.workers} Ray worker{'s' if plan.workers != 1 else ''}",
                           total=documents, enabled=progress) as advance:
             first_batch, later_rows, later_batches = None, 0, 0
-            for batch in _run_iter(lambda: encoded.iter_batches(batch_size=None, batch_format="numpy")):
+            for batch in run_iter(lambda: encoded.iter_batches(batch_size=None, batch_format="numpy")):
                 shards.extend(zip(batch["shard"].tolist(), batch["rows"].tolist()))
                 truncated += int(batch["truncated"].sum())
                 advance(int(batch["rows"].sum()))
@@ -350,7 +350,7 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
 
         clock = time.perf_counter()
         groups = segment_groups(shards, plan.workers)
-        names = [_segment_name(number) for number in range(1, len(groups) + 1)]
+        names = [segment_name(number) for number in range(1, len(groups) + 1)]
         task = ray.remote(num_cpus=1)(write_segment).options(max_retries=2)
         pending = {task.remote(str(folder), segment, [first for first, _ in group], str(shard_dir), spec.to_dict(),
                                threads=1): segment for segment, group in zip(names, groups)}
@@ -398,7 +398,7 @@ def segment_groups(shards: Sequence[tuple[int, int]], workers: int) -> list[list
 def check_ids_across(folder: Path, segments: Sequence[str]) -> None:
     """Refuse a doc_id that two segments both hold (each segment checked its own): the segments' sorted ids are
     merged as streams, so memory stays flat however large the corpus."""
-    from retriever.index import SEGMENTS
+    from retriever.layout import SEGMENTS
     from retriever.store.documents import DocumentTable
     from retriever.store.segment import DOCUMENTS
 
@@ -447,7 +447,7 @@ def _run(step):
         _reraise(error)
 
 
-def _run_iter(make):
+def run_iter(make):
     try:
         with warnings.catch_warnings():
             # Ray Data warns when a corpus has fewer pieces than actors or readers; a small corpus is no mistake.

@@ -198,7 +198,8 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     in FOLDER, calibrated with the calibrator saved there and indexed into a copy of its trained template (so every
     segment shares one IVF quantizer and segments can be merged). Returns the segment's row count."""
     from retriever.calibration import load_calibrator
-    from retriever.index import CALIBRATOR, SEGMENTS, TEMPLATE, fitted_out_dim
+    from retriever.build_steps import fitted_out_dim
+    from retriever.layout import CALIBRATOR, SEGMENTS, TEMPLATE
     from retriever.pipeline import l2_normalize, write_segment_vectors
     from retriever.store.arrays import load_npy
     from retriever.store.documents import DocumentTable

@@ -9,7 +9,7 @@
 from retriever.evaluation.data import PairSubset, Task, resolve_data_dir
 from retriever.evaluation.evaluators import embed_pairs, evaluate
 from retriever.evaluation.lexical import lexical_analysis
-from retriever.evaluation.tasks import GROUPS, TASKS, get_task, resolve_tasks
+from retriever.evaluation.registry import GROUPS, TASKS, get_task, resolve_tasks
 
 __all__ = [
     "GROUPS",

@@ -1,14 +1,10 @@
 """Retrieval evaluation in BEIR's layout and with BEIR's conventions, through the index's own search path.
 
-A `RetrievalSet` is a corpus, queries and graded qrels. Sources:
-
-- `load_beir(FOLDER)`: any BEIR folder (`corpus.jsonl[.gz]`, `queries.jsonl`, `qrels/<split>.tsv` with header
-  `query-id  corpus-id  score`; graded relevance, 0 = not relevant);
-- `qnli_retrieval(DATA)`: GLUE QNLI dev as retrieval: each question retrieves the sentence(s) that answer it
-  (entailment) among all distinct dev sentences;
-- `duplicate_retrieval("stsb" | "sickr", DATA)`: duplicate retrieval on the test split: the corpus is every
-  distinct sentence; every sentence of a pair with gold >= 4 is a query whose relevant documents are its partners
-  (the query itself, also in the corpus under the same id, is ignored as BEIR ignores identical ids).
+A `RetrievalSet` is a corpus, queries and graded qrels; `load_beir(FOLDER)` reads any BEIR folder
+(`corpus.jsonl[.gz]`, `queries.jsonl`, `qrels/<split>.tsv` with header `query-id  corpus-id  score`; graded
+relevance, 0 = not relevant). The tasks built from the pair data (QNLI as question -> answer, STS-B, SICK-R and
+STS12-16 as duplicate retrieval, where the query itself, also in the corpus under the same id, is ignored as BEIR
+ignores identical ids) and from the passages are declared in `retriever.evaluation.retrieval_tasks`.
 
 Metrics follow trec_eval as BEIR runs it (`pytrec_eval`): nDCG@10 with linear gains, Recall@100, MRR@10; a hit
 whose id equals the query id is dropped before cutting; ties in score are broken by document id, descending, as
@@ -35,7 +31,6 @@ import numpy as np
 from retriever.errors import RetrieverError
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
-DUPLICATE_THRESHOLD = 4.0
 Run = dict[str, dict[str, float]]  # query id -> {doc id: score}
 Qrels = dict[str, dict[str, int]]  # query id -> {doc id: grade}
 
@@ -77,39 +72,6 @@ def load_beir(folder: str | Path, split: str = "test", name: str | None = None) 
     return RetrievalSet(name or folder.name, corpus, {q: queries[q] for q in qrels}, qrels)
 
 
-def qnli_retrieval(data_dir: str | Path) -> RetrievalSet:
-    from retriever.evaluation.tasks import get_task
-
-    (subset,) = get_task("qnli").load(Path(data_dir))["dev"]
-    sentences = list(dict.fromkeys(subset.sent2))
-    doc_ids = {sentence: f"s{i}" for i, sentence in enumerate(sentences)}
-    questions = list(dict.fromkeys(subset.sent1))
-    query_ids = {question: f"q{i}" for i, question in enumerate(questions)}
-    qrels: Qrels = {}
-    for question, sentence, label in zip(subset.sent1, subset.sent2, subset.labels):
-        if label == 1:
-            qrels.setdefault(query_ids[question], {})[doc_ids[sentence]] = 1
-    queries = {query_ids[q]: q for q in questions if query_ids[q] in qrels}
-    return RetrievalSet("qnli-retrieval", {doc_ids[s]: (None, s) for s in sentences}, queries, qrels)
-
-
-def duplicate_retrieval(task_name: str, data_dir: str | Path, threshold: float = DUPLICATE_THRESHOLD) -> RetrievalSet:
-    from retriever.evaluation.tasks import get_task
-
-    task = get_task(task_name)
-    subsets = task.load(Path(data_dir))[task.eval_split]
-    sentences = list(dict.fromkeys(s for subset in subsets for s in (*subset.sent1, *subset.sent2)))
-    ids = {sentence: f"s{i}" for i, sentence in enumerate(sentences)}
-    qrels: Qrels = {}
-    for subset in subsets:
-        for first, second, gold in zip(subset.sent1, subset.sent2, subset.labels):
-            if gold >= threshold and first != second:
-                qrels.setdefault(ids[first], {})[ids[second]] = 1
-                qrels.setdefault(ids[second], {})[ids[first]] = 1
-    queries = {ids[s]: s for s in sentences if ids[s] in qrels}
-    return RetrievalSet(f"{task.name}-dup", {ids[s]: (None, s) for s in sentences}, queries, qrels)
-
-
 @dataclass(frozen=True)
 class RetrievalTask:
     """A retrieval benchmark, declared as data: a name, what it is, and how to load its set from the data
@@ -122,41 +84,6 @@ class RetrievalTask:
     main_metric: str = "ndcg@10"
 
 
-RETRIEVAL_TASKS: dict[str, RetrievalTask] = {
-    task.name: task for task in (
-        RetrievalTask("qnli-retrieval", "QNLI dev: each question retrieves its answering sentence(s) among all "
-                      "distinct dev sentences", qnli_retrieval, split="dev"),
-        RetrievalTask("stsb-dup", "STS-B test as duplicate retrieval: pairs with gold >= 4, both ways",
-                      lambda data: duplicate_retrieval("stsb", data)),
-        RetrievalTask("sickr-dup", "SICK test as duplicate retrieval: pairs with gold >= 4, both ways",
-                      lambda data: duplicate_retrieval("sickr", data)),
-        *(RetrievalTask(f"{year}-dup", f"{year.upper()} as duplicate retrieval: pairs with gold >= 4, both ways",
-                        lambda data, year=year: duplicate_retrieval(year, data))
-          for year in ("sts12", "sts13", "sts14", "sts15", "sts16")),
-        *(RetrievalTask(name, description, lambda data, name=name: _passage_task(name, data))
-          for name, description in (
-              ("bible-parallel", "a King James verse retrieves the same verse of the World English Bible (New "
-                                 "Testament), from passages/"),
-              ("wordnet-define", "a WordNet lemma retrieves the glosses of its synsets, from passages/"),
-              ("debian-package", "a Debian package's synopsis retrieves its description's paragraphs, from "
-                                 "passages/"),
-              ("foldoc-term", "a FOLDOC headword retrieves the paragraphs defining it, from passages/"))),
-    )
-}
-
-
-def _passage_task(name: str, data_dir: Path) -> RetrievalSet:
-    from retriever.evaluation import passage_tasks
-
-    return getattr(passage_tasks, name.replace("-", "_"))(Path(data_dir))
-
-
-def beir_task(folder: str | Path, split: str = "test") -> RetrievalTask:
-    """A task for any BEIR folder (`retriever bench beir PATH`), named after the folder."""
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise RetrieverError(f"beir: {folder} is not a folder")
-    return RetrievalTask(folder.name, f"BEIR folder {folder}", lambda data: load_beir(folder, split), split=split)
 
 
 # --- metrics -------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from retriever.errors import RetrieverError
 from retriever.evaluation.data import PairSubset, Task, resolve_data_dir
 from retriever.evaluation.evaluators import cosine_rows, evaluate, spearman_x100
 from retriever.evaluation.retrieval import RetrievalSet, RetrievalTask, evaluate_through_index
-from retriever.evaluation.tasks import TASKS, resolve_tasks
+from retriever.evaluation.registry import TASKS, resolve_tasks
 from retriever.index_folder import sha256_file
 
 DEFAULT_CALIBRATORS = ("none", "auto")

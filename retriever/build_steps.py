@@ -1,0 +1,188 @@
+"""The steps of a build that do not depend on where it runs: checking its arguments, choosing what to fit,
+training the index template, saving what every segment is written with, and writing the new manifest. Both
+engines, the local one (`Index.build`) and Ray's (`retriever.engines.ray_build`), take their build from here, so
+neither imports the other and a change to one step is a change to both.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from retriever import __version__
+from retriever.calibration import Calibrator, fit_sample_rows, make_calibrator, too_few_to_fit
+from retriever.errors import RetrieverError
+from retriever.index_folder import check_target, index_options as options_hint
+from retriever.layout import CALIBRATOR, FORMAT_VERSION, TEMPLATE
+from retriever.pipeline import fitted_query_count
+from retriever.progress import stderr_console
+from retriever.store.vectors import INDEX_TYPES, IndexSpec, VectorStore, choose_spec, train_template
+from retriever.text import check_queries
+
+if TYPE_CHECKING:
+    from retriever.encoder import Encoder
+
+
+@dataclass
+class ChangeSummary:
+    """What a build/add/delete/refit/compact did, for the CLI's closing line and for benchmarks."""
+
+    name: str
+    folder: str
+    documents: int  # in the index afterwards
+    changed: int  # documents added, removed or re-calibrated
+    truncated: int = 0
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # e.g. "resumed after 32,768 encoded documents"
+
+def check_build_arguments(calibrator: str | Calibrator, calibrator_options: dict | None, index_type: str,
+                          fit_sample: int | None, fit_queries, encoding: str, index_dir: Path,
+                          name: str) -> tuple[Calibrator, bool, tuple[list[str], np.ndarray | None, str | None]]:
+    """A build's refusals that need no corpus read or model load; returns the calibrator to fit, whether it came
+    fitted, and the queries to fit on (`parse_fit_queries`)."""
+    prefitted = isinstance(calibrator, Calibrator) and calibrator.fitted
+    queries = parse_fit_queries(fit_queries, encoding)
+    fitted = calibrator if isinstance(calibrator, Calibrator) else make_calibrator(calibrator, **(calibrator_options or {}))
+    if index_type not in INDEX_TYPES:
+        raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
+    fit_sample_rows(0, fit_sample)  # validates the bound
+    check_target(index_dir, name)
+    return fitted, prefitted, queries
+
+def parse_fit_queries(fit_queries, encoding: str) -> tuple[list[str], np.ndarray | None, str | None]:
+    """The example queries a build fits on, as texts to encode or as given raw vectors, and where they came
+    from (a path, or "given")."""
+    if fit_queries is None:
+        return [], None, None
+    if isinstance(fit_queries, np.ndarray):
+        if fit_queries.ndim != 2 or not len(fit_queries):
+            raise RetrieverError(f"fit_queries vectors must be a non-empty 2-D array (got shape {fit_queries.shape})")
+        return [], fit_queries.astype(np.float32, copy=False), "given"
+    if isinstance(fit_queries, (str, Path)):
+        from retriever.corpus import read_queries
+
+        if not Path(fit_queries).is_file():
+            raise RetrieverError(f"--fit-queries {fit_queries}: no such file")
+        return [text for _, text in read_queries(fit_queries, encoding)], None, str(Path(fit_queries).resolve())
+    texts = list(fit_queries)
+    check_queries(texts)
+    return texts, None, "given"
+
+def fallback_note(fallback: dict, index_dir: Path, name: str) -> str:
+    return (f"warning: {fallback['reason']}; built without calibration (calibrator none); once the index holds "
+            f"more documents run: retriever refit {options_hint(index_dir, name)} --calibrator {fallback['asked']}")
+
+def queries_to_fit(query_texts: list[str], query_vectors: np.ndarray | None, calibrator: Calibrator,
+                   prefitted: bool, encoder: Encoder, notes: list[str], progress: bool) -> np.ndarray | None:
+    """The raw query vectors a build adds to its fit sample (`--fit-queries`): encoded now if given as texts,
+    none (with a note) when nothing is fitted."""
+    if (query_texts or query_vectors is not None) and (prefitted or calibrator.name == "none"):
+        note(notes, "note: --fit-queries ignored: " + ("the calibrator was fitted before the build" if prefitted
+                                                        else "calibrator none fits nothing"), progress)
+        return None
+    if query_texts:
+        return encoder.encode(query_texts, progress=progress, description="Encoding queries")
+    return query_vectors
+
+def enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_sample: int | None,
+                   dim: int) -> tuple[Calibrator, dict | None]:
+    """The calibrator a build fits, and the record of a fallback: with fewer documents than CALIBRATOR needs
+    (`Calibrator.min_fit_rows`) the build goes on uncalibrated (`none`) rather than fit on too few vectors or
+    fail after encoding; a --fit-sample below the need is the caller's explicit choice and is refused."""
+    rows = min(documents, fit_sample or documents)
+    shortfall = None if prefitted else too_few_to_fit(calibrator, rows, dim)
+    if shortfall is None:
+        return calibrator, None
+    if rows < documents:
+        raise RetrieverError(f"--fit-sample {fit_sample:,} is {shortfall}")
+    return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {_documents(documents)}: {shortfall}"}
+
+def train_index(documents: int, calibrated_sample: np.ndarray, index_type: str,
+                index_options: dict | None) -> tuple[IndexSpec, object]:
+    """The index spec for DOCUMENTS (INDEX_TYPE, with INDEX_OPTIONS over its defaults) and its trained template
+    (the IVF quantizer every segment shares; None for flat and hnsw)."""
+    dim = calibrated_sample.shape[1]
+    spec = choose_spec(documents, dim, index_type)
+    spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(dim)
+    return spec, train_template(spec, calibrated_sample)
+
+def save_fitted(folder: Path, calibrator: Calibrator, spec: IndexSpec, template) -> None:
+    """What every segment of a version is written with: the calibrator and the trained template."""
+    calibrator.save(folder / CALIBRATOR)
+    if template is not None:
+        VectorStore(template, spec).save(folder / TEMPLATE)
+
+def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: int,
+                query_vectors: np.ndarray | None, queries_from: str | None) -> dict:
+    """The manifest's record of how a build fitted its calibrator."""
+    if prefitted:
+        return {"prefitted": True}
+    return {"sample": min(documents, fit_sample or documents), "of": documents, "seed": seed,
+            **({"queries": fitted_query_count(query_vectors, fit_sample), "queries_from": queries_from}
+               if query_vectors is not None else {})}
+
+def new_manifest(name: str, corpus: str | Path, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
+                 spec: IndexSpec, segments: Sequence[tuple[str, int]], truncated: int, fallback: dict | None,
+                 vectors_from: str | Path | None = None, engine: dict | None = None) -> dict:
+    """The manifest of a freshly built index of SEGMENTS ((name, rows) in row id order, ids from 1), whichever
+    engine built it."""
+    documents = sum(rows for _, rows in segments)
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "created": now_iso(),
+        "source": str(Path(corpus).resolve()),
+        "vectors_from": str(Path(vectors_from).resolve()) if vectors_from is not None else None,
+        "encoder": encoder_config,
+        "calibrator": calibrator.config(),
+        "fit": fit_record,
+        "index": spec.to_dict(),
+        "index_type": spec.type,
+        "dim": fitted_out_dim(calibrator, encoder_config["dim"]),
+        "documents": documents,
+        "segments": [segment_entry(segment, rows, spec) for segment, rows in segments],
+        "next_rowid": documents + 1,
+        "next_segment": len(segments) + 1,
+        "deleted": 0,
+        "truncated_at_build": truncated,
+        "versions": library_versions(),
+        **({"engine": engine} if engine else {}),
+        **({"calibrator_fallback": fallback} if fallback else {}),
+    }
+
+def segment_entry(name: str, rows: int, spec: IndexSpec, deleted: int = 0) -> dict:
+    """A manifest's record of a segment: its rows, how many of them are tombstoned (so the compaction policy
+    reads counts instead of scanning row ids), and its index type (small hnsw segments are flat)."""
+    return {"name": name, "rows": int(rows), "deleted": int(deleted), "index": spec.for_segment(rows).type}
+
+def fitted_out_dim(calibrator: Calibrator, dim: int) -> int:
+    """The dimension of CALIBRATOR's output for DIM-dimensional input (whitening-K and flow-K reduce it)."""
+    return int(calibrator.transform(np.zeros((1, dim), np.float32)).shape[1])
+
+def note(notes: list[str], note: str, progress: bool) -> None:
+    notes.append(note)
+    if progress:
+        stderr_console.print(note, markup=False, highlight=False, soft_wrap=True)
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+def library_versions() -> dict[str, str]:
+    versions = {"retriever": __version__, "python": platform.python_version()}
+    for package in ("torch", "transformers", "faiss-cpu", "faiss-gpu-cu12", "numpy", "sqlite-utils"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def _documents(count: int) -> str:
+    return f"{count:,} document{'' if count == 1 else 's'}"
