@@ -11,7 +11,7 @@ import platform
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -41,6 +41,15 @@ class ChangeSummary:
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. "resumed after 32,768 encoded documents"
+    opener: Callable[[], object] | None = field(default=None, repr=False, compare=False)
+
+    def snapshot(self):
+        """The version this change committed, opened as a new `Index`. The `Index` a write went through stays a
+        snapshot of the version it was opened on (a server's requests rely on that), so this is how a caller
+        goes on from its own write: `index = index.add(documents).snapshot()`."""
+        if self.opener is None:
+            raise RetrieverError(f"this change of index '{self.name}' has no version to open")
+        return self.opener()
 
 def check_build_arguments(calibrator: str | Calibrator, calibrator_options: dict | None, index_type: str,
                           fit_sample: int | None, fit_queries, encoding: str, index_dir: Path,

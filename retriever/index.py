@@ -242,6 +242,18 @@ class Index:
                 if not attempts or resolve_existing(index_dir, name) == folder:
                     raise
 
+    @classmethod
+    def open_version(cls, folder: str | Path, name: str, index_dir: str | Path | None = None,
+                     device: str = "auto") -> Index:
+        """Open one version folder of NAME (as a write's `ChangeSummary.snapshot` does), current or not."""
+        folder = Path(folder)
+        manifest = read_manifest(folder, name=name)
+        _check_manifest(manifest, name, folder)
+        return cls(folder, manifest, device=device, index_dir=index_dir)
+
+    def _opener(self, folder: Path):
+        return _version_opener(folder, self.name, self.index_dir, self.device)
+
     @property
     def encoder(self) -> Encoder:
         """The recorded encoder, loaded on first use (search needs it; info and delete do not)."""
@@ -577,11 +589,13 @@ class Index:
                                      "engine")
             from retriever.engines.ray_build import RayOptions, build as ray_build
 
-            return ray_build(corpus, name, index_dir, options=ray_options or RayOptions(), model=model,
-                             pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
-                             calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
-                             index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
-                             encoding=encoding, progress=progress, fit_queries=fit_queries)
+            summary = ray_build(corpus, name, index_dir, options=ray_options or RayOptions(), model=model,
+                              pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
+                              calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
+                              index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
+                              encoding=encoding, progress=progress, fit_queries=fit_queries)
+            summary.opener = _version_opener(Path(summary.folder), name, resolve_index_dir(index_dir), device)
+            return summary
         started = time.perf_counter()
         index_dir = resolve_index_dir(index_dir)
         loaded = encoder
@@ -688,7 +702,8 @@ class Index:
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
         return ChangeSummary(name, str(final), state.documents, state.documents, state.truncated,
-                             time.perf_counter() - started, timings, notes)
+                             time.perf_counter() - started, timings, notes,
+                             opener=_version_opener(final, name, index_dir, device))
 
     def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
             vectors: str | Path | None = None, chunk_rows: int = CHUNK_ROWS) -> ChangeSummary:
@@ -756,7 +771,7 @@ class Index:
             timings["write"] = time.perf_counter() - clock
         notes = [f"merged {merged} segments"] if merged else []
         return ChangeSummary(self.name, str(final), manifest["documents"], count, state.truncated,
-                             time.perf_counter() - started, timings, notes)
+                             time.perf_counter() - started, timings, notes, opener=self._opener(final))
 
     def delete(self, doc_ids: Sequence[str]) -> ChangeSummary:
         """Delete documents by id, all or nothing: their row ids become tombstones that searches filter out."""
@@ -787,7 +802,7 @@ class Index:
             final = writer.commit()
         notes = [f"merged {merged} segments"] if merged else []
         return ChangeSummary(self.name, str(final), manifest["documents"], len(removed),
-                             seconds=time.perf_counter() - started, notes=notes)
+                             seconds=time.perf_counter() - started, notes=notes, opener=self._opener(final))
 
     def compact(self) -> ChangeSummary:
         """Merge every segment into one and drop the deleted documents for good."""
@@ -804,7 +819,7 @@ class Index:
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
         return ChangeSummary(self.name, str(final), manifest["documents"], len(current.tombstones),
-                             seconds=time.perf_counter() - started)
+                             seconds=time.perf_counter() - started, opener=self._opener(final))
 
     def refit(self, calibrator: str | None = None, calibrator_options: dict | None = None,
               fit_sample: int | None = DEFAULT_FIT_SAMPLE,
@@ -876,7 +891,8 @@ class Index:
                         "refitted": now_iso()}
             write_manifest(folder, manifest, current.folder, current.manifest["files"])
             final = writer.commit()
-        return ChangeSummary(self.name, str(final), len(current), len(current), 0, time.perf_counter() - started)
+        return ChangeSummary(self.name, str(final), len(current), len(current), 0, time.perf_counter() - started,
+                             opener=self._opener(final))
 
     def _current_version(self) -> Index:
         """The version that is current now (another writer may have committed since this one was opened)."""
@@ -1088,6 +1104,10 @@ def _in(rowid: int, sorted_ids: np.ndarray) -> bool:
 
 def _layers_key(layers: str | Sequence[int] | None):
     return layers if layers is None or isinstance(layers, str) else list(layers)
+
+
+def _version_opener(folder: Path, name: str, index_dir: Path, device: str):
+    return lambda: Index.open_version(folder, name, index_dir, device)
 
 
 def _check_manifest(manifest: dict, name: str, folder: Path) -> None:

@@ -565,3 +565,22 @@ def test_an_open_raced_by_two_writes_opens_the_newer_version(tiny_index, tmp_pat
     monkeypatch.setattr(index_module, "read_manifest", racing)
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
     assert not raced[0].exists() and index.folder != raced[0] and len(index) == len(DOCS) - 2
+
+
+def test_a_write_returns_the_version_it_committed_and_leaves_its_index_on_the_old_one(tmp_path, tiny_bert):
+    """The API's contract: an `Index` is a snapshot of one version; `summary.snapshot()` is the version a write
+    committed, so a caller goes on from its own write."""
+    from retriever.corpus import Document
+
+    docs = sentences(30)
+    built = Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "snap", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="sn", device="cpu")
+    index = built.snapshot()
+    assert len(index) == len(docs) and index.folder == Path(built.folder)
+    added = index.add([Document("new", "a brand new sentence about lighthouses", None, "api", 1)])
+    assert len(index) == len(docs) and index.document("new") is None  # still the version it was opened on
+    newer = added.snapshot()
+    assert len(newer) == len(docs) + 1 and newer.document("new")["text"].startswith("a brand new")
+    newest = newer.delete(["d0"]).snapshot()
+    assert newest.document("d0") is None and newer.document("d0") is not None
+    assert newest.compact().snapshot().folder == Index.open("snap", tmp_path / "ix", device="cpu").folder
