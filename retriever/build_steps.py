@@ -137,7 +137,7 @@ def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: i
             **({"queries": fitted_query_count(query_vectors, fit_sample), "queries_from": queries_from}
                if query_vectors is not None else {})}
 
-def new_manifest(name: str, corpus: str | Path, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
+def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
                  spec: IndexSpec, segments: Sequence[tuple[str, int]], truncated: int, fallback: dict | None,
                  vectors_from: str | Path | None = None, engine: dict | None = None) -> dict:
     """The manifest of a freshly built index of SEGMENTS ((name, rows) in row id order, ids from 1), whichever
@@ -147,7 +147,7 @@ def new_manifest(name: str, corpus: str | Path, encoder_config: dict, calibrator
         "format_version": FORMAT_VERSION,
         "name": name,
         "created": now_iso(),
-        "source": str(Path(corpus).resolve()),
+        "source": str(Path(corpus).resolve()) if corpus is not None else None,  # None: documents given in Python
         "vectors_from": str(Path(vectors_from).resolve()) if vectors_from is not None else None,
         "encoder": encoder_config,
         "calibrator": calibrator.config(),

@@ -25,7 +25,7 @@ import json
 import re
 import sys
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -151,6 +151,23 @@ def _open_text(path: Path, compressed: bool, codec: str, newline: str) -> TextIO
         return open(path, encoding=codec, errors="surrogateescape", newline=newline)
     # Decompressed as a stream, so a corpus of any size reads in constant memory.
     return io.TextIOWrapper(gzip.open(path, "rb"), encoding=codec, errors="surrogateescape", newline=newline)
+
+
+def check_documents(documents: Sequence[Document]) -> None:
+    """Documents given in Python (`Index.build`, `Index.add`) get the checks a corpus file's get: each a
+    `Document` with a non-empty id and text of valid Unicode (`retriever.text.check_text`), ids unique."""
+    for number, document in enumerate(documents, start=1):
+        where = f"document {number} of {len(documents)}"
+        if not isinstance(document, Document):
+            raise RetrieverError(f"{where} is a {type(document).__name__}, not a retriever.corpus.Document")
+        for field_name in ("doc_id", "text", "title"):
+            value = getattr(document, field_name)
+            if value is None and field_name == "title":
+                continue
+            if not isinstance(value, str) or (field_name != "title" and not value.strip()):
+                raise RetrieverError(f"{where}: {field_name} must be a non-empty string")
+            check_text(value, f"{where}'s {field_name}")
+    check_unique_ids(documents)
 
 
 def check_unique_ids(docs: Iterable[Document], existing: set[str] | frozenset[str] | None = None) -> None:

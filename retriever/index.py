@@ -38,7 +38,7 @@ from retriever.calibration import (
     make_calibrator,
     too_few_to_fit,
 )
-from retriever.corpus import Document, check_unique_ids, corpus_format, document_text, iter_corpus
+from retriever.corpus import Document, check_documents, corpus_format, document_text, iter_corpus
 from retriever.build_steps import (
     ChangeSummary,
     check_build_arguments,
@@ -98,7 +98,7 @@ from retriever.layout import (
 )
 from retriever.progress import stderr_console
 from retriever.pseudo_queries import make_check_set
-from retriever.store.arrays import VectorSource, load_npy, npy_layout
+from retriever.store.arrays import VectorSource, load_npy, npy_layout, vector_source
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import DOCUMENTS, RAW, ROWIDS, VECTORS, RawWriter, Segment
 from retriever.store.vectors import IndexSpec, VectorStore, train_template
@@ -543,11 +543,11 @@ class Index:
     @classmethod
     def build(
         cls,
-        corpus: str | Path,
+        corpus: str | Path | Sequence[Document],
         name: str,
         index_dir: str | Path | None = None,
         *,
-        vectors: str | Path | None = None,
+        vectors: str | Path | np.ndarray | None = None,
         model: str | None = None,
         pooling: str | None = "last-avg",
         layers: str | Sequence[int] | None = None,
@@ -569,9 +569,10 @@ class Index:
         engine: str = "local",
         ray_options=None,
     ) -> ChangeSummary:
-        """Stream CORPUS through the pipeline into a new index version under NAME and swap it in.
+        """Stream CORPUS (a corpus file, or a list of Documents) through the pipeline into a new index version
+        under NAME and swap it in.
 
-        VECTORS: precomputed raw vectors (a .npy or a folder of .npy shards, row i = document i) made with the
+        VECTORS: precomputed raw vectors (a .npy, a folder of .npy shards, or an array; row i = document i) made with the
         encoder that MODEL/POOLING/LAYERS/MAX_LENGTH name; no encoding happens. CALIBRATOR may be a name or an
         already fitted calibrator (then nothing is fitted). With RESUME, a killed build of the same corpus with
         the same encoder settings continues from its last finished chunk. ENCODER: an already loaded encoder,
@@ -584,6 +585,9 @@ class Index:
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
         if engine == "ray":
+            if isinstance(corpus, (list, tuple)):
+                raise RetrieverError("the ray engine reads corpus files; build from a list of documents with the "
+                                     "local engine")
             if vectors is not None or encoder is not None:
                 raise RetrieverError("the ray engine encodes the corpus itself; build from --vectors with the local "
                                      "engine")
@@ -600,19 +604,26 @@ class Index:
         index_dir = resolve_index_dir(index_dir)
         loaded = encoder
         # Cheap refusals first: bad arguments never wait for a corpus read or a model load.
-        if Path(corpus).is_dir():
+        given = list(corpus) if isinstance(corpus, (list, tuple)) else None
+        if isinstance(vectors, np.ndarray):
+            resume = False  # vectors in memory: nothing on disk to tell a rerun's from this one's
+        if given is not None:
+            check_documents(given)
+            corpus, resume = "the given documents", False  # nothing on disk to resume from
+        elif Path(corpus).is_dir():
             raise RetrieverError(f"{corpus}: a folder; the local engine builds from one corpus file, --engine ray "
                                  "from a folder of them")
-        corpus_format(corpus)
-        if not Path(corpus).is_file():
-            raise RetrieverError(f"{corpus}: no such file")
+        else:
+            corpus_format(corpus)
+            if not Path(corpus).is_file():
+                raise RetrieverError(f"{corpus}: no such file")
         fitted, prefitted, (query_texts, query_vectors, queries_from) = check_build_arguments(
             calibrator, calibrator_options, index_type, fit_sample, fit_queries, encoding, index_dir, name)
-        source = VectorSource(vectors) if vectors is not None else None
+        source = vector_source(vectors) if vectors is not None else None
         encoder_settings = (loaded.config() if loaded is not None else
                             {"model": model, "pooling": pooling, "layers": _layers_key(layers),
                              "max_length": max_length, "dtype": dtype})
-        key = {"corpus": source_fingerprint(corpus), "encoding": encoding, "encoder": encoder_settings,
+        key = {"corpus": source_fingerprint(corpus) if given is None else None, "encoding": encoding, "encoder": encoder_settings,
                "vectors": source.fingerprint() if source else None}
         timings: dict[str, float] = {}
         notes: list[str] = []
@@ -629,21 +640,22 @@ class Index:
             clock = time.perf_counter()
             if state.documents is None:
                 table = DocumentTable.create(segment / DOCUMENTS)
-                state.documents = ingest(iter_corpus(corpus, encoding), table, 1, progress, chunk_rows)
+                documents = iter(given) if given is not None else iter_corpus(corpus, encoding)
+                state.documents = ingest(documents, table, 1, progress, chunk_rows)
                 table.close()
                 if state.documents == 0:
                     raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
                 state.save()
             timings["read"] = time.perf_counter() - clock
             if source is not None and source.rows != state.documents:
-                raise RetrieverError(f"{vectors} holds {_count(source.rows, 'vector')} for "
+                raise RetrieverError(f"{source.path} holds {_count(source.rows, 'vector')} for "
                                      f"{_documents(state.documents)} in {corpus}; row i must be document i")
 
             clock = time.perf_counter()
             encoder = loaded or Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
             timings["load_model"] = time.perf_counter() - clock  # in a fresh process: mostly importing model code
             if source is not None and source.dim != encoder.dim:
-                raise RetrieverError(f"{vectors} holds {source.dim}-dimensional vectors; {encoder.model_name} "
+                raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; {encoder.model_name} "
                                      f"gives {encoder.dim}")
             if query_vectors is not None and query_vectors.shape[1] != encoder.dim:
                 raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; "
@@ -696,8 +708,9 @@ class Index:
             clock = time.perf_counter()
             save_fitted(folder, fitted, spec, template)
             fit_record = fit_summary(prefitted, state.documents, fit_sample, seed, query_vectors, queries_from)
-            manifest = new_manifest(name, corpus, encoder.config(), fitted, fit_record, spec,
-                                    [(segment.name, state.documents)], state.truncated, fallback, vectors_from=vectors)
+            manifest = new_manifest(name, corpus if given is None else None, encoder.config(), fitted, fit_record, spec,
+                                    [(segment.name, state.documents)], state.truncated, fallback,
+                                    vectors_from=None if isinstance(vectors, np.ndarray) else vectors)
             write_manifest(folder, manifest)
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
@@ -706,7 +719,7 @@ class Index:
                              opener=_version_opener(final, name, index_dir, device))
 
     def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
-            vectors: str | Path | None = None, chunk_rows: int = CHUNK_ROWS) -> ChangeSummary:
+            vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS) -> ChangeSummary:
         """Write CORPUS's documents (a corpus file, or a list of Documents) as one new segment, encoded (or taken from VECTORS) and calibrated with the
         saved calibrator (no refit); every existing segment is reused as it is."""
         started = time.perf_counter()
@@ -714,8 +727,8 @@ class Index:
         if given is None:
             corpus_format(corpus)
         else:
-            check_unique_ids(given)
-        source = VectorSource(vectors) if vectors is not None else None
+            check_documents(given)
+        source = vector_source(vectors) if vectors is not None else None
         timings: dict[str, float] = {}
         with writing(self.index_dir, self.name) as writer, self._current() as current:
             # Read into the new version: the calibrator (through the new vectors) and the tombstones (written again);
@@ -738,10 +751,10 @@ class Index:
             table.close()
             timings["read"] = time.perf_counter() - clock
             if source is not None and source.rows != count:
-                raise RetrieverError(f"{vectors} holds {_count(source.rows, 'vector')} for {_documents(count)} in "
+                raise RetrieverError(f"{source.path} holds {_count(source.rows, 'vector')} for {_documents(count)} in "
                                      f"{corpus}")
             if source is not None and source.dim != current.manifest["encoder"]["dim"]:
-                raise RetrieverError(f"{vectors} holds {source.dim}-dimensional vectors; this index's encoder "
+                raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; this index's encoder "
                                      f"gives {current.manifest['encoder']['dim']}")
 
             clock = time.perf_counter()

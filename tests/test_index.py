@@ -584,3 +584,29 @@ def test_a_write_returns_the_version_it_committed_and_leaves_its_index_on_the_ol
     newest = newer.delete(["d0"]).snapshot()
     assert newest.document("d0") is None and newer.document("d0") is not None
     assert newest.compact().snapshot().folder == Index.open("snap", tmp_path / "ix", device="cpu").folder
+
+
+def test_build_takes_documents_and_vectors_from_memory(tmp_path, tiny_bert):
+    """The Python API builds from what a program holds: Documents and a vector array, no file written."""
+    from retriever.corpus import Document
+    from retriever.encoder import Encoder
+
+    docs = sentences(40)
+    documents = [Document(doc_id, text, None, "api", n) for n, (doc_id, text) in enumerate(docs.items(), start=1)]
+    encoder = Encoder(str(tiny_bert), device="cpu")
+    vectors = encoder.encode(list(docs.values()))
+    from_memory = Index.build(documents, "mem", tmp_path / "ix", vectors=vectors, encoder=encoder, calibrator="sn",
+                              device="cpu").snapshot()
+    from_file = Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "file", tmp_path / "ix", model=str(tiny_bert),
+                            calibrator="sn", device="cpu").snapshot()
+    assert from_memory.manifest["source"] is None and len(from_memory) == 40
+    query = docs["d17"]
+    assert [h.doc_id for h in from_memory.search(query, k=3)[0]] == [h.doc_id for h in from_file.search(query, k=3)[0]]
+    for bad, message in ((["not a document"], "not a retriever.corpus.Document"),
+                         ([Document("x", " ", None, "api", 1)], "non-empty"),
+                         ([Document("x", "a \ud800", None, "api", 1)], "invalid character"),
+                         (documents[:2] + documents[:1], "d0")):
+        with pytest.raises(RetrieverError, match=message):
+            Index.build(bad, "bad", tmp_path / "ix", encoder=encoder, calibrator="none", device="cpu")
+    with pytest.raises(RetrieverError, match="2-D floating-point"):
+        Index.build(documents, "bad", tmp_path / "ix", vectors=np.arange(40), encoder=encoder, device="cpu")

@@ -139,13 +139,7 @@ def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], 
     query_ids = list(rset.queries)
     raw_queries = np.asarray(embed([rset.queries[q] for q in query_ids]), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="retriever-bench-") as folder:
-        corpus = Path(folder) / "corpus.jsonl"
-        with open(corpus, "w", encoding="utf-8") as file:
-            for document in documents:
-                file.write(json.dumps({"_id": document.doc_id, "title": document.title, "text": document.text},
-                                      ensure_ascii=False) + "\n")
-        np.save(Path(folder) / "vectors.npy", raw_documents)
-        Index.build(corpus, "bench", Path(folder) / "indexes", vectors=Path(folder) / "vectors.npy", encoder=encoder,
+        Index.build(documents, "bench", Path(folder) / "indexes", vectors=raw_documents, encoder=encoder,
                     calibrator=calibrator, calibrator_options={"seed": seed}, index_type="flat", device="cpu",
                     fit_queries=raw_queries if fit_queries else None)
         index = Index.open("bench", Path(folder) / "indexes", device="cpu")
@@ -158,8 +152,7 @@ def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], 
                                                 min(depth + 1, len(doc_ids)))
             for query, hits in zip(batch, index.hits(scores, rows)):
                 run[query] = {hit.doc_id: hit.score for hit in hits}
-        for segment in index.segments:
-            segment.close()
+        index.close()
     return evaluate_run(run, rset.qrels)
 
 

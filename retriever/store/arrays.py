@@ -211,3 +211,36 @@ class VectorSource:
     def fingerprint(self) -> list[dict]:
         return [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
                 for p in self.shards]
+
+
+class ArraySource:
+    """Precomputed vectors already in memory (row i = document i), read as `VectorSource` reads files: bounded
+    float32 blocks, rows by index, and a check that every value is finite."""
+
+    def __init__(self, vectors: np.ndarray, label: str = "the given vectors"):
+        vectors = np.asarray(vectors)
+        if vectors.ndim != 2 or vectors.dtype.kind != "f":
+            raise RetrieverError(f"{label}: expected a 2-D floating-point matrix (documents x dimensions), got "
+                                 f"shape {vectors.shape} of {vectors.dtype}")
+        self.vectors, self.path = vectors, label
+        self.rows, self.dim = vectors.shape
+
+    def blocks(self, start: int = 0, rows: int = BLOCK_ROWS) -> Iterator[np.ndarray]:
+        for first in range(start, self.rows, rows):
+            block = np.asarray(self.vectors[first : first + rows], dtype=np.float32)
+            bad = ~np.isfinite(block).all(axis=1)
+            if bad.any():
+                row = first + int(np.flatnonzero(bad)[0])
+                raise RetrieverError(f"{self.path}: row {row} (document {row + 1}) has NaN or infinite values")
+            yield block
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self.vectors[np.asarray(rows, dtype=np.int64)], dtype=np.float32)
+
+    def fingerprint(self) -> None:
+        return None  # nothing on disk: a build from memory does not resume
+
+
+def vector_source(vectors) -> VectorSource | ArraySource:
+    """VECTORS as a source: a .npy file or folder of shards, or an array in memory."""
+    return ArraySource(vectors) if isinstance(vectors, np.ndarray) else VectorSource(vectors)
