@@ -17,7 +17,8 @@ import pytest
 from rich.console import Console
 
 from retriever.index_folder import LOCK, NAME_RULE, VERSIONS
-from tests.test_cli_index import TEXTS, assert_one_line_error, assert_usage_error
+from tests.helpers import TEXTS, assert_one_line_error, assert_usage_error
+
 
 REPO = Path(__file__).resolve().parent.parent
 

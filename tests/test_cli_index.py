@@ -8,12 +8,7 @@ import shutil
 
 import pytest
 
-TEXTS = [
-    "A man is playing a guitar on stage.",
-    "A woman slices an onion in the kitchen.",
-    "Stock markets fell sharply on Monday.",
-    "The football team won the final.",
-]
+from tests.helpers import TEXTS, assert_one_line_error, assert_usage_error
 
 
 @pytest.fixture()
@@ -24,22 +19,6 @@ def built(tmp_path, tiny_bert, cli):
     done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--index-dir", index_dir)
     assert done.returncode == 0, done.stderr
     return index_dir
-
-
-def assert_one_line_error(done, *fragments):
-    assert done.returncode == 1, (done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-
-
-def assert_usage_error(done, *fragments):
-    """typer's own usage error (exit 2), its boxed message read as one line of words."""
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    words = " ".join(done.stderr.replace("│", " ").replace("╭", " ").replace("╰", " ").split())
-    for fragment in fragments:
-        assert fragment in words, words
 
 
 def test_build_names_the_index_after_the_corpus_and_search_prints_json(built, cli):

@@ -15,7 +15,8 @@ import pytest
 from retriever.errors import DamagedIndexError
 from retriever.index import Index, verify_index
 from retriever.index_folder import MANIFEST, VERSIONS, manifest_checksum
-from tests.test_index import sentences, write_jsonl
+from tests.helpers import sentences, write_jsonl
+
 
 SEGMENT = "segments/000001"
 

@@ -13,31 +13,7 @@ from retriever.calibration import make_calibrator
 from retriever.errors import RetrieverError
 from retriever.index import Index, l2_normalize
 from retriever.index_folder import KEEP_VERSIONS, MANIFEST, VERSIONS
-
-DOCS = {
-    "guitar": "A man is playing a guitar on stage.",
-    "onion": "A woman slices an onion in the kitchen.",
-    "stocks": "Stock markets fell sharply on Monday amid inflation fears.",
-    "soccer": "The football team won the championship final.",
-    "rain": "Heavy rain caused flooding in the city centre.",
-    "dog": "A dog runs through the grass chasing a ball.",
-    "cat": "The cat sat on the mat and purred softly.",
-    "python": "Python is a programming language that lets you work quickly.",
-}
-
-
-def write_jsonl(path: Path, docs: dict[str, str]) -> Path:
-    path.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in docs.items()), encoding="utf-8")
-    return path
-
-
-def sentences(count: int, start: int = 0) -> dict[str, str]:
-    """Distinct, varied documents for tests that need more than a handful."""
-    subjects = ["A dog", "The committee", "My neighbour", "A small robot", "The orchestra", "An old sailor"]
-    verbs = ["discussed", "painted", "repaired", "forgot", "celebrated", "measured", "sold"]
-    things = ["the harbour", "a red bicycle", "the budget", "an ancient map", "the garden fence", "a violin"]
-    return {f"d{i}": f"{subjects[i % 6]} {verbs[i % 7]} {things[(i // 7) % 6]} on day {i}."
-            for i in range(start, start + count)}
+from tests.helpers import DOCS, sentences, write_jsonl
 
 
 @pytest.fixture()

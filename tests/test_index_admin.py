@@ -18,7 +18,7 @@ from retriever.calibration.flow import FlowCalibrator
 from retriever.errors import RetrieverError
 from retriever.index import Index
 from retriever.index_folder import LOCK, VERSIONS, describe_indexes, remove_index
-from tests.test_index import DOCS, sentences, write_jsonl
+from tests.helpers import DOCS, sentences, write_jsonl
 
 
 def test_minimum_vectors_per_calibrator():

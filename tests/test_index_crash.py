@@ -14,7 +14,7 @@ import pytest
 
 from retriever.index import Index
 from retriever.index_folder import VERSIONS
-from tests.test_index import sentences, write_jsonl
+from tests.helpers import sentences, write_jsonl
 
 # One process imports the library once, then forks a child for each write; the child SIGKILLs itself at a chosen
 # moment: when the Nth call of a function starts ("before") or returns ("after"). Deterministic, unlike killing

@@ -14,7 +14,8 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from benchmarks.page_screenshot import chromium
 from retriever.index import Index
 from retriever.server import create_app, serving_in_thread
-from tests.test_server import documents, write_corpus
+from tests.helpers import documents, write_corpus
+
 
 LONG_TEXT = "An extraordinarily long note about lighthouses. " + "The lamp turns slowly through the night. " * 12
 

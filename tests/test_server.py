@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,20 +11,7 @@ from fastapi.testclient import TestClient
 
 from retriever.index import Index
 from retriever.server import MAX_BODY_BYTES, MAX_DOCUMENTS, MAX_K, MAX_QUERIES, create_app
-
-SUBJECTS = ["A dog", "The committee", "My neighbour", "A small robot", "The orchestra", "An old sailor", "A baker"]
-VERBS = ["discussed", "painted", "repaired", "forgot", "celebrated", "measured", "sold", "carried"]
-THINGS = ["the harbour", "a red bicycle", "the budget", "an ancient map", "the garden fence", "a violin"]
-
-
-def documents(count: int, prefix: str = "d") -> list[dict]:
-    return [{"_id": f"{prefix}{i}", "title": f"note {i}",
-             "text": f"{SUBJECTS[i % 7]} {VERBS[i % 8]} {THINGS[(i // 8) % 6]} on day {i}."} for i in range(count)]
-
-
-def write_corpus(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
-    return path
+from tests.helpers import documents, one_line_error, write_corpus
 
 
 @pytest.fixture()
@@ -42,14 +28,6 @@ def index_dir(tmp_path, tiny_bert) -> Path:
 def client(index_dir):
     with TestClient(create_app(index_dir, device="cpu"), base_url="http://127.0.0.1") as test_client:
         yield test_client
-
-
-def one_line_error(response, status: int) -> str:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert body["status"] == status and isinstance(body["detail"], str)
-    assert "\n" not in body["detail"] and "Traceback" not in body["detail"]
-    return body["detail"]
 
 
 def test_health_and_index_listing(client, index_dir):

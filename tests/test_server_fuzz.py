@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from retriever.index import Index
 from retriever.server import create_app
-from tests.test_server import documents, write_corpus
+from tests.helpers import documents, write_corpus
+
 
 EXAMPLES = 300  # bounded and derandomized: the same cases on every run, a few seconds on two cores
 

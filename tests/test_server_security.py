@@ -20,7 +20,8 @@ from retriever.access import AccessPolicy, check_exposure, host_name, resolve_ke
 from retriever.errors import RetrieverError
 from retriever.index import Index
 from retriever.server import MAX_HITS, create_app, serving_in_thread
-from tests.test_server import documents, one_line_error, write_corpus
+from tests.helpers import documents, one_line_error, write_corpus
+
 
 WRITE_KEY = "write-key-0123456789abcdef"
 READ_KEY = "read-key-0123456789abcdef"

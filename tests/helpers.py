@@ -1,0 +1,80 @@
+"""What several test modules share: small corpora, how to write them, and how to read a one-line error (CLI
+or HTTP). Fixtures live in conftest.py; these are plain values and functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+DOCS = {
+    "guitar": "A man is playing a guitar on stage.",
+    "onion": "A woman slices an onion in the kitchen.",
+    "stocks": "Stock markets fell sharply on Monday amid inflation fears.",
+    "soccer": "The football team won the championship final.",
+    "rain": "Heavy rain caused flooding in the city centre.",
+    "dog": "A dog runs through the grass chasing a ball.",
+    "cat": "The cat sat on the mat and purred softly.",
+    "python": "Python is a programming language that lets you work quickly.",
+}
+
+
+def write_jsonl(path: Path, docs: dict[str, str]) -> Path:
+    path.write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in docs.items()), encoding="utf-8")
+    return path
+
+
+def sentences(count: int, start: int = 0) -> dict[str, str]:
+    """Distinct, varied documents for tests that need more than a handful."""
+    subjects = ["A dog", "The committee", "My neighbour", "A small robot", "The orchestra", "An old sailor"]
+    verbs = ["discussed", "painted", "repaired", "forgot", "celebrated", "measured", "sold"]
+    things = ["the harbour", "a red bicycle", "the budget", "an ancient map", "the garden fence", "a violin"]
+    return {f"d{i}": f"{subjects[i % 6]} {verbs[i % 7]} {things[(i // 7) % 6]} on day {i}."
+            for i in range(start, start + count)}
+
+
+SUBJECTS = ["A dog", "The committee", "My neighbour", "A small robot", "The orchestra", "An old sailor", "A baker"]
+VERBS = ["discussed", "painted", "repaired", "forgot", "celebrated", "measured", "sold", "carried"]
+THINGS = ["the harbour", "a red bicycle", "the budget", "an ancient map", "the garden fence", "a violin"]
+
+
+def documents(count: int, prefix: str = "d") -> list[dict]:
+    return [{"_id": f"{prefix}{i}", "title": f"note {i}",
+             "text": f"{SUBJECTS[i % 7]} {VERBS[i % 8]} {THINGS[(i // 8) % 6]} on day {i}."} for i in range(count)]
+
+
+def write_corpus(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
+def one_line_error(response, status: int) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["status"] == status and isinstance(body["detail"], str)
+    assert "\n" not in body["detail"] and "Traceback" not in body["detail"]
+    return body["detail"]
+
+
+TEXTS = [
+    "A man is playing a guitar on stage.",
+    "A woman slices an onion in the kitchen.",
+    "Stock markets fell sharply on Monday.",
+    "The football team won the final.",
+]
+
+
+def assert_one_line_error(done, *fragments):
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def assert_usage_error(done, *fragments):
+    """typer's own usage error (exit 2), its boxed message read as one line of words."""
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    words = " ".join(done.stderr.replace("│", " ").replace("╭", " ").replace("╰", " ").split())
+    for fragment in fragments:
+        assert fragment in words, words
