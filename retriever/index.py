@@ -346,7 +346,7 @@ class Index:
         if rerank is not None and rerank < 1:
             raise RetrieverError(f"--rerank must be at least 1 (got {rerank})")
         rerank = rerank if rerank is not None else self.spec.search_rerank
-        candidates = k * rerank if self.spec.type == "ivfpq" else k
+        candidates = k * rerank if self.spec.kind.compressed else k
         all_scores, all_ids = [], []
         for segment in self.segments:
             with self._reading(f"{SEGMENTS}/{segment.name}"):

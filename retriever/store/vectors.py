@@ -44,7 +44,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
+
+
+@dataclass(frozen=True)
+class IndexKind:
+    """What the code needs to know about one FAISS index type, so that adding a type is one entry here rather
+    than a branch in every function that asks "which type is this?"."""
+
+    name: str
+    options: tuple[str, ...]  # the IndexSpec fields that matter for this type (what the manifest records)
+    trained: bool = False  # segments start from one trained template (the IVF quantizer)
+    graph: bool = False  # an HNSW graph: searched with a beam (ef_search)
+    compressed: bool = False  # PQ codes: candidates re-ranked exactly from the raw vectors
+    exact_vectors: bool = False  # holds the float vectors themselves (searchable exactly, by torch or on a GPU)
+
+
+INDEX_KINDS: dict[str, IndexKind] = {kind.name: kind for kind in (
+    IndexKind("flat", (), exact_vectors=True),
+    IndexKind("hnsw", ("hnsw_m", "ef_construction", "ef_search"), graph=True, exact_vectors=True),
+    IndexKind("ivf", ("nlist", "nprobe"), trained=True),
+    IndexKind("ivfpq", ("nlist", "pq_m", "opq", "nprobe", "rerank"), trained=True, compressed=True),
+)}
+INDEX_TYPES = ("auto", *INDEX_KINDS)
 BACKENDS = ("auto", "faiss", "torch")
 
 # `auto` keeps exact search up to this many documents: a flat scan of 100k x 384 answers a query in ~15 ms on
@@ -108,13 +129,13 @@ class IndexSpec:
     rerank: int | None = None  # ivfpq: re-rank this many times k candidates exactly
 
     def __post_init__(self) -> None:
-        if self.type not in INDEX_TYPES or self.type == "auto":
+        if self.type not in INDEX_KINDS:
             raise RetrieverError(f"unknown index type {self.type!r}; use one of {', '.join(INDEX_TYPES)}")
-        if self.type in ("ivf", "ivfpq"):
+        if self.kind.trained:
             self.nlist = self.nlist or 1024
-        if self.type == "ivfpq":
+        if self.kind.compressed:
             self.pq_m = self.pq_m or 0  # 0: set from the dimension by `for_dim`
-        if self.type == "hnsw" and self.hnsw_m < 2:
+        if self.kind.graph and self.hnsw_m < 2:
             raise RetrieverError(f"hnsw M must be at least 2, got {self.hnsw_m}")
         for name in ("nlist", "nprobe", "ef_search", "rerank"):
             value = getattr(self, name)
@@ -122,20 +143,24 @@ class IndexSpec:
                 raise RetrieverError(f"{name.replace('_', '-')} must be at least 1, got {value}")
 
     @property
+    def kind(self) -> IndexKind:
+        return INDEX_KINDS[self.type]
+
+    @property
     def search_nprobe(self) -> int | None:
         return (self.nprobe or default_nprobe(self.nlist)) if self.nlist else None
 
     @property
     def search_ef(self) -> int | None:
-        return (self.ef_search or DEFAULT_EF_SEARCH) if self.type == "hnsw" else None
+        return (self.ef_search or DEFAULT_EF_SEARCH) if self.kind.graph else None
 
     def for_segment(self, rows: int) -> IndexSpec:
         """The spec of a segment of ROWS vectors in an index of this spec (see SMALL_SEGMENT_ROWS)."""
-        return IndexSpec(type="flat") if self.type == "hnsw" and rows < SMALL_SEGMENT_ROWS else self
+        return IndexSpec(type="flat") if self.kind.graph and rows < SMALL_SEGMENT_ROWS else self
 
     @property
     def search_rerank(self) -> int:
-        return (self.rerank or DEFAULT_RERANK) if self.type == "ivfpq" else 1
+        return (self.rerank or DEFAULT_RERANK) if self.kind.compressed else 1
 
     @classmethod
     def from_dict(cls, record: dict) -> IndexSpec:
@@ -144,30 +169,29 @@ class IndexSpec:
 
     def to_dict(self) -> dict:
         """The settings that matter for this type and were set (what the manifest records)."""
-        relevant = {"flat": (), "hnsw": ("hnsw_m", "ef_construction", "ef_search"), "ivf": ("nlist", "nprobe"),
-                    "ivfpq": ("nlist", "pq_m", "opq", "nprobe", "rerank")}[self.type]
+        relevant = self.kind.options
         return {"type": self.type,
                 **{key: value for key, value in asdict(self).items() if key in relevant and value is not None}}
 
     def search_settings(self) -> dict:
         """The search-time settings in effect: pinned at build, or the library's defaults."""
         settings = {"nprobe": self.search_nprobe, "ef_search": self.search_ef,
-                    "rerank": self.search_rerank if self.type == "ivfpq" else None}
+                    "rerank": self.search_rerank if self.kind.compressed else None}
         return {key: value for key, value in settings.items() if value is not None}
 
     def for_dim(self, dim: int) -> IndexSpec:
         """This spec with dimension-dependent settings filled in (pq_m: dim / 4, a divisor of dim)."""
-        if self.type == "ivfpq" and not self.pq_m:
+        if self.kind.compressed and not self.pq_m:
             self.pq_m = max(m for m in range(1, max(1, dim // 4) + 1) if dim % m == 0)
-        if self.type == "ivfpq" and dim % self.pq_m:
+        if self.kind.compressed and dim % self.pq_m:
             raise RetrieverError(f"pq_m {self.pq_m} must divide the dimension {dim}")
         return self
 
     def bytes_per_vector(self, dim: int) -> int:
         """Memory the index holds per vector: codes plus the 8-byte id."""
-        if self.type == "ivfpq":
+        if self.kind.compressed:
             return self.pq_m + 8
-        graph = 2 * self.hnsw_m * 4 if self.type == "hnsw" else 0  # level-0 links, the bulk of the graph
+        graph = 2 * self.hnsw_m * 4 if self.kind.graph else 0  # level-0 links, the bulk of the graph
         return 4 * dim + 8 + graph
 
 
@@ -194,7 +218,7 @@ def choose_spec(documents: int, dim: int, index_type: str = "auto", memory: int 
             index_type = "hnsw"
         else:
             index_type = "ivfpq"
-    nlist = default_nlist(documents) if index_type in ("ivf", "ivfpq") else None
+    nlist = default_nlist(documents) if INDEX_KINDS[index_type].trained else None
     return IndexSpec(type=index_type, nlist=nlist).for_dim(dim)
 
 
@@ -204,7 +228,7 @@ def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
     SAMPLE holds calibrated, L2-normalized vectors; k-means wants 39 or more per bucket, so nlist shrinks to fit
     a small sample rather than train on too few points.
     """
-    if spec.type not in ("ivf", "ivfpq"):
+    if not spec.kind.trained:
         return None
     set_threads()
     n, dim = sample.shape
@@ -214,7 +238,7 @@ def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
     # k-means learns nothing more from over TRAIN_PER_BUCKET points a bucket, only slower.
     step = max(1, n // (TRAIN_PER_BUCKET * spec.nlist))
     sample = np.ascontiguousarray(sample[::step], dtype=np.float32)
-    if spec.type == "ivf":
+    if not spec.kind.compressed:
         description = f"IVF{spec.nlist},Flat"
     else:
         spec.for_dim(dim)
@@ -232,7 +256,7 @@ class VectorStore:
             raise RetrieverError(f"unknown search backend {backend!r}; use one of {', '.join(BACKENDS)}")
         self._index = index
         self.spec = spec
-        self._ivf = faiss.extract_index_ivf(index) if spec.type in ("ivf", "ivfpq") else None
+        self._ivf = faiss.extract_index_ivf(index) if spec.kind.trained else None
         self._gpu = None if device == "cpu" else _gpu_device(device)  # None: search on the CPU
         self._backend, self._fp16 = backend, fp16
         self._searcher: _FaissSearcher | _FaissGpuSearcher | _TorchSearcher | None = None
@@ -251,10 +275,10 @@ class VectorStore:
             raise RetrieverError(f"vector dimension must be positive, got {dim}")
         spec = index_type if isinstance(index_type, IndexSpec) else IndexSpec(type=index_type, **spec_options)
         spec = spec.for_dim(dim)
-        if spec.type == "flat":
-            index = faiss.IndexIDMap(faiss.IndexFlatIP(dim))
-        elif spec.type == "hnsw":
+        if spec.kind.graph:
             index = faiss.IndexIDMap(_new_hnsw(dim, spec))
+        elif not spec.kind.trained:
+            index = faiss.IndexIDMap(faiss.IndexFlatIP(dim))
         else:
             if template is None:
                 raise RetrieverError(f"an {spec.type} store starts from its index's trained template")
@@ -408,7 +432,7 @@ class VectorStore:
         return self._searcher
 
     def _make_searcher(self) -> _FaissSearcher | _FaissGpuSearcher | _TorchSearcher:
-        exact_capable = self.spec.type in ("flat", "hnsw")
+        exact_capable = self.spec.kind.exact_vectors
         if self._backend == "faiss":
             if self._gpu is None:
                 return _FaissSearcher(self._index, self.spec)
@@ -453,10 +477,10 @@ class _FaissSearcher:
             batch = faiss.IDSelectorBatch(options.exclude)
             selector = faiss.IDSelectorNot(batch)
             keep_alive += [batch, selector]
-        if self.spec.type == "hnsw":
+        if self.spec.kind.graph:
             # HNSW finds at most efSearch candidates; widen the beam so k results can come back.
             params = faiss.SearchParametersHNSW(efSearch=max(k, options.ef_search or 0))
-        elif self.spec.type in ("ivf", "ivfpq"):
+        elif self.spec.kind.trained:
             params = faiss.SearchParametersIVF(nprobe=options.nprobe)
         else:
             params = faiss.SearchParameters()
