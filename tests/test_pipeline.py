@@ -1,0 +1,68 @@
+"""The build's stages on their own: chunking, what a calibrator is fitted on, calibrated blocks with their row
+ids, a segment's vectors written from them, and the arrays a build may take from memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retriever.calibration import make_calibrator
+from retriever.errors import RetrieverError
+from retriever.pipeline import (
+    calibrated_blocks,
+    chunked,
+    fitted_query_count,
+    l2_normalize,
+    with_queries,
+    write_segment_vectors,
+)
+from retriever.store.arrays import ArraySource, VectorSource, vector_source
+from retriever.store.segment import RAW, ROWIDS
+from retriever.store.vectors import IndexSpec
+
+RNG = np.random.default_rng(0)
+
+
+def test_chunks_keep_order_and_the_last_one_is_short():
+    assert list(chunked(range(7), 3)) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert list(chunked([], 3)) == []
+
+
+def test_unit_vectors_and_a_zero_vector_stays_zero():
+    unit = l2_normalize(np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32))
+    np.testing.assert_allclose(unit, [[0.6, 0.8], [0.0, 0.0]])
+
+
+def test_the_fit_sample_adds_at_most_fit_sample_queries():
+    sample, queries = RNG.normal(size=(10, 4)), RNG.normal(size=(50, 4))
+    assert with_queries(sample, None, 20, 0) is sample
+    fitted = with_queries(sample, queries, 20, 0)
+    assert fitted.shape == (30, 4) and fitted_query_count(queries, 20) == 20
+    np.testing.assert_array_equal(with_queries(sample, queries, 20, 0), fitted)  # seeded: the same rows again
+    assert with_queries(sample, queries, None, 0).shape == (60, 4) and fitted_query_count(None, 20) == 0
+
+
+def test_calibrated_blocks_number_rows_and_write_a_searchable_segment(tmp_path):
+    raw = RNG.normal(size=(70, 6)).astype(np.float32)
+    calibrator = make_calibrator("sn").fit(raw)
+    source = vector_source(raw)
+    assert isinstance(source, ArraySource) and (source.rows, source.dim) == (70, 6)
+    blocks = list(calibrated_blocks(source, calibrator, first_rowid=101))
+    assert blocks[0][0][0] == 101 and blocks[-1][0][-1] == 170
+    store = write_segment_vectors(tmp_path, blocks, 6, 6, IndexSpec("flat"), None)
+    assert store.ntotal == 70 and np.load(tmp_path / ROWIDS).tolist() == list(range(101, 171))
+    np.testing.assert_allclose(np.load(tmp_path / RAW).astype(np.float32), raw, atol=1e-2)
+    _, ids = store.search(l2_normalize(calibrator.transform(raw[[33]])), 1)
+    assert ids[0, 0] == 134
+
+
+def test_vectors_from_memory_are_checked_like_vectors_from_a_file(tmp_path):
+    bad = RNG.normal(size=(5, 3)).astype(np.float32)
+    bad[3, 1] = np.nan
+    with pytest.raises(RetrieverError, match="row 3 .document 4. has NaN"):
+        list(ArraySource(bad).blocks())
+    with pytest.raises(RetrieverError, match="2-D floating-point"):
+        ArraySource(np.arange(6))
+    np.save(tmp_path / "v.npy", bad)
+    with pytest.raises(RetrieverError, match="document 4. has NaN"):
+        list(VectorSource(tmp_path / "v.npy").blocks())
