@@ -21,7 +21,6 @@ that the server still answers after. Results go to OUT.json and OUT.md.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import platform
@@ -36,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.scale import qnli_questions  # noqa: E402
-from benchmarks.serve_load import Server, current_version, prepare, request, run_phase  # noqa: E402
+from benchmarks.serve_load import Server, current_version, prepare, request, run_phase, save_report  # noqa: E402
 
 NAME = "hostile"
 CLIENTS = 16
@@ -140,10 +139,7 @@ def main() -> None:
     finally:
         server.stop()
     report["checks"] = checks(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+    save_report(args.out, report, markdown(report))
 
 
 def checks(report: dict) -> dict:

@@ -309,10 +309,15 @@ def main() -> None:
             server.stop()
     report.setdefault("baselines", {})["cli_per_query"] = cli_per_query(index_dir, queries, args.cli_runs)
     report["checks"] = checks(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+    save_report(args.out, report, markdown(report))
+
+
+def save_report(out: Path, report: dict, table: str) -> None:
+    """OUT.json and OUT.md, and the table on stdout."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print(table)
 
 
 def checks(report: dict) -> dict:
