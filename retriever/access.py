@@ -16,11 +16,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from starlette.responses import JSONResponse
 
 from retriever.errors import RetrieverError
 
@@ -178,26 +179,28 @@ class AccessGuard:
         for name, value in scope.get("headers") or ():
             headers.setdefault(name, value)
         host = headers.get(b"host", b"").decode("latin-1")
-        if not self.policy.host_allowed(host):
-            return await _refuse(send, 421 if host else 400,
-                                 "this server does not answer to that Host name (a guard against DNS rebinding); "
-                                 "use the address it was started on, or add the name with --allowed-host")
-        path, method = scope.get("path", ""), scope.get("method", "GET")
-        if self.policy.needs_key and path not in OPEN_PATHS:
-            role = self.policy.role(headers.get(b"authorization", b"").decode("latin-1"))
-            if role is None:
-                said = b"authorization" in headers
-                return await _refuse(send, 401, "the API key is not valid" if said else
-                                     "this server needs an API key: send Authorization: Bearer KEY",
-                                     [(b"www-authenticate", b'Bearer realm="retriever"')])
-            if role == "read" and method not in READ_METHODS and path not in READ_POSTS:
-                return await _refuse(send, 403, "this key may only read; writes need the read-write API key")
+        refusal = self._refusal(host, headers, scope.get("path", ""), scope.get("method", "GET"))
+        if refusal is not None:
+            return await refusal(scope, receive, send)
         return await self.app(scope, receive, send)
 
+    def _refusal(self, host: str, headers: dict, path: str, method: str) -> JSONResponse | None:
+        """The answer refusing this request, or None to let it through."""
+        if not self.policy.host_allowed(host):
+            return _refusal(421 if host else 400, "this server does not answer to that Host name (a guard against "
+                            "DNS rebinding); use the address it was started on, or add the name with --allowed-host")
+        if not self.policy.needs_key or path in OPEN_PATHS:
+            return None
+        role = self.policy.role(headers.get(b"authorization", b"").decode("latin-1"))
+        if role is None:
+            said = b"authorization" in headers
+            return _refusal(401, "the API key is not valid" if said else
+                            "this server needs an API key: send Authorization: Bearer KEY",
+                            {"WWW-Authenticate": 'Bearer realm="retriever"'})
+        if role == "read" and method not in READ_METHODS and path not in READ_POSTS:
+            return _refusal(403, "this key may only read; writes need the read-write API key")
+        return None
 
-async def _refuse(send, status: int, detail: str, headers: list | None = None) -> None:
-    body = json.dumps({"detail": detail, "status": status}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
-    await send({"type": "http.response.body", "body": body})
+
+def _refusal(status: int, detail: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail, "status": status}, status_code=status, headers=headers)

@@ -78,3 +78,15 @@ def assert_usage_error(done, *fragments):
     words = " ".join(done.stderr.replace("│", " ").replace("╭", " ").replace("╰", " ").split())
     for fragment in fragments:
         assert fragment in words, words
+
+
+def build_notes(index_dir: Path, model: Path, count: int, name: str = "notes", prefix: str = "d",
+                calibrator: str = "sn") -> Path:
+    """An index NAME of COUNT `documents` in INDEX_DIR, on MODEL (the tiny random BERT), its corpus written beside
+    INDEX_DIR. sn (standard normalization): a calibrator that changes the space yet stays well conditioned on a
+    random 32-d model, so scores compare to a few decimals across runtimes and batch paddings."""
+    from retriever.index import Index
+
+    corpus = write_corpus(index_dir.parent / f"{name}.jsonl", documents(count, prefix))
+    Index.build(corpus, name, index_dir, model=str(model), calibrator=calibrator, device="cpu")
+    return index_dir

@@ -11,17 +11,12 @@ from fastapi.testclient import TestClient
 
 from retriever.index import Index
 from retriever.server import MAX_BODY_BYTES, MAX_DOCUMENTS, MAX_K, MAX_QUERIES, create_app
-from tests.helpers import documents, one_line_error, write_corpus
+from tests.helpers import build_notes, documents, one_line_error, write_corpus
 
 
 @pytest.fixture()
 def index_dir(tmp_path, tiny_bert) -> Path:
-    folder = tmp_path / "indexes"
-    # sn (standard normalization): a calibrator that changes the space yet stays well conditioned on a random 32-d
-    # model, so scores compare to a few decimals across runtimes and batch paddings.
-    Index.build(write_corpus(tmp_path / "notes.jsonl", documents(120)), "notes", folder, model=str(tiny_bert),
-                calibrator="sn", device="cpu")
-    return folder
+    return build_notes(tmp_path / "indexes", tiny_bert, 120)
 
 
 @pytest.fixture()

@@ -12,9 +12,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retriever.index import Index
 from retriever.server import create_app
-from tests.helpers import documents, write_corpus
+from tests.helpers import build_notes, documents
 
 
 EXAMPLES = 300  # bounded and derandomized: the same cases on every run, a few seconds on two cores
@@ -82,8 +81,7 @@ requests = st.one_of(
 @pytest.fixture(scope="module")
 def fuzzed_client(tmp_path_factory, tiny_bert):
     folder = tmp_path_factory.mktemp("fuzz") / "indexes"
-    Index.build(write_corpus(folder.parent / "notes.jsonl", documents(40)), "notes", folder, model=str(tiny_bert),
-                calibrator="sn", device="cpu")
+    build_notes(folder, tiny_bert, 40)
     with TestClient(create_app(folder, device="cpu"), base_url="http://127.0.0.1",
                     raise_server_exceptions=False) as client:
         yield client

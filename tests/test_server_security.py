@@ -20,7 +20,7 @@ from retriever.access import AccessPolicy, check_exposure, host_name, resolve_ke
 from retriever.errors import RetrieverError
 from retriever.index import Index
 from retriever.server import MAX_HITS, create_app, serving_in_thread
-from tests.helpers import documents, one_line_error, write_corpus
+from tests.helpers import build_notes, one_line_error
 
 
 WRITE_KEY = "write-key-0123456789abcdef"
@@ -30,10 +30,7 @@ LOCAL = "http://127.0.0.1"
 
 @pytest.fixture()
 def index_dir(tmp_path, tiny_bert) -> Path:
-    folder = tmp_path / "indexes"
-    Index.build(write_corpus(tmp_path / "notes.jsonl", documents(60)), "notes", folder, model=str(tiny_bert),
-                calibrator="sn", device="cpu")
-    return folder
+    return build_notes(tmp_path / "indexes", tiny_bert, 60)
 
 
 @pytest.fixture()
@@ -203,19 +200,14 @@ def test_no_answer_holds_a_server_path(client, index_dir):
         assert os.path.realpath(index_dir) not in answer.text
 
 
-def _second_index(index_dir: Path, tmp_path: Path, tiny_bert: Path) -> None:
-    Index.build(write_corpus(tmp_path / "other.jsonl", documents(30, prefix="o")), "other", index_dir,
-                model=str(tiny_bert), calibrator="sn", device="cpu")
-
-
 def _flip_byte(path: Path, offset: int = 5) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
-def test_a_damaged_calibrator_is_that_index_s_503_and_the_others_serve(index_dir, tmp_path, tiny_bert):
-    _second_index(index_dir, tmp_path, tiny_bert)
+def test_a_damaged_calibrator_is_that_index_s_503_and_the_others_serve(index_dir, tiny_bert):
+    build_notes(index_dir, tiny_bert, 30, name="other", prefix="o")
     _flip_byte((index_dir / "notes").resolve() / "calibrator" / "calibrator.json")
     with TestClient(create_app(index_dir, device="cpu", preload=True), base_url=LOCAL) as client:  # starts
         for path in ("/search?q=dog&index=notes", "/indexes/notes", "/indexes/notes/documents/d1"):
