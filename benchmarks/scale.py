@@ -115,10 +115,10 @@ def step_build(work: Path, name: str, corpus: str, vectors: str, index_type: str
     summary = Index.build(work / corpus, name, work / "indexes", vectors=work / vectors, index_type=index_type,
                           index_options=options, device="cpu")
     index = Index.open(name, work / "indexes", device="cpu")
-    index_bytes = sum(entry["bytes"] for path, entry in index.manifest["files"].items() if path.endswith("vectors.faiss"))
+    index_bytes = sum(entry.bytes for path, entry in index.manifest.files.items() if path.endswith("vectors.faiss"))
     return {"documents": summary.documents, "seconds": round(time.perf_counter() - started, 1),
             "timings": {key: round(value, 2) for key, value in summary.timings.items()},
-            "index": index.manifest["index"], "fit": index.manifest["fit"],
+            "index": index.manifest.index, "fit": index.manifest.fit,
             "index_bytes": index_bytes, "index_bytes_per_vector": round(index_bytes / summary.documents, 1),
             "peak_rss_mb": peak_rss_mb()}
 
@@ -188,7 +188,7 @@ def step_search(work: Path) -> dict:
     reference = Index.open("p1m-ivfpq", indexes, device="cpu")
     queries = reference.embed(qnli_questions(1000))
     # Exact search over the same calibrated vectors: the calibrator applied to every raw vector, in blocks.
-    dim = reference.manifest["dim"]
+    dim = reference.manifest.dim
     exact_index = faiss.IndexFlatIP(dim)
     rowids = []
     for segment in reference.segments:
@@ -228,7 +228,7 @@ def step_search(work: Path) -> dict:
                 by_rerank[rerank] = round(float(np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)])), 4)
         search = lambda q: index.search_vectors(q, k)  # noqa: E731 - the defaults, as users get them
         qps = {"single": timed_qps(search, queries, 1, 1000), "batch_64": timed_qps(search, queries, 64, 1000)}
-        report[name] = {"index": {**index.manifest["index"], **spec.search_settings()},
+        report[name] = {"index": {**index.manifest.index, **spec.search_settings()},
                         f"recall_at_{k}": sweep[default]["recall"],
                         **({"recall_by_rerank": by_rerank} if spec.type == "ivfpq" else {}),
                         f"by_{knob}": sweep, "qps": {key: round(value, 1) for key, value in qps.items()},
@@ -266,11 +266,11 @@ def step_search_10m(work: Path, exact_queries: int = 200) -> dict:
     recall = float(np.mean([len(set(f) & set(e)) / k for f, e in zip(found, best_ids)]))
     search = lambda q: index.search_vectors(q, k)  # noqa: E731
     qps = {"single": timed_qps(search, queries, 1, 200), "batch_64": timed_qps(search, queries, 64, 1000)}
-    return {"vectors": len(index), "index": {**index.manifest["index"], **index.spec.search_settings()},
+    return {"vectors": len(index), "index": {**index.manifest.index, **index.spec.search_settings()},
             "recall_queries": len(probe), f"recall_at_{k}": round(recall, 4),
             "qps": {key: round(value, 1) for key, value in qps.items()},
             "exact_by_streaming_seconds": round(exact_seconds, 1),
-            "bytes_per_vector_in_memory": index.spec.bytes_per_vector(index.manifest["dim"]),
+            "bytes_per_vector_in_memory": index.spec.bytes_per_vector(index.manifest.dim),
             "peak_rss_mb": peak_rss_mb()}
 
 

@@ -279,7 +279,7 @@ def main() -> None:
     }
     from retriever.index import Index
 
-    spec = Index.open(NAME, index_dir, device="cpu").manifest["index"]
+    spec = Index.open(NAME, index_dir, device="cpu").manifest.index
     report["index"]["type"] = spec["type"]
 
     def write_offset() -> int:  # each phase adds passages not added before

@@ -489,7 +489,7 @@ def verify(
     home = _home(index_dir)
     name = _pick(home, index or name)
     manifest, checked = verify_index(name, home)
-    _say(f"index '{name}' is intact: {count(len(manifest['files']), 'file')}, {checked / 2**20:,.1f} MiB "
+    _say(f"index '{name}' is intact: {count(len(manifest.files), 'file')}, {checked / 2**20:,.1f} MiB "
          f"re-hashed in {time.perf_counter() - started:.1f}s")
 
 

@@ -19,7 +19,8 @@ from retriever import __version__
 from retriever.calibration import Calibrator, fit_sample_rows, make_calibrator, too_few_to_fit
 from retriever.errors import RetrieverError
 from retriever.index_folder import check_target, index_options as options_hint
-from retriever.layout import CALIBRATOR, FORMAT_VERSION, TEMPLATE
+from retriever.layout import CALIBRATOR, TEMPLATE
+from retriever.manifest import Manifest, SegmentEntry
 from retriever.pipeline import fitted_query_count
 from retriever.progress import stderr_console
 from retriever.store.vectors import INDEX_TYPES, IndexSpec, VectorStore, choose_spec, train_template
@@ -139,37 +140,36 @@ def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: i
 
 def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
                  spec: IndexSpec, segments: Sequence[tuple[str, int]], truncated: int, fallback: dict | None,
-                 vectors_from: str | Path | None = None, engine: dict | None = None) -> dict:
+                 vectors_from: str | Path | None = None, engine: dict | None = None) -> Manifest:
     """The manifest of a freshly built index of SEGMENTS ((name, rows) in row id order, ids from 1), whichever
     engine built it."""
     documents = sum(rows for _, rows in segments)
-    return {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "created": now_iso(),
-        "source": str(Path(corpus).resolve()) if corpus is not None else None,  # None: documents given in Python
-        "vectors_from": str(Path(vectors_from).resolve()) if vectors_from is not None else None,
-        "encoder": encoder_config,
-        "calibrator": calibrator.config(),
-        "fit": fit_record,
-        "index": spec.to_dict(),
-        "index_type": spec.type,
-        "dim": fitted_out_dim(calibrator, encoder_config["dim"]),
-        "documents": documents,
-        "segments": [segment_entry(segment, rows, spec) for segment, rows in segments],
-        "next_rowid": documents + 1,
-        "next_segment": len(segments) + 1,
-        "deleted": 0,
-        "truncated_at_build": truncated,
-        "versions": library_versions(),
-        **({"engine": engine} if engine else {}),
-        **({"calibrator_fallback": fallback} if fallback else {}),
-    }
+    return Manifest(
+        name=name,
+        created=now_iso(),
+        source=str(Path(corpus).resolve()) if corpus is not None else None,  # None: documents given in Python
+        vectors_from=str(Path(vectors_from).resolve()) if vectors_from is not None else None,
+        encoder=encoder_config,
+        calibrator=calibrator.config(),
+        fit=fit_record,
+        index=spec.to_dict(),
+        index_type=spec.type,
+        dim=fitted_out_dim(calibrator, encoder_config["dim"]),
+        documents=documents,
+        segments=tuple(segment_entry(segment, rows, spec) for segment, rows in segments),
+        next_rowid=documents + 1,
+        next_segment=len(segments) + 1,
+        truncated_at_build=truncated,
+        versions=library_versions(),
+        engine=engine or None,
+        calibrator_fallback=fallback or None,
+    )
 
-def segment_entry(name: str, rows: int, spec: IndexSpec, deleted: int = 0) -> dict:
-    """A manifest's record of a segment: its rows, how many of them are tombstoned (so the compaction policy
-    reads counts instead of scanning row ids), and its index type (small hnsw segments are flat)."""
-    return {"name": name, "rows": int(rows), "deleted": int(deleted), "index": spec.for_segment(rows).type}
+
+def segment_entry(name: str, rows: int, spec: IndexSpec, deleted: int = 0) -> SegmentEntry:
+    """A new segment's record: its index type is the one SPEC gives its size (small hnsw segments are flat)."""
+    return SegmentEntry(name, int(rows), int(deleted), spec.for_segment(rows).type)
+
 
 def fitted_out_dim(calibrator: Calibrator, dim: int) -> int:
     """The dimension of CALIBRATOR's output for DIM-dimensional input (whitening-K and flow-K reduce it)."""

@@ -41,11 +41,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from retriever.errors import DamagedIndexError, NotFoundError, RetrieverError
+from retriever.layout import BUILD_STATE, LOCK, MANIFEST, VERSIONS
+from retriever.manifest import FileEntry, Manifest, check_format, record_checksum
 
-MANIFEST = "manifest.json"
-BUILD_STATE = "build-state.json"  # in a build's partial folder: what it has finished, for resuming
-VERSIONS = ".versions"
-LOCK = "lock"
 KEEP_VERSIONS = 2  # the current one and the one before it
 HOME_VARIABLE = "RETRIEVER_HOME"
 # One rule for every index name, so a name is always a safe file name, a URL path part and a shell word.
@@ -126,18 +124,13 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_entry(path: Path) -> dict:
-    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+def file_entry(path: Path) -> FileEntry:
+    return FileEntry(path.stat().st_size, sha256_file(path))
 
 
-def manifest_checksum(manifest: dict) -> str:
-    """sha256 of the manifest's canonical JSON, its own checksum field left out."""
-    body = {key: value for key, value in manifest.items() if key != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
-
-
-def read_manifest(folder: Path, name: str | None = None) -> dict:
-    """The manifest of a complete version, after the cheap checks: its own checksum and every file's size.
+def read_manifest(folder: Path, name: str | None = None) -> Manifest:
+    """The manifest of a complete version, after the cheap checks: its own checksum, every file's size and its
+    fields' types (`Manifest.from_record`).
 
     NAME (the index's name) is what error messages call the index; the version folder's name otherwise."""
     label = f"index '{name}'" if name else f"index {folder.name}"
@@ -150,13 +143,12 @@ def read_manifest(folder: Path, name: str | None = None) -> dict:
         raise damaged_index(label, f"{manifest_path} is not valid JSON") from None
     if not isinstance(manifest, dict):
         raise damaged_index(label, f"{manifest_path} lists no files")
-    if manifest.get("format_version") == 1:
-        raise RetrieverError(f"{label} was built by an older retriever (index format 1); rebuild it with this one")
+    check_format(manifest, label)
     files = manifest.get("files")
     # Without its file list a manifest could vouch for nothing, so it is damaged too.
     if not files or not isinstance(files, dict) or not all(_is_entry(entry) for entry in files.values()):
         raise damaged_index(label, f"{manifest_path} lists no files")
-    if manifest.get("checksum") != manifest_checksum(manifest):
+    if manifest.get("checksum") != record_checksum(manifest):
         raise damaged_index(label, f"{manifest_path} does not match its own checksum")
     # The checksum catches accidents, not a manifest written on purpose: a path must stay inside the version.
     outside = next((relative for relative in files if not _inside(relative)), None)
@@ -169,22 +161,22 @@ def read_manifest(folder: Path, name: str | None = None) -> dict:
             raise damaged_index(label, f"{relative} is missing") from None
         if size != entry["bytes"]:
             raise damaged_index(label, f"{relative} has {size} bytes, its manifest says {entry['bytes']}")
-    return manifest
+    return Manifest.from_record(manifest, label)
 
 
-def verify_files(folder: Path, manifest: dict, name: str | None = None, progress=None) -> int:
+def verify_files(folder: Path, manifest: Manifest, name: str | None = None, progress=None) -> int:
     """Re-hash every file the manifest lists (the full check `retriever verify` runs); returns the bytes read."""
     label = f"index '{name}'" if name else f"index {folder.name}"
     total = 0
-    for relative, entry in manifest["files"].items():
+    for relative, entry in manifest.files.items():
         path = folder / relative
         if not path.is_file():
             raise damaged_index(label, f"{relative} is missing")
-        if sha256_file(path) != entry["sha256"]:
+        if sha256_file(path) != entry.sha256:
             raise damaged_index(label, f"{relative} does not match its manifest checksum")
-        total += entry["bytes"]
+        total += entry.bytes
         if progress:
-            progress(entry["bytes"])
+            progress(entry.bytes)
     return total
 
 
@@ -207,7 +199,7 @@ _VERIFIED_LOCK = threading.Lock()
 _VERIFIED_MAX = 65536
 
 
-def verify_read(folder: Path, relatives, known: dict, name: str) -> None:
+def verify_read(folder: Path, relatives, known: dict[str, FileEntry], name: str) -> None:
     """Refuse to write a new version from damaged bytes: re-hash each of RELATIVES (files in FOLDER, the version
     being written over or a partial folder linked from it) that the previous manifest lists in KNOWN. A file not
     in KNOWN was written by this writer and is skipped. Only what a writer reads is hashed here; a file it only
@@ -224,14 +216,14 @@ def verify_read(folder: Path, relatives, known: dict, name: str) -> None:
             raise _refused(name, f"{relative} is missing") from None
         identity = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
         with _VERIFIED_LOCK:
-            if _VERIFIED.get(identity) == entry["sha256"]:
+            if _VERIFIED.get(identity) == entry.sha256:
                 continue
-        if status.st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+        if status.st_size != entry.bytes or sha256_file(path) != entry.sha256:
             raise _refused(name, f"{relative} does not match its manifest checksum")
         with _VERIFIED_LOCK:
             if len(_VERIFIED) >= _VERIFIED_MAX:
                 _VERIFIED.clear()
-            _VERIFIED[identity] = entry["sha256"]
+            _VERIFIED[identity] = entry.sha256
 
 
 def _refused(name: str, problem: str) -> DamagedIndexError:
@@ -239,7 +231,8 @@ def _refused(name: str, problem: str) -> DamagedIndexError:
                              "carry the damage on); rebuild the index")
 
 
-def write_manifest(folder: Path, manifest: dict, previous: Path | None = None, known: dict | None = None) -> dict:
+def write_manifest(folder: Path, manifest: Manifest, previous: Path | None = None,
+                   known: dict[str, FileEntry] | None = None) -> Manifest:
     """Write MANIFEST into FOLDER with an entry for every file there and a checksum of itself.
 
     A file that is a hard link to a file of PREVIOUS (the version it was linked from, whose manifest entries are
@@ -255,16 +248,14 @@ def write_manifest(folder: Path, manifest: dict, previous: Path | None = None, k
         relative = str(path.relative_to(folder))
         status = path.stat()
         files[relative] = linked.get((status.st_dev, status.st_ino)) or file_entry(path)
-    manifest = {key: value for key, value in manifest.items() if key not in ("files", "checksum")}
-    manifest["files"] = files
-    manifest["checksum"] = manifest_checksum(manifest)
+    manifest = manifest.with_files(files)
     partial = folder / (MANIFEST + ".partial")
-    partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    partial.write_text(json.dumps(manifest.to_record(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(partial, folder / MANIFEST)
     return manifest
 
 
-def _entries_by_identity(previous: Path, known: dict) -> dict[tuple[int, int], dict]:
+def _entries_by_identity(previous: Path, known: dict[str, FileEntry]) -> dict[tuple[int, int], FileEntry]:
     """KNOWN's entries keyed by the (device, inode) of their file in PREVIOUS."""
     entries = {}
     for relative, entry in known.items():
@@ -580,11 +571,10 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
         record: dict = {"name": name, "written": written, "folder": str(link.resolve())}
         try:
             manifest = read_manifest(link.resolve(), name=name)
-            record.update(documents=int(manifest["documents"]), model=str(manifest["encoder"]["model"]),
-                          calibrator=_calibrator_label(manifest["calibrator"]),
-                          index_type=str(manifest["index"]["type"]))
-            if "calibrator_fallback" in manifest:
-                record["calibrator_asked"] = str(manifest["calibrator_fallback"]["asked"])
+            record.update(documents=manifest.documents, model=manifest.encoder["model"],
+                          calibrator=_calibrator_label(manifest.calibrator), index_type=str(manifest.index["type"]))
+            if manifest.calibrator_fallback:
+                record["calibrator_asked"] = str(manifest.calibrator_fallback["asked"])
         except (RetrieverError, KeyError, TypeError) as error:
             record["problem"] = str(error) if isinstance(error, RetrieverError) else f"index '{name}' is damaged"
         records.append(record)

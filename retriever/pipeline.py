@@ -32,7 +32,8 @@ from retriever.errors import RetrieverError
 from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import NpyAppender, VectorSource
 from retriever.store.documents import DocumentTable
-from retriever.store.segment import VECTORS, RawWriter
+from retriever.store.segment import RawWriter
+from retriever.layout import VECTORS
 from retriever.store.vectors import IndexSpec, VectorStore
 
 # Documents per chunk: the encoder sorts a chunk by length, so larger chunks pad less; 16,384 texts of a few

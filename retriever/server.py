@@ -130,7 +130,7 @@ class OpenIndexes:
             except NotFoundError:  # removed: forget the version held
                 self._retire(self._held.pop(name, None))
                 raise
-            key = json.dumps(index.manifest["encoder"], sort_keys=True)
+            key = json.dumps(index.manifest.encoder, sort_keys=True)
             if key not in self._encoders:  # loads the model: once per model for the server's life
                 try:
                     self._encoders[key] = index.load_encoder(self.runtime)
@@ -423,8 +423,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     @app.get("/indexes/{name}")
     async def one_index(name: str):
         async with indexes.using(name) as index:
-            return {**_describe_index(index), "segments": index.manifest["segments"],
-                    "search_settings": index.spec.search_settings(), "fit": index.manifest.get("fit")}
+            return {**_describe_index(index), "segments": [entry.to_record() for entry in index.manifest.segments],
+                    "search_settings": index.spec.search_settings(), "fit": index.manifest.fit}
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None], k: int, space: str,
                          options: tuple) -> Response:
@@ -537,10 +537,10 @@ def _describe(problem: dict) -> str:
 
 def _describe_index(index: Index) -> dict:
     manifest = index.manifest
-    return {"name": index.name, "version": index.folder.name, "documents": manifest["documents"],
-            "model": _public_model(manifest["encoder"]["model"]), "dim": manifest["dim"],
-            "calibrator": manifest["calibrator"]["name"], "index_type": manifest["index"]["type"],
-            "created": manifest["created"], "refitted": manifest.get("refitted")}
+    return {"name": index.name, "version": index.folder.name, "documents": manifest.documents,
+            "model": _public_model(manifest.encoder["model"]), "dim": manifest.dim,
+            "calibrator": manifest.calibrator["name"], "index_type": manifest.index["type"],
+            "created": manifest.created, "refitted": manifest.refitted}
 
 
 def _public_model(model: str) -> str:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from retriever.index_folder import LOCK, NAME_RULE, VERSIONS
+from retriever.index_folder import NAME_RULE
+from retriever.layout import LOCK, VERSIONS
 from tests.helpers import TEXTS, assert_one_line_error, assert_usage_error
 
 
@@ -335,8 +336,8 @@ def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
     monkeypatch.setattr(Encoder, "encode", interrupt)
     done = cli("search", "q")
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (130, "interrupted")
-    done = cli("encode", extra, "--out", tmp_path / "v.npy", "--model", Index.open("docs", built_home).manifest[
-        "encoder"]["model"])
+    done = cli("encode", extra, "--out", tmp_path / "v.npy", "--model", Index.open("docs", built_home)
+               .manifest.encoder["model"])
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
         130, f"interrupted: {tmp_path / 'v.npy'} is incomplete; re-run the same command to resume")
 

@@ -28,9 +28,9 @@ def old_index(tmp_path) -> Path:
 
 def test_an_index_from_an_earlier_release_opens_verifies_and_searches(old_index):
     manifest, files = verify_index("notes", old_index)
-    assert manifest["format_version"] == 2 and files > 0
+    assert manifest.format_version == 2 and files > 0
     with Index.open("notes", old_index, device="cpu") as index:
-        assert len(index) == 44 and [entry["name"] for entry in index.manifest["segments"]] == ["000001", "000002"]
+        assert len(index) == 44 and [entry.name for entry in index.manifest.segments] == ["000001", "000002"]
         assert index.document("d7")["text"].endswith("on day 7.") and index.document("m2") is not None
         assert index.document("d3") is None  # deleted before the fixture was saved
         raw, rowids = index.raw_vectors()

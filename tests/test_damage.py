@@ -14,7 +14,8 @@ import pytest
 
 from retriever.errors import DamagedIndexError
 from retriever.index import Index, verify_index
-from retriever.index_folder import MANIFEST, VERSIONS, manifest_checksum
+from retriever.manifest import record_checksum
+from retriever.layout import MANIFEST, VERSIONS
 from tests.helpers import sentences, write_jsonl
 
 
@@ -176,7 +177,7 @@ def reseal(folder: Path, change) -> None:
     (or an attacker) writes, which the checksum cannot catch."""
     manifest = json.loads((folder / MANIFEST).read_text())
     manifest = change(manifest)
-    manifest["checksum"] = manifest_checksum(manifest)
+    manifest["checksum"] = record_checksum(manifest)
     (folder / MANIFEST).write_text(json.dumps(manifest))
 
 

@@ -104,8 +104,8 @@ def test_local_cluster_build_equals_the_local_engine_and_binds_loopback_only(pas
     assert resources["CPU"] == (os.cpu_count() or 1) + 1
     built = Index.open("ray", tmp_path, device="cpu")
     assert summary.documents == len(built) == 1200
-    assert built.manifest["engine"]["workers"] == 2
-    assert built.manifest["engine"]["workers"] * built.manifest["engine"]["cpus_per_worker"] < resources["CPU"]
+    assert built.manifest.engine["workers"] == 2
+    assert built.manifest.engine["workers"] * built.manifest.engine["cpus_per_worker"] < resources["CPU"]
     assert_same_index(built, Index.open("local", local_index, device="cpu"))
 
     # An ordinary version: add, delete and compact work on it unchanged.
@@ -139,7 +139,7 @@ def test_a_three_node_cluster_builds_the_same_index(passages, local_index, tmp_p
         cluster.shutdown()
     built = Index.open("ray3", tmp_path, device="cpu")
     assert summary.documents == 1200
-    assert built.manifest["engine"]["workers"] == 2  # 3 CPUs, one left to the read stage
+    assert built.manifest.engine["workers"] == 2  # 3 CPUs, one left to the read stage
     assert_same_index(built, Index.open("local", local_index, device="cpu"))
 
 
@@ -194,8 +194,8 @@ def test_the_driver_fits_auto_with_the_same_pseudo_queries_and_the_fit_queries(p
                           ray_options=RayOptions(batch_rows=100))
     built = Index.open("fq", tmp_path, device="cpu")
     assert summary.documents == 400
-    assert built.manifest["fit"]["queries"] == 20 and built.manifest["fit"]["queries_from"] == "given"
-    assert built.manifest["calibrator"]["name"] == "auto" and built.calibrator.fitted
+    assert built.manifest.fit["queries"] == 20 and built.manifest.fit["queries_from"] == "given"
+    assert built.manifest.calibrator["name"] == "auto" and built.calibrator.fitted
     assert [hit.doc_id for hit in built.search("kernel memory", k=3)[0]]
     # the driver read the sampled documents' texts from the corpus file: the pseudo-queries any build makes of them
     from collections import Counter
@@ -206,7 +206,7 @@ def test_the_driver_fits_auto_with_the_same_pseudo_queries_and_the_fit_queries(p
     documents = read_corpus(small)
     made, _ = sample_pseudo_queries(400, lambda rows: [(documents[i].title, documents[i].text) for i in rows],
                                     np.random.default_rng(built.calibrator.seed), built.calibrator.seed)
-    check = built.manifest["calibrator"]["decision"]["check"]
+    check = built.manifest.calibrator["decision"]["check"]
     assert check["pseudo_queries"] == len(made) > 300 and check["pool"] == 400
     assert check["kinds"] == dict(sorted(Counter(query.kind for query in made).items()))
 

@@ -12,7 +12,8 @@ import pytest
 from retriever.calibration import make_calibrator
 from retriever.errors import RetrieverError
 from retriever.index import Index, l2_normalize
-from retriever.index_folder import KEEP_VERSIONS, MANIFEST, VERSIONS
+from retriever.index_folder import KEEP_VERSIONS
+from retriever.layout import MANIFEST, VERSIONS
 from tests.helpers import DOCS, sentences, write_jsonl
 
 
@@ -43,7 +44,7 @@ def test_each_document_finds_itself_through_the_recorded_encode_path(tiny_index)
 
 
 def test_manifest_records_everything_needed_to_reproduce(tiny_index, tiny_bert):
-    manifest = tiny_index.manifest
+    manifest = tiny_index.manifest.to_record()  # as written to manifest.json
     assert manifest["encoder"] == {"model": str(tiny_bert), "pooling": "last-avg", "layers": None,
                                    "max_length": 512, "dtype": "fp32", "dim": 32}
     assert manifest["calibrator"]["name"] == "whitening"
@@ -63,7 +64,7 @@ def test_semantic_search_with_the_default_model_and_flow(tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", {**DOCS, **sentences(380)})
     Index.build(corpus, "real", tmp_path / "indexes", device="cpu", calibrator="flow")  # MiniLM, last-avg
     index = Index.open("real", tmp_path / "indexes", device="cpu")
-    assert index.manifest["calibrator"]["name"] == "flow" and "calibrator_fallback" not in index.manifest
+    assert index.manifest.calibrator["name"] == "flow" and index.manifest.calibrator_fallback is None
     top = [hits[0].doc_id for hits in index.search(["someone plays music", "a kitten", "football match"], k=1)]
     assert top == ["guitar", "cat", "soccer"]
 
@@ -74,8 +75,8 @@ def test_add_writes_one_segment_and_links_the_rest(tiny_index, tmp_path):
     summary = tiny_index.add(extra)
     assert summary.documents == len(DOCS) + 1 and summary.changed == 1
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
-    assert [entry["name"] for entry in index.manifest["segments"]] == ["000001", "000002"]
-    for relative in tiny_index.manifest["files"]:  # the old version's files, shared, never copied
+    assert [entry.name for entry in index.manifest.segments] == ["000001", "000002"]
+    for relative in tiny_index.manifest.files:  # the old version's files, shared, never copied
         assert inode(index.folder / relative) == inode(tiny_index.folder / relative), relative
     assert index.search("A kitten plays with a ball of yarn.", k=1)[0][0].doc_id == "kitten"
     np.testing.assert_allclose(index.calibrator.transform(index.raw_vectors()[0][: len(DOCS)]), before, atol=1e-2)
@@ -89,7 +90,7 @@ def test_delete_writes_tombstones_and_searches_still_return_k(tiny_index, tmp_pa
     tiny_index.delete(["dog", "cat"])
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
     assert len(index) == len(DOCS) - 2 and len(index.tombstones) == 2
-    for relative in tiny_index.manifest["files"]:  # nothing rewritten: the segment is shared
+    for relative in tiny_index.manifest.files:  # nothing rewritten: the segment is shared
         assert inode(index.folder / relative) == inode(tiny_index.folder / relative)
     results = index.search(list(DOCS.values()), k=len(DOCS) - 2)
     assert all(len(hits) == len(DOCS) - 2 for hits in results)  # exactly k where k documents remain
@@ -145,7 +146,7 @@ def test_approximate_index_types_through_the_index(tmp_path, tiny_bert, index_ty
     Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "approx", tmp_path, model=str(tiny_bert),
                 calibrator="none", index_type=index_type, device="cpu")
     index = Index.open("approx", tmp_path, device="cpu")
-    assert index.spec.type == index_type and index.manifest["index"]["type"] == index_type
+    assert index.spec.type == index_type and index.manifest.index["type"] == index_type
     texts = list(docs.values())[::20]
     assert [hits[0].doc_id for hits in index.search(texts, k=1)] == list(docs)[::20]
     index.add(write_jsonl(tmp_path / "more.jsonl", sentences(50, start=400)))
@@ -155,7 +156,7 @@ def test_approximate_index_types_through_the_index(tmp_path, tiny_bert, index_ty
     assert index.search(sentences(1, start=420)["d420"], k=1)[0][0].doc_id == "d420"
     index.delete(["d420"])
     index = Index.open("approx", tmp_path, device="cpu")
-    assert [entry["deleted"] for entry in index.manifest["segments"]] == [0, 1]
+    assert [entry.deleted for entry in index.manifest.segments] == [0, 1]
     assert "d420" not in [hit.doc_id for hit in index.search(sentences(1, start=420)["d420"], k=5)[0]]
     index.compact()
     compacted = Index.open("approx", tmp_path, device="cpu")
@@ -191,7 +192,7 @@ def test_fit_sample_bounds_the_fit_and_changes_nothing_below_it(tmp_path, tiny_b
     every, bounded, sampled = (Index.open(name, tmp_path, device="cpu") for name in ("all", "bounded", "sampled"))
     raw = every.raw_vectors()[0]
     np.testing.assert_array_equal(bounded.calibrator.transform(raw), every.calibrator.transform(raw))
-    assert sampled.manifest["fit"] == {"sample": 40, "of": 120, "seed": 0}
+    assert sampled.manifest.fit == {"sample": 40, "of": 120, "seed": 0}
     assert not np.allclose(sampled.calibrator.transform(raw), every.calibrator.transform(raw), atol=1e-3)
 
 
@@ -201,7 +202,7 @@ def test_refit_changes_the_calibrator_without_reencoding(tiny_index, tmp_path, m
     monkeypatch.setattr(Encoder, "encode_counting_truncated", lambda *a, **k: pytest.fail("refit re-encoded"))
     tiny_index.refit("sn")
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
-    assert index.manifest["calibrator"]["name"] == "sn" and "refitted" in index.manifest
+    assert index.manifest.calibrator["name"] == "sn" and index.manifest.refitted is not None
     raw, ids = index.raw_vectors()
     scores, found = index.search_vectors(l2_normalize(index.calibrator.transform(raw)), 1)
     np.testing.assert_array_equal(found[:, 0], ids)
@@ -220,7 +221,9 @@ def test_info_reports_isotropy_before_and_after(tiny_index):
 
 
 def test_automatic_compaction_bounds_segments_and_drops_heavy_deletions(tmp_path, tiny_bert):
-    from retriever.index import COMPACT_MAX_SEGMENTS
+    from retriever.index import MERGE_POLICY
+
+    COMPACT_MAX_SEGMENTS = MERGE_POLICY.max_segments
 
     Index.build(write_jsonl(tmp_path / "base.jsonl", sentences(30)), "many", tmp_path, model=str(tiny_bert),
                 calibrator="none", device="cpu")
@@ -269,9 +272,9 @@ def drop(mapping: dict, *path: str) -> dict:
 
 def resealed(manifest: dict) -> dict:
     """MANIFEST with a checksum that matches it: damage written by a tool, not by a bit flip."""
-    from retriever.index_folder import manifest_checksum
+    from retriever.manifest import record_checksum
 
-    return {**manifest, "checksum": manifest_checksum(manifest)} if isinstance(manifest, dict) else manifest
+    return {**manifest, "checksum": record_checksum(manifest)} if isinstance(manifest, dict) else manifest
 
 
 @pytest.mark.parametrize(
@@ -389,7 +392,7 @@ def test_build_from_vectors_equals_build_with_encoding(tmp_path, tiny_bert):
     Index.build(corpus, "given", tmp_path, vectors=shards, model=str(tiny_bert), calibrator="whitening",
                 device="cpu")
     given = Index.open("given", tmp_path, device="cpu")
-    assert given.manifest["encoder"] == encoded.manifest["encoder"]  # queries go through the same path
+    assert given.manifest.encoder == encoded.manifest.encoder  # queries go through the same path
     np.testing.assert_allclose(given.segments[0].vectors.stored_vectors(),
                                encoded.segments[0].vectors.stored_vectors(), atol=1e-5)
     assert [h.doc_id for h in given.search(docs["d3"], k=3)[0]] == [h.doc_id for h in encoded.search(docs["d3"], k=3)[0]]
@@ -426,7 +429,7 @@ def open_descriptors() -> int:
 
 def test_close_releases_a_versions_files(tiny_index, tmp_path):
     tiny_index.add(write_jsonl(tmp_path / "extra.jsonl", {"kitten": "A kitten plays with a ball of yarn."}))
-    queries = l2_normalize(np.random.default_rng(0).normal(size=(2, tiny_index.manifest["dim"])))
+    queries = l2_normalize(np.random.default_rng(0).normal(size=(2, tiny_index.manifest.dim)))
     baseline = open_descriptors()
     with Index.open("tiny", tmp_path / "indexes", device="cpu") as index:
         scores, ids = index.search_vectors(queries, k=3)
@@ -480,7 +483,7 @@ def test_threads_reading_and_writing_at_once_never_fail(tmp_path, tiny_bert, mon
 
     def search(number: int) -> None:
         with Index.open("busy", index_dir, device="cpu") as index:
-            queries = l2_normalize(np.random.default_rng(number).normal(size=(2, index.manifest["dim"])))
+            queries = l2_normalize(np.random.default_rng(number).normal(size=(2, index.manifest.dim)))
             assert all(len(hits) == 5 for hits in index.hits(*index.search_vectors(queries, k=5)))
             assert index.document("d39")["text"] == sentences(40)["d39"]
 
@@ -526,9 +529,9 @@ def test_every_folder_of_a_new_version_is_fsynced(tiny_index, tmp_path, monkeypa
 
 
 def test_an_open_raced_by_two_writes_opens_the_newer_version(tiny_index, tmp_path, monkeypatch):
-    import retriever.index as index_module
+    import retriever.snapshot as snapshot_module  # where opening reads the manifest
 
-    original, raced = index_module.read_manifest, []
+    original, raced = snapshot_module.read_manifest, []
 
     def racing(folder, name=None):
         manifest = original(folder, name)
@@ -538,7 +541,7 @@ def test_an_open_raced_by_two_writes_opens_the_newer_version(tiny_index, tmp_pat
                 tiny_index.delete([doc_id])
         return manifest
 
-    monkeypatch.setattr(index_module, "read_manifest", racing)
+    monkeypatch.setattr(snapshot_module, "read_manifest", racing)
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
     assert not raced[0].exists() and index.folder != raced[0] and len(index) == len(DOCS) - 2
 
@@ -575,7 +578,7 @@ def test_build_takes_documents_and_vectors_from_memory(tmp_path, tiny_bert):
                               device="cpu").snapshot()
     from_file = Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "file", tmp_path / "ix", model=str(tiny_bert),
                             calibrator="sn", device="cpu").snapshot()
-    assert from_memory.manifest["source"] is None and len(from_memory) == 40
+    assert from_memory.manifest.source is None and len(from_memory) == 40
     query = docs["d17"]
     assert [h.doc_id for h in from_memory.search(query, k=3)[0]] == [h.doc_id for h in from_file.search(query, k=3)[0]]
     for bad, message in ((["not a document"], "not a retriever.corpus.Document"),

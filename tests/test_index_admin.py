@@ -17,7 +17,8 @@ from retriever.calibration import make_calibrator, too_few_to_fit
 from retriever.calibration.flow import FlowCalibrator
 from retriever.errors import RetrieverError
 from retriever.index import Index
-from retriever.index_folder import LOCK, VERSIONS, describe_indexes, remove_index
+from retriever.index_folder import describe_indexes, remove_index
+from retriever.layout import LOCK, VERSIONS
 from tests.helpers import DOCS, sentences, write_jsonl
 
 
@@ -45,8 +46,8 @@ def test_a_corpus_too_small_for_the_flow_builds_uncalibrated_and_says_so(tmp_pat
                f"--name one --index-dir {tmp_path} --calibrator flow")
     assert summary.notes == [warning]
     index = Index.open("one", tmp_path, device="cpu")
-    assert index.manifest["calibrator"] == {"name": "none"}
-    assert index.manifest["calibrator_fallback"] == {
+    assert index.manifest.calibrator == {"name": "none"}
+    assert index.manifest.calibrator_fallback == {
         "asked": "flow", "reason": "only 1 document: too few to fit the flow (it needs at least 33 for 32 dimensions)"}
     hits = index.search("the only document", k=5)[0]
     assert [hit.doc_id for hit in hits] == ["one.txt:1"]
@@ -58,7 +59,7 @@ def test_a_corpus_too_small_for_the_flow_builds_uncalibrated_and_says_so(tmp_pat
     index.add(write_jsonl(tmp_path / "more.jsonl", sentences(40)))
     Index.open("one", tmp_path, device="cpu").refit("flow")
     refitted = Index.open("one", tmp_path, device="cpu")
-    assert refitted.manifest["calibrator"]["name"] == "flow" and "calibrator_fallback" not in refitted.manifest
+    assert refitted.manifest.calibrator["name"] == "flow" and refitted.manifest.calibrator_fallback is None
     assert refitted.search("The only document there is.", k=1)[0][0].doc_id == "one.txt:1"
 
 
@@ -67,7 +68,7 @@ def test_enough_documents_but_a_fit_sample_too_small_is_refused(tmp_path, tiny_b
     with pytest.raises(RetrieverError, match=r"^--fit-sample 10 is too few to fit the flow \(it needs at least 33 "):
         Index.build(corpus, "c", tmp_path, model=str(tiny_bert), calibrator="flow", fit_sample=10, device="cpu")
     summary = Index.build(corpus, "c", tmp_path, model=str(tiny_bert), calibrator="flow", device="cpu")
-    assert summary.notes == [] and Index.open("c", tmp_path).manifest["calibrator"]["name"] == "flow"
+    assert summary.notes == [] and Index.open("c", tmp_path).manifest.calibrator["name"] == "flow"
 
 
 @pytest.fixture()

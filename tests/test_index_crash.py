@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from retriever.index import Index
-from retriever.index_folder import VERSIONS
+from retriever.layout import VERSIONS
 from tests.helpers import sentences, write_jsonl
 
 # One process imports the library once, then forks a child for each write; the child SIGKILLs itself at a chosen
@@ -109,12 +109,12 @@ MOMENTS = {
     "build between rename and link swap": ("build", "retriever.index_folder:IndexWriter._link", 1, "before"),
     "build with its new link beside the old": ("build", "retriever.index_folder:_swap", 1, "before"),
     "add while writing its segment": ("add", "retriever.store.segment:RawWriter.append", 1, "after"),
-    "add before its manifest": ("add", "retriever.index:write_manifest", 1, "before"),
-    "delete before its manifest": ("delete", "retriever.index:write_manifest", 1, "before"),
+    "add before its manifest": ("add", "retriever.writer:write_manifest", 1, "before"),
+    "delete before its manifest": ("delete", "retriever.writer:write_manifest", 1, "before"),
     "delete between rename and link swap": ("delete", "retriever.index_folder:IndexWriter._link", 1, "before"),
     "delete with its new link beside the old": ("delete", "retriever.index_folder:_swap", 1, "before"),
     "compact after merging": ("compact", "retriever.store.vectors:VectorStore.merged", 1, "after"),
-    "compact before its manifest": ("compact", "retriever.index:write_manifest", 1, "before"),
+    "compact before its manifest": ("compact", "retriever.writer:write_manifest", 1, "before"),
 }
 
 
@@ -171,7 +171,7 @@ BUILD_STEPS = {
     "writing the segment": ("retriever.store.segment:RawWriter.append", 1, "after"),
     "segment written, encoded vectors deleted": ("retriever.index:save_fitted", 1, "before"),
     "calibrator saved": ("retriever.index:save_fitted", 1, "after"),
-    "manifest written": ("retriever.index:write_manifest", 1, "after"),
+    "manifest written": ("retriever.writer:write_manifest", 1, "after"),
     "committing, build state gone": ("retriever.index_folder:_fsync_tree", 1, "before"),
     "renamed, not linked": ("retriever.index_folder:IndexWriter._link", 1, "before"),
     "linked beside, not swapped": ("retriever.index_folder:_swap", 1, "before"),
@@ -277,11 +277,11 @@ READER_SCRIPT = textwrap.dedent(
         index = Index.open("swap", index_dir, device="cpu")
         live = [doc_id for segment in index.segments for rowid, doc_id in
                 zip(segment.documents.rowids(), segment.documents.doc_ids()) if rowid not in set(index.tombstones)]
-        assert len(live) == len(set(live)) == len(index) == index.manifest["documents"], (len(live), len(index))
+        assert len(live) == len(set(live)) == len(index) == index.manifest.documents, (len(live), len(index))
         assert len({doc_id[0] for doc_id in live}) == 1, "documents of two builds in one version"
         for segment in index.segments:
             assert sorted(segment.vectors.ids()) == segment.documents.rowids().tolist() == list(segment.rowids)
-        hits = index.search_vectors(np.eye(1, index.manifest["dim"], dtype=np.float32), len(index))[1][0]
+        hits = index.search_vectors(np.eye(1, index.manifest.dim, dtype=np.float32), len(index))[1][0]
         assert sorted(hits[hits >= 0].tolist()) == sorted(set(np.concatenate([s.rowids for s in index.segments]))
                                                          - set(index.tombstones.tolist()))
         opened += 1

@@ -10,14 +10,9 @@ from pathlib import Path
 import pytest
 
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.index_folder import (
-    MANIFEST,
-    check_name,
-    read_manifest,
-    verify_files,
-    write_manifest,
-    writer_lock,
-)
+from retriever.index_folder import check_name, read_manifest, verify_files, write_manifest, writer_lock
+from retriever.layout import MANIFEST
+from retriever.manifest import EncoderRecord, Manifest
 
 
 @pytest.mark.parametrize("name", ["docs", "a", "A-1.2_b", "9" * 64])
@@ -37,14 +32,20 @@ def _version(folder: Path) -> Path:
     (folder / "segments" / "000001" / "raw.npy").write_bytes(b"vectors" * 100)
     (folder / "calibrator.json").write_text('{"name": "sn"}')
     (folder / "scratch.partial").write_text("a killed writer's temporary file")
-    write_manifest(folder, {"name": "docs", "format_version": 2})
+    write_manifest(folder, minimal_manifest("docs"))
     return folder
+
+
+def minimal_manifest(name: str) -> Manifest:
+    return Manifest(name=name, created="2026-01-01T00:00:00+00:00", encoder=EncoderRecord(
+        model="m", pooling="last-avg", layers=None, max_length=8, dtype="fp32", dim=2), calibrator={"name": "sn"},
+        index={"type": "flat"}, dim=2, documents=0, segments=(), next_rowid=1, next_segment=1, versions={})
 
 
 def test_a_manifest_lists_every_file_but_temporary_ones_and_vouches_for_itself(tmp_path):
     folder = _version(tmp_path / "v1")
     manifest = read_manifest(folder, "docs")
-    assert sorted(manifest["files"]) == ["calibrator.json", "segments/000001/raw.npy"]
+    assert sorted(manifest.files) == ["calibrator.json", "segments/000001/raw.npy"]
     assert verify_files(folder, manifest, "docs") == 700 + len('{"name": "sn"}')
     record = json.loads((folder / MANIFEST).read_text())
     record["name"] = "edited"
@@ -73,8 +74,7 @@ def test_a_hard_linked_file_keeps_its_old_entry_so_damage_stays_visible(tmp_path
     (new / "segments" / "000001").mkdir(parents=True)
     (new / "segments" / "000001" / "raw.npy").hardlink_to(raw)
     (new / "calibrator.json").write_text('{"name": "sn"}')
-    manifest = write_manifest(new, {"name": "docs", "format_version": 2}, previous=old,
-                              known=read_manifest(old, "docs")["files"])
+    manifest = write_manifest(new, minimal_manifest("docs"), previous=old, known=read_manifest(old, "docs").files)
     with pytest.raises(DamagedIndexError, match="raw.npy does not match"):
         verify_files(new, manifest, "docs")  # a fresh hash would have vouched for the damaged bytes
 

@@ -17,7 +17,7 @@ from retriever.pipeline import (
     write_segment_vectors,
 )
 from retriever.store.arrays import ArraySource, VectorSource, vector_source
-from retriever.store.segment import RAW, ROWIDS
+from retriever.layout import RAW, ROWIDS
 from retriever.store.vectors import IndexSpec
 
 RNG = np.random.default_rng(0)

@@ -10,7 +10,8 @@ from retriever.corpus import Document
 from retriever.errors import RetrieverError
 from retriever.pipeline import l2_normalize
 from retriever.store.documents import DocumentTable
-from retriever.store.segment import DOCUMENTS, RAW, VECTORS, RawWriter, Segment
+from retriever.store.segment import RawWriter, Segment
+from retriever.layout import DOCUMENTS, RAW, VECTORS
 from retriever.store.vectors import IndexSpec, VectorStore
 
 

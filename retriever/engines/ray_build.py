@@ -47,7 +47,7 @@ from retriever.engines.workers import (
     write_segment,
 )
 from retriever.errors import RetrieverError
-from retriever.index_folder import resolve_index_dir, writing
+from retriever.index_folder import resolve_index_dir
 from retriever.pipeline import CHUNK_ROWS
 from retriever.progress import progress_bar, stderr_console
 
@@ -227,7 +227,7 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
         train_index,
     )
     from retriever.layout import segment_name
-    from retriever.index_folder import write_manifest
+    from retriever.writer import IndexWriter
     from retriever.pipeline import check_set, fit, stream_texts
     from retriever.store.arrays import VectorSource
 
@@ -253,8 +253,8 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
 
     ray = import_ray()
     clock = time.perf_counter()
-    with writing(index_dir, name, wait=False,
-                 busy_hint="wait for it to finish, or build under another --name") as writer, \
+    with IndexWriter(index_dir, name, build=True,
+                     busy_hint="wait for it to finish, or build under another --name") as writer, \
             ray_cluster(options.address) as local, quiet_ray_data(ray):
         resources = ray.cluster_resources()
         if device == "cpu":  # asked for: no GPU actors even where the cluster has GPUs
@@ -371,8 +371,7 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
                                 engine={"name": "ray", "workers": plan.workers, "cpus_per_worker": plan.cpus,
                                         "gpus_per_worker": plan.gpus, "batch_rows": options.batch_rows,
                                         "corpus_files": len(paths)})
-        write_manifest(folder, manifest)
-        final = writer.commit()
+        final = writer.commit(manifest)
         timings["write"] = time.perf_counter() - clock
     return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
                          notes)
@@ -400,7 +399,7 @@ def check_ids_across(folder: Path, segments: Sequence[str]) -> None:
     merged as streams, so memory stays flat however large the corpus."""
     from retriever.layout import SEGMENTS
     from retriever.store.documents import DocumentTable
-    from retriever.store.segment import DOCUMENTS
+    from retriever.layout import DOCUMENTS
 
     if len(segments) < 2:
         return

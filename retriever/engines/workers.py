@@ -203,8 +203,8 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     from retriever.pipeline import l2_normalize, write_segment_vectors
     from retriever.store.arrays import load_npy
     from retriever.store.documents import DocumentTable
-    from retriever.store.segment import DOCUMENTS
-    from retriever.store.vectors import IndexSpec, VectorStore, set_threads
+    from retriever.layout import DOCUMENTS
+    from retriever.store.vectors import IndexSpec, load_template, set_threads
 
     if threads:
         set_threads(threads)
@@ -212,7 +212,7 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     target = folder / SEGMENTS / segment
     target.mkdir(parents=True, exist_ok=True)
     index_spec = IndexSpec.from_dict(spec)
-    template = (VectorStore.load(folder / TEMPLATE, index_spec, device="cpu", mmap=False)._index
+    template = (load_template(folder / TEMPLATE, index_spec)
                 if (folder / TEMPLATE).is_file() else None)
     dim = int(load_npy(shard_path(shard_dir, shards[0]), mmap_mode="r").shape[1])
     calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=dim)

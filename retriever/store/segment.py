@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from retriever.errors import RetrieverError
+from retriever.layout import DOCUMENTS, RAW, ROWIDS, VECTORS
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
 from retriever.store.vectors import IndexSpec, VectorStore
 
-VECTORS, RAW, ROWIDS, DOCUMENTS = "vectors.faiss", "raw.npy", "rowids.npy", "documents.db"
 FLOAT16_MAX = 65504.0
 # Raw vectors are kept as float16 when the first block's largest value leaves this much headroom.
 FLOAT16_HEADROOM = 16.0

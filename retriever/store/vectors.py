@@ -222,6 +222,12 @@ def choose_spec(documents: int, dim: int, index_type: str = "auto", memory: int 
     return IndexSpec(type=index_type, nlist=nlist).for_dim(dim)
 
 
+def load_template(path: Path, spec: IndexSpec) -> faiss.Index:
+    """A trained template saved by a build (`VectorStore(template, spec).save`), read into memory, to start new
+    segments from."""
+    return VectorStore.load(path, spec, device="cpu", mmap=False)._index
+
+
 def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
     """The trained, empty index every segment of an ivf/ivfpq index starts from (None for flat and hnsw).
 

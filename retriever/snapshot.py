@@ -1,0 +1,536 @@
+"""A read snapshot of an index: one version, opened and searched, never changed.
+
+A version is a manifest (`retriever.manifest`) over immutable segments (`retriever.store.segment`) plus the
+calibrator every segment was written with and tombstones (row ids deleted since). `Snapshot.open` resolves the
+index's link once and reads only that version, so a write committed meanwhile (by `retriever.writer`) is never
+half seen; `close()` releases its files (a server swapping versions calls it). Searching by texts sends them
+through exactly the encode path the manifest records; searching by vectors takes them already calibrated.
+
+Damage found while reading (a file that no longer parses, counts that disagree) is a `DamagedIndexError` naming
+the index, in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from retriever.calibration import DEFAULT_FIT_SAMPLE, AutoCalibrator, fit_sample_rows, load_calibrator, make_calibrator
+from retriever.encoder import Encoder
+from retriever.errors import DamagedIndexError, RetrieverError
+from retriever.index_folder import (
+    damaged_index,
+    read_manifest,
+    resolve_existing,
+    resolve_index_dir,
+    verify_files,
+    verify_read,
+)
+from retriever.layout import CALIBRATOR, DOCUMENTS, MANIFEST, RAW, ROWIDS, SEGMENTS, TEMPLATE, TOMBSTONES, VECTORS
+from retriever.manifest import Manifest, SegmentEntry
+from retriever.pipeline import l2_normalize
+from retriever.pseudo_queries import make_check_set
+from retriever.store.arrays import load_npy, npy_layout
+from retriever.store.segment import Segment
+from retriever.store.vectors import IndexSpec, load_template
+from retriever.text import check_queries
+
+# How often `open` starts again when the version it resolved is pruned under it (two writes in the meantime).
+OPEN_ATTEMPTS = 5
+
+
+@dataclass
+class SearchHit:
+    rank: int
+    doc_id: str
+    score: float
+    title: str | None
+    text: str
+
+
+def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit]) -> dict:
+    """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
+    server: {"query_id", "query", "results": [{"rank", "doc_id", "score", "title", "text"}]}."""
+    return {"query_id": query_id, "query": query,
+            "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": round(float(h.score), 6), "title": h.title,
+                         "text": h.text} for h in hits]}
+
+
+class Snapshot:
+    """An opened, read-only version of an index. Writers are the classmethod `build` and the methods that
+    return a ChangeSummary; each of those writes a new version and leaves this object on the old one."""
+
+    def __init__(self, folder: Path, manifest: Manifest, device: str = "auto", index_dir: str | Path | None = None):
+        self.folder = folder
+        self.manifest = manifest
+        self.name = manifest.name
+        self.index_dir = resolve_index_dir(index_dir)
+        self.device = device
+        self._encoder: Encoder | None = None
+        self._segments: list[Segment] = []
+        self._closed = False
+        if device != "cpu":  # a device this machine lacks is the caller's error, not damage: refused before the guard
+            from retriever.device import resolve_device
+
+            resolve_device(device)
+        try:
+            with self._reading(MANIFEST, everything=True):
+                self.spec = IndexSpec.from_dict(manifest.index)
+            for entry in manifest.segments:
+                with self._reading(f"{SEGMENTS}/{entry.name}", everything=True):
+                    self._segments.append(Segment(folder / SEGMENTS / entry.name, segment_spec(entry, self.spec),
+                                                  device=device))
+            with self._reading(CALIBRATOR, everything=True):
+                self.calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=manifest.encoder["dim"])
+            with self._reading(TOMBSTONES, everything=True):
+                self.tombstones = (load_npy(folder / TOMBSTONES) if (folder / TOMBSTONES).is_file()
+                                   else np.empty(0, dtype=np.int64))
+                _check_tombstones(self.tombstones)
+            _check_counts(manifest, [len(segment) for segment in self._segments],
+                          [segment.vectors.ntotal for segment in self._segments], len(self.tombstones), self.name)
+        except BaseException:
+            self.close()  # the segments opened before the damage was found
+            raise
+
+    @property
+    def segments(self) -> list[Segment]:
+        if self._closed:
+            raise RetrieverError(f"index '{self.name}' was closed; open it again to use it")
+        return self._segments
+
+    def close(self) -> None:
+        """Release this version's files: each segment's SQLite connection, FAISS index and memory maps (a few
+        descriptors a segment). A long-running process that swaps in new versions (the server) calls it once no
+        request uses the old one, so pruned versions do not pile up open; using the index afterwards is refused.
+        Calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        for segment in self._segments:
+            segment.close()
+        self._segments = []
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _reading(self, part: str, everything: bool = False) -> Iterator[None]:
+        """Damage found while reading PART of this version (a file, or a folder of them) becomes one line naming the
+        index, a DamagedIndexError, instead of whatever a parser raised (UnicodeDecodeError, ValueError, faiss's
+        RuntimeError, sqlite3.DatabaseError...). EVERYTHING: our own refusals (RetrieverError) too, where no
+        argument of the caller's is involved (opening), so any failure is the files'. OSErrors pass: a file that
+        cannot be opened is not a damaged one."""
+        try:
+            yield
+        except OSError:
+            raise
+        except DamagedIndexError as error:
+            if str(error).startswith(f"index '{self.name}' "):
+                raise
+            raise self._damaged(part, error) from None
+        except RetrieverError as error:
+            if not everything:
+                raise
+            raise self._damaged(part, error) from None
+        except Exception as error:
+            raise self._damaged(part, error) from None
+
+    def _damaged(self, part: str, error: BaseException | str) -> DamagedIndexError:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = reason.replace(f"{self.folder}/", "").replace(str(self.folder), "")[:200]
+        return damaged_index(f"index '{self.name}'", f"{part} cannot be read ({reason}); `retriever verify` checks "
+                                                     "every file")
+
+    @classmethod
+    def open(cls, name: str, index_dir: str | Path | None = None, device: str = "auto") -> Snapshot:
+        """Open the current version: checks the manifest's checksum and every file's size (`verify` re-hashes).
+        INDEX_DIR: where indexes live (default: the index home, `index_folder.resolve_index_dir`)."""
+        index_dir = resolve_index_dir(index_dir)
+        attempts = OPEN_ATTEMPTS
+        while True:
+            folder = resolve_existing(index_dir, name)  # resolved once: a concurrent swap cannot mix versions
+            try:
+                return cls(folder, read_manifest(folder, name=name), device=device, index_dir=index_dir)
+            except (RetrieverError, OSError):
+                # Writes committed while it opened, and one pruned the version it had resolved: files went missing
+                # under it. Not damage: the index is whole, in the newer version the link points at now.
+                attempts -= 1
+                if not attempts or resolve_existing(index_dir, name) == folder:
+                    raise
+
+    @classmethod
+    def open_version(cls, folder: str | Path, name: str, index_dir: str | Path | None = None,
+                     device: str = "auto") -> Snapshot:
+        """Open one version folder of NAME (as a write's `ChangeSummary.snapshot` does), current or not."""
+        folder = Path(folder)
+        return cls(folder, read_manifest(folder, name=name), device=device, index_dir=index_dir)
+
+    @property
+    def encoder(self) -> Encoder:
+        """The recorded encoder, loaded on first use (search needs it; info and delete do not)."""
+        if self._encoder is None:
+            self._encoder = self.load_encoder()
+        return self._encoder
+
+    def use_encoder(self, encoder: Encoder) -> None:
+        """Search with ENCODER, already loaded, instead of loading the recorded one: a server holding one model
+        for many indexes (and versions) built with it. The caller vouches that it is the recorded encoder."""
+        self._encoder = encoder
+
+    def load_encoder(self, runtime: str = "torch") -> Encoder:
+        """A new instance of the recorded encoder; RUNTIME picks PyTorch or ONNX Runtime for its forward pass."""
+        try:
+            return Encoder.from_config(self.manifest.encoder, device=self.device, runtime=runtime)
+        except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have
+            raise RetrieverError(
+                f"index '{self.name}' cannot encode text with the model it was built with: {error}"
+            ) from None
+
+    def __len__(self) -> int:
+        return self.manifest.documents
+
+    # --- reading -------------------------------------------------------------------------------------------
+
+    def embed(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        """Texts to the index's space: the recorded encoder, the saved calibrator, L2 normalization."""
+        return l2_normalize(self.calibrator.transform(self.encoder.encode(texts, progress=progress)))
+
+    def search(self, queries: str | Sequence[str], k: int = 10, progress: bool = False, nprobe: int | None = None,
+               ef_search: int | None = None, rerank: int | None = None) -> list[list[SearchHit]]:
+        """Top-k documents for each query (a single string gives a one-element list).
+
+        NPROBE (ivf, ivfpq), EF_SEARCH (hnsw) and RERANK (ivfpq) override the index's defaults."""
+        queries = [queries] if isinstance(queries, str) else list(queries)
+        check_queries(queries)
+        if k < 1:
+            raise RetrieverError(f"-k must be at least 1 (got {k})")
+        scores, ids = self.search_vectors(self.embed(queries, progress=progress), k, nprobe, ef_search, rerank)
+        return self.hits(scores, ids)
+
+    def calibrate(self, raw: np.ndarray) -> np.ndarray:
+        """Raw encoder output to the index's space: the saved calibrator, then L2 normalization. The server
+        encodes many requests' queries in one encoder call and calibrates each with its own index's calibrator."""
+        return l2_normalize(self.calibrator.transform(raw))
+
+    def hits(self, scores: np.ndarray, ids: np.ndarray) -> list[list[SearchHit]]:
+        """SearchHits with their documents for `search_vectors`' scores and row ids (padding ids skipped)."""
+        with self._reading(SEGMENTS):  # a row id no segment holds (a KeyError here) means damaged files
+            rows = self._rows(ids)
+            results = []
+            for query_scores, query_ids in zip(scores, ids):
+                hits = []
+                for score, rowid in zip(query_scores.tolist(), query_ids.tolist()):
+                    if rowid < 0:
+                        break
+                    row = rows[rowid]
+                    hits.append(SearchHit(len(hits) + 1, row["doc_id"], score, row["title"], row["text"]))
+                results.append(hits)
+        return results
+
+    def search_raw(self, raw: np.ndarray, k: int) -> list[list[SearchHit]]:
+        """Exact cosine ranking in the uncalibrated space: RAW encoder outputs of queries against every stored raw
+        vector (deleted documents excluded). What the index would return without calibration, to compare with."""
+        queries = l2_normalize(np.asarray(raw, dtype=np.float32))
+        best_scores = np.full((len(queries), k), -np.inf, np.float32)
+        best_ids = np.full((len(queries), k), -1, np.int64)
+        for segment in self.segments:
+            # From the mapping, not the file path: a server may still answer from a version since pruned.
+            for start in range(0, len(segment), 65536):
+                rowids = np.asarray(segment.rowids[start : start + 65536])
+                block = np.asarray(segment.raw[start : start + 65536], dtype=np.float32)
+                keep = ~np.isin(rowids, self.tombstones)
+                if not keep.any():
+                    continue
+                scores = queries @ l2_normalize(block[keep]).T
+                merged_scores = np.concatenate([best_scores, scores], axis=1)
+                merged_ids = np.concatenate([best_ids, np.broadcast_to(rowids[keep], scores.shape)], axis=1)
+                order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
+                best_scores = np.take_along_axis(merged_scores, order, axis=1)
+                best_ids = np.take_along_axis(merged_ids, order, axis=1)
+        best_ids[np.isneginf(best_scores)] = -1
+        return self.hits(best_scores, best_ids)
+
+    def search_vectors(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
+                       rerank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k row ids and scores for calibrated, L2-normalized query vectors, over every segment, deleted
+        documents excluded; rows padded with id -1 where fewer than k documents exist."""
+        if rerank is not None and rerank < 1:
+            raise RetrieverError(f"--rerank must be at least 1 (got {rerank})")
+        rerank = rerank if rerank is not None else self.spec.search_rerank
+        candidates = k * rerank if self.spec.kind.compressed else k
+        all_scores, all_ids = [], []
+        for segment in self.segments:
+            with self._reading(f"{SEGMENTS}/{segment.name}"):
+                scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search)
+                if candidates > k:
+                    scores, ids = self._rerank(segment, queries, ids, k)
+            all_scores.append(scores)
+            all_ids.append(ids)
+        if not all_scores:
+            return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
+        scores, ids = np.concatenate(all_scores, axis=1), np.concatenate(all_ids, axis=1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+    def _rerank(self, segment: Segment, queries: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact scores for approximate candidates: their raw vectors, calibrated as at build, against the query."""
+        found = ids >= 0
+        unique = np.unique(ids[found])
+        exact = np.full(ids.shape, -np.inf, dtype=np.float32)
+        if len(unique):
+            vectors = l2_normalize(self.calibrator.transform(segment.raw_for(unique)))
+            positions = np.searchsorted(unique, ids[found])
+            rows = np.nonzero(found)[0]
+            exact[found] = np.einsum("ij,ij->i", queries[rows], vectors[positions])
+        order = np.argsort(-exact, axis=1, kind="stable")[:, :k]
+        scores, best = np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+        best[np.isneginf(scores)] = -1
+        return scores, best
+
+    def _rows(self, ids: np.ndarray) -> dict[int, dict]:
+        """Document rows for the found row ids, fetched from each segment that holds some."""
+        wanted = np.unique(ids[ids >= 0])
+        rows: dict[int, dict] = {}
+        for segment in self.segments:
+            here = wanted[segment.contains(wanted)]
+            if len(here):
+                with self._reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                    rows.update((row["rowid"], row) for row in segment.documents.get(here))
+        return rows
+
+    def document(self, doc_id: str) -> dict | None:
+        """The stored row of DOC_ID (doc_id, title, text, source, line), or None if it is not in the index."""
+        for segment in self.segments:
+            with self._reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                rowid = segment.documents.rowids_for([doc_id]).get(doc_id)
+                if rowid is not None and not _in(rowid, self.tombstones):
+                    return segment.documents.get([rowid])[0]
+        return None
+
+    def live_rowids(self, doc_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """doc_id -> (row id, segment position) for those of DOC_IDS in the index (deleted ones are not)."""
+        found: dict[str, tuple[int, int]] = {}
+        for position, segment in enumerate(self.segments):
+            with self._reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                for doc_id, rowid in segment.documents.rowids_for(doc_ids).items():
+                    if not _in(rowid, self.tombstones):
+                        found[doc_id] = (rowid, position)
+        return found
+
+    def raw_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """All uncalibrated vectors (float32) of documents in the index, with their row ids. Holds every vector
+        in memory: for small indexes and tests; the library itself streams (`Segment.raw_blocks`)."""
+        raws, ids = [], []
+        for segment in self.segments:
+            keep = ~np.isin(segment.rowids, self.tombstones)
+            raws.append(np.asarray(segment.raw[keep], dtype=np.float32))
+            ids.append(np.asarray(segment.rowids[keep]))
+        dim = self.manifest.encoder["dim"]
+        return (np.concatenate(raws) if raws else np.empty((0, dim), np.float32),
+                np.concatenate(ids) if ids else np.empty(0, np.int64))
+
+    def raw_sample(self, size: int, seed: int = 0) -> np.ndarray:
+        """At most SIZE raw vectors (float32) of documents in the index, drawn uniformly with SEED; a value that is
+        not finite (what a flipped bit in a float16 file can make) is a damaged segment, not something to fit on."""
+        total = sum(len(segment) for segment in self.segments)
+        rows = fit_sample_rows(total, size, seed)
+        parts, offset = [], 0
+        for segment in self.segments:
+            local = np.arange(len(segment)) if rows is None else rows[(rows >= offset) & (rows < offset + len(segment))] - offset
+            if len(local):
+                vectors = np.asarray(segment.raw[local], dtype=np.float32)
+                if not np.isfinite(vectors).all():
+                    raise self._damaged(f"{SEGMENTS}/{segment.name}/{RAW}", "it holds values that are not finite")
+                parts.append(vectors[~np.isin(np.asarray(segment.rowids[local]), self.tombstones)])
+            offset += len(segment)
+        return np.concatenate(parts) if parts else np.empty((0, self.manifest.encoder["dim"]), np.float32)
+
+    def check_sources(self):
+        """DOCUMENTS_AT and VECTORS_AT over the documents in the index (deleted ones left out), for
+        `pseudo_queries.make_check_set`: position i is the i-th live row id, segment by segment."""
+        live = [np.asarray(segment.rowids)[~np.isin(segment.rowids, self.tombstones)] for segment in self.segments]
+        rowids = np.concatenate(live) if live else np.empty(0, np.int64)
+        owner = np.concatenate([np.full(len(ids), number) for number, ids in enumerate(live)]) if live else rowids
+
+        def each_segment(positions: np.ndarray, read) -> list:
+            found: list = [None] * len(positions)
+            for number, segment in enumerate(self.segments):
+                mine = np.flatnonzero(owner[positions] == number)
+                if len(mine):
+                    with self._reading(f"{SEGMENTS}/{segment.name}"):
+                        for slot, value in zip(mine.tolist(), read(segment, rowids[positions[mine]])):
+                            found[slot] = value
+            return found
+
+        def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
+            return each_segment(positions, lambda segment, ids: [(row["title"], row["text"]) for row in
+                                                                segment.documents.get(ids, ("title", "text"))])
+
+        def vectors_at(positions: np.ndarray) -> np.ndarray:
+            dim = self.manifest.encoder["dim"]
+            return np.asarray(each_segment(positions, lambda segment, ids: list(segment.raw_for(ids))),
+                              dtype=np.float32).reshape(len(positions), dim)
+
+        return documents_at, vectors_at
+
+    def check(self, fit_sample: int | None = DEFAULT_FIT_SAMPLE, seed: int = 0, progress: bool = False) -> dict:
+        """The retrieval check on this index's own documents, without labels: pseudo-queries made from them
+        (`retriever.pseudo_queries`), searched through the raw vectors, through `auto`'s candidates fitted on a
+        sample of the stored raw vectors, and through the index's own calibrator as saved. Returns the check's
+        record (`AutoCalibrator.decision["check"]`) with what auto would choose now ("auto") and the index's own
+        calibrator's result ("current")."""
+        from retriever.calibration.auto import supported_kinds, voting_kinds
+        from retriever.calibration.check import CONFIDENCE, baseline_result, compare, score_queries
+
+        documents_at, vectors_at = self.check_sources()
+        check = make_check_set(len(self), documents_at, vectors_at, self.encoder, seed, progress=progress)
+        if not len(check):
+            raise RetrieverError(f"index '{self.name}' has no document long enough to cut a pseudo-query from (a "
+                                 "title and 3 words of text, or 6 words): there is nothing to check with")
+        auto = make_calibrator("auto", seed=seed, device="cpu")
+        auto.fit(self.raw_sample(fit_sample or len(self), seed=seed), check=check)
+        baseline = score_queries(check, lambda raw: np.asarray(raw, np.float32))
+        none, voters = baseline_result("none", check, baseline), voting_kinds(check)
+        record = dict(auto.decision.get("check") or {
+            "pseudo_queries": len(check), "kinds": check.counts(), "pool": check.pool_size, "confidence": CONFIDENCE,
+            "voting_kinds": voters, "none": none.record(), "candidates": []})
+        current = self.calibrator.chosen if isinstance(self.calibrator, AutoCalibrator) else self.calibrator
+        if current.name != "none":
+            (result,) = compare(check, baseline, [(current.name, score_queries(check, current.transform))], seed=seed)
+            record["current"] = {**result.record(), "kinds_improved": supported_kinds(result, none, voters)}
+        else:
+            record["current"] = {"name": "none"}
+        record["current"]["calibrator"] = self.manifest.calibrator["name"]
+        record["auto"] = {"chosen": auto.decision["chosen"]["name"], "reason": auto.decision["reason"]}
+        return record
+
+    def info(self, sample: int = 5000, seed: int = 0) -> dict:
+        """Manifest, counts, and isotropy before and after calibration on a sample of the stored vectors."""
+        raw = self.raw_sample(sample, seed)
+        rng = np.random.default_rng(seed)
+        with self._reading(f"{SEGMENTS} and {CALIBRATOR}", everything=True):  # no argument here can fail these
+            files = self.manifest.files
+            segments = [{"name": s.name, "rows": len(s),
+                         "index_bytes": files[f"{SEGMENTS}/{s.name}/{VECTORS}"].bytes} for s in self.segments]
+            calibrated = l2_normalize(self.calibrator.transform(raw)) if len(raw) else raw
+            measured = {"raw": isotropy(raw, rng), "calibrated": isotropy(calibrated, rng) if len(raw) else {}}
+        return {
+            "manifest": self.manifest.described(),
+            "folder": str(self.folder),
+            "documents": len(self),
+            "vectors": sum(segment.vectors.ntotal for segment in self.segments),
+            "deleted": len(self.tombstones),
+            "segments": segments,
+            "search_backend": self.segments[0].vectors.backend if self.segments else "none",
+            "search_settings": self.spec.search_settings(),
+            "isotropy": measured,
+        }
+
+    def verify(self, progress=None) -> int:
+        """Re-hash every file against the manifest (opening only checks sizes, and the counts); returns the bytes
+        checked."""
+        return verify_files(self.folder, self.manifest, name=self.name, progress=progress)
+
+    def template(self):
+        """This version's trained template (IVF types), re-hashed first, for a write whose new segments start from
+        a copy of it; None for the types that train nothing."""
+        if not (self.folder / TEMPLATE).is_file():
+            return None
+        self.check_read(TEMPLATE)
+        with self._reading(TEMPLATE, everything=True):
+            return load_template(self.folder / TEMPLATE, self.spec)
+
+    def check_read(self, *parts: str) -> None:
+        """Before a write reads PARTS of this version (files, or folders of them) into a new one: re-hash them
+        against the manifest (`index_folder.verify_read`), so damage is refused instead of carried on."""
+        files = self.manifest.files
+        verify_read(self.folder, [relative for relative in files
+                                  if any(relative == part or relative.startswith(part + "/") for part in parts)],
+                    files, self.name)
+
+
+def verify_index(name: str, index_dir: str | Path | None = None, progress=None) -> tuple[Manifest, int]:
+    """Re-hash every file of NAME's current version against its manifest, without opening (and so trusting)
+    any of them first; returns the manifest and the bytes checked."""
+    index_dir = resolve_index_dir(index_dir)
+    folder = resolve_existing(index_dir, name)
+    manifest = read_manifest(folder, name=name)  # its types checked before a path from it is followed
+    checked = verify_files(folder, manifest, name=name, progress=progress)
+    _check_counts(manifest, [_stored_rows(folder, f"{SEGMENTS}/{entry.name}/{ROWIDS}", name)
+                             for entry in manifest.segments], None,
+                  _stored_rows(folder, TOMBSTONES, name) if (folder / TOMBSTONES).is_file() else 0, name)
+    return manifest, checked
+
+
+def _stored_rows(folder: Path, relative: str, name: str) -> int:
+    """The rows of a .npy of the version in FOLDER, from its header alone."""
+    try:
+        return int(npy_layout(folder / relative)[0][0])
+    except (RetrieverError, IndexError) as error:
+        reason = str(error).replace(f"{folder}/", "") if isinstance(error, RetrieverError) else "no rows"
+        raise damaged_index(f"index '{name}'", f"{relative} cannot be read ({reason})") from None
+
+
+def _check_counts(manifest: Manifest, rows: list[int], vectors: list[int] | None, deleted: int, name: str) -> None:
+    """The manifest's counts against the files': each segment's ROWS (and VECTORS, when loaded), and its document
+    count against all rows less the DELETED ones. Header reads only, so opening stays cheap; a manifest written
+    by hand or a swapped file shows here rather than as wrong counts or missing rows later."""
+    def damaged(problem: str) -> DamagedIndexError:
+        return damaged_index(f"index '{name}'", problem)
+
+    for number, (entry, held) in enumerate(zip(manifest.segments, rows)):
+        where = f"{SEGMENTS}/{entry.name}"
+        if held != entry.rows:
+            raise damaged(f"{where}/{ROWIDS} holds {held:,} rows, the manifest says {entry.rows:,}")
+        if vectors is not None and vectors[number] != held:
+            raise damaged(f"{where}/{VECTORS} holds {vectors[number]:,} vectors for {held:,} rows")
+    if manifest.documents != sum(rows) - deleted:
+        raise damaged(f"the manifest counts {_documents(manifest.documents)}, but its segments hold "
+                      f"{_count(sum(rows), 'row')} of which {deleted:,} are deleted")
+
+
+def _check_tombstones(tombstones: np.ndarray) -> None:
+    """Tombstones are row ids, ascending and distinct (searches look them up by bisection)."""
+    if tombstones.ndim != 1 or tombstones.dtype.kind not in "iu" or (np.diff(tombstones) <= 0).any():
+        raise RetrieverError("not an ascending list of row ids")
+
+
+def segment_spec(entry: SegmentEntry, spec: IndexSpec) -> IndexSpec:
+    """The index settings of the segment ENTRY in a version whose settings are SPEC (small hnsw segments are
+    flat)."""
+    kind = entry.index or spec.type
+    return spec if kind == spec.type else IndexSpec(type=kind)
+
+
+def _in(rowid: int, sorted_ids: np.ndarray) -> bool:
+    position = np.searchsorted(sorted_ids, rowid)
+    return bool(position < len(sorted_ids) and sorted_ids[position] == rowid)
+
+
+def isotropy(vectors: np.ndarray, rng: np.random.Generator, pairs: int = 20000) -> dict:
+    """Mean cosine of random pairs (0 for an isotropic space) and the variance share of the top direction."""
+    if len(vectors) < 2:
+        return {}
+    unit = l2_normalize(vectors.astype(np.float32))
+    first, second = rng.integers(0, len(unit), (2, pairs))
+    distinct = first != second
+    mean_cosine = float((unit[first[distinct]] * unit[second[distinct]]).sum(1).mean())
+    singular = np.linalg.svd(vectors - vectors.mean(0), compute_uv=False)
+    variance = singular**2
+    return {"mean_cosine_random_pairs": round(mean_cosine, 4),
+            "top_direction_variance_share": round(float(variance[0] / variance.sum()), 4)}
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
+def _documents(count: int) -> str:
+    return _count(count, "document")
