@@ -110,6 +110,13 @@ def _one_line(message: str) -> str:
     return terminal_safe(message).replace("\n", "\\n")
 
 
+def _flag_names(arguments: list[str]) -> dict[str, str]:
+    """The flags of the command ARGUMENTS run (the first argument naming one), to word its errors with."""
+    group = typer.main.get_command(app)
+    command = next((group.commands[argument] for argument in arguments if argument in group.commands), None)
+    return options.flag_names(command) if command is not None else {}
+
+
 def main() -> None:
     """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback; Ctrl-C
     becomes one line saying what it left behind, exit code 130."""
@@ -118,8 +125,8 @@ def main() -> None:
     try:
         _check_arguments(sys.argv[1:])
         app()  # standalone: typer reports usage errors itself and exits 2
-    except RetrieverError as error:
-        print(f"error: {_one_line(str(error))}", file=sys.stderr)
+    except RetrieverError as error:  # worded with the flags of the command run: --fit-sample, not fit_sample
+        print(f"error: {_one_line(error.render(_flag_names(sys.argv[1:])))}", file=sys.stderr)
         sys.exit(1)
     except (interrupts.Interrupted, KeyboardInterrupt) as interrupted:
         print(interrupts.message(interrupted), file=sys.stderr)

@@ -70,3 +70,30 @@ IndexDir = Annotated[
                  help="where indexes live " + default("$RETRIEVER_HOME, else ~/.local/share/retriever/indexes")),
 ]
 Encoding = Annotated[str, typer.Option("--encoding", help="text encoding of the input file")]
+
+# Library parameters a command's options name otherwise: {command: {library spelling: the option's spelling}}, a
+# spelling being a parameter's name or a whole setting (name=value). A test keeps every entry pointing at an option.
+LIBRARY_NAMES = {
+    "bench": {"calibrators": "calibrator", "folder": "cache_dir", "folder=None": "no_cache=True"},
+    "serve": {"allow_without_key=True": "no_key=True"},
+}
+
+
+def flag_names(command) -> dict[str, str]:
+    """How COMMAND (a click command) spells the library's parameters, for `RetrieverError.render`: derived from
+    its options, so a renamed flag cannot drift. Each option's Python name maps to its long flag ("fit_sample":
+    "--fit-sample"), a switch's setting too ("no_key=True": "--no-key"); then the command's LIBRARY_NAMES."""
+    names = {}
+    for option in command.params:
+        if option.param_type_name != "option":
+            continue
+        flag = next((spelling for spelling in option.opts if spelling.startswith("--")), option.opts[0])
+        names[option.name] = flag
+        if option.is_bool_flag:
+            names[f"{option.name}=True"] = flag
+            if option.secondary_opts:
+                names[f"{option.name}=False"] = option.secondary_opts[0]
+    for library, own in LIBRARY_NAMES.get(command.name, {}).items():
+        if own in names:
+            names[library] = names[own]
+    return names

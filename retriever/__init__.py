@@ -15,6 +15,7 @@ _PUBLIC = {
     "Index": "retriever.index", "SearchHit": "retriever.index", "ChangeSummary": "retriever.build_steps",
     "Document": "retriever.corpus", "Encoder": "retriever.encoder", "RetrieverError": "retriever.errors",
     "NotFoundError": "retriever.errors", "ConflictError": "retriever.errors", "DamagedIndexError": "retriever.errors",
+    "UnavailableError": "retriever.errors",
     "make_calibrator": "retriever.calibration", "load_calibrator": "retriever.calibration",
 }
 __all__ = ["__version__", *_PUBLIC]

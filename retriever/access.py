@@ -23,7 +23,7 @@ from pathlib import Path
 
 from starlette.responses import JSONResponse
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 
 log = logging.getLogger("retriever.server")
 
@@ -160,10 +160,10 @@ def check_exposure(bind: str, policy: AccessPolicy, allow_without_key: bool) -> 
     if not allow_without_key:
         raise RetrieverError(
             f"serving on {bind or 'every address'} without an API key would let anyone who reaches this machine "
-            f"read and change its indexes; set one with --api-key KEY, --api-key-file FILE or ${API_KEY_ENV} "
-            "(or pass --no-key to serve without one at your own risk)")
+            f"read and change its indexes; set one with {param('api_key')} or ${API_KEY_ENV} (or pass "
+            f"{param('allow_without_key', True)} to serve without one at your own risk)")
     log.warning("SERVING ON %s WITHOUT AN API KEY: anyone who can reach this address can read, add and delete "
-                "documents (--no-key)", bind or "every address")
+                "documents", bind or "every address")
 
 
 class AccessGuard:
@@ -188,7 +188,7 @@ class AccessGuard:
         """The answer refusing this request, or None to let it through."""
         if not self.policy.host_allowed(host):
             return _refusal(421 if host else 400, "this server does not answer to that Host name (a guard against "
-                            "DNS rebinding); use the address it was started on, or add the name with --allowed-host")
+                            "DNS rebinding); use the address it was started on, or add the name to its allowed hosts")
         if not self.policy.needs_key or path in OPEN_PATHS:
             return None
         role = self.policy.role(headers.get(b"authorization", b"").decode("latin-1"))

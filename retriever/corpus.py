@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.text import check_text, describe_invalid, escape_undecodable, invalid_character
 
 CORPUS_FORMATS = (".txt", ".jsonl", ".csv", ".tsv")
@@ -117,9 +117,9 @@ def iter_corpus(path: str | Path, encoding: str = "utf-8", start: int = 0, first
             else:
                 yield from _read_table(lines, path, delimiter="\t" if suffix == ".tsv" else ",")
     except LookupError:
-        raise RetrieverError(f"{path}: unknown encoding {encoding!r}") from None
+        raise RetrieverError(f"{path}: unknown encoding {encoding!r}", parameter="encoding") from None
     except UnicodeError as error:  # a decoding error surrogateescape cannot absorb, e.g. truncated utf-16
-        raise RetrieverError(f"{path}: not valid {encoding} ({error}); pass --encoding") from None
+        raise RetrieverError(f"{path}: not valid {encoding} ({error}); pass {param('encoding')}") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
         raise RetrieverError(f"{path}: not a complete gzip file ({error})") from None
     except OSError as error:
@@ -216,7 +216,7 @@ def _checked_lines(file: TextIO, path: Path, encoding: str, first_line: int = 1)
             byte = ord(bad.group()) - 0xDC00
             raise RetrieverError(
                 f"{path} line {number}: not valid {encoding} (byte 0x{byte:02x} at column {bad.start() + 1}); "
-                "pass --encoding"
+                f"pass {param('encoding')}"
             )
         yield line
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, UnavailableError, param
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -14,8 +14,10 @@ def resolve_device(device: str | None = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RetrieverError(f"device '{device}' was asked for but CUDA is not available on this machine; use --device cpu")
+        raise UnavailableError(f"device '{device}' was asked for but CUDA is not available on this machine; use "
+                               f"{param('device', 'cpu')}")
     try:
         return torch.device(device)
     except RuntimeError:
-        raise RetrieverError(f"unknown device '{device}'; choose one of {', '.join(DEVICES)}") from None
+        raise RetrieverError(f"unknown device '{device}'; choose one of {', '.join(DEVICES)}",
+                             parameter="device") from None

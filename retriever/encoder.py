@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from retriever.device import resolve_device
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.models import load_model
 from retriever.onnx_runtime import OnnxEncoderSession, resolve_runtime
 from retriever.pooling import Pooling, pool
@@ -42,11 +42,11 @@ class Encoder:
         """CAP_MAX_LENGTH: take a MAX_LENGTH above the model's positions as the model's limit instead of refusing it
         (for settings recorded before the limit was checked, see `from_config`)."""
         if dtype not in DTYPES:
-            raise RetrieverError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
+            raise RetrieverError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}", parameter="dtype")
         if batch_size < 1:
-            raise RetrieverError(f"batch size must be at least 1 (got {batch_size})")
+            raise RetrieverError(f"{param('batch_size')} must be at least 1 (got {batch_size})")
         if max_length is not None and max_length < 2:
-            raise RetrieverError(f"max_length must be at least 2 tokens (got {max_length})")
+            raise RetrieverError(f"{param('max_length')} must be at least 2 tokens (got {max_length})")
         self.pooling = Pooling.parse(pooling, layers)
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -57,7 +57,7 @@ class Encoder:
         self.model = loaded.model.to(self.device, DTYPES[dtype])
         self.max_length = _checked_max_length(max_length, loaded.max_length, self.model, loaded.name, cap_max_length)
         self.num_hidden_layers = self.model.config.num_hidden_layers
-        deepest = max(self.pooling.layer_indices(self.num_hidden_layers))  # validates --layers against this model
+        deepest = max(self.pooling.layer_indices(self.num_hidden_layers))  # validates the layers against this model
         self.layers_run = _drop_unused_layers(self.model, deepest)
         self.dim = self.model.config.hidden_size
         self._input_names = [name for name in self.tokenizer.model_input_names if name != "attention_mask"]
@@ -68,7 +68,7 @@ class Encoder:
         # The forward pass on ONNX Runtime (float32, CPU) where asked for: same numbers, less overhead per call.
         self.runtime = resolve_runtime(runtime, str(self.device)) if dtype == "fp32" or runtime != "auto" else "torch"
         if self.runtime == "onnx" and dtype != "fp32":
-            raise RetrieverError("the onnx runtime computes in fp32; use --runtime torch for bf16 or fp16")
+            raise RetrieverError(f"the onnx runtime computes in fp32; use {param('runtime', 'torch')} for bf16 or fp16")
         self._onnx = (OnnxEncoderSession(self.model, self.pooling, self.num_hidden_layers, self._input_names)
                       if self.runtime == "onnx" else None)
 
@@ -162,7 +162,8 @@ def _checked_max_length(asked: int | None, default: int, model, name: str, cap: 
     if limit is None:
         return asked or default
     if asked is not None and asked > limit and not cap:
-        raise RetrieverError(f"max_length {asked:,} is more than model '{name}' takes: at most {limit} tokens")
+        raise RetrieverError(f"{param('max_length')} {asked:,} is more than model '{name}' takes: at most "
+                             f"{limit} tokens")
     return min(asked or default, limit)
 
 

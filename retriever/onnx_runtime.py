@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import torch
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, UnavailableError, param
 from retriever.pooling import Pooling, pool
 
 RUNTIMES = ("auto", "torch", "onnx")
@@ -35,12 +35,12 @@ def onnx_runtime_available() -> bool:
 def resolve_runtime(runtime: str, device: str) -> str:
     """auto: ONNX Runtime on CPU when installed, else PyTorch (always PyTorch on a GPU)."""
     if runtime not in RUNTIMES:
-        raise RetrieverError(f"unknown runtime '{runtime}'; choose one of {', '.join(RUNTIMES)}")
+        raise RetrieverError(f"unknown runtime '{runtime}'; choose one of {', '.join(RUNTIMES)}", parameter="runtime")
     if runtime == "onnx":
         if not device.startswith("cpu"):
-            raise RetrieverError("the onnx runtime runs on the CPU; use --runtime torch on a GPU")
+            raise RetrieverError(f"the onnx runtime runs on the CPU; use {param('runtime', 'torch')} on a GPU")
         if not onnx_runtime_available():
-            raise RetrieverError("the onnx runtime needs onnxruntime: pip install onnxruntime")
+            raise UnavailableError("the onnx runtime needs onnxruntime: pip install onnxruntime", parameter="runtime")
         return "onnx"
     if runtime == "auto":
         return "onnx" if device.startswith("cpu") and onnx_runtime_available() else "torch"
@@ -81,7 +81,8 @@ class OnnxEncoderSession:
                                   dynamic_axes={name: {0: "batch", 1: "tokens"} for name in names})
         except Exception as error:  # noqa: BLE001 - an architecture the exporter cannot trace
             raise RetrieverError(f"this model cannot run on ONNX Runtime ({type(error).__name__}: "
-                                 f"{str(error).splitlines()[0] if str(error) else ''}); use --runtime torch") from None
+                                 f"{str(error).splitlines()[0] if str(error) else ''}); use "
+                                 f"{param('runtime', 'torch')}") from None
         finally:
             model.eval()  # the exporter restores the wrapper's mode recursively; the model must stay in eval
         options = onnxruntime.SessionOptions()

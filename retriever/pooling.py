@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 
 POOLING_MODES = ("cls", "last-avg", "last2-avg", "first-last-avg")
 
@@ -30,13 +30,15 @@ class Pooling:
                 try:
                     layers = [int(part) for part in layers.split(",") if part.strip()]
                 except ValueError:
-                    raise RetrieverError(f"--layers must be comma-separated integers like 0,4 (got '{layers}')") from None
+                    raise RetrieverError(f"{param('layers')} must be comma-separated integers like 0,4 "
+                                         f"(got '{layers}')") from None
             if not layers:
-                raise RetrieverError("--layers needs at least one layer index, e.g. --layers 0,4")
+                raise RetrieverError(f"{param('layers')} needs at least one layer index, e.g. {param('layers', '0,4')}")
             return cls("layers", tuple(int(layer) for layer in layers))
         mode = mode or "last-avg"
         if mode not in POOLING_MODES:
-            raise RetrieverError(f"unknown pooling '{mode}'; choose one of {', '.join(POOLING_MODES)} or pass --layers")
+            raise RetrieverError(f"unknown pooling '{mode}'; choose one of {', '.join(POOLING_MODES)} or pass "
+                                 f"{param('layers')}", parameter="pooling")
         return cls(mode)
 
     @property
@@ -49,7 +51,8 @@ class Pooling:
         if self.mode == "layers":
             for layer in self.layers:
                 if not -count <= layer < count:
-                    raise RetrieverError(f"layer {layer} does not exist: this model has hidden_states 0..{count - 1}")
+                    raise RetrieverError(f"layer {layer} does not exist: this model has hidden_states 0..{count - 1}",
+                                         parameter="layers")
             return tuple(layer % count for layer in self.layers)
         if self.mode == "last2-avg":
             return (count - 2, count - 1)

@@ -46,7 +46,7 @@ import numpy as np
 
 from retriever.access import AccessGuard, AccessPolicy
 from retriever.corpus import documents_from_records
-from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError
+from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
 from retriever.index import Index, SearchHit, search_record
 from retriever.text import check_queries, check_text
 from retriever.onnx_runtime import resolve_runtime
@@ -60,7 +60,7 @@ try:
     from pydantic import BaseModel, Field, StrictInt, StrictStr
     from starlette.exceptions import HTTPException
 except ImportError as error:  # a dependency of the package; a broken install should still say what to do
-    raise RetrieverError(f"serving needs FastAPI and uvicorn ({error}); reinstall: pip install -e .") from None
+    raise UnavailableError(f"serving needs FastAPI and uvicorn ({error}); reinstall: pip install -e .") from None
 
 log = logging.getLogger("retriever.server")
 
@@ -83,8 +83,8 @@ class ApiError(Exception):
 
 
 def status_of(error: RetrieverError) -> int:
-    if isinstance(error, DamagedIndexError):
-        return 503  # the server's data, not the client's request: the other indexes go on
+    if isinstance(error, (DamagedIndexError, UnavailableError)):
+        return 503  # the server's data or machine, not the client's request: the other indexes go on
     if isinstance(error, NotFoundError):
         return 404
     if isinstance(error, ConflictError):
@@ -136,7 +136,7 @@ class OpenIndexes:
                     self._encoders[key] = index.load_encoder(self.runtime)
                 except RetrieverError as error:  # this machine lacks the model: the server's problem, not the request's
                     index.close()
-                    raise ApiError(503, str(error)) from None
+                    raise UnavailableError(str(error), parameter=error.parameter) from None
             index.use_encoder(self._encoders[key])
             previous = self._held.get(name)
             self._held[name] = index
@@ -369,8 +369,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(AccessGuard, policy=access or AccessPolicy())  # outermost: before anything is read
 
-    def error(status: int, message: str) -> JSONResponse:
-        return _error(status, _scrub(message, private))
+    def error(status: int, message: str, **fields) -> JSONResponse:
+        return _error(status, _scrub(message, private), **fields)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, problem: ApiError):
@@ -380,7 +380,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     async def retriever_error(request: Request, problem: RetrieverError):
         if isinstance(problem, DamagedIndexError):
             log.error("%s", problem)
-        return error(status_of(problem), str(problem))
+        # Parameters spelled as in Python, which are the JSON fields' names (k, nprobe, index, ...).
+        return error(status_of(problem), str(problem), code=problem.code, parameter=problem.parameter)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, problem: HTTPException):
@@ -525,8 +526,9 @@ def render(payload: dict, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
-def _error(status: int, message: str) -> Response:
-    body = json.dumps({"detail": " ".join(message.split()), "status": status})  # ASCII: any text goes out whole
+def _error(status: int, message: str, **fields) -> Response:
+    """An error body: DETAIL, the message on one line; STATUS; and FIELDS (a RetrieverError's code, parameter)."""
+    body = json.dumps({"detail": " ".join(message.split()), "status": status, **fields})  # ASCII: any text whole
     return Response(body, status_code=status, media_type="application/json")
 
 

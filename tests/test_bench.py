@@ -200,7 +200,7 @@ def test_bad_names_are_one_line_errors(fake_data):
         plan_benchmark("stsb", data_dir=fake_data, layout="tokenized")
     with pytest.raises(RetrieverError, match="unknown pooling 'max'"):
         Encoder(pooling="max")
-    with pytest.raises(RetrieverError, match="--fit-queries applies to retrieval tasks"):
+    with pytest.raises(RetrieverError, match="^fit_queries applies to retrieval tasks"):
         plan_benchmark("stsb", data_dir=fake_data, fit_queries=True)
 
 

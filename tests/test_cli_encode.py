@@ -98,5 +98,5 @@ def test_encode_refuses_a_max_length_past_the_model_positions(tmp_path, tiny_ber
     corpus.write_text("word " * 3000 + "\n", encoding="utf-8")
     done = cli("encode", corpus, "--out", tmp_path / "v.npy", "--model", tiny_bert, "--max-length", "1000000000")
     assert done.returncode == 1 and done.stderr == (
-        f"error: max_length 1,000,000,000 is more than model '{tiny_bert}' takes: at most 512 tokens\n")
+        f"error: --max-length 1,000,000,000 is more than model '{tiny_bert}' takes: at most 512 tokens\n")
     assert not (tmp_path / "v.npy").exists()

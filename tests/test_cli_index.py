@@ -181,7 +181,7 @@ def test_max_length_past_the_model_positions_is_refused(built, cli, tmp_path, ti
     corpus = tmp_path / "docs.txt"
     assert_one_line_error(cli("build", corpus, "--name", "long", "--model", tiny_bert, "--max-length", "1000000000",
                               "--calibrator", "none", "--index-dir", built),
-                          "max_length 1,000,000,000 is more than model", "at most 512 tokens")
+                          "--max-length 1,000,000,000 is more than model", "at most 512 tokens")
     done = cli("search", "word " * 3000, "--name", "docs", "--json", "--index-dir", built)
     assert done.returncode == 0 and len(json.loads(done.stdout)["results"]) == 4
 

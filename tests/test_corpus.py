@@ -141,12 +141,12 @@ def test_empty_corpus(tmp_path, name, content):
 def test_undecodable_bytes_name_line_and_column(tmp_path):
     lines = [b"ok line"] * 11 + [b"abcd\xffef"]
     path = write(tmp_path, "corpus.txt", b"\n".join(lines) + b"\n")
-    assert error_of(path) == f"{path} line 12: not valid utf-8 (byte 0xff at column 5); pass --encoding"
+    assert error_of(path) == f"{path} line 12: not valid utf-8 (byte 0xff at column 5); pass encoding"
 
 
 def test_undecodable_bytes_in_csv(tmp_path):
     path = write(tmp_path, "corpus.csv", b"id,text\n1,fine\n2,caf\xe9\n")
-    assert error_of(path) == f"{path} line 3: not valid utf-8 (byte 0xe9 at column 6); pass --encoding"
+    assert error_of(path) == f"{path} line 3: not valid utf-8 (byte 0xe9 at column 6); pass encoding"
 
 
 def test_unknown_encoding(tmp_path):

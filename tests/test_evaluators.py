@@ -140,9 +140,9 @@ def test_default_is_the_shared_folder_next_to_the_repo():
 @pytest.mark.parametrize(
     "explicit,env,expected",
     [
-        ("missing", None, r"^data folder .*missing is not a folder; pass --data-dir DIR or set RETRIEVER_DATA=DIR"),
-        (None, "missing", r"^RETRIEVER_DATA points to .*missing is not a folder; pass --data-dir DIR"),
-        (None, None, r"^no evaluation data found: default data folder .*absent is not a folder; pass --data-dir"),
+        ("missing", None, r"^data folder .*missing is not a folder; pass data_dir or set RETRIEVER_DATA=DIR"),
+        (None, "missing", r"^RETRIEVER_DATA points to .*missing is not a folder; pass data_dir or set"),
+        (None, None, r"^no evaluation data found: default data folder .*absent is not a folder; pass data_dir"),
     ],
 )
 def test_missing_data_dir_messages(tmp_path, monkeypatch, explicit, env, expected):

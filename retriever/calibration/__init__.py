@@ -15,7 +15,7 @@ from retriever.calibration.base import Calibrator, read_config
 from retriever.calibration.check import CheckSet
 from retriever.calibration.names import COMMON_OPTIONS, VALID_NAMES, fixed_class, make_fixed
 from retriever.defaults import DEFAULT_FIT_SAMPLE
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 
 DEFAULT_CALIBRATOR = "auto"
 
@@ -48,7 +48,7 @@ def fit_sample_rows(rows: int, fit_sample: int | None, seed: int = 0) -> np.ndar
     """Which rows a calibrator fits on: None for all of them (ROWS <= FIT_SAMPLE, or no bound), else FIT_SAMPLE
     distinct rows drawn uniformly with SEED, ascending (so reading them from disk goes forward)."""
     if fit_sample is not None and fit_sample < 2:
-        raise RetrieverError(f"--fit-sample must be at least 2 (got {fit_sample})")
+        raise RetrieverError(f"{param('fit_sample')} must be at least 2 (got {fit_sample})")
     if fit_sample is None or rows <= fit_sample:
         return None
     return np.sort(np.random.default_rng(seed).choice(rows, size=fit_sample, replace=False))

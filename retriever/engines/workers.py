@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.corpus import CORPUS_FORMATS, Document, corpus_format, document_text, iter_corpus, splittable
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 
 SHARDS = "shards"  # in the build's partial folder: raw vectors and documents, one pair of files per shard
 _SHARD_DIGITS = 12  # shard files are named by their first row id, zero-padded, so names sort in row order
@@ -132,7 +132,7 @@ class EncodeWorker:
         where = f"on {socket.gethostname()}"
         if not Path(shard_dir).is_dir():
             raise RetrieverError(f"{where}: {shard_dir} is not there; the index folder must be on storage every "
-                                 "Ray node sees (e.g. a shared file system), or build with --engine local")
+                                 f"Ray node sees (e.g. a shared file system), or build with {param('engine', 'local')}")
         if threads:
             import torch
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 
 CACHE_ENV_VAR = "RETRIEVER_CACHE"
 DEFAULT_CACHE_DIR = Path("~/.cache/retriever/embeddings")
@@ -82,7 +82,7 @@ def encoder_key(description: dict) -> str:
 class CachedEncoder:
     """An ``Encoder`` whose ``encode`` reuses vectors already computed, in memory and (with a folder) on disk.
 
-    ``folder=None`` keeps the cache in memory only (``--no-cache``): a run still encodes each sentence once.
+    ``folder=None`` keeps the cache in memory only: a run still encodes each sentence once.
     ``hits`` and ``encoded`` count texts served from the cache and texts sent to the encoder.
     """
 
@@ -103,7 +103,7 @@ class CachedEncoder:
             except OSError as error:
                 raise RetrieverError(
                     f"cannot write the embedding cache in {folder} ({error.strerror or error}); "
-                    "pass --cache-dir DIR or --no-cache"
+                    f"pass another {param('folder')} or {param('folder', None)}"
                 ) from None
             self._load_shards()
 

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 
 DATA_ENV_VAR = "RETRIEVER_DATA"
 # The checkout sits next to the shared data folder: <root>/main (this repo) and <root>/shared/data.
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = _REPO_ROOT.parent / "shared" / "data"
-_HOW_TO_POINT = f"pass --data-dir DIR or set {DATA_ENV_VAR}=DIR (the folder holding stsb/, sick/, sts12/ ... qnli/)"
+_HOW_TO_POINT = (f"pass {param('data_dir')} or set {DATA_ENV_VAR}=DIR (the folder holding stsb/, sick/, sts12/ "
+                 "... qnli/)")
 
 
 def resolve_data_dir(explicit: str | os.PathLike | None = None) -> Path:

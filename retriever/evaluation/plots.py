@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, UnavailableError, param
 from retriever.evaluation.evaluators import spearman_x100
 
 CLOSE, FAR = "#2ca02c", "#1f77b4"  # the paper's green (edit distance <= 4) and blue
@@ -34,7 +34,7 @@ def plot_lexical_and_spectrum(
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
     except ImportError:
-        raise RetrieverError("--plot needs matplotlib (pip install matplotlib)") from None
+        raise UnavailableError(f"{param('plot')} needs matplotlib (pip install matplotlib)") from None
 
     panels = {"gold": np.asarray(gold, dtype=float), **similarities}
     close = distances <= max_distance
@@ -84,7 +84,7 @@ def plot_lexical_and_spectrum(
     try:
         figure.savefig(path, dpi=130)
     except (ValueError, OSError) as error:  # unknown extension, unwritable folder
-        raise RetrieverError(f"--plot {path}: {error}") from None
+        raise RetrieverError(f"{param('plot', str(path))}: {error}") from None
     finally:
         plt.close(figure)
     return path

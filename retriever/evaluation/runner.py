@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.evaluation.data import PairSubset, Task, resolve_data_dir
 from retriever.evaluation.evaluators import cosine_rows, evaluate, spearman_x100
 from retriever.evaluation.retrieval import RetrievalSet, RetrievalTask, evaluate_through_index
@@ -89,24 +89,25 @@ def plan_benchmark(
     if layout is not None:
         known = sorted({name for task in TASKS.values() for name in task.layouts})
         if layout not in known:
-            raise RetrieverError(f"unknown layout {layout!r}; choose one of {', '.join(known)}")
+            raise RetrieverError(f"unknown layout {layout!r}; choose one of {', '.join(known)}", parameter="layout")
     if fit_on == "train":
         without = [task.name for task in tasks if isinstance(task, Task) and "train" not in task.splits]
         if without:
             raise RetrieverError(
-                f"--fit-on train: {', '.join(without)} {'has' if len(without) == 1 else 'have'} no train split "
-                "(only evaluation data); use --fit-on target or --fit-on FILE"
+                f"{param('fit_on', 'train')}: {', '.join(without)} {'has' if len(without) == 1 else 'have'} no "
+                f"train split (only evaluation data); use {param('fit_on', 'target')} or a file of sentences"
             )
     elif fit_on != "target":
         path = Path(fit_on).expanduser()
         if not path.is_file():
-            raise RetrieverError(f"--fit-on must be target, train or a file of sentences; {fit_on} is not a file")
+            raise RetrieverError(f"{param('fit_on')} must be target, train or a file of sentences; {fit_on} is not a "
+                                 "file")
         fit_on = str(path)
     if fit_queries and not any(isinstance(task, RetrievalTask) for task in tasks):
-        raise RetrieverError("--fit-queries applies to retrieval tasks (qnli-retrieval, stsb-dup, sickr-dup, "
+        raise RetrieverError(f"{param('fit_queries')} applies to retrieval tasks (qnli-retrieval, stsb-dup, sickr-dup, "
                              "beir PATH); none was asked for")
     if limit is not None and limit < 2:
-        raise RetrieverError(f"--limit must be at least 2 pairs (got {limit})")
+        raise RetrieverError(f"{param('limit')} must be at least 2 pairs (got {limit})")
     return BenchPlan(tasks, names, folder, layout, fit_on, seed, limit, lexical, Path(plot) if plot else None,
                      fit_queries)
 
@@ -115,7 +116,7 @@ def parse_calibrators(calibrators: str | Sequence[str]) -> list[str]:
     parts = calibrators.split(",") if isinstance(calibrators, str) else list(calibrators)
     names = list(dict.fromkeys(part.strip().lower() for part in parts if part.strip()))
     if not names:
-        raise RetrieverError("no calibrator given; e.g. --calibrator none,flow")
+        raise RetrieverError(f"no calibrator given; e.g. {param('calibrators', 'none,flow')}")
     return names
 
 
@@ -311,12 +312,13 @@ class _Run:
             try:
                 text = path.read_bytes().decode("utf-8-sig")
             except UnicodeDecodeError as error:
-                raise RetrieverError(f"--fit-on {path}: not UTF-8 at byte {error.start}") from None
+                raise RetrieverError(f"{param('fit_on', str(path))}: not UTF-8 at byte {error.start}") from None
             except OSError as error:
-                raise RetrieverError(f"--fit-on {path}: cannot read ({error.strerror or error})") from None
+                raise RetrieverError(f"{param('fit_on', str(path))}: cannot read ({error.strerror or error})") from None
             sentences = list(dict.fromkeys(line.strip() for line in text.split("\n") if line.strip()))
             if len(sentences) < 2:
-                raise RetrieverError(f"--fit-on {path}: needs at least 2 non-blank lines (found {len(sentences)})")
+                raise RetrieverError(f"{param('fit_on', str(path))}: needs at least 2 non-blank lines "
+                                     f"(found {len(sentences)})")
             self.checksums[str(path)] = sha256_file(path)
             self._file_sentences = sentences
         return self._file_sentences

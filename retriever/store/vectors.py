@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import faiss
 import numpy as np
 
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 
 if TYPE_CHECKING:
     import torch
@@ -130,7 +130,8 @@ class IndexSpec:
 
     def __post_init__(self) -> None:
         if self.type not in INDEX_KINDS:
-            raise RetrieverError(f"unknown index type {self.type!r}; use one of {', '.join(INDEX_TYPES)}")
+            raise RetrieverError(f"unknown index type {self.type!r}; use one of {', '.join(INDEX_TYPES)}",
+                                 parameter="index_type")
         if self.kind.trained:
             self.nlist = self.nlist or 1024
         if self.kind.compressed:
@@ -140,7 +141,7 @@ class IndexSpec:
         for name in ("nlist", "nprobe", "ef_search", "rerank"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise RetrieverError(f"{name.replace('_', '-')} must be at least 1, got {value}")
+                raise RetrieverError(f"{param(name)} must be at least 1, got {value}")
 
     @property
     def kind(self) -> IndexKind:
@@ -210,7 +211,8 @@ def default_nprobe(nlist: int) -> int:
 def choose_spec(documents: int, dim: int, index_type: str = "auto", memory: int | None = None) -> IndexSpec:
     """The index for DOCUMENTS vectors of DIM dimensions: INDEX_TYPE, or for "auto" by corpus size and memory."""
     if index_type not in INDEX_TYPES:
-        raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}")
+        raise RetrieverError(f"unknown index type '{index_type}'; choose one of {', '.join(INDEX_TYPES)}",
+                             parameter="index_type")
     if index_type == "auto":
         if documents <= FLAT_MAX_DOCUMENTS:
             index_type = "flat"
@@ -382,12 +384,12 @@ class VectorStore:
         """
         queries = self._as_matrix(queries, "queries", allow_single=True)
         if k < 1:
-            raise RetrieverError(f"k must be at least 1, got {k}")
+            raise RetrieverError(f"{param('k')} must be at least 1, got {k}")
         if len(queries) == 0 or self.ntotal == 0:
             return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
-        for option, value in (("nprobe", nprobe), ("ef-search", ef_search)):
+        for option, value in (("nprobe", nprobe), ("ef_search", ef_search)):
             if value is not None and value < 1:
-                raise RetrieverError(f"{option} must be at least 1, got {value}")
+                raise RetrieverError(f"{param(option)} must be at least 1, got {value}")
         exclude = None if exclude is None or len(exclude) == 0 else np.ascontiguousarray(exclude, dtype=np.int64)
         options = _SearchOptions(nprobe or self.spec.search_nprobe, ef_search or self.spec.search_ef, exclude)
         scores, ids = self._get_searcher().search(queries, k, options)
