@@ -23,18 +23,8 @@ import numpy as np
 
 from retriever.build_steps import (
     ChangeSummary,
-    check_build_arguments,
-    enough_to_fit,
-    fallback_note,
-    fit_summary,
-    fitted_out_dim,
-    new_manifest,
-    note,
     now_iso,
     parse_fit_queries,
-    queries_to_fit,
-    save_fitted,
-    train_index,
 )
 from retriever.calibration import (
     DEFAULT_CALIBRATOR,
@@ -47,9 +37,11 @@ from retriever.calibration import (
 from retriever.corpus import Document, check_documents, corpus_format, document_text, iter_corpus
 from retriever.encoder import Encoder
 from retriever.engines import ENGINES
+from retriever.engines.base import BuildEngine, BuildSpec, run_build
+from retriever.engines.local import LocalEngine
 from retriever.errors import RetrieverError
 from retriever.index_folder import resolve_index_dir
-from retriever.layout import BUILD_STATE, CALIBRATOR, DOCUMENTS, ENCODED, RAW, ROWIDS, SEGMENTS
+from retriever.layout import CALIBRATOR, DOCUMENTS, ENCODED, RAW, ROWIDS, SEGMENTS
 from retriever.pipeline import (
     CHUNK_ROWS,
     BuildState,
@@ -57,18 +49,14 @@ from retriever.pipeline import (
     check_set,
     check_vectors,
     encode_table,
-    fit,
     fitted_query_count,
     ingest,
     l2_normalize,
-    source_fingerprint,
-    table_texts,
     with_queries,
     write_segment_vectors,
 )
-from retriever.progress import stderr_console
 from retriever.snapshot import SearchHit, Snapshot, isotropy, search_record, verify_index
-from retriever.store.arrays import VectorSource, npy_layout, vector_source
+from retriever.store.arrays import VectorSource, vector_source
 from retriever.store.documents import DocumentTable
 from retriever.store.vectors import IndexSpec, train_template
 from retriever.writer import IndexWriter, MergePolicy
@@ -122,6 +110,10 @@ class Index(Snapshot):
         over rather than resuming."""
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
+        spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
+                         calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
+                         index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
+                         encoding=encoding, fit_queries=fit_queries)
         if engine == "ray":
             if isinstance(corpus, (list, tuple)):
                 raise RetrieverError("the ray engine reads corpus files; build from a list of documents with the "
@@ -129,130 +121,16 @@ class Index(Snapshot):
             if vectors is not None or encoder is not None:
                 raise RetrieverError("the ray engine encodes the corpus itself; build from --vectors with the local "
                                      "engine")
-            from retriever.engines.ray_build import RayOptions, build as ray_build
+            from retriever.engines.ray_build import RayEngine, RayOptions
 
-            summary = ray_build(corpus, name, index_dir, options=ray_options or RayOptions(), model=model,
-                              pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
-                              calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
-                              index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
-                              encoding=encoding, progress=progress, fit_queries=fit_queries)
-            summary.opener = _version_opener(Path(summary.folder), name, resolve_index_dir(index_dir), device)
-            return summary
-        started = time.perf_counter()
-        index_dir = resolve_index_dir(index_dir)
-        loaded = encoder
-        # Cheap refusals first: bad arguments never wait for a corpus read or a model load.
-        given = list(corpus) if isinstance(corpus, (list, tuple)) else None
-        if isinstance(vectors, np.ndarray):
-            resume = False  # vectors in memory: nothing on disk to tell a rerun's from this one's
-        if given is not None:
-            check_documents(given)
-            corpus, resume = "the given documents", False  # nothing on disk to resume from
-        elif Path(corpus).is_dir():
-            raise RetrieverError(f"{corpus}: a folder; the local engine builds from one corpus file, --engine ray "
-                                 "from a folder of them")
+            runner: BuildEngine = RayEngine(spec, progress, corpus=corpus, options=ray_options or RayOptions())
         else:
-            corpus_format(corpus)
-            if not Path(corpus).is_file():
-                raise RetrieverError(f"{corpus}: no such file")
-        fitted, prefitted, (query_texts, query_vectors, queries_from) = check_build_arguments(
-            calibrator, calibrator_options, index_type, fit_sample, fit_queries, encoding, index_dir, name)
-        source = vector_source(vectors) if vectors is not None else None
-        encoder_settings = (loaded.config() if loaded is not None else
-                            {"model": model, "pooling": pooling, "layers": _layers_key(layers),
-                             "max_length": max_length, "dtype": dtype})
-        key = {"corpus": source_fingerprint(corpus) if given is None else None, "encoding": encoding, "encoder": encoder_settings,
-               "vectors": source.fingerprint() if source else None}
-        timings: dict[str, float] = {}
-        notes: list[str] = []
-        # A build never queues behind another writer of NAME: one of the two would silently replace the other.
-        with IndexWriter(index_dir, name, build=True, resume_key=key if resume else None, device=device,
-                         busy_hint="wait for it to finish, or build under another --name") as writer:
-            folder = writer.folder
-            segment = writer.new_segment_folder()
-            state = BuildState.load(folder / BUILD_STATE) if writer.resumed else BuildState(folder / BUILD_STATE, key)
-            if writer.resumed:
-                _resumable(folder, segment, state, notes, progress)
-
-            clock = time.perf_counter()
-            if state.documents is None:
-                table = DocumentTable.create(segment / DOCUMENTS)
-                documents = iter(given) if given is not None else iter_corpus(corpus, encoding)
-                state.documents = ingest(documents, table, 1, progress, chunk_rows)
-                table.close()
-                if state.documents == 0:
-                    raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
-                state.save()
-            timings["read"] = time.perf_counter() - clock
-            if source is not None and source.rows != state.documents:
-                raise RetrieverError(f"{source.path} holds {_count(source.rows, 'vector')} for "
-                                     f"{_documents(state.documents)} in {corpus}; row i must be document i")
-
-            clock = time.perf_counter()
-            encoder = loaded or Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
-            timings["load_model"] = time.perf_counter() - clock  # in a fresh process: mostly importing model code
-            if source is not None and source.dim != encoder.dim:
-                raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; {encoder.model_name} "
-                                     f"gives {encoder.dim}")
-            if query_vectors is not None and query_vectors.shape[1] != encoder.dim:
-                raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; "
-                                     f"{encoder.model_name} gives {encoder.dim}")
-            # Decided before encoding, now that the documents are counted and the dimension is known.
-            if not prefitted:
-                fitted.check_dim(encoder.dim)
-            fitted, fallback = enough_to_fit(fitted, prefitted, state.documents, fit_sample, encoder.dim)
-            if fallback:
-                note(notes, fallback_note(fallback, index_dir, name), progress)
-
-            clock = time.perf_counter()
-            if source is None:
-                if state.encoded:
-                    notes.append(f"resumed a killed build: {state.encoded:,} of {state.documents:,} documents "
-                                 "were already encoded")
-                    if progress:
-                        stderr_console.print(notes[-1])
-                with DocumentTable.open(segment / DOCUMENTS) as table:
-                    encode_table(encoder, table, folder / ENCODED, state, progress=progress, chunk_rows=chunk_rows)
-                source = VectorSource(folder / ENCODED)
-                timings["encode"] = time.perf_counter() - clock
-            else:
-                check_vectors(source, progress)
-                timings["check_vectors"] = time.perf_counter() - clock
-
-            clock = time.perf_counter()
-            seed = getattr(fitted, "seed", 0)
-            with DocumentTable.open(segment / DOCUMENTS) as table:
-                check = check_set(fitted, state.documents, table_texts(table), source.take, encoder, seed, progress)
-            if check is not None:
-                timings["pseudo_queries"] = time.perf_counter() - clock
-            clock = time.perf_counter()
-            query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
-            calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors, check)
-            timings["fit"] = time.perf_counter() - clock
-
-            clock = time.perf_counter()
-            spec, template = train_index(state.documents, calibrated_sample, index_type, index_options)
-            del calibrated_sample
-            timings["train_index"] = time.perf_counter() - clock
-
-            clock = time.perf_counter()
-            blocks = calibrated_blocks(source, fitted, 1, progress)
-            write_segment_vectors(segment, blocks, encoder.dim, fitted_out_dim(fitted, encoder.dim),
-                                  spec.for_segment(state.documents), template)
-            (folder / ENCODED).unlink(missing_ok=True)
-            timings["index"] = time.perf_counter() - clock
-
-            clock = time.perf_counter()
-            save_fitted(folder, fitted, spec, template)
-            fit_record = fit_summary(prefitted, state.documents, fit_sample, seed, query_vectors, queries_from)
-            manifest = new_manifest(name, corpus if given is None else None, encoder.config(), fitted, fit_record, spec,
-                                    [(segment.name, state.documents)], state.truncated, fallback,
-                                    vectors_from=None if isinstance(vectors, np.ndarray) else vectors)
-            final = writer.commit(manifest)
-            timings["write"] = time.perf_counter() - clock
-        return ChangeSummary(name, str(final), state.documents, state.documents, state.truncated,
-                             time.perf_counter() - started, timings, notes,
-                             opener=_version_opener(final, name, index_dir, device))
+            runner = LocalEngine(spec, progress, corpus=corpus, vectors=vectors, encoder=encoder, resume=resume,
+                                 chunk_rows=chunk_rows)
+        index_dir = resolve_index_dir(index_dir)
+        summary = run_build(runner, name, index_dir)
+        summary.opener = _version_opener(Path(summary.folder), name, index_dir, device)
+        return summary
 
     def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
             vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS) -> ChangeSummary:
@@ -409,42 +287,12 @@ def _merge_notes(writer: IndexWriter) -> list[str]:
     return [f"merged {writer.merged} segments"] if writer.merged else []
 
 
-def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str], progress: bool) -> None:
-    """Match a killed build's STATE to what its folder really holds, so the re-run continues from there whatever
-    step the kill hit: its temporary files go; documents without their table are read again; vectors on record
-    but not on disk are encoded again (the build deletes them once the segment is written: a kill between that
-    and the commit leaves the state saying "all encoded" with no file)."""
-    for stale in [path for path in folder.rglob("*.partial") if path.is_file()]:
-        stale.unlink()  # a file a killed step was writing, never renamed into place
-    if state.documents is not None and not (segment / DOCUMENTS).is_file():
-        state.documents, state.encoded, state.truncated = None, 0, 0
-    if state.encoded and _encoded_rows(folder / ENCODED) < state.encoded:
-        note(notes, f"resumed a killed build: its {state.documents:,} documents were already read; their "
-                     "vectors were gone, so they are encoded again", progress)
-        state.encoded, state.truncated = 0, 0
-        state.save()
-
-
-def _encoded_rows(path: Path) -> int:
-    """Rows a build's encoded-vectors file holds whole: as many as its header says (rewritten at every flush), if
-    the file is that long; 0 for no file, or one that is not a 2-D .npy."""
-    try:
-        (rows, dim), dtype, offset = npy_layout(path)
-        return min(int(rows), (path.stat().st_size - offset) // max(1, dim * dtype.itemsize))
-    except (RetrieverError, OSError, ValueError):
-        return 0
-
-
 def _count(number: int, noun: str) -> str:
     return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def _documents(count: int) -> str:
     return _count(count, "document")
-
-
-def _layers_key(layers: str | Sequence[int] | None):
-    return layers if layers is None or isinstance(layers, str) else list(layers)
 
 
 def _version_opener(folder: Path, name: str, index_dir: Path, device: str):

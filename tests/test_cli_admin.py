@@ -67,9 +67,9 @@ def test_the_index_home_does_not_depend_on_the_current_folder(cli, docs, tiny_be
 
 
 def test_an_index_dir_that_is_a_file_fails_before_anything_is_read(cli, docs, tmp_path, monkeypatch):
-    import retriever.index
+    import retriever.engines.local
 
-    monkeypatch.setattr(retriever.index, "iter_corpus", lambda *a, **k: pytest.fail("read the corpus"))
+    monkeypatch.setattr(retriever.engines.local, "iter_corpus", lambda *a, **k: pytest.fail("read the corpus"))
     readme = tmp_path / "README.md"
     readme.write_text("not a folder")
     assert_one_line_error(cli("build", docs, "--name", "x", "--index-dir", readme),
@@ -160,9 +160,9 @@ def test_remove_yes_never_asks_and_refuses_while_a_writer_runs(cli, built_home, 
 
 
 def test_bad_names_are_one_line_errors_that_show_the_rule_before_anything_is_read(cli, docs, tmp_path, monkeypatch):
-    import retriever.index
+    import retriever.engines.local
 
-    monkeypatch.setattr(retriever.index, "iter_corpus", lambda *a, **k: pytest.fail("read the corpus"))
+    monkeypatch.setattr(retriever.engines.local, "iter_corpus", lambda *a, **k: pytest.fail("read the corpus"))
     for name in ("a" * 300, "my index", "é-名前", "-x", "../escape", ".hidden"):
         assert_one_line_error(cli("build", docs, "--name", name), "invalid index name", NAME_RULE)
     assert_one_line_error(cli("build", docs, "--name=-x"), "invalid index name '-x'", NAME_RULE)

@@ -1,6 +1,8 @@
-"""Build engines: where a build's read -> encode -> calibrate -> segment stages run.
+"""Build engines: where a build's read -> encode -> segment stages run. What lies between (fitting the
+calibrator, training the index, committing) is one skeleton for all of them (`retriever.engines.base.run_build`),
+so an engine is a `BuildEngine` that fills in its stages:
 
-- ``local`` (`Index.build`): one process, streamed in chunks, resumable after a kill.
+- ``local`` (`retriever.engines.local`): one process, streamed in chunks, resumable after a kill.
 - ``ray`` (`retriever.engines.ray_build`): Ray Data reads the corpus and encodes it on an actor pool (one model
   load per actor, a GPU each where present), the driver fits the calibrator on a sample, and Ray tasks write the
   index segments. Needs the optional extra ``retriever[ray]``; Ray is imported only when this engine is chosen.

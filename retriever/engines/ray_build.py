@@ -32,12 +32,14 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
-from retriever.calibration import DEFAULT_FIT_SAMPLE, Calibrator
+from retriever.calibration import Calibrator
 from retriever.corpus import iter_corpus
+from retriever.encoder import Encoder
+from retriever.engines.base import BuildEngine
 from retriever.engines.workers import (
     SHARDS,
     EncodeWorker,
@@ -47,9 +49,12 @@ from retriever.engines.workers import (
     write_segment,
 )
 from retriever.errors import RetrieverError
-from retriever.index_folder import resolve_index_dir
-from retriever.pipeline import CHUNK_ROWS
+from retriever.layout import segment_name
+from retriever.pipeline import CHUNK_ROWS, stream_texts
 from retriever.progress import progress_bar, stderr_console
+from retriever.store.arrays import VectorSource
+from retriever.store.vectors import IndexSpec
+from retriever.writer import IndexWriter
 
 # Documents per piece and per encode call of an actor: the local engine's chunk. The encoder sorts each call's
 # texts by length before batching, so a larger call pads less (on real passages, 2,048 texts per call encoded 8%
@@ -206,89 +211,71 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
         raise RetrieverError(f"cannot reach a Ray cluster at {address}: {error.strerror or error}") from None
 
 
-def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *, options: RayOptions,
-          model: str | None = None, pooling: str | None = "last-avg", layers=None, max_length: int | None = None,
-          calibrator: str | Calibrator = "auto", calibrator_options: dict | None = None,
-          fit_sample: int | None = DEFAULT_FIT_SAMPLE, index_type: str = "auto", index_options: dict | None = None,
-          device: str = "auto", dtype: str = "fp32", batch_size: int = 64, encoding: str = "utf-8",
-          progress: bool = False, fit_queries=None):
-    """`Index.build` on a Ray cluster (see the module docstring); returns its ChangeSummary."""
-    from retriever.encoder import Encoder
-    from retriever.build_steps import (
-        ChangeSummary,
-        check_build_arguments,
-        enough_to_fit,
-        fallback_note,
-        fit_summary,
-        new_manifest,
-        note,
-        queries_to_fit,
-        save_fitted,
-        train_index,
-    )
-    from retriever.layout import segment_name
-    from retriever.writer import IndexWriter
-    from retriever.pipeline import check_set, fit, stream_texts
-    from retriever.store.arrays import VectorSource
+@dataclass
+class RayEngine(BuildEngine):
+    """The build engine on a Ray cluster (see the module docstring). CORPUS: a corpus file or a folder of them;
+    OPTIONS: where the cluster is and how many workers it gives the build."""
 
-    started = time.perf_counter()
-    options.check()
-    index_dir = resolve_index_dir(index_dir)
-    paths = corpus_files(corpus)
-    fitted, prefitted, (query_texts, query_vectors, queries_from) = check_build_arguments(
-        calibrator, calibrator_options, index_type, fit_sample, fit_queries, encoding, index_dir, name)
-    timings: dict[str, float] = {}
-    notes: list[str] = []
-    clock = time.perf_counter()
-    # The driver loads the model too: it resolves the config every actor rebuilds (max_length, dim), checks the
-    # model exists before a cluster spends anything, and encodes --fit-queries.
-    encoder = Encoder(model, pooling, layers, max_length, device="cpu", dtype=dtype if dtype != "fp16" else "fp32")
-    config = {**encoder.config(), "dtype": dtype}
-    if not prefitted:
-        fitted.check_dim(encoder.dim)
-    if query_vectors is not None and query_vectors.shape[1] != encoder.dim:
-        raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; "
-                             f"{encoder.model_name} gives {encoder.dim}")
-    timings["load_model"] = time.perf_counter() - clock
+    corpus: str | Path = ""
+    options: RayOptions = field(default_factory=lambda: RayOptions())
 
-    ray = import_ray()
-    clock = time.perf_counter()
-    with IndexWriter(index_dir, name, build=True,
-                     busy_hint="wait for it to finish, or build under another --name") as writer, \
-            ray_cluster(options.address) as local, quiet_ray_data(ray):
-        resources = ray.cluster_resources()
-        if device == "cpu":  # asked for: no GPU actors even where the cluster has GPUs
-            options = RayOptions(options.address, options.workers, 0, options.batch_rows)
-        plan = plan_workers(options, resources.get("CPU", 0), resources.get("GPU", 0), local)
-        if device.startswith("cuda") and not plan.gpus:
-            raise RetrieverError(f"--device {device}: the Ray cluster has no GPU")
-        timings["start_cluster"] = time.perf_counter() - clock
-        if progress:
-            stderr_console.print(f"ray: {plan.describe()} on {_nodes(ray)}; batches of {options.batch_rows:,} "
-                                 "documents")
-        folder = writer.folder
-        shard_dir = folder / SHARDS
-        shard_dir.mkdir()
+    def check(self) -> None:
+        self.options.check()
+        self._paths = corpus_files(self.corpus)
 
+    @contextmanager
+    def session(self, index_dir: Path, name: str) -> Iterator[IndexWriter]:
+        spec = self.spec
         clock = time.perf_counter()
-        files = [{"file": number, "path": str(path)} for number, path in enumerate(paths)]
+        # The driver loads the model too: it resolves the config every actor rebuilds (max_length, dim), checks the
+        # model exists before a cluster spends anything, and encodes --fit-queries.
+        self._encoder = Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, device="cpu",
+                                dtype=spec.dtype if spec.dtype != "fp16" else "fp32")
+        self.timings["load_model"] = time.perf_counter() - clock
+        ray = self._ray = import_ray()
+        clock = time.perf_counter()
+        with IndexWriter(index_dir, name, build=True,
+                         busy_hint="wait for it to finish, or build under another --name") as writer, \
+                ray_cluster(self.options.address) as local, quiet_ray_data(ray):
+            resources = ray.cluster_resources()
+            options = self.options
+            if spec.device == "cpu":  # asked for: no GPU actors even where the cluster has GPUs
+                options = RayOptions(options.address, options.workers, 0, options.batch_rows)
+            self.options = options
+            self._plan = plan = plan_workers(options, resources.get("CPU", 0), resources.get("GPU", 0), local)
+            if spec.device.startswith("cuda") and not plan.gpus:
+                raise RetrieverError(f"--device {spec.device}: the Ray cluster has no GPU")
+            self.timings["start_cluster"] = time.perf_counter() - clock
+            if self.progress:
+                stderr_console.print(f"ray: {plan.describe()} on {_nodes(ray)}; batches of {options.batch_rows:,} "
+                                     "documents")
+            self._shard_dir = writer.folder / SHARDS
+            self._shard_dir.mkdir()
+            yield writer
+
+    def read(self, writer: IndexWriter) -> int:
+        ray, options = self._ray, self.options
+        files = [{"file": number, "path": str(path)} for number, path in enumerate(self._paths)]
         counted = _run(lambda: ray.data.from_items(files, override_num_blocks=len(files)).map_batches(
             count_stage, batch_size=1, num_cpus=READ_CPUS,
-            fn_kwargs={"encoding": encoding, "piece_documents": options.batch_rows}).take_all())
+            fn_kwargs={"encoding": self.spec.encoding, "piece_documents": options.batch_rows}).take_all())
         counted.sort(key=lambda row: (int(row["file"]), int(row["start"])))
         documents = sum(int(row["documents"]) for row in counted)
         if documents == 0:
-            raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
-        items, first_rowid = [], 1
+            raise RetrieverError(f"{self.corpus}: no documents (the file is empty or all blank lines)")
+        self._items, first_rowid = [], 1
         for row in counted:
-            items.append({key: (str(value) if key == "path" else int(value)) for key, value in row.items()}
-                         | {"first_rowid": first_rowid})
+            self._items.append({key: (str(value) if key == "path" else int(value)) for key, value in row.items()}
+                               | {"first_rowid": first_rowid})
             first_rowid += int(row["documents"])
-        timings["read"] = time.perf_counter() - clock
-        fitted, fallback = enough_to_fit(fitted, prefitted, documents, fit_sample, encoder.dim)
-        if fallback:
-            note(notes, fallback_note(fallback, index_dir, name), progress)
+        self._documents = documents
+        return documents
 
+    def load_encoder(self) -> Encoder:
+        return self._encoder
+
+    def encode(self, writer: IndexWriter, encoder: Encoder) -> tuple[VectorSource, int]:
+        ray, options, plan, documents = self._ray, self.options, self._plan, self._documents
         clock = time.perf_counter()
         # The read stage runs as its own tasks: fused into the actors (Ray Data fuses consecutive maps whose
         # resources match), a one-file corpus would be read, and so encoded, by a single actor. A reader reserves a
@@ -298,19 +285,20 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
         with warnings.catch_warnings():
             # Ray 2.60 names no parameter for an actor's restarts and warns at the generic ones it still takes.
             warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-            encoded = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            encoded = ray.data.from_items(self._items, override_num_blocks=len(self._items)).map_batches(
                 read_stage, batch_size=1, num_cpus=READ_CPUS, compute=ray.data.TaskPoolStrategy(size=plan.workers + 1),
-                fn_kwargs={"batch_rows": options.batch_rows, "encoding": encoding},
+                fn_kwargs={"batch_rows": options.batch_rows, "encoding": self.spec.encoding},
             ).map_batches(
                 EncodeWorker, batch_size=options.batch_rows, num_cpus=plan.cpus,
                 **({"num_gpus": plan.gpus} if plan.gpus else {}), compute=ray.data.ActorPoolStrategy(size=plan.workers),
                 max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS,
-                fn_constructor_kwargs={"config": config, "shard_dir": str(shard_dir), "threads": plan.cpus,
-                                       "device": "cuda" if plan.gpus else "cpu", "batch_size": batch_size},
+                fn_constructor_kwargs={"config": self.encoder_config(encoder), "shard_dir": str(self._shard_dir),
+                                       "threads": plan.cpus, "device": "cuda" if plan.gpus else "cpu",
+                                       "batch_size": self.spec.batch_size},
             )
         shards, truncated = [], 0
         with progress_bar(f"Encoding on {plan.workers} Ray worker{'s' if plan.workers != 1 else ''}",
-                          total=documents, enabled=progress) as advance:
+                          total=documents, enabled=self.progress) as advance:
             first_batch, later_rows, later_batches = None, 0, 0
             for batch in run_iter(lambda: encoded.iter_batches(batch_size=None, batch_format="numpy")):
                 shards.extend(zip(batch["shard"].tolist(), batch["rows"].tolist()))
@@ -322,59 +310,49 @@ def build(corpus: str | Path, name: str, index_dir: str | Path | None = None, *,
                     later_rows += int(batch["rows"].sum())
                     later_batches += 1
         # The start-up cost, and the steady rate after it where enough batches came to measure one.
-        timings["encode_first_batch"] = first_batch - clock
+        self.timings["encode_first_batch"] = first_batch - clock
         if later_batches >= 3:
-            timings["encode_steady_rows_per_s"] = later_rows / (time.perf_counter() - first_batch)
+            self.timings["encode_steady_rows_per_s"] = later_rows / (time.perf_counter() - first_batch)
         shards.sort()
         _check_shards(shards, documents)
-        timings["encode"] = time.perf_counter() - clock
+        self._shards = shards
+        self.timings["encode"] = time.perf_counter() - clock
+        return VectorSource(self._shard_dir), truncated  # shards are named by first row id: file order is row order
 
-        clock = time.perf_counter()
-        source = VectorSource(shard_dir)  # shards are named by first row id: file order is row order
-        seed = getattr(fitted, "seed", 0)
+    def documents_at(self, writer: IndexWriter):
         # auto's pseudo-queries: the driver reads the sampled documents' texts from the corpus files, in row order.
-        texts = stream_texts(chain.from_iterable(iter_corpus(path, encoding) for path in paths))
-        check = check_set(fitted, documents, texts, source.take, encoder, seed, progress)
-        if check is not None:
-            timings["pseudo_queries"] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
-        calibrated_sample = fit(fitted, source, fit_sample, seed, query_vectors, check)
-        timings["fit"] = time.perf_counter() - clock
+        return stream_texts(chain.from_iterable(iter_corpus(path, self.spec.encoding) for path in self._paths))
 
-        clock = time.perf_counter()
-        spec, template = train_index(documents, calibrated_sample, index_type, index_options)
-        del calibrated_sample
-        save_fitted(folder, fitted, spec, template)  # what every segment task calibrates with (the folder is shared)
-        timings["train_index"] = time.perf_counter() - clock
-
-        clock = time.perf_counter()
-        groups = segment_groups(shards, plan.workers)
+    def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
+                       template) -> list[tuple[str, int]]:
+        ray, folder = self._ray, writer.folder
+        groups = segment_groups(self._shards, self._plan.workers)
         names = [segment_name(number) for number in range(1, len(groups) + 1)]
         task = ray.remote(num_cpus=1)(write_segment).options(max_retries=2)
-        pending = {task.remote(str(folder), segment, [first for first, _ in group], str(shard_dir), spec.to_dict(),
-                               threads=1): segment for segment, group in zip(names, groups)}
-        with progress_bar("Writing segments", total=len(names), enabled=progress, unit="segments") as advance:
+        # Each task calibrates with what the skeleton saved in the (shared) partial folder.
+        pending = {task.remote(str(folder), segment, [first for first, _ in group], str(self._shard_dir),
+                               spec.to_dict(), threads=1): segment for segment, group in zip(names, groups)}
+        with progress_bar("Writing segments", total=len(names), enabled=self.progress, unit="segments") as advance:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 _run(lambda: ray.get(done[0]))
                 del pending[done[0]]
                 advance(1)
         check_ids_across(folder, names)
-        shutil.rmtree(shard_dir)
-        timings["index"] = time.perf_counter() - clock
+        shutil.rmtree(self._shard_dir)
+        return [(segment, sum(rows for _, rows in group)) for segment, group in zip(names, groups)]
 
-        clock = time.perf_counter()
-        segments = [(segment, sum(rows for _, rows in group)) for segment, group in zip(names, groups)]
-        fit_record = fit_summary(prefitted, documents, fit_sample, seed, query_vectors, queries_from)
-        manifest = new_manifest(name, corpus, config, fitted, fit_record, spec, segments, truncated, fallback,
-                                engine={"name": "ray", "workers": plan.workers, "cpus_per_worker": plan.cpus,
-                                        "gpus_per_worker": plan.gpus, "batch_rows": options.batch_rows,
-                                        "corpus_files": len(paths)})
-        final = writer.commit(manifest)
-        timings["write"] = time.perf_counter() - clock
-    return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
-                         notes)
+    def encoder_config(self, encoder: Encoder) -> dict:
+        return {**encoder.config(), "dtype": self.spec.dtype}  # the workers' precision, not the driver copy's
+
+    def corpus_record(self) -> str | Path:
+        return self.corpus
+
+    def manifest_extras(self) -> dict:
+        plan = self._plan
+        return {"engine": {"name": "ray", "workers": plan.workers, "cpus_per_worker": plan.cpus,
+                           "gpus_per_worker": plan.gpus, "batch_rows": self.options.batch_rows,
+                           "corpus_files": len(self._paths)}}
 
 
 def segment_groups(shards: Sequence[tuple[int, int]], workers: int) -> list[list[tuple[int, int]]]:

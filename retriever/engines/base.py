@@ -1,0 +1,182 @@
+"""The build skeleton every engine shares, and the interface an engine fills in.
+
+An engine decides where the documents are read and encoded and where the segments are written; everything
+between is the same for all of them and lives here, once: checking the arguments, deciding what can be fitted on
+this many documents, the retrieval check's pseudo-queries, fitting the calibrator, training the index template,
+saving both, and committing the manifest through the writer (`retriever.writer.IndexWriter`).
+
+    run_build(engine, name, index_dir, spec)
+      engine.check()                                  cheap refusals, before anything is read or loaded
+      with engine.session(index_dir, name) as writer: the writer transaction (and whatever the engine runs in)
+        engine.read(writer)      -> documents         row ids 1..documents, in corpus order
+        engine.load_encoder()    -> Encoder           the driver's copy: queries, pseudo-queries, the config
+        engine.encode(writer)    -> VectorSource      raw vectors, row i - 1 for row id i
+        fit, train, save                              shared
+        engine.write_segments(writer, ...)            -> [(segment name, rows)]
+        commit                                        shared
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from retriever.build_steps import (
+    ChangeSummary,
+    check_build_arguments,
+    enough_to_fit,
+    fallback_note,
+    fit_summary,
+    new_manifest,
+    note,
+    queries_to_fit,
+    save_fitted,
+    train_index,
+)
+from retriever.calibration import DEFAULT_CALIBRATOR, DEFAULT_FIT_SAMPLE, Calibrator
+from retriever.encoder import Encoder
+from retriever.errors import RetrieverError
+from retriever.pipeline import check_set, fit
+from retriever.store.arrays import VectorSource
+from retriever.store.vectors import IndexSpec
+from retriever.writer import IndexWriter
+
+
+@dataclass
+class BuildSpec:
+    """What a build makes, whichever engine runs it: the encoder, the calibrator and how it is fitted, the index
+    type, and how the corpus is read."""
+
+    model: str | None = None
+    pooling: str | None = "last-avg"
+    layers: str | Sequence[int] | None = None
+    max_length: int | None = None
+    calibrator: str | Calibrator = DEFAULT_CALIBRATOR
+    calibrator_options: dict | None = None
+    fit_sample: int | None = DEFAULT_FIT_SAMPLE
+    index_type: str = "auto"
+    index_options: dict | None = None
+    device: str = "auto"
+    dtype: str = "fp32"
+    batch_size: int = 64
+    encoding: str = "utf-8"
+    fit_queries: str | Path | Sequence[str] | np.ndarray | None = None
+
+
+@dataclass
+class BuildEngine(ABC):
+    """Where a build's read, encode and segment stages run. An engine records its stages' seconds in `timings`
+    and anything worth telling in `notes` (shown by the CLI, returned in the ChangeSummary)."""
+
+    spec: BuildSpec
+    progress: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        """Refuse what can be refused before anything is read or loaded."""
+
+    @abstractmethod
+    def session(self, index_dir: Path, name: str) -> AbstractContextManager[IndexWriter]:
+        """The build's writer transaction, inside whatever the engine needs around it (a cluster)."""
+
+    @abstractmethod
+    def read(self, writer: IndexWriter) -> int:
+        """Read the corpus; returns how many documents (row ids 1..that, in corpus order)."""
+
+    @abstractmethod
+    def load_encoder(self) -> Encoder:
+        """The encoder the build's config records, loaded where the build is driven."""
+
+    @abstractmethod
+    def encode(self, writer: IndexWriter, encoder: Encoder) -> tuple[VectorSource, int]:
+        """Every document's raw vector, in row order, and how many documents were truncated."""
+
+    @abstractmethod
+    def documents_at(self, writer: IndexWriter) -> Callable[[np.ndarray], list[tuple[str | None, str]]]:
+        """(title, text) of the documents at 0-based row positions, for the retrieval check's pseudo-queries."""
+
+    @abstractmethod
+    def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
+                       template) -> list[tuple[str, int]]:
+        """Write the segments (calibrated with CALIBRATOR, saved in the writer's folder too); returns their
+        (name, rows) in row id order."""
+
+    def encoder_config(self, encoder: Encoder) -> dict:
+        """The encoder record the manifest keeps: queries are encoded exactly so."""
+        return encoder.config()
+
+    def corpus_record(self) -> str | Path | None:
+        """The corpus the manifest records as the source (None: documents given in Python)."""
+        return None
+
+    def manifest_extras(self) -> dict:
+        """Engine-specific manifest fields (`vectors_from`, `engine`)."""
+        return {}
+
+
+def run_build(engine: BuildEngine, name: str, index_dir: Path) -> ChangeSummary:
+    """Build index NAME in INDEX_DIR with ENGINE (see the module docstring); returns the ChangeSummary of the
+    committed version."""
+    started = time.perf_counter()
+    spec, timings, notes, progress = engine.spec, engine.timings, engine.notes, engine.progress
+    engine.check()
+    fitted, prefitted, (query_texts, query_vectors, queries_from) = check_build_arguments(
+        spec.calibrator, spec.calibrator_options, spec.index_type, spec.fit_sample, spec.fit_queries, spec.encoding,
+        index_dir, name)
+    with engine.session(index_dir, name) as writer:
+        clock = time.perf_counter()
+        documents = engine.read(writer)
+        timings["read"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        encoder = engine.load_encoder()
+        timings.setdefault("load_model", time.perf_counter() - clock)  # in a fresh process: mostly importing
+        if query_vectors is not None and query_vectors.shape[1] != encoder.dim:
+            raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; "
+                                 f"{encoder.model_name} gives {encoder.dim}")
+        # Decided before encoding, now that the documents are counted and the dimension is known.
+        if not prefitted:
+            fitted.check_dim(encoder.dim)
+        fitted, fallback = enough_to_fit(fitted, prefitted, documents, spec.fit_sample, encoder.dim)
+        if fallback:
+            note(notes, fallback_note(fallback, index_dir, name), progress)
+
+        source, truncated = engine.encode(writer, encoder)
+
+        clock = time.perf_counter()
+        seed = getattr(fitted, "seed", 0)
+        check = check_set(fitted, documents, engine.documents_at(writer), source.take, encoder, seed, progress)
+        if check is not None:
+            timings["pseudo_queries"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
+        calibrated_sample = fit(fitted, source, spec.fit_sample, seed, query_vectors, check)
+        timings["fit"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        index_spec, template = train_index(documents, calibrated_sample, spec.index_type, spec.index_options)
+        del calibrated_sample
+        save_fitted(writer.folder, fitted, index_spec, template)  # what every segment is calibrated with
+        timings["train_index"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        segments = engine.write_segments(writer, source, fitted, index_spec, template)
+        timings["index"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        fit_record = fit_summary(prefitted, documents, spec.fit_sample, seed, query_vectors, queries_from)
+        manifest = new_manifest(name, engine.corpus_record(), engine.encoder_config(encoder),
+                                fitted, fit_record, index_spec, segments, truncated, fallback,
+                                **engine.manifest_extras())
+        final = writer.commit(manifest)
+        timings["write"] = time.perf_counter() - clock
+    return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
+                         notes)
+

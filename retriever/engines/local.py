@@ -1,0 +1,194 @@
+"""The local build engine: one process, streamed in chunks, resumable after a kill.
+
+Reads the corpus (a file, or Documents given in Python) into the first segment's document table, encodes it in
+chunks into the build's partial folder (or takes precomputed vectors), and writes one segment. What it has
+finished is saved after every chunk (`pipeline.BuildState`), so a killed build re-run with the same corpus and
+encoder settings continues from there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from retriever.build_steps import fitted_out_dim, note
+from retriever.calibration import Calibrator
+from retriever.corpus import Document, check_documents, corpus_format, iter_corpus
+from retriever.encoder import Encoder
+from retriever.engines.base import BuildEngine
+from retriever.errors import RetrieverError
+from retriever.layout import BUILD_STATE, DOCUMENTS, ENCODED
+from retriever.pipeline import (
+    CHUNK_ROWS,
+    BuildState,
+    calibrated_blocks,
+    check_vectors,
+    encode_table,
+    ingest,
+    source_fingerprint,
+    table_texts,
+    write_segment_vectors,
+)
+from retriever.store.arrays import VectorSource, npy_layout, vector_source
+from retriever.store.documents import DocumentTable
+from retriever.store.vectors import IndexSpec
+from retriever.writer import IndexWriter
+
+
+@dataclass
+class LocalEngine(BuildEngine):
+    """CORPUS: a corpus file or a list of Documents. VECTORS: precomputed raw vectors (a .npy, a folder of .npy
+    shards, or an array; row i = document i) made with the spec's encoder; nothing is encoded. ENCODER: an already
+    loaded encoder, used instead of loading the spec's (many builds, one model). RESUME: continue a killed build
+    of the same corpus and encoder settings."""
+
+    corpus: str | Path | Sequence[Document] = ""
+    vectors: str | Path | np.ndarray | None = None
+    encoder: Encoder | None = None
+    resume: bool = True
+    chunk_rows: int = CHUNK_ROWS
+    _given: list[Document] | None = field(default=None, init=False, repr=False)
+    _source: VectorSource | None = field(default=None, init=False, repr=False)
+    _state: BuildState | None = field(default=None, init=False, repr=False)
+    _segment: Path | None = field(default=None, init=False, repr=False)
+    _key: dict | None = field(default=None, init=False, repr=False)
+
+    def check(self) -> None:
+        corpus = self.corpus
+        if isinstance(corpus, (list, tuple)):
+            self._given = list(corpus)
+            check_documents(self._given)
+            self.resume = False  # nothing on disk to resume from
+        elif Path(corpus).is_dir():
+            raise RetrieverError(f"{corpus}: a folder; the local engine builds from one corpus file, --engine ray "
+                                 "from a folder of them")
+        else:
+            corpus_format(corpus)
+            if not Path(corpus).is_file():
+                raise RetrieverError(f"{corpus}: no such file")
+        if isinstance(self.vectors, np.ndarray):
+            self.resume = False  # vectors in memory: nothing on disk to tell a rerun's from this one's
+        self._source = vector_source(self.vectors) if self.vectors is not None else None
+
+    def _label(self) -> str:
+        return "the given documents" if self._given is not None else str(self.corpus)
+
+    def session(self, index_dir: Path, name: str) -> AbstractContextManager[IndexWriter]:
+        spec = self.spec
+        settings = (self.encoder.config() if self.encoder is not None else
+                    {"model": spec.model, "pooling": spec.pooling,
+                     "layers": spec.layers if spec.layers is None or isinstance(spec.layers, str) else list(spec.layers),
+                     "max_length": spec.max_length, "dtype": spec.dtype})
+        # What a killed build's partial folder must match to be resumed (saved with its state either way).
+        self._key = {"corpus": source_fingerprint(self.corpus) if self._given is None else None,
+                     "encoding": spec.encoding, "encoder": settings,
+                     "vectors": self._source.fingerprint() if self._source else None}
+        return IndexWriter(index_dir, name, build=True, resume_key=self._key if self.resume else None, device=spec.device,
+                           busy_hint="wait for it to finish, or build under another --name")
+
+    def read(self, writer: IndexWriter) -> int:
+        folder = writer.folder
+        self._segment = segment = writer.new_segment_folder()
+        state = BuildState.load(folder / BUILD_STATE) if writer.resumed else BuildState(folder / BUILD_STATE, self._key)
+        if writer.resumed:
+            _resumable(folder, segment, state, self.notes, self.progress)
+        self._state = state
+        if state.documents is None:
+            table = DocumentTable.create(segment / DOCUMENTS)
+            documents = (iter(self._given) if self._given is not None else
+                         iter_corpus(self.corpus, self.spec.encoding))
+            state.documents = ingest(documents, table, 1, self.progress, self.chunk_rows)
+            table.close()
+            if state.documents == 0:
+                raise RetrieverError(f"{self._label()}: no documents (the file is empty or all blank lines)")
+            state.save()
+        source = self._source
+        if source is not None and source.rows != state.documents:
+            raise RetrieverError(f"{source.path} holds {_count(source.rows, 'vector')} for "
+                                 f"{_count(state.documents, 'document')} in {self._label()}; row i must be document i")
+        return state.documents
+
+    def load_encoder(self) -> Encoder:
+        spec = self.spec
+        encoder = self.encoder or Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, spec.device,
+                                          spec.dtype, spec.batch_size)
+        self.encoder = encoder
+        source = self._source
+        if source is not None and source.dim != encoder.dim:
+            raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; {encoder.model_name} "
+                                 f"gives {encoder.dim}")
+        return encoder
+
+    def encode(self, writer: IndexWriter, encoder: Encoder) -> tuple[VectorSource, int]:
+        clock = time.perf_counter()
+        state, source = self._state, self._source
+        if source is not None:
+            check_vectors(source, self.progress)
+            self.timings["check_vectors"] = time.perf_counter() - clock
+            return source, state.truncated
+        if state.encoded:
+            note(self.notes, f"resumed a killed build: {state.encoded:,} of {state.documents:,} documents were "
+                             "already encoded", self.progress)
+        with DocumentTable.open(self._segment / DOCUMENTS) as table:
+            encode_table(encoder, table, writer.folder / ENCODED, state, progress=self.progress,
+                         chunk_rows=self.chunk_rows)
+        self.timings["encode"] = time.perf_counter() - clock
+        return VectorSource(writer.folder / ENCODED), state.truncated
+
+    def documents_at(self, writer: IndexWriter) -> Callable[[np.ndarray], list[tuple[str | None, str]]]:
+        path = self._segment / DOCUMENTS
+
+        def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
+            with DocumentTable.open(path) as table:
+                return table_texts(table)(positions)
+        return documents_at
+
+    def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
+                       template) -> list[tuple[str, int]]:
+        documents, dim = self._state.documents, source.dim
+        blocks = calibrated_blocks(source, calibrator, 1, self.progress)
+        write_segment_vectors(self._segment, blocks, dim, fitted_out_dim(calibrator, dim),
+                              spec.for_segment(documents), template)
+        (writer.folder / ENCODED).unlink(missing_ok=True)
+        return [(self._segment.name, documents)]
+
+    def corpus_record(self) -> str | Path | None:
+        return None if self._given is not None else self.corpus
+
+    def manifest_extras(self) -> dict:
+        return {"vectors_from": None if isinstance(self.vectors, np.ndarray) else self.vectors}
+
+
+def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str], progress: bool) -> None:
+    """Match a killed build's STATE to what its folder really holds, so the re-run continues from there whatever
+    step the kill hit: its temporary files go; documents without their table are read again; vectors on record
+    but not on disk are encoded again (the build deletes them once the segment is written: a kill between that
+    and the commit leaves the state saying "all encoded" with no file)."""
+    for stale in [path for path in folder.rglob("*.partial") if path.is_file()]:
+        stale.unlink()  # a file a killed step was writing, never renamed into place
+    if state.documents is not None and not (segment / DOCUMENTS).is_file():
+        state.documents, state.encoded, state.truncated = None, 0, 0
+    if state.encoded and _encoded_rows(folder / ENCODED) < state.encoded:
+        note(notes, f"resumed a killed build: its {state.documents:,} documents were already read; their "
+                     "vectors were gone, so they are encoded again", progress)
+        state.encoded, state.truncated = 0, 0
+        state.save()
+
+
+def _encoded_rows(path: Path) -> int:
+    """Rows a build's encoded-vectors file holds whole: as many as its header says (rewritten at every flush), if
+    the file is that long; 0 for no file, or one that is not a 2-D .npy."""
+    try:
+        (rows, dim), dtype, offset = npy_layout(path)
+        return min(int(rows), (path.stat().st_size - offset) // max(1, dim * dtype.itemsize))
+    except (RetrieverError, OSError, ValueError):
+        return 0
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
