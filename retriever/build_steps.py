@@ -17,7 +17,7 @@ import numpy as np
 
 from retriever import __version__
 from retriever.calibration import Calibrator, fit_sample_rows, make_calibrator, too_few_to_fit
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.index_folder import check_target, index_options as options_hint
 from retriever.layout import CALIBRATOR, TEMPLATE
 from retriever.manifest import Manifest, SegmentEntry
@@ -79,7 +79,7 @@ def parse_fit_queries(fit_queries, encoding: str) -> tuple[list[str], np.ndarray
         from retriever.corpus import read_queries
 
         if not Path(fit_queries).is_file():
-            raise RetrieverError(f"--fit-queries {fit_queries}: no such file")
+            raise RetrieverError(f"{param('fit_queries')} {fit_queries}: no such file")
         return [text for _, text in read_queries(fit_queries, encoding)], None, str(Path(fit_queries).resolve())
     texts = list(fit_queries)
     check_queries(texts)
@@ -111,7 +111,7 @@ def enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_s
     if shortfall is None:
         return calibrator, None
     if rows < documents:
-        raise RetrieverError(f"--fit-sample {fit_sample:,} is {shortfall}")
+        raise RetrieverError(f"{param('fit_sample', fit_sample)} is {shortfall}")
     return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {_documents(documents)}: {shortfall}"}
 
 def train_index(documents: int, calibrated_sample: np.ndarray, index_type: str,

@@ -39,7 +39,7 @@ from retriever.encoder import Encoder
 from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
 from retriever.engines.local import LocalEngine
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.index_folder import resolve_index_dir
 from retriever.layout import CALIBRATOR, DOCUMENTS, ENCODED, RAW, ROWIDS, SEGMENTS
 from retriever.pipeline import (
@@ -119,8 +119,8 @@ class Index(Snapshot):
                 raise RetrieverError("the ray engine reads corpus files; build from a list of documents with the "
                                      "local engine")
             if vectors is not None or encoder is not None:
-                raise RetrieverError("the ray engine encodes the corpus itself; build from --vectors with the local "
-                                     "engine")
+                raise RetrieverError(f"the ray engine encodes the corpus itself; build from {param('vectors')} with "
+                                     "the local engine")
             from retriever.engines.ray_build import RayEngine, RayOptions
 
             runner: BuildEngine = RayEngine(spec, progress, corpus=corpus, options=ray_options or RayOptions())
@@ -246,7 +246,7 @@ class Index(Snapshot):
             rows = min(len(current), fit_sample or len(current))
             shortfall = too_few_to_fit(fitted, rows, dim)
             if shortfall:  # refit is an explicit request: refused, never quietly replaced by another calibrator
-                have = (f"--fit-sample {fit_sample:,} is" if rows < len(current) else
+                have = (f"{param('fit_sample', fit_sample)} is" if rows < len(current) else
                         f"index '{self.name}' holds only {_documents(len(current))}:")
                 raise RetrieverError(f"{have} {shortfall}")
             seed = getattr(fitted, "seed", 0)

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retriever.errors import DamagedIndexError, NotFoundError, RetrieverError
+from retriever.errors import DamagedIndexError, NotFoundError, RetrieverError, param
 from retriever.layout import BUILD_STATE, LOCK, MANIFEST, VERSIONS
 from retriever.manifest import FileEntry, Manifest, check_format, record_checksum
 
@@ -550,7 +550,7 @@ def pick_index(index_dir: str | Path, name: str | None, writing: bool = False) -
         build = f"retriever build CORPUS {index_options(index_dir)}".rstrip()
         raise RetrieverError(f"no index in {index_dir}; build one with: {build}")
     if len(names) > 1 and writing:
-        raise RetrieverError(f"{len(names)} indexes in {index_dir} ({', '.join(names)}); say which with --name")
+        raise RetrieverError(f"{len(names)} indexes in {index_dir} ({', '.join(names)}); say which with {param('name')}")
     return names[0]
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from retriever.calibration import DEFAULT_FIT_SAMPLE, AutoCalibrator, fit_sample_rows, load_calibrator, make_calibrator
 from retriever.encoder import Encoder
-from retriever.errors import DamagedIndexError, RetrieverError
+from retriever.errors import DamagedIndexError, RetrieverError, param
 from retriever.index_folder import (
     damaged_index,
     read_manifest,
@@ -262,7 +262,7 @@ class Snapshot:
         """Top-k row ids and scores for calibrated, L2-normalized query vectors, over every segment, deleted
         documents excluded; rows padded with id -1 where fewer than k documents exist."""
         if rerank is not None and rerank < 1:
-            raise RetrieverError(f"--rerank must be at least 1 (got {rerank})")
+            raise RetrieverError(f"{param('rerank')} must be at least 1 (got {rerank})")
         rerank = rerank if rerank is not None else self.spec.search_rerank
         candidates = k * rerank if self.spec.kind.compressed else k
         all_scores, all_ids = [], []

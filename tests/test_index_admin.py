@@ -65,7 +65,7 @@ def test_a_corpus_too_small_for_the_flow_builds_uncalibrated_and_says_so(tmp_pat
 
 def test_enough_documents_but_a_fit_sample_too_small_is_refused(tmp_path, tiny_bert):
     corpus = write_jsonl(tmp_path / "c.jsonl", sentences(40))
-    with pytest.raises(RetrieverError, match=r"^--fit-sample 10 is too few to fit the flow \(it needs at least 33 "):
+    with pytest.raises(RetrieverError, match=r"^fit_sample=10 is too few to fit the flow \(it needs at least 33 "):
         Index.build(corpus, "c", tmp_path, model=str(tiny_bert), calibrator="flow", fit_sample=10, device="cpu")
     summary = Index.build(corpus, "c", tmp_path, model=str(tiny_bert), calibrator="flow", device="cpu")
     assert summary.notes == [] and Index.open("c", tmp_path).manifest.calibrator["name"] == "flow"
@@ -94,7 +94,7 @@ def test_a_build_refuses_at_once_while_another_process_writes_the_index(tmp_path
         Index.build(corpus, "busy", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
     assert time.perf_counter() - started < 5
     assert str(refused.value) == ("index 'busy' is being written by another retriever process (pid 4242); wait for "
-                                  "it to finish, or build under another --name")
+                                  "it to finish, or build under another name")  # the CLI says --name
     assert not (tmp_path / "busy").exists() and os.listdir(tmp_path / VERSIONS / "busy") == [LOCK]
     with pytest.raises(RetrieverError, match=r"being written by another retriever process \(pid 4242\); wait for "
                                              "it to finish, then remove it"):

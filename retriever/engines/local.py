@@ -21,7 +21,7 @@ from retriever.calibration import Calibrator
 from retriever.corpus import Document, check_documents, corpus_format, iter_corpus
 from retriever.encoder import Encoder
 from retriever.engines.base import BuildEngine
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.layout import BUILD_STATE, DOCUMENTS, ENCODED
 from retriever.pipeline import (
     CHUNK_ROWS,
@@ -65,8 +65,8 @@ class LocalEngine(BuildEngine):
             check_documents(self._given)
             self.resume = False  # nothing on disk to resume from
         elif Path(corpus).is_dir():
-            raise RetrieverError(f"{corpus}: a folder; the local engine builds from one corpus file, --engine ray "
-                                 "from a folder of them")
+            raise RetrieverError(f"{corpus}: a folder; the local engine builds from one corpus file, "
+                                 f"{param('engine', 'ray')} from a folder of them")
         else:
             corpus_format(corpus)
             if not Path(corpus).is_file():
@@ -89,7 +89,7 @@ class LocalEngine(BuildEngine):
                      "encoding": spec.encoding, "encoder": settings,
                      "vectors": self._source.fingerprint() if self._source else None}
         return IndexWriter(index_dir, name, build=True, resume_key=self._key if self.resume else None, device=spec.device,
-                           busy_hint="wait for it to finish, or build under another --name")
+                           busy_hint=f"wait for it to finish, or build under another {param('name')}")
 
     def read(self, writer: IndexWriter) -> int:
         folder = writer.folder

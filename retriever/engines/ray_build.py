@@ -48,7 +48,7 @@ from retriever.engines.workers import (
     read_stage,
     write_segment,
 )
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.layout import segment_name
 from retriever.pipeline import CHUNK_ROWS, stream_texts
 from retriever.progress import progress_bar, stderr_console
@@ -83,11 +83,11 @@ class RayOptions:
 
     def check(self) -> None:
         if self.workers is not None and self.workers < 1:
-            raise RetrieverError(f"--workers must be at least 1 (got {self.workers})")
+            raise RetrieverError(f"{param('workers')} must be at least 1 (got {self.workers})")
         if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
-            raise RetrieverError(f"--gpus-per-worker must not be negative (got {self.gpus_per_worker})")
+            raise RetrieverError(f"{param('gpus_per_worker')} must not be negative (got {self.gpus_per_worker})")
         if self.batch_rows < 1:
-            raise RetrieverError(f"--batch-rows must be at least 1 (got {self.batch_rows})")
+            raise RetrieverError(f"{param('batch_rows')} must be at least 1 (got {self.batch_rows})")
 
 
 @dataclass(frozen=True)
@@ -113,17 +113,17 @@ def plan_workers(options: RayOptions, cluster_cpus: float, cluster_gpus: float, 
     gpus = options.gpus_per_worker if options.gpus_per_worker is not None else (1 if cluster_gpus >= 1 else 0)
     if gpus:
         if cluster_gpus < gpus:
-            raise RetrieverError(f"--gpus-per-worker {gpus:g}: the Ray cluster has "
+            raise RetrieverError(f"{param('gpus_per_worker', gpus)}: the Ray cluster has "
                                  f"{cluster_gpus:g} GPU{'s' if cluster_gpus != 1 else ''}")
         most = int(cluster_gpus // gpus)
         workers = options.workers or most
         if workers > most:
-            raise RetrieverError(f"--workers {workers} with --gpus-per-worker {gpus:g} needs "
+            raise RetrieverError(f"{param('workers', workers)} with {param('gpus_per_worker', gpus)} needs "
                                  f"{workers * gpus:g} GPUs; the Ray cluster has {cluster_gpus:g}")
         # A GPU actor needs a core or two to tokenize and feed it, never the reader's.
         spare = int(cluster_cpus) - 1
         if spare < workers:
-            raise RetrieverError(f"--workers {workers}: the Ray cluster has {cluster_cpus:g} CPUs and the read "
+            raise RetrieverError(f"{param('workers', workers)}: the Ray cluster has {cluster_cpus:g} CPUs and the read "
                                  f"stage needs one, so at most {max(spare, 0)} GPU workers fit")
         return WorkerPlan(workers, min(2, spare // workers), gpus)
     usable = int(cluster_cpus) - 1
@@ -131,7 +131,7 @@ def plan_workers(options: RayOptions, cluster_cpus: float, cluster_gpus: float, 
         raise RetrieverError(f"the Ray cluster has {cluster_cpus:g} CPU; an encode worker and the read stage need 2")
     workers = options.workers or (1 if local else usable)
     if workers > usable:
-        raise RetrieverError(f"--workers {workers}: the Ray cluster has {cluster_cpus:g} CPUs and the read stage "
+        raise RetrieverError(f"{param('workers', workers)}: the Ray cluster has {cluster_cpus:g} CPUs and the read stage "
                              f"needs one, so at most {usable} workers fit")
     return WorkerPlan(workers, max(1, usable // workers), 0)
 
@@ -235,7 +235,7 @@ class RayEngine(BuildEngine):
         ray = self._ray = import_ray()
         clock = time.perf_counter()
         with IndexWriter(index_dir, name, build=True,
-                         busy_hint="wait for it to finish, or build under another --name") as writer, \
+                         busy_hint=f"wait for it to finish, or build under another {param('name')}") as writer, \
                 ray_cluster(self.options.address) as local, quiet_ray_data(ray):
             resources = ray.cluster_resources()
             options = self.options
@@ -244,7 +244,7 @@ class RayEngine(BuildEngine):
             self.options = options
             self._plan = plan = plan_workers(options, resources.get("CPU", 0), resources.get("GPU", 0), local)
             if spec.device.startswith("cuda") and not plan.gpus:
-                raise RetrieverError(f"--device {spec.device}: the Ray cluster has no GPU")
+                raise RetrieverError(f"{param('device', spec.device)}: the Ray cluster has no GPU")
             self.timings["start_cluster"] = time.perf_counter() - clock
             if self.progress:
                 stderr_console.print(f"ray: {plan.describe()} on {_nodes(ray)}; batches of {options.batch_rows:,} "
