@@ -15,9 +15,9 @@ import torch
 from retriever.device import resolve_device
 from retriever.errors import RetrieverError, param
 from retriever.models import load_model
-from retriever.onnx_runtime import OnnxEncoderSession, resolve_runtime
-from retriever.pooling import Pooling, pool
+from retriever.pooling import Pooling
 from retriever.progress import progress_bar
+from retriever.runtimes import RUNTIMES, resolve_runtime
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Tokenize this many texts at a time: bounds memory on big corpora while sorting still removes most padding.
@@ -65,12 +65,11 @@ class Encoder:
         # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"); the model's forward
         # pass is. The server encodes searches and writes on different threads, so tokenizing takes turns.
         self._tokenizer_lock = threading.Lock()
-        # The forward pass on ONNX Runtime (float32, CPU) where asked for: same numbers, less overhead per call.
-        self.runtime = resolve_runtime(runtime, str(self.device)) if dtype == "fp32" or runtime != "auto" else "torch"
-        if self.runtime == "onnx" and dtype != "fp32":
-            raise RetrieverError(f"the onnx runtime computes in fp32; use {param('runtime', 'torch')} for bf16 or fp16")
-        self._onnx = (OnnxEncoderSession(self.model, self.pooling, self.num_hidden_layers, self._input_names)
-                      if self.runtime == "onnx" else None)
+        # Where the forward pass runs (`retriever.runtimes`): ONNX Runtime (float32, CPU) where asked for gives
+        # the same numbers with less overhead per call.
+        self.runtime = resolve_runtime(runtime, str(self.device), dtype)
+        self._forward = RUNTIMES[self.runtime](self.model, self.pooling, self.num_hidden_layers, self._input_names,
+                                               self.device)
 
     @classmethod
     def from_config(cls, config: dict, device: str | None = "auto", batch_size: int = 64,
@@ -131,16 +130,7 @@ class Encoder:
             pad_value = self._pad_id if name == "input_ids" else 0
             inputs[name] = _pad([encoded[name][row] for row in rows], width, pad_value)
         attention_mask = _pad([encoded["attention_mask"][row] for row in rows], width, 0)
-        if self._onnx is not None:
-            return self._onnx(attention_mask, inputs)
-        inputs = {name: torch.from_numpy(array).to(self.device) for name, array in inputs.items()}
-        attention_mask = torch.from_numpy(attention_mask).to(self.device)
-        with torch.inference_mode():
-            outputs = self.model(
-                **inputs, attention_mask=attention_mask, output_hidden_states=self.pooling.needs_hidden_states
-            )
-            vectors = pool(self.pooling, outputs, attention_mask, self.num_hidden_layers)
-        return vectors.cpu().numpy()
+        return self._forward(attention_mask, inputs)
 
 
 def model_positions(model) -> int | None:

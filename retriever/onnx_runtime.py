@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from retriever.errors import RetrieverError, UnavailableError, param
 from retriever.pooling import Pooling, pool
-
-RUNTIMES = ("auto", "torch", "onnx")
 
 
 def onnx_runtime_available() -> bool:
@@ -30,21 +29,6 @@ def onnx_runtime_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def resolve_runtime(runtime: str, device: str) -> str:
-    """auto: ONNX Runtime on CPU when installed, else PyTorch (always PyTorch on a GPU)."""
-    if runtime not in RUNTIMES:
-        raise RetrieverError(f"unknown runtime '{runtime}'; choose one of {', '.join(RUNTIMES)}", parameter="runtime")
-    if runtime == "onnx":
-        if not device.startswith("cpu"):
-            raise RetrieverError(f"the onnx runtime runs on the CPU; use {param('runtime', 'torch')} on a GPU")
-        if not onnx_runtime_available():
-            raise UnavailableError("the onnx runtime needs onnxruntime: pip install onnxruntime", parameter="runtime")
-        return "onnx"
-    if runtime == "auto":
-        return "onnx" if device.startswith("cpu") and onnx_runtime_available() else "torch"
-    return "torch"
 
 
 class _Pooled(torch.nn.Module):
@@ -61,11 +45,25 @@ class _Pooled(torch.nn.Module):
         return pool(self.pooling, outputs, attention_mask, self.num_hidden_layers)
 
 
-class OnnxEncoderSession:
-    """An ONNX Runtime session computing `pool(model(...))` for int64 token arrays."""
+class OnnxForward:
+    """The `onnx` runtime (`retriever.runtimes`): an ONNX Runtime session computing `pool(model(...))` for int64
+    token arrays."""
+
+    name: ClassVar[str] = "onnx"
+
+    @staticmethod
+    def refusal(device: str, dtype: str) -> RetrieverError | None:
+        if not device.startswith("cpu"):
+            return RetrieverError(f"the onnx runtime runs on the CPU; use {param('runtime', 'torch')} on a GPU")
+        if dtype != "fp32":
+            return RetrieverError(f"the onnx runtime computes in fp32; use {param('runtime', 'torch')} for bf16 or "
+                                  "fp16")
+        if not onnx_runtime_available():
+            return UnavailableError("the onnx runtime needs onnxruntime: pip install onnxruntime", parameter="runtime")
+        return None
 
     def __init__(self, model: torch.nn.Module, pooling: Pooling, num_hidden_layers: int, input_names: list[str],
-                 threads: int | None = None):
+                 device: torch.device | None = None, threads: int | None = None):
         import onnxruntime
 
         self.input_names = list(input_names)

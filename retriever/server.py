@@ -49,7 +49,7 @@ from retriever.corpus import documents_from_records
 from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
 from retriever.index import Index, SearchHit, search_record
 from retriever.text import check_queries, check_text
-from retriever.onnx_runtime import resolve_runtime
+from retriever.runtimes import resolve_runtime
 from retriever.index_folder import check_name, describe_indexes, list_indexes, resolve_index_dir
 
 try:

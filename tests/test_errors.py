@@ -50,7 +50,7 @@ def test_quoted_text_cannot_pass_for_a_parameter():
 def test_a_library_mistake_names_the_python_parameter(tmp_path):
     from retriever.calibration import fit_sample_rows
     from retriever.evaluation.runner import plan_benchmark
-    from retriever.onnx_runtime import resolve_runtime
+    from retriever.runtimes import resolve_runtime
 
     with pytest.raises(RetrieverError) as caught:
         fit_sample_rows(1000, 1)

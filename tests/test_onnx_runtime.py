@@ -7,7 +7,7 @@ import pytest
 
 from retriever.encoder import Encoder
 from retriever.errors import RetrieverError
-from retriever.onnx_runtime import resolve_runtime
+from retriever.runtimes import resolve_runtime
 
 TEXTS = ["A man is playing a guitar.", "Short.", "The committee discussed the budget for the new harbour at length.",
          "A dog runs through the grass chasing a ball that bounces over the fence and into the neighbour's garden."]
