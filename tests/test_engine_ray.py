@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,13 +36,23 @@ def passages(shared_data, tmp_path_factory) -> Path:
     return path
 
 
-# Calibrator none in the comparisons: the two engines' raw vectors differ by ~1e-6 (their batches pad differently),
-# and a fitted calibrator does not keep that small: the flow's Adam steps turn it into ~1e-3, whitening swaps its
-# near-null directions. What is compared is the encode path, the segments and the search over them.
 @pytest.fixture(scope="module")
-def local_index(passages, tmp_path_factory) -> Path:
+def model(tiny_bert) -> str:
+    """The model every build here encodes with: the tiny random BERT. What these tests compare is the engines'
+    encode path, segments and search, which any model exercises alike; the default model took half a minute to
+    encode the passages, each build again (the default model's config rebuilt by an encode worker:
+    tests/test_engine_workers.py)."""
+    return str(tiny_bert)
+
+
+# Calibrator none in the comparisons: the two engines' raw vectors differ by ~1e-7 (their batches pad differently),
+# and a fitted calibrator does not keep that small: the flow's Adam steps turn it into ~1e-3, whitening swaps its
+# near-null directions. What is compared is the encode path, the segments and the search over them. (On these
+# passages the neighbouring scores of a query's top 10 differ by 3e-5 or more, far above that noise.)
+@pytest.fixture(scope="module")
+def local_index(passages, model, tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("local-home")
-    Index.build(passages, "local", home, calibrator="none")
+    Index.build(passages, "local", home, model=model, calibrator="none")
     return home
 
 
@@ -85,40 +96,105 @@ def assert_same_index(built: Index, reference: Index) -> None:
         assert [hit.doc_id for hit in got] == [hit.doc_id for hit in expected]
 
 
+@dataclass
+class LocalCluster:
+    started: bool  # what `ray_cluster` yielded: a cluster it started
+    listening: set[str]  # addresses it began to listen on
+    resources: dict
+
+
+@pytest.fixture(scope="class")
+def local_cluster(tmp_path_factory):
+    """One local cluster, as `ray_cluster(None)` (what `retriever build --engine ray` does) starts it, for the tests
+    of TestInOneLocalCluster: starting and stopping one costs several seconds. It runs under an index home of its
+    own ($RETRIEVER_HOME reaches the processes Ray starts), and is stopped when the class is done."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RETRIEVER_HOME", str(tmp_path_factory.mktemp("cluster-home")))
+        before = listening_addresses()
+        with ray_cluster(None) as started:
+            yield LocalCluster(started, listening_addresses() - before, ray.cluster_resources())
+    assert not ray.is_initialized()  # ...and the cluster ray_cluster started is stopped
+
+
 @pytest.mark.timeout(300)
-def test_local_cluster_build_equals_the_local_engine_and_binds_loopback_only(passages, local_index, tmp_path):
-    before = listening_addresses()
-    with ray_cluster(None) as started:
-        assert started
-        resources = ray.cluster_resources()
-        new = listening_addresses() - before
-        assert_loopback(new)
+class TestInOneLocalCluster:
+    """Builds, and a failing encode stage, in a cluster already running in this process: a build uses it and
+    leaves it running. (Builds that start and stop their own cluster: the failure and worker-death tests below.)
+    The failing encode stage comes last: nothing runs after it on that cluster."""
+
+    def test_local_cluster_build_equals_the_local_engine_and_binds_loopback_only(self, local_cluster, passages,
+                                                                                  model, local_index, tmp_path):
+        assert local_cluster.started
+        assert_loopback(local_cluster.listening)
+        resources = local_cluster.resources
+        assert resources["CPU"] == (os.cpu_count() or 1) + 1
         context = ray.data.DataContext.get_current()
         settings = context.enable_progress_bars, logging.getLogger("ray.data").level
-        summary = Index.build(passages, "ray", tmp_path, engine="ray", calibrator="none",
+        summary = Index.build(passages, "ray", tmp_path, model=model, engine="ray", calibrator="none",
                               ray_options=RayOptions(workers=2, batch_rows=200))
         assert ray.is_initialized()  # a cluster it did not start is left running
         # ...and so are the caller's Ray Data settings (the build quiets Ray Data only while it runs)
         assert (context.enable_progress_bars, logging.getLogger("ray.data").level) == settings
-    assert not ray.is_initialized()  # ...and the one it started is stopped
-    assert resources["CPU"] == (os.cpu_count() or 1) + 1
-    built = Index.open("ray", tmp_path, device="cpu")
-    assert summary.documents == len(built) == 1200
-    assert built.manifest.engine["workers"] == 2
-    assert built.manifest.engine["workers"] * built.manifest.engine["cpus_per_worker"] < resources["CPU"]
-    assert_same_index(built, Index.open("local", local_index, device="cpu"))
+        built = Index.open("ray", tmp_path, device="cpu")
+        assert summary.documents == len(built) == 1200
+        assert built.manifest.engine["workers"] == 2
+        assert built.manifest.engine["workers"] * built.manifest.engine["cpus_per_worker"] < resources["CPU"]
+        assert_same_index(built, Index.open("local", local_index, device="cpu"))
 
-    # An ordinary version: add, delete and compact work on it unchanged.
-    extra = tmp_path / "extra.jsonl"
-    extra.write_text(json.dumps({"_id": "new-1", "text": "a brand new document about gzip compression"}) + "\n")
-    built.add(extra)
-    Index.open("ray", tmp_path).delete([built.search("gzip", k=1)[0][0].doc_id])
-    Index.open("ray", tmp_path).compact()
-    assert len(Index.open("ray", tmp_path)) == 1200
+        # An ordinary version: add, delete and compact work on it unchanged.
+        extra = tmp_path / "extra.jsonl"
+        extra.write_text(json.dumps({"_id": "new-1", "text": "a brand new document about gzip compression"}) + "\n")
+        built.add(extra)
+        Index.open("ray", tmp_path).delete([built.search("gzip", k=1)[0][0].doc_id])
+        Index.open("ray", tmp_path).compact()
+        assert len(Index.open("ray", tmp_path)) == 1200
+
+    def test_the_driver_fits_auto_with_the_same_pseudo_queries_and_the_fit_queries(self, local_cluster, passages,
+                                                                                       model, tmp_path):
+        small = tmp_path / "small.jsonl"
+        small.write_text("".join(passages.read_text(encoding="utf-8").splitlines(keepends=True)[:400]),
+                         encoding="utf-8")
+        summary = Index.build(small, "fq", tmp_path, model=model, engine="ray", calibrator="auto",
+                              fit_queries=QUERIES * 4, ray_options=RayOptions(batch_rows=100))
+        built = Index.open("fq", tmp_path, device="cpu")
+        assert summary.documents == 400
+        assert built.manifest.fit["queries"] == 20 and built.manifest.fit["queries_from"] == "given"
+        assert built.manifest.calibrator["name"] == "auto" and built.calibrator.fitted
+        assert [hit.doc_id for hit in built.search("kernel memory", k=3)[0]]
+        # the driver read the sampled documents' texts from the corpus file: the pseudo-queries any build makes of
+        # them
+        from collections import Counter
+
+        from retriever.corpus import read_corpus
+        from retriever.pseudo_queries import sample_pseudo_queries
+
+        documents = read_corpus(small)
+        made, _ = sample_pseudo_queries(400, lambda rows: [(documents[i].title, documents[i].text) for i in rows],
+                                        np.random.default_rng(built.calibrator.seed), built.calibrator.seed)
+        check = built.manifest.calibrator["decision"]["check"]
+        assert check["pseudo_queries"] == len(made) > 300 and check["pool"] == 400
+        assert check["kinds"] == dict(sorted(Counter(query.kind for query in made).items()))
+
+    @pytest.mark.timeout(180)
+    def test_a_model_missing_on_a_node_fails_the_encode_stage_in_one_line(self, local_cluster, tmp_path, tiny_bert):
+        """What a node without the model does: the actor's constructor fails there, the driver gets one line."""
+        from retriever.encoder import Encoder
+        from retriever.engines.ray_build import run_iter
+        from retriever.engines.workers import EncodeWorker
+
+        config = {**Encoder(str(tiny_bert), device="cpu").config(), "model": str(tmp_path / "only-on-the-driver")}
+        (tmp_path / "shards").mkdir()
+        with ray_cluster(None):
+            dataset = ray.data.from_items([{"rowid": 1, "doc_id": "a", "title": "", "text": "x", "source": "s",
+                                            "line": 1}]).map_batches(
+                EncodeWorker, fn_constructor_kwargs={"config": config, "shard_dir": str(tmp_path / "shards")},
+                compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
+            with pytest.raises(RetrieverError, match=r"^on \S+: .*only-on-the-driver"):
+                list(run_iter(lambda: dataset.iter_batches(batch_size=None)))
 
 
 @pytest.mark.timeout(300)
-def test_a_three_node_cluster_builds_the_same_index(passages, local_index, tmp_path):
+def test_a_three_node_cluster_builds_the_same_index(passages, model, local_index, tmp_path):
     from ray.cluster_utils import Cluster
 
     before = listening_addresses()
@@ -131,7 +207,7 @@ def test_a_three_node_cluster_builds_the_same_index(passages, local_index, tmp_p
                 cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         assert_loopback(listening_addresses() - before)
-        summary = Index.build(passages, "ray3", tmp_path, engine="ray", calibrator="none",
+        summary = Index.build(passages, "ray3", tmp_path, model=model, engine="ray", calibrator="none",
                               ray_options=RayOptions(address=cluster.address, batch_rows=150))
         assert not ray.is_initialized()
     finally:
@@ -144,15 +220,15 @@ def test_a_three_node_cluster_builds_the_same_index(passages, local_index, tmp_p
 
 
 @pytest.mark.timeout(240)
-def test_a_failed_ray_build_is_one_line_and_keeps_the_previous_index(passages, tmp_path):
-    Index.build(passages, "kept", tmp_path, calibrator="none")
+def test_a_failed_ray_build_is_one_line_and_keeps_the_previous_index(passages, model, tmp_path):
+    Index.build(passages, "kept", tmp_path, model=model, calibrator="none")
     current = (tmp_path / "kept").resolve()
     bad = tmp_path / "bad.jsonl"
     lines = passages.read_text(encoding="utf-8").splitlines()
     lines[1000] = '{"_id": "broken", "text": "no closing brace"'
     bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(RetrieverError, match=r"^\S*bad.jsonl line 1001: not valid JSON"):
-        Index.build(bad, "kept", tmp_path, engine="ray", ray_options=RayOptions(batch_rows=300))
+        Index.build(bad, "kept", tmp_path, model=model, engine="ray", ray_options=RayOptions(batch_rows=300))
     assert not ray.is_initialized()
     assert (tmp_path / "kept").resolve() == current and len(Index.open("kept", tmp_path)) == 1200
     assert not list((tmp_path / ".versions" / "kept").glob("*.partial"))  # the failed build's folder is gone
@@ -166,49 +242,6 @@ def test_an_unreachable_cluster_is_one_line(passages, cli):
     assert len(result.stderr.strip().splitlines()) == 1
     result = cli("build", str(passages), "--name", "x", "--workers", "2")
     assert result.returncode != 0 and "are for --engine ray" in result.stderr
-
-
-@pytest.mark.timeout(180)
-def test_a_model_missing_on_a_node_fails_the_encode_stage_in_one_line(tmp_path, tiny_bert):
-    """What a node without the model does: the actor's constructor fails there, the driver gets one line."""
-    from retriever.encoder import Encoder
-    from retriever.engines.ray_build import run_iter
-    from retriever.engines.workers import EncodeWorker
-
-    config = {**Encoder(str(tiny_bert), device="cpu").config(), "model": str(tmp_path / "only-on-the-driver")}
-    (tmp_path / "shards").mkdir()
-    with ray_cluster(None):
-        dataset = ray.data.from_items([{"rowid": 1, "doc_id": "a", "title": "", "text": "x", "source": "s",
-                                        "line": 1}]).map_batches(
-            EncodeWorker, fn_constructor_kwargs={"config": config, "shard_dir": str(tmp_path / "shards")},
-            compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
-        with pytest.raises(RetrieverError, match=r"^on \S+: .*only-on-the-driver"):
-            list(run_iter(lambda: dataset.iter_batches(batch_size=None)))
-
-
-@pytest.mark.timeout(300)
-def test_the_driver_fits_auto_with_the_same_pseudo_queries_and_the_fit_queries(passages, tmp_path):
-    small = tmp_path / "small.jsonl"
-    small.write_text("".join(passages.read_text(encoding="utf-8").splitlines(keepends=True)[:400]), encoding="utf-8")
-    summary = Index.build(small, "fq", tmp_path, engine="ray", calibrator="auto", fit_queries=QUERIES * 4,
-                          ray_options=RayOptions(batch_rows=100))
-    built = Index.open("fq", tmp_path, device="cpu")
-    assert summary.documents == 400
-    assert built.manifest.fit["queries"] == 20 and built.manifest.fit["queries_from"] == "given"
-    assert built.manifest.calibrator["name"] == "auto" and built.calibrator.fitted
-    assert [hit.doc_id for hit in built.search("kernel memory", k=3)[0]]
-    # the driver read the sampled documents' texts from the corpus file: the pseudo-queries any build makes of them
-    from collections import Counter
-
-    from retriever.corpus import read_corpus
-    from retriever.pseudo_queries import sample_pseudo_queries
-
-    documents = read_corpus(small)
-    made, _ = sample_pseudo_queries(400, lambda rows: [(documents[i].title, documents[i].text) for i in rows],
-                                    np.random.default_rng(built.calibrator.seed), built.calibrator.seed)
-    check = built.manifest.calibrator["decision"]["check"]
-    assert check["pseudo_queries"] == len(made) > 300 and check["pool"] == 400
-    assert check["kinds"] == dict(sorted(Counter(query.kind for query in made).items()))
 
 
 def encode_actor_pids() -> set[int]:
@@ -266,25 +299,28 @@ class ActorKiller:
 
 
 @pytest.mark.timeout(300)
-def test_a_worker_killed_mid_build_is_restarted_and_the_build_is_the_same(passages, local_index, tmp_path):
+def test_a_worker_killed_mid_build_is_restarted_and_the_build_is_the_same(passages, model, local_index, tmp_path):
+    # Batches of 100: 12 shards. The tiny model encodes one in a fraction of a second, so more, smaller batches keep
+    # the build going long enough (over 2 s) for the kill to land with batches still to encode.
     with ActorKiller(".versions/killed/*.partial/shards/*.npy", tmp_path, after_shards=1, times=1) as killer:
-        summary = Index.build(passages, "killed", tmp_path, engine="ray", calibrator="none",
-                              ray_options=RayOptions(batch_rows=200))
-    assert len(killer.killed) == 1 and 1 <= killer.killed[0][1] < 6  # killed with batches still to encode
+        summary = Index.build(passages, "killed", tmp_path, model=model, engine="ray", calibrator="none",
+                              ray_options=RayOptions(batch_rows=100))
+    assert len(killer.killed) == 1 and 1 <= killer.killed[0][1] < 12  # killed with batches still to encode
     assert summary.documents == 1200
     assert_same_index(Index.open("killed", tmp_path, device="cpu"), Index.open("local", local_index, device="cpu"))
 
 
 @pytest.mark.timeout(300)
-def test_a_worker_that_keeps_dying_fails_the_build_in_one_line_and_keeps_the_previous_index(passages, tmp_path):
+def test_a_worker_that_keeps_dying_fails_the_build_in_one_line_and_keeps_the_previous_index(passages, model,
+                                                                                            tmp_path):
     from retriever.engines.ray_build import WORKER_RESTARTS
 
-    Index.build(passages, "kept", tmp_path, calibrator="none")
+    Index.build(passages, "kept", tmp_path, model=model, calibrator="none")
     current = (tmp_path / "kept").resolve()
     with ActorKiller(".versions/kept/*.partial/shards/*.npy", tmp_path, after_shards=0,
                      times=WORKER_RESTARTS + 1) as killer:
         with pytest.raises(RetrieverError, match=f"^an encode worker died {WORKER_RESTARTS + 1} times") as failure:
-            Index.build(passages, "kept", tmp_path, engine="ray", calibrator="none",
+            Index.build(passages, "kept", tmp_path, model=model, engine="ray", calibrator="none",
                         ray_options=RayOptions(batch_rows=200))
     assert len(killer.killed) == WORKER_RESTARTS + 1
     assert "\n" not in str(failure.value) and "previous index is unchanged" in str(failure.value)
