@@ -58,6 +58,7 @@ from retriever.pipeline import (
 from retriever.snapshot import SearchHit, Snapshot, isotropy, search_record, verify_index
 from retriever.store.arrays import VectorSource, vector_source
 from retriever.store.documents import DocumentTable
+from retriever.store.segment import finish_segment
 from retriever.store.vectors import IndexSpec, train_template
 from retriever.writer import IndexWriter, MergePolicy
 
@@ -186,6 +187,7 @@ class Index(Snapshot):
             blocks = calibrated_blocks(source, current.calibrator, first)
             write_segment_vectors(segment, blocks, dim, current.manifest.dim, current.spec.for_segment(count),
                                   writer.template())
+            finish_segment(segment)
             (folder / ENCODED).unlink(missing_ok=True)
             writer.add_segment(segment, count)
             final = writer.commit()

@@ -30,7 +30,7 @@ from retriever.pipeline import l2_normalize
 from retriever.snapshot import Snapshot, segment_spec
 from retriever.store.arrays import load_npy
 from retriever.store.documents import DocumentTable
-from retriever.store.segment import RawWriter, Segment
+from retriever.store.segment import RawWriter, Segment, document_files, finish_segment
 from retriever.store.vectors import IndexSpec, VectorStore
 
 
@@ -214,6 +214,8 @@ class IndexWriter:
         finally:
             for segment in old:
                 segment.close()
+        if rows:
+            finish_segment(new)
         for folder in [self.folder / SEGMENTS / name for name in names] + ([new] if rows == 0 else []):
             _remove_links(folder)
         segments = []
@@ -237,7 +239,7 @@ class IndexWriter:
         for old, entry in zip(base.segments, self.manifest.segments):
             _remove_links(self.folder / SEGMENTS / entry.name)
             new = self.new_segment_folder()
-            for file_name in (DOCUMENTS, RAW, ROWIDS):
+            for file_name in document_files():  # unchanged by a new calibrator
                 (new / file_name).hardlink_to(old.folder / file_name)
             store = None
             for rowids, raw in old.raw_blocks():

@@ -36,6 +36,7 @@ from retriever.pipeline import (
 )
 from retriever.store.arrays import VectorSource, npy_layout, vector_source
 from retriever.store.documents import DocumentTable
+from retriever.store.segment import finish_segment
 from retriever.store.vectors import IndexSpec
 from retriever.writer import IndexWriter
 
@@ -154,6 +155,7 @@ class LocalEngine(BuildEngine):
         blocks = calibrated_blocks(source, calibrator, 1, self.progress)
         write_segment_vectors(self._segment, blocks, dim, fitted_out_dim(calibrator, dim),
                               spec.for_segment(documents), template)
+        finish_segment(self._segment)
         (writer.folder / ENCODED).unlink(missing_ok=True)
         return [(self._segment.name, documents)]
 

@@ -203,6 +203,7 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     from retriever.pipeline import l2_normalize, write_segment_vectors
     from retriever.store.arrays import load_npy
     from retriever.store.documents import DocumentTable
+    from retriever.store.segment import finish_segment
     from retriever.layout import DOCUMENTS
     from retriever.store.vectors import IndexSpec, load_template, set_threads
 
@@ -231,4 +232,5 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
         table.finish()  # a doc_id repeated inside this segment fails here, with its lines
     finally:
         table.close()
+    finish_segment(target)
     return rows

@@ -5,15 +5,23 @@
                     rowids.npy      row id of each raw vector, ascending
                     documents.db    the documents (SQLite), keyed by the same row ids
 
+                    + the files of each registered per-segment structure (`STRUCTURES`)
+
 A segment is written once, by a build, an add, a compaction or a refit, and never changed: later versions reuse
 it through hard links, deletions are tombstones kept beside it (in the version), and compaction writes a new
 segment instead. So a reader that opened a version can keep reading it while writers make new ones.
+
+Every path that writes a segment (a build's engine, an add, a Ray worker, a merge) ends with `finish_segment`, which builds each structure in `STRUCTURES` from the finished
+document table; a refit, which changes only the vectors, carries them over with the documents
+(`DOCUMENT_FILES`). So a new per-segment structure (a keyword index) is one entry here, not a change to every
+writer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -22,6 +30,36 @@ from retriever.layout import DOCUMENTS, RAW, ROWIDS, VECTORS
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
 from retriever.store.vectors import IndexSpec, VectorStore
+
+class SegmentStructure(Protocol):
+    """Something every segment carries beside its vectors, built from its documents once they are all written."""
+
+    name: str
+    files: tuple[str, ...]  # its file names inside the segment folder
+
+    def build(self, folder: Path, documents: DocumentTable) -> None:
+        """Write this structure's files into the segment FOLDER from its finished DOCUMENTS."""
+
+
+# The structures every new segment gets, in order.
+STRUCTURES: list[SegmentStructure] = []
+
+
+def document_files() -> tuple[str, ...]:
+    """A segment's files that depend on its documents alone: what a refit, which rewrites only the vectors,
+    carries over as they are."""
+    return (DOCUMENTS, RAW, ROWIDS, *(name for structure in STRUCTURES for name in structure.files))
+
+
+def finish_segment(folder: Path) -> None:
+    """The last step of writing a segment, whichever write it is: build each registered structure from the
+    segment's finished document table."""
+    if not STRUCTURES:
+        return
+    with DocumentTable.open(folder / DOCUMENTS) as documents:
+        for structure in STRUCTURES:
+            structure.build(folder, documents)
+
 
 FLOAT16_MAX = 65504.0
 # Raw vectors are kept as float16 when the first block's largest value leaves this much headroom.
