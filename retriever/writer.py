@@ -239,8 +239,9 @@ class IndexWriter:
         for old, entry in zip(base.segments, self.manifest.segments):
             _remove_links(self.folder / SEGMENTS / entry.name)
             new = self.new_segment_folder()
-            for file_name in document_files():  # unchanged by a new calibrator
-                (new / file_name).hardlink_to(old.folder / file_name)
+            for file_name in document_files():  # unchanged by a new calibrator (a structure newer than the
+                if (old.folder / file_name).is_file():  # segment is missing: compaction adds it)
+                    (new / file_name).hardlink_to(old.folder / file_name)
             store = None
             for rowids, raw in old.raw_blocks():
                 calibrated = l2_normalize(calibrator.transform(raw))

@@ -47,3 +47,19 @@ def test_today_s_writers_continue_an_index_from_an_earlier_release(old_index):
     verify_index("notes", old_index)
     with Index.open("notes", old_index, device="cpu") as index:
         assert index.document("d5") is None and index.document("d6") is not None and len(index) == 42
+
+
+def test_an_index_from_before_keyword_search_searches_dense_and_compaction_adds_its_keyword_index(old_index):
+    from retriever.errors import RetrieverError
+
+    with Index.open("notes", old_index, device="cpu") as index:
+        assert index.resolve_mode(None) == "dense"  # the default where segments have no keyword index
+        with pytest.raises(RetrieverError, match="index 'notes' has no keyword index .* compacting it adds one"):
+            index.search("day 7", mode="keyword")
+    Index.open("notes", old_index, device="cpu").refit("sn")  # a refit links what the segments have
+    Index.open("notes", old_index, device="cpu").compact()
+    verify_index("notes", old_index)
+    with Index.open("notes", old_index, device="cpu") as index:
+        assert index.resolve_mode(None) == "hybrid"
+        hits = index.search("day 7", k=3, mode="keyword")[0]  # no model needed for keywords
+        assert hits[0].doc_id == "d7" and hits[0].keyword_rank == 1 and hits[0].dense_score is None

@@ -4,17 +4,19 @@
                     raw.npy         the uncalibrated vectors (float16 where they fit), for refits and re-ranking
                     rowids.npy      row id of each raw vector, ascending
                     documents.db    the documents (SQLite), keyed by the same row ids
+                    keywords.db     the keyword index (`retriever.store.keywords`): BM25 postings by position
 
-                    + the files of each registered per-segment structure (`STRUCTURES`)
+                    + the files of each registered per-segment structure (`STRUCTURES`; the keyword index is one)
 
 A segment is written once, by a build, an add, a compaction or a refit, and never changed: later versions reuse
 it through hard links, deletions are tombstones kept beside it (in the version), and compaction writes a new
 segment instead. So a reader that opened a version can keep reading it while writers make new ones.
 
-Every path that writes a segment (a build's engine, an add, a Ray worker, a merge) ends with `finish_segment`, which builds each structure in `STRUCTURES` from the finished
-document table; a refit, which changes only the vectors, carries them over with the documents
-(`DOCUMENT_FILES`). So a new per-segment structure (a keyword index) is one entry here, not a change to every
-writer.
+Every path that writes a segment (a build's engine, an add, a Ray worker, a merge) ends with `finish_segment`,
+which builds each structure in `STRUCTURES` from the finished document table; a refit, which changes only the
+vectors, carries them over with the documents (`document_files`). So a new per-segment structure is one entry
+here, not a change to every writer. A segment written before a structure existed simply lacks its files
+(`Segment.keywords` is None); `IndexWriter.complete_structures` adds them.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from typing import Protocol
 import numpy as np
 
 from retriever.errors import RetrieverError
-from retriever.layout import DOCUMENTS, RAW, ROWIDS, VECTORS
+from retriever.layout import DOCUMENTS, KEYWORDS, RAW, ROWIDS, VECTORS
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
+from retriever.store.keywords import KeywordIndex, KeywordSegment
 from retriever.store.vectors import IndexSpec, VectorStore
+
 
 class SegmentStructure(Protocol):
     """Something every segment carries beside its vectors, built from its documents once they are all written."""
@@ -42,7 +46,7 @@ class SegmentStructure(Protocol):
 
 
 # The structures every new segment gets, in order.
-STRUCTURES: list[SegmentStructure] = []
+STRUCTURES: list[SegmentStructure] = [KeywordIndex()]
 
 
 def document_files() -> tuple[str, ...]:
@@ -54,10 +58,19 @@ def document_files() -> tuple[str, ...]:
 def finish_segment(folder: Path) -> None:
     """The last step of writing a segment, whichever write it is: build each registered structure from the
     segment's finished document table."""
-    if not STRUCTURES:
+    build_structures(folder, STRUCTURES)
+
+
+def missing_structures(folder: Path) -> list[SegmentStructure]:
+    """The registered structures the segment in FOLDER lacks (it was written before they existed)."""
+    return [structure for structure in STRUCTURES if not all((folder / name).is_file() for name in structure.files)]
+
+
+def build_structures(folder: Path, structures: list[SegmentStructure]) -> None:
+    if not structures:
         return
     with DocumentTable.open(folder / DOCUMENTS) as documents:
-        for structure in STRUCTURES:
+        for structure in structures:
             structure.build(folder, documents)
 
 
@@ -78,6 +91,11 @@ class Segment:
         # version folder it was opened from, as the open SQLite connection does for the documents.
         self.raw = load_npy(folder / RAW, mmap_mode="r")
         self.rowids = load_npy(folder / ROWIDS, mmap_mode="r")
+        # Opened now, when the segment is: a version pruned later keeps it readable, as for the documents.
+        self.keywords = KeywordSegment(folder / KEYWORDS) if (folder / KEYWORDS).is_file() else None
+        if self.keywords is not None and self.keywords.documents != len(self.rowids):
+            raise RetrieverError(f"{folder / KEYWORDS}: {self.keywords.documents} documents for "
+                                 f"{len(self.rowids)} rows")
 
     def __len__(self) -> int:
         return len(self.rowids)
@@ -104,7 +122,9 @@ class Segment:
         """Release the segment's files: the SQLite connection at once; the FAISS index and the memory maps (each
         holds a descriptor) as soon as nothing else refers to them. Calling it again does nothing."""
         self.documents.close()
-        self.vectors = self.raw = self.rowids = None
+        if self.keywords is not None:
+            self.keywords.close()
+        self.vectors = self.raw = self.rowids = self.keywords = None
 
 
 class RawWriter:

@@ -1,0 +1,154 @@
+"""The keyword index (retriever.store.keywords): FTS5's tokenizer, BM25 against a reference written from the
+formula, statistics from the whole version (any split into segments, deletions included, ranks the same), and
+every write keeping it consistent with the documents."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from retriever.corpus import Document
+from retriever.errors import RetrieverError
+from retriever.index import Index
+from retriever.layout import KEYWORDS, SEGMENTS
+from retriever.store.keywords import Tokenizer
+from tests.helpers import write_corpus
+
+WORDS = ("harbour lighthouse keeper storm night lamp ship rocks sailor fog bell tide wind wave island coast "
+         "beacon signal boat rope anchor gull cliff").split()
+
+
+def corpus(count: int, seed: int = 0, prefix: str = "d") -> list[dict]:
+    """Documents of 3-30 words from a small vocabulary (so terms repeat, and lengths and frequencies vary)."""
+    rng = np.random.default_rng(seed)
+    return [{"_id": f"{prefix}{i}", "title": " ".join(rng.choice(WORDS, int(rng.integers(0, 3)))),
+             "text": " ".join(rng.choice(WORDS, int(rng.integers(3, 30))))} for i in range(count)]
+
+
+def reference_bm25(records: list[dict], query: str, k1: float = 1.2, b: float = 0.75) -> dict[str, float]:
+    """BM25 written from the formula over title and text, with Lucene's idf; documents matching no term left out."""
+    tokenize = Tokenizer.get()
+    bags = {r["_id"]: Counter(tokenize(f"{r.get('title') or ''} {r['text']}")) for r in records}
+    n = len(bags)
+    average = sum(sum(bag.values()) for bag in bags.values()) / n
+    terms = tokenize(query)
+    scores = {}
+    for doc, bag in bags.items():
+        length, score = sum(bag.values()), 0.0
+        for term, count in terms.items():
+            df = sum(1 for other in bags.values() if term in other)
+            if bag[term]:
+                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+                score += count * idf * bag[term] * (k1 + 1) / (bag[term] + k1 * (1 - b + b * length / average))
+        if score:
+            scores[doc] = score
+    return scores
+
+
+def keyword_scores(index: Index, query: str) -> dict[str, float]:
+    [hits] = index.search(query, k=max(len(index), 1), mode="keyword")
+    return {hit.doc_id: hit.score for hit in hits}
+
+
+def test_the_tokenizer_is_fts5_unicode61_with_porter_stemming():
+    tokenize = Tokenizer.get()
+    assert tokenize("The Cafés were RUNNING; running runs!") == {"the": 1, "cafe": 1, "were": 1, "run": 3}
+    assert tokenize("") == {} and tokenize("... !!!") == {}
+    assert Tokenizer.get() is tokenize  # one per tokenizer setting, each thread with its own FTS5 table
+
+
+def test_keyword_scores_are_bm25_over_the_whole_version(tmp_path, tiny_bert):
+    records = corpus(60)
+    index = Index.build(write_corpus(tmp_path / "c.jsonl", records), "k", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="none", device="cpu").snapshot()
+    for query in ("lighthouse keeper", "storm storm fog", "anchor rope gull cliff", "tide"):
+        expected = reference_bm25(records, query)
+        got = keyword_scores(index, query)
+        assert set(got) == set(expected)
+        assert all(got[doc] == pytest.approx(expected[doc], rel=1e-5) for doc in expected)
+    assert index.search("nothing known here", k=5, mode="keyword") == [[]]
+
+
+def test_three_segments_rank_exactly_as_the_same_documents_in_one_in_every_mode(tmp_path, tiny_bert):
+    records = corpus(90, seed=1)
+    whole = Index.build(write_corpus(tmp_path / "all.jsonl", records), "one", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="none", index_type="flat", device="cpu").snapshot()
+    split = Index.build(write_corpus(tmp_path / "a.jsonl", records[:40]), "three", tmp_path / "ix",
+                        model=str(tiny_bert), calibrator="none", index_type="flat", device="cpu").snapshot()
+    split = split.add(write_corpus(tmp_path / "b.jsonl", records[40:70])).snapshot()
+    split = split.add(write_corpus(tmp_path / "c.jsonl", records[70:])).snapshot()
+    assert len(split.segments) == 3 and len(whole.segments) == 1
+
+    def same(first: Index, second: Index) -> None:
+        for query in ("lighthouse keeper at night", "storm fog bell", "a boat near the island coast"):
+            for mode in ("dense", "keyword", "hybrid"):
+                one, three = first.search(query, k=20, mode=mode)[0], second.search(query, k=20, mode=mode)[0]
+                assert [hit.doc_id for hit in one] == [hit.doc_id for hit in three], (query, mode)
+                assert [hit.score for hit in one] == pytest.approx([hit.score for hit in three], abs=1e-5)
+
+    same(whole, split)
+    # Deleted documents leave the statistics too: the split index after deletions ranks as the rest in one.
+    gone = ["d3", "d45", "d46", "d80"]
+    split = split.delete(gone).snapshot()
+    rest = Index.build(write_corpus(tmp_path / "rest.jsonl", [r for r in records if r["_id"] not in gone]), "rest",
+                       tmp_path / "ix", model=str(tiny_bert), calibrator="none", index_type="flat",
+                       device="cpu").snapshot()
+    assert len(split.tombstones) == 4
+    same(rest, split)
+
+
+def test_every_write_keeps_the_keyword_index_consistent_with_the_documents(tmp_path, tiny_bert):
+    records = corpus(50, seed=2)
+    live = {r["_id"]: r for r in records}
+    index = Index.build(write_corpus(tmp_path / "a.jsonl", records), "w", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="whitening", device="cpu").snapshot()
+
+    def consistent(index: Index) -> None:
+        for segment in index.segments:
+            assert (segment.folder / KEYWORDS).is_file()
+            assert f"{SEGMENTS}/{segment.name}/{KEYWORDS}" in index.manifest.files
+        for query in ("lighthouse keeper", "rope anchor", "wave"):
+            expected = reference_bm25(list(live.values()), query)
+            got = keyword_scores(index, query)
+            assert set(got) == set(expected)
+            assert all(got[doc] == pytest.approx(expected[doc], rel=1e-5) for doc in expected)
+
+    consistent(index)
+    added = corpus(20, seed=3, prefix="n")
+    live.update((r["_id"], r) for r in added)
+    index = index.add(write_corpus(tmp_path / "b.jsonl", added)).snapshot()
+    consistent(index)
+    for doc in ("n0", "n1", "n2", "n3", "n4", "n5", "n6", "d1"):  # 30% of the new segment: merged away
+        del live[doc]
+    index = index.delete(["n0", "n1", "n2", "n3", "n4", "n5", "n6", "d1"]).snapshot()
+    assert [len(segment) for segment in index.segments] == [50, 13]
+    consistent(index)
+    index = index.refit("sn").snapshot()
+    consistent(index)
+    index = index.compact().snapshot()
+    assert len(index.segments) == 1
+    consistent(index)
+    assert index.verify() > 0
+
+
+def test_documents_given_in_python_get_a_keyword_index_too(tmp_path, tiny_bert):
+    documents = [Document(f"p{i}", text, None, "memory", i) for i, text in
+                 enumerate(["the lighthouse keeper lit the lamp", "a ship hit the rocks in fog", "gulls over cliffs"])]
+    index = Index.build(documents, "py", tmp_path / "ix", model=str(tiny_bert), calibrator="none",
+                        device="cpu").snapshot()
+    assert [hit.doc_id for hit in index.search("lamp", k=3, mode="keyword")[0]] == ["p0"]
+
+
+def test_modes_fusions_and_weights_are_checked(tmp_path, tiny_bert):
+    index = Index.build(write_corpus(tmp_path / "a.jsonl", corpus(20)), "m", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="none", device="cpu").snapshot()
+    assert index.resolve_mode(None) == "hybrid"
+    with pytest.raises(RetrieverError, match="unknown mode 'fuzzy'; known: dense, keyword, hybrid"):
+        index.search("storm", mode="fuzzy")
+    with pytest.raises(RetrieverError, match="unknown fusion 'max'"):
+        index.search("storm", mode="hybrid", fusion="max")
+    with pytest.raises(RetrieverError, match="weight is the dense side's share, from 0 to 1"):
+        index.search("storm", mode="hybrid", weight=1.5)
