@@ -35,28 +35,70 @@ from retriever.manifest import Manifest, SegmentEntry
 from retriever.pipeline import l2_normalize
 from retriever.pseudo_queries import make_check_set
 from retriever.store.arrays import load_npy, npy_layout
+from retriever.fusion import CANDIDATES, Candidates, check_weight, make_fusion, top_list
+from retriever.store.keywords import KeywordScorer, SegmentMatches
 from retriever.store.segment import Segment
 from retriever.store.vectors import IndexSpec, load_template
 from retriever.text import check_queries
 
 # How often `open` starts again when the version it resolved is pruned under it (two writes in the meantime).
 OPEN_ATTEMPTS = 5
+MODES = ("dense", "keyword", "hybrid")
+# Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py).
+DEFAULT_FUSION, DEFAULT_WEIGHT = "zscore", 0.5
+NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
+
+
+@dataclass
+class Ranked:
+    """A ranked row id before its document is read: the fields of a SearchHit."""
+
+    rowid: int
+    score: float
+    dense_score: float | None = None
+    keyword_score: float | None = None
+    dense_rank: int | None = None
+    keyword_rank: int | None = None
+
+
+def _ranks(rowids: np.ndarray, listed: np.ndarray) -> np.ndarray:
+    """The 1-based position of each of ROWIDS in LISTED (best first), 0 where it is not there."""
+    ranks = np.zeros(len(rowids), np.int64)
+    if len(listed):
+        order = np.argsort(listed)
+        at = np.minimum(np.searchsorted(listed, rowids, sorter=order), len(listed) - 1)
+        found = listed[order[at]] == rowids
+        ranks[found] = order[at[found]] + 1
+    return ranks
 
 
 @dataclass
 class SearchHit:
+    """One result. SCORE is what the search mode ranked by (the fused score in hybrid search); DENSE_SCORE (cosine
+    in the index's space) and KEYWORD_SCORE (BM25) are each side's own score where that side was searched, and
+    DENSE_RANK / KEYWORD_RANK the result's 1-based rank in that side's own top list (None: not in it)."""
+
     rank: int
     doc_id: str
     score: float
     title: str | None
     text: str
+    dense_score: float | None = None
+    keyword_score: float | None = None
+    dense_rank: int | None = None
+    keyword_rank: int | None = None
 
 
-def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit]) -> dict:
+def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], mode: str | None = None) -> dict:
     """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
-    server: {"query_id", "query", "results": [{"rank", "doc_id", "score", "title", "text"}]}."""
-    return {"query_id": query_id, "query": query,
-            "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": round(float(h.score), 6), "title": h.title,
+    server: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", "dense_score", "keyword_score",
+    "dense_rank", "keyword_rank", "title", "text"}]}; a side that was not searched has null scores and ranks."""
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(float(value), 6)
+    return {"query_id": query_id, "query": query, "mode": mode,
+            "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": rounded(h.score),
+                         "dense_score": rounded(h.dense_score), "keyword_score": rounded(h.keyword_score),
+                         "dense_rank": h.dense_rank, "keyword_rank": h.keyword_rank, "title": h.title,
                          "text": h.text} for h in hits]}
 
 
@@ -73,6 +115,8 @@ class Snapshot:
         self._encoder: Encoder | None = None
         self._segments: list[Segment] = []
         self._closed = False
+        self._keyword_scorer: KeywordScorer | None = None
+        self._dense_moments: tuple[np.ndarray, np.ndarray] | None = None
         if device != "cpu":  # a device this machine lacks is the caller's error, not damage: refused before the guard
             from retriever.device import resolve_device
 
@@ -203,16 +247,131 @@ class Snapshot:
         return l2_normalize(self.calibrator.transform(self.encoder.encode(texts, progress=progress)))
 
     def search(self, queries: str | Sequence[str], k: int = 10, progress: bool = False, nprobe: int | None = None,
-               ef_search: int | None = None, rerank: int | None = None) -> list[list[SearchHit]]:
+               ef_search: int | None = None, rerank: int | None = None, mode: str | None = None,
+               fusion: str | None = None, weight: float | None = None) -> list[list[SearchHit]]:
         """Top-k documents for each query (a single string gives a one-element list).
 
+        MODE: "dense" (the calibrated vectors), "keyword" (BM25) or "hybrid" (both, fused by FUSION with the
+        dense side's WEIGHT: `retriever.fusion`); default: hybrid where the index has a keyword index, else dense.
         NPROBE (ivf, ivfpq), EF_SEARCH (hnsw) and RERANK (ivfpq) override the index's defaults."""
         queries = [queries] if isinstance(queries, str) else list(queries)
         check_queries(queries)
+        mode = self.resolve_mode(mode)
+        vectors = self.embed(queries, progress=progress) if mode != "keyword" else None
+        return self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank)
+
+    def resolve_mode(self, mode: str | None) -> str:
+        """MODE checked against this index; None: hybrid where the index has a keyword index, else dense."""
+        keywords = all(segment.keywords is not None for segment in self.segments)
+        if mode is None:
+            return "hybrid" if keywords else "dense"
+        if mode not in MODES:
+            raise RetrieverError(f"unknown {param('mode')} {mode!r}; known: {', '.join(MODES)}")
+        if mode != "dense" and not keywords:
+            raise RetrieverError(f"index '{self.name}' has no keyword index (it was written before keyword search "
+                                 f"existed): compacting it adds one, or search with {param('mode', 'dense')}")
+        return mode
+
+    def search_encoded(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str | None = None,
+                       fusion: str | None = None, weight: float | None = None, nprobe: int | None = None,
+                       ef_search: int | None = None, rerank: int | None = None) -> list[list[SearchHit]]:
+        """The one search path (`search`, the server's batches, the benchmarks): TEXTS with their VECTORS already
+        in the index's space (`embed` or `calibrate`; None for keyword search)."""
         if k < 1:
             raise RetrieverError(f"-k must be at least 1 (got {k})")
-        scores, ids = self.search_vectors(self.embed(queries, progress=progress), k, nprobe, ef_search, rerank)
-        return self.hits(scores, ids)
+        mode = self.resolve_mode(mode)
+        if mode == "dense":
+            scores, ids = self.search_vectors(vectors, k, nprobe, ef_search, rerank)
+            return self.hits(scores, ids)
+        scorer = self.keyword_scorer()
+        if mode == "keyword":
+            found = []
+            for text in texts:
+                rowids, scores = self._keyword_top(scorer.match(text), k)
+                found.append([Ranked(int(r), float(s), keyword_score=float(s), keyword_rank=rank)
+                              for rank, (r, s) in enumerate(zip(rowids.tolist(), scores.tolist()), start=1)])
+            return self._ranked_hits(found)
+        fuser = make_fusion(fusion or DEFAULT_FUSION)
+        weight = check_weight(DEFAULT_WEIGHT if weight is None else weight)
+        depth = max(k, CANDIDATES)
+        dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank)
+        null = self._dense_null(vectors) if fuser.needs_null else None
+        found = []
+        for number, text in enumerate(texts):
+            matches = scorer.match(text)
+            listed = dense_ids[number][dense_ids[number] >= 0]
+            keyword_ids, _ = self._keyword_top(matches, depth)
+            union = np.union1d(listed, keyword_ids)
+            dense_rank = _ranks(union, listed)
+            dense = np.zeros(len(union), np.float32)
+            dense[dense_rank > 0] = dense_scores[number][dense_rank[dense_rank > 0] - 1]  # as dense search scored them
+            dense[dense_rank == 0] = self._dense_scores(vectors[number], union[dense_rank == 0])
+            candidates = Candidates(union, dense, self._keyword_scores(matches, union), dense_rank,
+                                    _ranks(union, keyword_ids), null[number] if null is not None else (0.0, 1.0),
+                                    scorer.null(matches))
+            fused = fuser.scores(candidates, weight)
+            found.append([Ranked(int(union[i]), float(fused[i]), float(candidates.dense[i]),
+                                 float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
+                                 int(candidates.keyword_rank[i]) or None)
+                          for i in top_list(fused, union, k).tolist()])
+        return self._ranked_hits(found)
+
+    def keyword_scorer(self) -> KeywordScorer:
+        """BM25 over this version's live documents (built on first use, then kept: a version never changes)."""
+        if self._keyword_scorer is None:
+            with self._reading(SEGMENTS):
+                self._keyword_scorer = KeywordScorer(
+                    [segment.keywords for segment in self.segments],
+                    [~np.isin(segment.rowids, self.tombstones) for segment in self.segments])
+        return self._keyword_scorer
+
+    def _keyword_top(self, matches: list[SegmentMatches], count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The COUNT best keyword matches over all segments: (row ids, BM25 scores), best first."""
+        rowids = np.concatenate([np.asarray(segment.rowids)[found.positions]
+                                 for segment, found in zip(self.segments, matches)] or [np.empty(0, np.int64)])
+        scores = np.concatenate([found.scores for found in matches] or [np.empty(0, np.float32)])
+        best = top_list(scores, rowids, count)
+        return rowids[best], scores[best]
+
+    def _keyword_scores(self, matches: list[SegmentMatches], rowids: np.ndarray) -> np.ndarray:
+        scores = np.zeros(len(rowids), np.float32)
+        for segment, found in zip(self.segments, matches):
+            mine = segment.contains(rowids)
+            if mine.any():
+                scores[mine] = found.score_of(np.searchsorted(segment.rowids, rowids[mine]).astype(np.int32))
+        return scores
+
+    def _dense_scores(self, query: np.ndarray, rowids: np.ndarray) -> np.ndarray:
+        """Exact cosines of ROWIDS' stored vectors (calibrated as at build) with QUERY (in the index's space)."""
+        scores = np.zeros(len(rowids), np.float32)
+        for segment in self.segments:
+            mine = segment.contains(rowids)
+            if mine.any():
+                with self._reading(f"{SEGMENTS}/{segment.name}/{RAW}"):
+                    scores[mine] = l2_normalize(self.calibrator.transform(segment.raw_for(rowids[mine]))) @ query
+        return scores
+
+    def _dense_null(self, queries: np.ndarray) -> list[tuple[float, float]]:
+        """Each query's dense score over every document: mean and standard deviation, from the mean and covariance
+        of a sample of the stored vectors in the index's space (estimated once per version)."""
+        if self._dense_moments is None:
+            sample = self.calibrate(self.raw_sample(NULL_SAMPLE, seed=0))
+            if len(sample) < 2:
+                sample = np.vstack([sample, -sample]) if len(sample) else np.eye(2, queries.shape[1], dtype=np.float32)
+            self._dense_moments = (sample.mean(0), np.cov(sample, rowvar=False).astype(np.float32))
+        mean, covariance = self._dense_moments
+        means = queries @ mean
+        spreads = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", queries, covariance, queries), 0.0))
+        return list(zip(means.tolist(), spreads.tolist()))
+
+    def _ranked_hits(self, found: list[list[Ranked]]) -> list[list[SearchHit]]:
+        """SearchHits with their documents for each query's ranked row ids."""
+        ids = np.array([r.rowid for ranked in found for r in ranked], dtype=np.int64)
+        with self._reading(SEGMENTS):
+            rows = self._rows(ids)
+            return [[SearchHit(rank, rows[r.rowid]["doc_id"], r.score, rows[r.rowid]["title"], rows[r.rowid]["text"],
+                               r.dense_score, r.keyword_score, r.dense_rank, r.keyword_rank)
+                     for rank, r in enumerate(ranked, start=1)] for ranked in found]
 
     def calibrate(self, raw: np.ndarray) -> np.ndarray:
         """Raw encoder output to the index's space: the saved calibrator, then L2 normalization. The server
@@ -230,7 +389,8 @@ class Snapshot:
                     if rowid < 0:
                         break
                     row = rows[rowid]
-                    hits.append(SearchHit(len(hits) + 1, row["doc_id"], score, row["title"], row["text"]))
+                    hits.append(SearchHit(len(hits) + 1, row["doc_id"], score, row["title"], row["text"],
+                                          dense_score=score, dense_rank=len(hits) + 1))
                 results.append(hits)
         return results
 

@@ -33,7 +33,7 @@ def inode(path: Path) -> int:
 
 
 def test_each_document_finds_itself_through_the_recorded_encode_path(tiny_index):
-    results = tiny_index.search(list(DOCS.values()), k=3)
+    results = tiny_index.search(list(DOCS.values()), k=3, mode="dense")
     assert [hits[0].doc_id for hits in results] == list(DOCS)
     assert all(abs(hits[0].score - 1.0) < 1e-4 for hits in results)
     assert all(len(hits) == 3 and [h.rank for h in hits] == [1, 2, 3] for hits in results)
@@ -65,7 +65,8 @@ def test_semantic_search_with_the_default_model_and_flow(tmp_path):
     Index.build(corpus, "real", tmp_path / "indexes", device="cpu", calibrator="flow")  # MiniLM, last-avg
     index = Index.open("real", tmp_path / "indexes", device="cpu")
     assert index.manifest.calibrator["name"] == "flow" and index.manifest.calibrator_fallback is None
-    top = [hits[0].doc_id for hits in index.search(["someone plays music", "a kitten", "football match"], k=1)]
+    top = [hits[0].doc_id for hits in index.search(["someone plays music", "a kitten", "football match"], k=1,
+                                                    mode="dense")]
     assert top == ["guitar", "cat", "soccer"]
 
 
@@ -126,15 +127,23 @@ def test_search_after_add_delete_compact_equals_a_fresh_build(tmp_path, tiny_ber
     queries = [f"{text} again" for text in list(remaining.values())[::5]] + ["a violin on day 7", "the harbour"]
 
     def answers(index):
-        return [[(hit.doc_id, round(hit.score, 5)) for hit in hits] for hits in index.search(queries, k=10)]
+        return {mode: [[(hit.doc_id, hit.score) for hit in hits] for hits in index.search(queries, k=10, mode=mode)]
+                for mode in ("dense", "keyword", "hybrid")}
+
+    def same(first: dict, second: dict) -> None:
+        for mode in first:
+            assert [[doc for doc, _ in hits] for hits in first[mode]] == [[doc for doc, _ in hits] for hits in
+                                                                          second[mode]], mode
+            assert [[score for _, score in hits] for hits in first[mode]] == [
+                pytest.approx([score for _, score in hits], abs=1e-4) for hits in second[mode]]
 
     live = Index.open("live", index_dir, device="cpu")
     assert len(live.segments) == 2 and len(live.tombstones) == len(removed)
-    assert answers(live) == answers(fresh)
+    same(answers(live), answers(fresh))
     live.compact()
     compacted = Index.open("live", index_dir, device="cpu")
     assert len(compacted.segments) == 1 and len(compacted.tombstones) == 0 and len(compacted) == len(remaining)
-    assert answers(compacted) == answers(fresh)
+    same(answers(compacted), answers(fresh))
     assert compacted.verify() > 0
 
 

@@ -11,9 +11,10 @@ whose id equals the query id is dropped before cutting; ties in score are broken
 trec_eval does; a query with no relevant document is not scored. `tests/test_retrieval_eval.py` checks every
 metric against pytrec_eval on fixed runs.
 
-`evaluate_through_index` builds a real index from the set's raw vectors (the calibrator fitted on the corpus by
-`Index.build`, as for any user), calibrates the queries with the index's calibrator and searches it exactly as
-`retriever search` and the server do.
+`evaluate_searches` builds a real index from the set's raw vectors (the calibrator fitted on the corpus by
+`Index.build`, as for any user, with its keyword index), calibrates the queries with the index's calibrator and
+searches it in each asked mode exactly as `retriever search` and the server do (`evaluate_through_index`: the
+dense search alone).
 """
 
 from __future__ import annotations
@@ -125,10 +126,28 @@ def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], 
                            calibrator: str, seed: int = 0, depth: int = 100,
                            fit_queries: bool = False,
                            on_fitted: Callable[[object], None] | None = None) -> dict[str, float]:
+    """The dense search's metrics (`evaluate_searches` with that one search)."""
+    return evaluate_searches(rset, embed, encoder, calibrator, {"dense": {"mode": "dense"}}, seed, depth,
+                             fit_queries, on_fitted)["dense"]
+
+
+def evaluate_searches(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder, calibrator: str,
+                      searches: dict[str, dict], seed: int = 0, depth: int = 100, fit_queries: bool = False,
+                      on_fitted: Callable[[object], None] | None = None) -> dict[str, dict[str, float]]:
     """Build an index of RSET's corpus from its raw vectors (EMBED: ENCODER's output, possibly cached), fitting
     CALIBRATOR on the corpus as `retriever build` does (FIT_QUERIES: on the corpus plus the queries, unlabeled, as
-    `retriever build --fit-queries` does); search every query through it; score. ON_FITTED, when given, is
-    called with the index's fitted calibrator (the benchmark records what `auto` decided)."""
+    `retriever build --fit-queries` does); search every query through it once per entry of SEARCHES (label ->
+    `Snapshot.search_encoded` settings: mode, fusion, weight), exactly as `retriever search` and the server do;
+    score each. Returns label -> metrics. ON_FITTED, when given, is called with the index's fitted calibrator
+    (the benchmark records what `auto` decided)."""
+    return {label: evaluate_run(run, rset.qrels) for label, run in
+            search_runs(rset, embed, encoder, calibrator, searches, seed, depth, fit_queries, on_fitted).items()}
+
+
+def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder, calibrator: str,
+                searches: dict[str, dict], seed: int = 0, depth: int = 100, fit_queries: bool = False,
+                on_fitted: Callable[[object], None] | None = None) -> dict[str, Run]:
+    """`evaluate_searches`' runs (label -> query id -> {doc id: score}), before scoring."""
     from retriever.corpus import Document, document_text
     from retriever.index import Index
 
@@ -137,23 +156,27 @@ def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], 
                  in enumerate(rset.corpus.items(), start=1)]
     raw_documents = np.asarray(embed([document_text(d) for d in documents]), dtype=np.float32)
     query_ids = list(rset.queries)
-    raw_queries = np.asarray(embed([rset.queries[q] for q in query_ids]), dtype=np.float32)
+    texts = [rset.queries[q] for q in query_ids]
+    raw_queries = np.asarray(embed(texts), dtype=np.float32)
+    runs: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="retriever-bench-") as folder:
         Index.build(documents, "bench", Path(folder) / "indexes", vectors=raw_documents, encoder=encoder,
                     calibrator=calibrator, calibrator_options={"seed": seed}, index_type="flat", device="cpu",
                     fit_queries=raw_queries if fit_queries else None)
-        index = Index.open("bench", Path(folder) / "indexes", device="cpu")
-        if on_fitted is not None:
-            on_fitted(index.calibrator)
-        run: Run = {}
-        for start in range(0, len(query_ids), 256):
-            batch = query_ids[start : start + 256]
-            scores, rows = index.search_vectors(index.calibrate(raw_queries[start : start + 256]),
-                                                min(depth + 1, len(doc_ids)))
-            for query, hits in zip(batch, index.hits(scores, rows)):
-                run[query] = {hit.doc_id: hit.score for hit in hits}
-        index.close()
-    return evaluate_run(run, rset.qrels)
+        with Index.open("bench", Path(folder) / "indexes", device="cpu") as index:
+            if on_fitted is not None:
+                on_fitted(index.calibrator)
+            vectors = index.calibrate(raw_queries)
+            for label, settings in searches.items():
+                run: Run = {}
+                for start in range(0, len(query_ids), 256):
+                    batch = slice(start, start + 256)
+                    found = index.search_encoded(texts[batch], vectors[batch], min(depth + 1, len(doc_ids)),
+                                                 **settings)
+                    for query, hits in zip(query_ids[batch], found):
+                        run[query] = {hit.doc_id: hit.score for hit in hits}
+                runs[label] = run
+    return runs
 
 
 def _jsonl(path: Path):

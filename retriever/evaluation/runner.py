@@ -30,7 +30,7 @@ import numpy as np
 from retriever.errors import RetrieverError, param
 from retriever.evaluation.data import PairSubset, Task, resolve_data_dir
 from retriever.evaluation.evaluators import cosine_rows, evaluate, spearman_x100
-from retriever.evaluation.retrieval import RetrievalSet, RetrievalTask, evaluate_through_index
+from retriever.evaluation.retrieval import RetrievalSet, RetrievalTask, evaluate_searches
 from retriever.evaluation.registry import TASKS, resolve_tasks
 from retriever.index_folder import sha256_file
 
@@ -60,6 +60,7 @@ class BenchPlan:
     lexical: bool = False
     plot: Path | None = None
     fit_queries: bool = False  # retrieval: fit on each corpus plus its queries (unlabeled)
+    modes: tuple[str, ...] = ("dense",)  # retrieval: the search modes scored on each index
 
     def layout_of(self, task: Task) -> str:
         """The requested layout where the dataset has it (STS-B, SICK-R), else the dataset's only one."""
@@ -77,8 +78,10 @@ def plan_benchmark(
     lexical: bool = False,
     plot: str | os.PathLike | None = None,
     fit_queries: bool = False,
+    modes: str | Sequence[str] = "dense",
 ) -> BenchPlan:
-    """Check datasets, data folder, calibrator names, layout and fit set; raise one clear RetrieverError."""
+    """Check datasets, data folder, calibrator names, layout, fit set and search modes; raise one clear
+    RetrieverError."""
     tasks = resolve_tasks(datasets)
     folder = resolve_data_dir(data_dir)
     from retriever.calibration import make_calibrator  # imports torch: after the checks that need nothing
@@ -108,8 +111,14 @@ def plan_benchmark(
                              "beir PATH); none was asked for")
     if limit is not None and limit < 2:
         raise RetrieverError(f"{param('limit')} must be at least 2 pairs (got {limit})")
+    from retriever.snapshot import MODES
+
+    modes = [part.strip().lower() for part in (modes.split(",") if isinstance(modes, str) else modes) if part.strip()]
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown or not modes:
+        raise RetrieverError(f"{param('modes')}: {', '.join(unknown) or 'none given'}; known: {', '.join(MODES)}")
     return BenchPlan(tasks, names, folder, layout, fit_on, seed, limit, lexical, Path(plot) if plot else None,
-                     fit_queries)
+                     fit_queries, tuple(dict.fromkeys(modes)))
 
 
 def parse_calibrators(calibrators: str | Sequence[str]) -> list[str]:
@@ -253,14 +262,16 @@ class _Run:
                      f"{len(rset.queries):,} queries")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                scores = evaluate_through_index(rset, self.embed, self.encoder, name, self.plan.seed,
-                                                fit_queries=self.plan.fit_queries,
-                                                on_fitted=lambda fitted: self.record_decision(task.name, name, fitted))
+                by_mode = evaluate_searches(rset, self.embed, self.encoder, name,
+                                            {mode: {"mode": mode} for mode in self.plan.modes}, self.plan.seed,
+                                            fit_queries=self.plan.fit_queries,
+                                            on_fitted=lambda fitted: self.record_decision(task.name, name, fitted))
             for warning in caught:
                 self.log(f"{task.name}: {name}: {warning.message}")
-            records += [{"dataset": task.name, "split": task.split, "calibrator": name, "metric": metric,
-                         "aggregation": task.split, "score": score} for metric, score in scores.items()]
-        main = {r["calibrator"]: r["score"] for r in records if r["metric"] == task.main_metric}
+            records += [{"dataset": task.name, "split": task.split, "calibrator": name, "mode": mode,
+                         "metric": metric, "aggregation": task.split, "score": score}
+                        for mode, scores in by_mode.items() for metric, score in scores.items()]
+        main = {row_label(r): r["score"] for r in records if r["metric"] == task.main_metric}
         self.log(f"{task.name} ({task.main_metric}): " + ", ".join(f"{n} {format_score(main[n])}" for n in main))
         return [_ordered(record) for record in records]
 
@@ -434,13 +445,20 @@ def score_table(results: Sequence[dict]) -> tuple[list[str], list[list[str | flo
 
 
 def retrieval_table(results: Sequence[dict]) -> tuple[list[str], list[list[str | float | None]]]:
-    """Every retrieval metric: a row per calibrator, a column per (dataset, metric); empty without retrieval."""
+    """Every retrieval metric: a row per calibrator (and search mode, beyond dense), a column per (dataset,
+    metric); empty without retrieval."""
     retrieval = [r for r in results if r["metric"] in ("ndcg@10", "recall@100", "mrr@10")]
     columns = list(dict.fromkeys((r["dataset"], r["metric"]) for r in retrieval))
-    scores = {(r["calibrator"], r["dataset"], r["metric"]): r["score"] for r in retrieval}
-    calibrators = list(dict.fromkeys(r["calibrator"] for r in retrieval))
+    scores = {(row_label(r), r["dataset"], r["metric"]): r["score"] for r in retrieval}
+    labels = list(dict.fromkeys(row_label(r) for r in retrieval))
     headers = ["calibrator", *(f"{DISPLAY_NAMES.get(d, d)} {_METRIC_NAMES[m]}" for d, m in columns)]
-    return headers, [[name, *(scores.get((name, *c)) for c in columns)] for name in calibrators]
+    return headers, [[label, *(scores.get((label, *c)) for c in columns)] for label in labels]
+
+
+def row_label(record: dict) -> str:
+    """A retrieval record's row: its calibrator, and its search mode where that is not dense."""
+    mode = record.get("mode", "dense")
+    return record["calibrator"] if mode == "dense" else f"{record['calibrator']} ({mode})"
 
 
 _METRIC_NAMES = {"ndcg@10": "nDCG@10", "recall@100": "R@100", "mrr@10": "MRR@10"}

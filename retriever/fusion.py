@@ -1,0 +1,112 @@
+"""Fusing a dense and a keyword ranking into one: hybrid search.
+
+Each side gives its top candidates (`CANDIDATES`, or k when larger); for every candidate in the union both scores
+are known exactly (a dense score is the cosine of its stored vector; a keyword score, BM25, is 0 where no query
+term occurs), so a fusion never has to guess a missing score. A `Fusion` maps one query's `Candidates` and the
+dense side's WEIGHT (the keyword side gets 1 - WEIGHT) to one fused score per candidate:
+
+- `rrf`: reciprocal rank fusion (Cormack et al. 2009), WEIGHT / (60 + dense rank) + (1 - WEIGHT) / (60 + keyword
+  rank), a side contributing nothing where the candidate is not in its top list; scores never meet.
+- `zscore`: each side's scores standardised by the mean and spread of that side's own top list for this query,
+  then weighted: a score reads as "how far above this query's typical candidate".
+- `null`: each score read against its distribution over the whole index for this query (mean and spread of the
+  query's score over every live document, `Candidates.dense_null` and `keyword_null`): "how far above a random
+  document". For calibrated vectors (isotropic, unit length) the dense null is the known N(0, 1/d); for raw
+  vectors it is estimated from the version's own documents.
+
+Which is the default, and its weight, is a measured choice (`benchmarks/hybrid.py`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from retriever.errors import RetrieverError, param
+
+CANDIDATES = 100  # each side's top list: at least this many, or k
+RRF_K = 60
+
+
+@dataclass
+class Candidates:
+    """One query's candidates, the union of both sides' top lists, in any order."""
+
+    rowids: np.ndarray  # int64
+    dense: np.ndarray  # float32: cosine in the index's space
+    keyword: np.ndarray  # float32: BM25 over title and text (0: no query term)
+    dense_rank: np.ndarray  # int: 1-based rank in the dense top list, 0 where not in it
+    keyword_rank: np.ndarray  # the same for the keyword top list
+    dense_null: tuple[float, float] = (0.0, 1.0)  # mean and standard deviation over every live document
+    keyword_null: tuple[float, float] = (0.0, 1.0)
+
+
+class Fusion(ABC):
+    name: str
+    needs_null = False  # reads Candidates.dense_null (an estimate the snapshot makes only when asked)
+    registry: dict[str, type[Fusion]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        Fusion.registry[cls.name] = cls
+
+    @abstractmethod
+    def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
+        """The fused score of each candidate (higher is better)."""
+
+
+class ReciprocalRank(Fusion):
+    name = "rrf"
+
+    def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
+        def part(ranks: np.ndarray) -> np.ndarray:
+            return np.where(ranks > 0, 1.0 / (RRF_K + np.maximum(ranks, 1)), 0.0)
+        return weight * part(candidates.dense_rank) + (1 - weight) * part(candidates.keyword_rank)
+
+
+class ListZScore(Fusion):
+    name = "zscore"
+
+    def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
+        def standard(scores: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+            listed = scores[ranks > 0]
+            if len(listed) == 0:
+                return np.zeros(len(scores))
+            return (scores - listed.mean()) / max(float(listed.std()), 1e-6)
+        return (weight * standard(candidates.dense, candidates.dense_rank)
+                + (1 - weight) * standard(candidates.keyword, candidates.keyword_rank))
+
+
+class NullZScore(Fusion):
+    name = "null"
+    needs_null = True
+
+    def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
+        (dense_mean, dense_std), (keyword_mean, keyword_std) = candidates.dense_null, candidates.keyword_null
+        return (weight * (candidates.dense - dense_mean) / max(dense_std, 1e-6)
+                + (1 - weight) * (candidates.keyword - keyword_mean) / max(keyword_std, 1e-6))
+
+
+def make_fusion(name: str) -> Fusion:
+    try:
+        return Fusion.registry[name]()
+    except KeyError:
+        raise RetrieverError(f"unknown {param('fusion')} {name!r}; known: {', '.join(sorted(Fusion.registry))}") from None
+
+
+def check_weight(weight: float) -> float:
+    if not 0.0 <= weight <= 1.0:
+        raise RetrieverError(f"{param('weight')} is the dense side's share, from 0 to 1 (got {weight})")
+    return float(weight)
+
+
+def top_list(scores: np.ndarray, keys: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the COUNT highest SCORES, best first, ties broken by the lower KEY (a row id): the same documents
+    in any order or split give the same list."""
+    chosen = np.arange(len(scores))
+    if count < len(scores):
+        threshold = -np.partition(-scores, count - 1)[count - 1]
+        chosen = np.flatnonzero(scores >= threshold)  # every tie at the threshold, so the keys can decide
+    return chosen[np.lexsort((keys[chosen], -scores[chosen]))[:count]]
