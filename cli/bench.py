@@ -60,6 +60,9 @@ def bench(
     fit_queries: Annotated[bool, typer.Option(
         "--fit-queries", help="retrieval tasks: fit each index's calibrator on its documents plus the task's "
         "queries (no labels), as `retriever build --fit-queries` does")] = False,
+    mode: Annotated[str, typer.Option(
+        "--mode", help="retrieval tasks: comma-separated search modes, each scored on the same index: dense, keyword "
+        "(BM25), hybrid")] = "dense",
     seed: Annotated[int, typer.Option("--seed", help="seed of the flow's initialisation and batch order")] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object instead of the table")] = False,
     plot: Annotated[
@@ -105,7 +108,8 @@ def bench(
     elif datasets.strip().lower() == "beir":
         raise RetrieverError("beir needs a folder: retriever bench beir PATH")
     started = time.perf_counter()
-    plan = plan_benchmark(datasets, calibrator, data_dir, layout, fit_on, seed, limit, lexical, plot, fit_queries)
+    plan = plan_benchmark(datasets, calibrator, data_dir, layout, fit_on, seed, limit, lexical, plot, fit_queries,
+                          mode)
     from retriever.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
     from retriever.progress import stderr_console
@@ -146,8 +150,8 @@ def _print_tables(report) -> None:
     headers, rows = retrieval_table(report.results)
     if rows:
         _print_table(console, "Retrieval through the index (BEIR metrics)", headers, rows,
-                     "x100; calibrators fitted on each corpus by the index build; nDCG@10 ignores a hit identical "
-                     "to the query")
+                     "x100; calibrators fitted on each corpus by the index build; (keyword), (hybrid): that search "
+                     "mode on the same index; nDCG@10 ignores a hit identical to the query")
     if report.lexical is not None:
         headers, rows = lexical_table(report.lexical)
         _print_table(console, "Similarity vs lexical overlap (BERT-flow Table 6)", headers, rows,

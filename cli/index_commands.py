@@ -228,8 +228,9 @@ def search(
     queries: Annotated[Optional[Path], typer.Option(
         "--queries", help=".txt (one per line) or BEIR queries.jsonl " + default("none: search QUERY"))] = None,
     as_json: Annotated[bool, typer.Option(
-        "--json", help='one JSON line per query: {"query_id", "query", "results": [{"rank", "doc_id", "score", '
-        '"title", "text"}]} (query_id null for QUERY)')] = False,
+        "--json", help='one JSON line per query: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", '
+        '"dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text"}]} (query_id null for '
+        'QUERY; a side not searched: null)')] = False,
     full: Annotated[bool, typer.Option(
         "--full", help="show each result's whole text, wrapped (default: a one-line snippet)")] = False,
     nprobe: Annotated[Optional[int], typer.Option(
@@ -239,11 +240,15 @@ def search(
         "--ef-search", help="hnsw: candidates kept per query " + default("the index's"))] = None,
     rerank: Annotated[Optional[int], typer.Option(
         "--rerank", help="ivfpq: re-score k x this many candidates exactly " + default("the index's"))] = None,
+    mode: options.Mode = None,
+    fusion: options.Fusion = None,
+    weight: options.Weight = None,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
 ) -> None:
-    """Search an index with one QUERY or a --queries file, through the index's own encode path.
+    """Search an index with one QUERY or a --queries file: dense through the index's own encode path, keyword
+    (BM25), or both fused (hybrid, the default where the index has a keyword index).
 
     Stored text is printed with control characters escaped (\\x1b, \\u202e): a document cannot drive the terminal.
     --json is exact JSON, with those characters as \\u escapes."""
@@ -258,39 +263,46 @@ def search(
     home = _home(index_dir)
     index = Index.open(_pick(home, name), home, device=device)
     k = min(k, max(len(index), 1))  # more than the index holds would allocate room for nothing
+    mode = index.resolve_mode(mode)
+    settings = {"nprobe": nprobe, "ef_search": ef_search, "rerank": rerank, "mode": mode, "fusion": fusion,
+                "weight": weight}
     if queries is None:
         batch = [(None, query)]
-        results = index.search(query, k, nprobe=nprobe, ef_search=ef_search, rerank=rerank)
+        results = index.search(query, k, **settings)
     else:
         batch = read_queries(queries, encoding=encoding)
-        results = index.search([text for _, text in batch], k, progress=True, nprobe=nprobe, ef_search=ef_search,
-                               rerank=rerank)
+        results = index.search([text for _, text in batch], k, progress=True, **settings)
     for (query_id, text), hits in zip(batch, results):
         if as_json:
-            _print_json(search_record(query_id, text, hits))
+            _print_json(search_record(query_id, text, hits, mode))
         else:
-            _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full)
+            _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full, mode)
 
 
-def _hits_table(title: str, hits, full: bool) -> None:
+def _hits_table(title: str, hits, full: bool, mode: str = "dense") -> None:
     """One query's results. A doc id is shown whole, on one line while it fits (it is what `show` and `delete`
-    take); the text is a one-line snippet filling the rest of the width, or with FULL all of it, wrapped."""
+    take); the text is a one-line snippet filling the rest of the width, or with FULL all of it, wrapped. Hybrid
+    results say where each side ranked them ("3/-": third in the dense list, not in the keyword list)."""
     title = terminal_safe(title)
     rows = [(str(hit.rank), f"{hit.score:.3f}", terminal_safe(hit.doc_id)) for hit in hits]
+    sides = [f"{hit.dense_rank or '-'}/{hit.keyword_rank or '-'}" for hit in hits] if mode == "hybrid" else None
     rank, score, ids = (max([cell_len(row[i]) for row in rows] + [len(header)])
                         for i, header in enumerate(("rank", "score", "doc id")))
     # Widths set here, not left to rich, which would squeeze the ids first. Overhead: 1 + 3 per column (a border
     # and a space each side). The ids get their full width unless that leaves the text under 20 columns; then
     # they fold onto more lines, still whole.
-    fixed = 13 + rank + score
+    side = max([cell_len(cell) for cell in sides] + [len("d/k")]) + 3 if sides else 0
+    fixed = 13 + rank + score + side
     ids = min(ids, max(stdout.width - fixed - 20, 6))
     room = max(stdout.width - fixed - ids, 10)
     table = Table(title=Text(title if full else _snippet(title, stdout.width)), title_justify="left")
     table.add_column("rank", justify="right", no_wrap=True, width=rank)
     table.add_column("score", justify="right", no_wrap=True, width=score)
+    if sides:
+        table.add_column("d/k", justify="right", no_wrap=True, width=side - 3)
     table.add_column("doc id", overflow="fold", width=ids)
     table.add_column("text", overflow="fold", max_width=room)
-    for (rank, score, doc_id), hit in zip(rows, hits):
+    for number, ((rank, score, doc_id), hit) in enumerate(zip(rows, hits)):
         cell = Text()
         if hit.title:
             cell.append(terminal_safe(hit.title if full else " ".join(hit.title.split())), style="bold")
@@ -298,7 +310,7 @@ def _hits_table(title: str, hits, full: bool) -> None:
         cell.append(terminal_safe(hit.text if full else " ".join(hit.text.split())))
         if not full:
             cell.truncate(room, overflow="ellipsis")
-        table.add_row(rank, score, Text(doc_id, overflow="fold"), cell)
+        table.add_row(rank, score, *([sides[number]] if sides else []), Text(doc_id, overflow="fold"), cell)
     stdout.print(table)
 
 

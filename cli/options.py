@@ -18,6 +18,9 @@ POOLING_MODES = ("cls", "last-avg", "last2-avg", "first-last-avg")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
+# retriever.snapshot.MODES and retriever.fusion's registry, repeated for the same reason.
+MODES = ("dense", "keyword", "hybrid")
+FUSIONS = ("null", "rrf", "zscore")
 CALIBRATORS = "auto | flow | flow-K | flow+lu | whitening | whitening-K | sn | natsv-K | sn+natsv-K | none"
 
 
@@ -69,12 +72,19 @@ IndexDir = Annotated[
     typer.Option("--index-dir", show_default=False,
                  help="where indexes live " + default("$RETRIEVER_HOME, else ~/.local/share/retriever/indexes")),
 ]
+Mode = Annotated[Optional[str], typer.Option(
+    "--mode", **choice(MODES), help="dense (the calibrated vectors), keyword (BM25) or hybrid (both, fused) "
+    + default("hybrid where the index has a keyword index, else dense"))]
+Fusion = Annotated[Optional[str], typer.Option(
+    "--fusion", **choice(FUSIONS), help="hybrid: how the two rankings are fused " + default("zscore"))]
+Weight = Annotated[Optional[float], typer.Option(
+    "--weight", min=0.0, max=1.0, help="hybrid: the dense side's share, 0 to 1 " + default("0.5"))]
 Encoding = Annotated[str, typer.Option("--encoding", help="text encoding of the input file")]
 
 # Library parameters a command's options name otherwise: {command: {library spelling: the option's spelling}}, a
 # spelling being a parameter's name or a whole setting (name=value). A test keeps every entry pointing at an option.
 LIBRARY_NAMES = {
-    "bench": {"calibrators": "calibrator", "folder": "cache_dir", "folder=None": "no_cache=True"},
+    "bench": {"calibrators": "calibrator", "folder": "cache_dir", "folder=None": "no_cache=True", "modes": "mode"},
     "serve": {"allow_without_key=True": "no_key=True"},
 }
 

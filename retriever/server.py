@@ -19,7 +19,7 @@ One process holds the model and the open indexes, so a query costs milliseconds 
 
 Endpoints (the contract clients rely on; answers use `retriever.index.search_record` for each query, the same
 JSON as `retriever search --json`): GET /health, GET /indexes, GET /indexes/{name},
-GET /search?q=...&k=10&index=NAME, POST /search {"queries": [...], "k": 10, "index": NAME},
+GET /search?q=...&k=10&index=NAME&mode=hybrid, POST /search {"queries": [...], "k": 10, "index": NAME, "mode": ...},
 GET|DELETE /indexes/{name}/documents/{doc_id}, POST /indexes/{name}/documents {"documents": [BEIR records]}.
 """
 
@@ -74,6 +74,8 @@ MAX_HITS = 10_000  # results per request (queries x k)
 MAX_ANSWER_CHARS = 32 * 2**20  # document text in one answer: a few huge documents x many queries stays bounded
 STATIC = Path(__file__).with_name("static")
 Space = Literal["calibrated", "raw"]
+Mode = Literal["dense", "keyword", "hybrid"]
+FusionName = Literal["rrf", "zscore", "null"]
 
 
 class ApiError(Exception):
@@ -209,7 +211,7 @@ class _Job:
     index: Index
     queries: list[str]
     k: int
-    options: tuple  # nprobe, ef_search, rerank
+    options: tuple  # nprobe, ef_search, rerank, mode (resolved), fusion, weight
     future: Future = field(default_factory=Future)
     raw: np.ndarray | None = None
 
@@ -262,10 +264,12 @@ class SearchBatcher:
             self._encode_and_search(group)
 
     def _encode_and_search(self, group: list[_Job]) -> None:
-        """One encoder call for the group, then one search per index version; a failure of a group of several
-        is retried job by job, so it reaches only the request that caused it."""
+        """One encoder call for the group (keyword searches need none), then one search per index version and
+        settings; a failure of a group of several is retried job by job, so it reaches only the request that
+        caused it."""
+        encoded = [job for job in group if job.options[3] != "keyword"]
         try:
-            raw = group[0].index.encoder.encode([text for job in group for text in job.queries])
+            raw = group[0].index.encoder.encode([text for job in encoded for text in job.queries]) if encoded else None
         except Exception as error:  # noqa: BLE001 - the thread lives on; only the guilty request gets the error
             if len(group) == 1:
                 _fail(group, error)
@@ -274,7 +278,7 @@ class SearchBatcher:
                     self._encode_and_search([job])
             return
         offset = 0
-        for job in group:
+        for job in encoded:
             job.raw = raw[offset : offset + len(job.queries)]
             offset += len(job.queries)
         by_search: dict[tuple, list[_Job]] = defaultdict(list)
@@ -297,9 +301,10 @@ class SearchBatcher:
     def _search(jobs: list[_Job]) -> None:
         index = jobs[0].index
         k = max(job.k for job in jobs)
-        scores, ids = index.search_vectors(index.calibrate(np.concatenate([job.raw for job in jobs])), k,
-                                           *jobs[0].options)
-        hits = index.hits(scores, ids)
+        nprobe, ef_search, rerank, mode, fusion, weight = jobs[0].options
+        texts = [text for job in jobs for text in job.queries]
+        vectors = None if mode == "keyword" else index.calibrate(np.concatenate([job.raw for job in jobs]))
+        hits = index.search_encoded(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank)
         offset = 0
         for job in jobs:
             job.future.set_result([found[: job.k] for found in hits[offset : offset + len(job.queries)]])
@@ -323,6 +328,10 @@ class SearchRequest(BaseModel):
     k: StrictInt = Field(10, ge=1, le=MAX_K)  # strict: `true` is not a number of results
     index: Optional[StrictStr] = Field(None, description="the index's name (optional when there is only one)")
     space: Space = Field("calibrated", description="raw: rank by the uncalibrated vectors (exact), to compare")
+    mode: Optional[Mode] = Field(None, description="dense, keyword (BM25) or hybrid (both, fused); default: hybrid "
+                                                    "where the index has a keyword index, else dense")
+    fusion: Optional[FusionName] = Field(None, description="hybrid: how the two rankings are fused")
+    weight: Optional[float] = Field(None, ge=0.0, le=1.0, description="hybrid: the dense side's share")
     nprobe: Optional[StrictInt] = Field(None, ge=1)
     ef_search: Optional[StrictInt] = Field(None, ge=1)
     rerank: Optional[StrictInt] = Field(None, ge=1)
@@ -428,15 +437,20 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                     "search_settings": index.spec.search_settings(), "fit": index.manifest.fit}
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None], k: int, space: str,
-                         options: tuple) -> Response:
+                         options: tuple, mode: str | None) -> Response:
         check_search(texts, ids, k)
         async with indexes.using(name) as index:
             if space == "raw":
+                if mode not in (None, "dense"):
+                    raise ApiError(400, "space=raw ranks by the uncalibrated vectors: it goes with mode=dense only")
+                mode = "dense"
                 hits = await run_in_threadpool(lambda: index.search_raw(index.encoder.encode(texts), k))
             else:
-                hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, options))
+                mode = index.resolve_mode(mode)
+                hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, (*options[:3], mode,
+                                                                                          *options[3:])))
             # Rendered on a worker thread: a large answer must not stall every other request on the event loop.
-            return await run_in_threadpool(render_answer, index, texts, ids, hits, k, space)
+            return await run_in_threadpool(render_answer, index, texts, ids, hits, k, space, mode)
 
     @app.get("/search")
     async def search_get(
@@ -444,18 +458,23 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         k: int = Query(10, ge=1, le=MAX_K),
         index: Optional[str] = Query(None, description="the index's name (optional when there is only one)"),
         space: Space = Query("calibrated", description="raw: the uncalibrated ranking, to compare"),
+        mode: Optional[Mode] = Query(None, description="dense, keyword (BM25) or hybrid (both, fused); default: "
+                                                       "hybrid where the index has a keyword index, else dense"),
+        fusion: Optional[FusionName] = Query(None, description="hybrid: how the two rankings are fused"),
+        weight: Optional[float] = Query(None, ge=0.0, le=1.0, description="hybrid: the dense side's share"),
         nprobe: Optional[int] = Query(None, ge=1),
         ef_search: Optional[int] = Query(None, ge=1),
         rerank: Optional[int] = Query(None, ge=1),
     ):
-        return await run_search(index, [q], [None], k, space, (nprobe, ef_search, rerank))
+        return await run_search(index, [q], [None], k, space, (nprobe, ef_search, rerank, fusion, weight), mode)
 
     @app.post("/search")
     async def search_post(request: SearchRequest):
         texts = [item if isinstance(item, str) else item.text for item in request.queries]
         ids = [None if isinstance(item, str) else item.id for item in request.queries]
         return await run_search(request.index, texts, ids, request.k, request.space,
-                                (request.nprobe, request.ef_search, request.rerank))
+                                (request.nprobe, request.ef_search, request.rerank, request.fusion, request.weight),
+                                request.mode)
 
     @app.get("/indexes/{name}/documents/{doc_id:path}")
     async def get_document(name: str, doc_id: str):
@@ -508,15 +527,16 @@ def check_search(texts: list[str], ids: list[str | None], k: int) -> None:
 
 
 def render_answer(index: Index, texts: list[str], ids: list[str | None], hits: list[list[SearchHit]], k: int,
-                  space: str) -> Response:
+                  space: str, mode: str = "dense") -> Response:
     """The search answer as JSON bytes, refused (413) when the documents' text in it would exceed
     MAX_ANSWER_CHARS (a few very long documents times many queries)."""
     chars = sum(len(hit.text) + len(hit.title or "") for found in hits for hit in found)
     if chars > MAX_ANSWER_CHARS:
         raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
                             f"{MAX_ANSWER_CHARS // 2**20} M per request (lower k or send fewer queries at once)")
-    return render({"index": index.name, "version": index.folder.name, "space": space, "k": k,
-                   "queries": [search_record(query_id, text, found) for query_id, text, found in zip(ids, texts, hits)]})
+    return render({"index": index.name, "version": index.folder.name, "space": space, "mode": mode, "k": k,
+                   "queries": [search_record(query_id, text, found, mode)
+                               for query_id, text, found in zip(ids, texts, hits)]})
 
 
 def render(payload: dict, status: int = 200) -> Response:

@@ -204,11 +204,21 @@ def test_tables_never_cut_doc_ids_and_full_shows_whole_texts(cli, tmp_path, tiny
                       + json.dumps({"_id": "short", "text": "tiny text"}) + "\n")
     assert cli("build", corpus, "--model", tiny_bert, "--calibrator", "none").returncode == 0
 
-    snippet = cli("search", "word5", "--name", "long")
+    snippet = cli("search", "word5", "--name", "long", "--mode", "dense")
     assert snippet.returncode == 0, snippet.stderr
     rows = [line for line in snippet.stdout.splitlines() if long_id in line]
     assert len(rows) == 1 and rows[0].rstrip().endswith("… │")  # the whole id, the text cut on one line
     assert len(snippet.stdout.splitlines()) == 7  # title, 3 header lines, 2 rows, bottom
+    # Hybrid tables add where each side ranked a hit (dense / keyword rank): the id still whole, on one line
+    # where the width allows.
+    monkeypatch.setattr(commands, "stdout", Console(width=110, soft_wrap=True))
+    hybrid = cli("search", "word5", "--name", "long")
+    assert hybrid.returncode == 0, hybrid.stderr
+    header = next(line for line in hybrid.stdout.splitlines() if "doc id" in line)
+    assert "d/k" in header
+    rows = [line for line in hybrid.stdout.splitlines() if long_id in line]
+    assert len(rows) == 1 and "/1 │" in rows[0] and rows[0].rstrip().endswith("… │")  # keyword's first
+    assert any("/- │" in line and "short" in line for line in hybrid.stdout.splitlines())  # no keyword match
 
     full = cli("search", "word5", "--name", "long", "--full")
     assert full.returncode == 0
@@ -217,7 +227,7 @@ def test_tables_never_cut_doc_ids_and_full_shows_whole_texts(cli, tmp_path, tiny
     assert all(f"word{i}" in words for i in range(120)) and "…" not in full.stdout
 
     monkeypatch.setattr(commands, "stdout", Console(width=50, soft_wrap=True))  # too narrow: the id folds
-    narrow = cli("search", "word5", "--name", "long")
+    narrow = cli("search", "word5", "--name", "long", "--mode", "dense")
     id_column = "".join(line.split("│")[3].strip() for line in narrow.stdout.splitlines() if line.count("│") == 5)
     assert long_id in id_column
 

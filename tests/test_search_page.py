@@ -50,6 +50,7 @@ def test_typing_a_query_shows_calibrated_and_raw_rankings_side_by_side(browser, 
     wait = WebDriverWait(browser, 30)
     wait.until(lambda driver: len(Select(driver.find_element(By.ID, "index")).options) == 2)
     Select(browser.find_element(By.ID, "index")).select_by_value("notes")
+    Select(browser.find_element(By.ID, "view")).select_by_value("raw")
     query = browser.find_element(By.ID, "query")
     query.send_keys(documents(100)[42]["text"])
     browser.find_element(By.ID, "search").click()
@@ -70,11 +71,33 @@ def test_typing_a_query_shows_calibrated_and_raw_rankings_side_by_side(browser, 
     assert "notes, version" in browser.find_element(By.ID, "calibrated-note").text
 
 
+def test_the_hybrid_ranking_is_shown_beside_dense_and_keyword(browser, served):
+    browser.get(served + "/?" + urlencode({"index": "notes", "q": documents(100)[42]["text"]}))
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda driver: all(hits(driver, f"{mode}-results") for mode in ("hybrid", "dense", "keyword")))
+    assert Select(browser.find_element(By.ID, "view")).first_selected_option.get_attribute("value") == "modes"
+    hybrid, dense, keyword = (hits(browser, f"{mode}-results") for mode in ("hybrid", "dense", "keyword"))
+    assert len(hybrid) == len(dense) == len(keyword) == 10
+    assert hybrid[0].get_attribute("data-doc-id") == dense[0].get_attribute("data-doc-id") == "d42"
+    # A hybrid hit says where each side ranked it; a dense or keyword hit, where the hybrid ranking has it.
+    assert hybrid[0].find_element(By.CSS_SELECTOR, ".move").text == "dense #1 · keyword #1"
+    assert dense[0].find_element(By.CSS_SELECTOR, ".move").text == "= (hybrid #1)"
+    assert all("hybrid" in hit.find_element(By.CSS_SELECTOR, ".move").text for hit in keyword)
+    assert "notes, version" in browser.find_element(By.ID, "hybrid-note").text
+
+
+def test_a_query_nothing_matches_says_so(browser, served):
+    browser.get(served + "/?" + urlencode({"index": "notes", "q": "zeppelin quasar", "view": "keyword"}))
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda driver: "no results for this query" in driver.find_element(By.ID, "status").text)
+    assert not hits(browser, "keyword-results")
+
+
 def test_a_long_text_opens_in_full_on_demand(browser, served):
     browser.get(served + "/?" + urlencode({"index": "notes", "q": "Lighthouses " + LONG_TEXT}))
     wait = WebDriverWait(browser, 30)
-    wait.until(lambda driver: hits(driver, "calibrated-results"))
-    item = next(hit for hit in hits(browser, "calibrated-results") if hit.get_attribute("data-doc-id") == "lighthouse")
+    wait.until(lambda driver: hits(driver, "hybrid-results"))
+    item = next(hit for hit in hits(browser, "hybrid-results") if hit.get_attribute("data-doc-id") == "lighthouse")
     full = item.find_element(By.CSS_SELECTOR, ".full-text")
     assert not full.is_displayed() and item.find_element(By.CSS_SELECTOR, ".text").text.endswith("…")
     item.find_element(By.CSS_SELECTOR, "details summary").click()
@@ -95,7 +118,7 @@ def test_a_blank_query_and_a_server_error_are_shown_not_thrown(browser, served):
     browser.find_element(By.ID, "search").click()
     wait.until(lambda driver: "k:" in driver.find_element(By.ID, "status").text)
     assert "error" in browser.find_element(By.ID, "status").get_attribute("class")
-    assert not hits(browser, "calibrated-results")
+    assert not hits(browser, "hybrid-results")
 
 
 def test_a_server_with_a_key_asks_for_it_and_then_searches(browser, tmp_path, tiny_bert):
@@ -121,5 +144,5 @@ def test_a_server_with_a_key_asks_for_it_and_then_searches(browser, tmp_path, ti
         assert not key_form.is_displayed()
         browser.find_element(By.ID, "query").send_keys(documents(40)[7]["text"])
         browser.find_element(By.ID, "search").click()
-        wait.until(lambda driver: hits(driver, "calibrated-results"))
-        assert hits(browser, "calibrated-results")[0].get_attribute("data-doc-id") == "d7"
+        wait.until(lambda driver: hits(driver, "hybrid-results"))
+        assert hits(browser, "hybrid-results")[0].get_attribute("data-doc-id") == "d7"

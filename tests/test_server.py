@@ -43,8 +43,11 @@ def test_get_search_answers_in_the_cli_schema_with_the_version(client, index_dir
     [record] = answer["queries"]
     assert record["query_id"] is None and record["query"] == text
     assert [hit["rank"] for hit in record["results"]] == [1, 2, 3]
-    assert record["results"][0] == {"rank": 1, "doc_id": "d7", "score": pytest.approx(record["results"][0]["score"]),
-                                     "title": "note 7", "text": text}
+    assert answer["mode"] == record["mode"] == "hybrid"  # the default, with a keyword index
+    first = record["results"][0]
+    assert first == {"rank": 1, "doc_id": "d7", "score": first["score"], "dense_score": first["dense_score"],
+                     "keyword_score": first["keyword_score"], "dense_rank": 1, "keyword_rank": 1, "title": "note 7",
+                     "text": text}
     expected = index.search(text, 3)[0]
     assert [hit["doc_id"] for hit in record["results"]] == [hit.doc_id for hit in expected]
     # The server encodes on ONNX Runtime, the library here on PyTorch: the same numbers to float precision.
@@ -152,7 +155,7 @@ def test_raw_space_ranks_by_uncalibrated_cosine(tmp_path, tiny_bert):
                 calibrator="none", device="cpu")
     with TestClient(create_app(folder, device="cpu"), base_url="http://127.0.0.1") as client:
         text = documents(120)[11]["text"]
-        calibrated = client.get("/search", params={"q": text, "k": 8}).json()
+        calibrated = client.get("/search", params={"q": text, "k": 8, "mode": "dense"}).json()
         raw = client.get("/search", params={"q": text, "k": 8, "space": "raw"}).json()
     assert raw["space"] == "raw" and calibrated["space"] == "calibrated"
     # With no calibrator the two spaces are the same, so an exact raw ranking equals the index's.
@@ -221,7 +224,7 @@ def test_a_body_without_a_declared_length_is_bounded_too(client):
 def test_the_search_page_is_served(client):
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert 'id="calibrated-results"' in page.text and 'id="raw-results"' in page.text
+    assert 'id="view"' in page.text and 'id="results"' in page.text and 'value="modes"' in page.text
 
 
 def test_an_index_removed_while_served_answers_404_and_others_go_on(client, index_dir, tmp_path, tiny_bert):

@@ -1,0 +1,179 @@
+"""Issue 27: dense, keyword and hybrid search on every labeled retrieval task, and the choice of the default fusion.
+
+Each task's corpus is built into a real index the way `retriever build` builds it (calibrator `auto`, keyword
+index in every segment; `evaluate_searches`), and every query is searched through `Snapshot.search_encoded` once
+per setting: dense, keyword (BM25), and hybrid with each fusion (`retriever.fusion`: rrf, zscore, null) and dense
+weight of a grid. nDCG@10 x100.
+
+The default is chosen on the dev tasks only (the ones issue 24 looked at while designing its check): the setting
+whose worst margin over the better of dense and keyword, across the dev tasks of both models, is largest (ties: the
+larger mean margin). The held-out tasks then say whether that choice generalises; the report gives the spread.
+
+    python benchmarks/hybrid.py run --model minilm --out benchmarks/results/hybrid_minilm.json
+    python benchmarks/hybrid.py run --model mpnet --out benchmarks/results/hybrid_mpnet.json
+    python benchmarks/hybrid.py report benchmarks/results/hybrid_*.json --out benchmarks/results/hybrid.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from retriever.evaluation.retrieval import evaluate_run, search_runs  # noqa: E402
+from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS  # noqa: E402
+
+DEV = ("qnli-retrieval", "stsb-dup", "sickr-dup", "debian-package", "wordnet-define")
+HELD_OUT = ("sts12-dup", "sts13-dup", "sts14-dup", "sts15-dup", "sts16-dup", "bible-parallel", "foldoc-term")
+MAX_LENGTH = 256
+WEIGHTS = {"rrf": (0.3, 0.5, 0.7), "zscore": (0.3, 0.4, 0.5, 0.6, 0.7), "null": (0.3, 0.5, 0.7)}
+
+
+def settings() -> dict[str, dict]:
+    searches = {"dense": {"mode": "dense"}, "keyword": {"mode": "keyword"}}
+    for fusion, weights in WEIGHTS.items():
+        for weight in weights:
+            searches[f"{fusion}@{weight}"] = {"mode": "hybrid", "fusion": fusion, "weight": weight}
+    return searches
+
+
+def model_path(model: str) -> str | None:
+    if model == "minilm":
+        return None
+    if model == "mpnet":
+        done = subprocess.run([str(REPO.parent / "shared" / "models" / "get-all-mpnet-base-v2")], capture_output=True,
+                              text=True, check=True)
+        return done.stdout.strip().splitlines()[-1]
+    return model
+
+
+def run(model: str, tasks: list[str], calibrator: str, seed: int) -> dict:
+    from retriever.corpus import Document, document_text
+    from retriever.encoder import Encoder
+    from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
+    from retriever.evaluation.data import resolve_data_dir
+
+    encoder = CachedEncoder(Encoder(model_path(model), "last-avg", None, MAX_LENGTH, device="cpu"),
+                            resolve_cache_dir())
+    data = resolve_data_dir()
+    results = {"model": model, "encoder": encoder.config(), "calibrator": calibrator, "seed": seed, "tasks": []}
+    for name in tasks:
+        started = time.perf_counter()
+        rset = RETRIEVAL_TASKS[name].load(data)
+        texts = [document_text(Document(d, text, title, "", 0)) for d, (title, text) in rset.corpus.items()]
+        encoder.encode([*texts, *rset.queries.values()], progress=True, description=f"{name}: encoding")
+        chosen = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs = search_runs(rset, encoder.encode, encoder, calibrator, settings(), seed,
+                               on_fitted=lambda fitted: chosen.append(getattr(fitted, "chosen", fitted).name))
+        scores = {label: round(evaluate_run(found, rset.qrels)["ndcg@10"], 2) for label, found in runs.items()}
+        record = {"task": name, "split": "dev" if name in DEV else "held-out", **rset.describe(),
+                  "calibrator": chosen[0] if chosen else calibrator, "ndcg@10": scores,
+                  "seconds": round(time.perf_counter() - started, 1)}
+        best_side = max(scores["dense"], scores["keyword"])
+        print(f"{name}: dense {scores['dense']:.2f} keyword {scores['keyword']:.2f} | " + ", ".join(
+            f"{label} {value - best_side:+.2f}" for label, value in scores.items() if "@" in label),
+            file=sys.stderr, flush=True)
+        results["tasks"].append(record)
+    return results
+
+
+# --- the choice and the report ----------------------------------------------------------------------------------
+
+
+def margins(task: dict) -> dict[str, float]:
+    """Each hybrid setting's nDCG@10 minus the better of dense and keyword on TASK."""
+    scores = task["ndcg@10"]
+    best = max(scores["dense"], scores["keyword"])
+    return {label: round(value - best, 2) for label, value in scores.items() if "@" in label}
+
+
+def choose(runs: list[dict], split: str = "dev") -> str:
+    """The setting with the largest worst margin over SPLIT's tasks of every run (ties: the larger mean)."""
+    tasks = [task for run_ in runs for task in run_["tasks"] if task["split"] == split]
+    labels = list(margins(tasks[0]))
+    return max(labels, key=lambda label: (min(margins(t)[label] for t in tasks),
+                                          float(np.mean([margins(t)[label] for t in tasks]))))
+
+
+def report(files: list[Path]) -> str:
+    runs = [json.loads(path.read_text()) for path in files]
+    chosen = choose(runs)
+    labels = list(margins(runs[0]["tasks"][0]))
+    lines = ["# Dense, keyword and hybrid search (issue 27)", "",
+             "Generated by `benchmarks/hybrid.py report` from " + ", ".join(f"`{p.name}`" for p in files) + ".",
+             "nDCG@10 x100 through a real index per task (built as `retriever build` builds it: calibrator "
+             f"`{runs[0]['calibrator']}`, keyword index per segment), searched through `Snapshot.search_encoded`. "
+             "A hybrid setting is `fusion@weight`, the weight being the dense side's share. Margin: hybrid minus "
+             "the better of dense and keyword on that task.", "",
+             f"**Chosen on the dev tasks alone: `{chosen}`** (the largest worst margin over the dev tasks of both "
+             "models; ties by the mean). Held-out tasks were not used for the choice.", ""]
+    lines += ["## Every setting: worst and mean margin", "",
+              "| setting | dev: worst | dev: mean | held-out: worst | held-out: mean | all: tasks >= 0 | all: mean |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for label in labels:
+        cells = []
+        for split in ("dev", "held-out"):
+            values = [margins(t)[label] for r in runs for t in r["tasks"] if t["split"] == split]
+            cells += [f"{min(values):+.2f}", f"{np.mean(values):+.2f}"]
+        every = [margins(t)[label] for r in runs for t in r["tasks"]]
+        mark = "**" if label == chosen else ""
+        lines.append(f"| {mark}{label}{mark} | " + " | ".join(cells)
+                     + f" | {sum(v >= 0 for v in every)}/{len(every)} | {np.mean(every):+.2f} |")
+    for run_ in runs:
+        lines += ["", f"## {run_['model']} (last-avg, max_length {MAX_LENGTH}, calibrator {run_['calibrator']})", "",
+                  f"| task | split | docs | queries | auto chose | dense | keyword | {chosen} | margin | "
+                  "best setting |", "|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
+        for task in run_["tasks"]:
+            scores = task["ndcg@10"]
+            best = max(margins(task), key=margins(task).get)
+            lines.append(f"| {task['task']} | {task['split']} | {task['documents']:,} | {task['queries']:,} | "
+                         f"{task['calibrator']} | {scores['dense']:.2f} | {scores['keyword']:.2f} | "
+                         f"{scores[chosen]:.2f} | {margins(task)[chosen]:+.2f} | {best} {scores[best]:.2f} |")
+        mean = {key: np.mean([t["ndcg@10"][key] for t in run_["tasks"]]) for key in ("dense", "keyword", chosen)}
+        better = np.mean([max(t["ndcg@10"]["dense"], t["ndcg@10"]["keyword"]) for t in run_["tasks"]])
+        lines += ["", f"Mean over the {len(run_['tasks'])} tasks: dense {mean['dense']:.2f}, keyword "
+                      f"{mean['keyword']:.2f}, {chosen} {mean[chosen]:.2f}; the better of dense and keyword per task "
+                      f"{better:.2f}, so {chosen} adds {mean[chosen] - better:+.2f}."]
+        lines += ["", "Every setting (nDCG@10):", "", "| task | " + " | ".join(["dense", "keyword", *labels]) + " |",
+                  "|---|" + "---:|" * (len(labels) + 2)]
+        for task in run_["tasks"]:
+            scores = task["ndcg@10"]
+            lines.append(f"| {task['task']} | " + " | ".join(f"{scores[key]:.2f}" for key in
+                                                            ["dense", "keyword", *labels]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    measure = commands.add_parser("run")
+    measure.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
+    measure.add_argument("--tasks", default=",".join(DEV + HELD_OUT))
+    measure.add_argument("--calibrator", default="auto")
+    measure.add_argument("--seed", type=int, default=0)
+    measure.add_argument("--out", type=Path, required=True)
+    merge = commands.add_parser("report")
+    merge.add_argument("files", nargs="+", type=Path)
+    merge.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.command == "report":
+        args.out.write_text(report(args.files))
+        return
+    results = run(args.model, [t for t in args.tasks.split(",") if t], args.calibrator, args.seed)
+    results["command"] = " ".join(["python", "benchmarks/hybrid.py", *sys.argv[1:]])
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
