@@ -7,7 +7,7 @@
       calibrator/            CALIBRATOR: the fitted calibrator (calibrator.json and its weights)
       trained.faiss          TEMPLATE: the trained IVF quantizer every segment shares (IVF index types only)
       tombstones.npy         TOMBSTONES: row ids deleted since the segments were written
-      segments/NNNNNN/       SEGMENTS, named by `segment_name`: DOCUMENTS, RAW, ROWIDS, VECTORS, KEYWORDS
+      segments/NNNNNN/       SEGMENTS, named by `segment_name`: DOCUMENTS, RAW, ROWIDS, VECTORS, KEYWORDS, POSTINGS, COUNTS
       encoded.npy            ENCODED: a build's raw vectors, in its partial folder until the segment is written
       build-state.json       BUILD_STATE: in a build's partial folder, what it has finished, for resuming
 """
@@ -20,7 +20,7 @@ MANIFEST, BUILD_STATE, VERSIONS, LOCK = "manifest.json", "build-state.json", ".v
 CALIBRATOR, TEMPLATE, TOMBSTONES, SEGMENTS = "calibrator", "trained.faiss", "tombstones.npy", "segments"
 ENCODED = "encoded.npy"
 VECTORS, RAW, ROWIDS, DOCUMENTS = "vectors.faiss", "raw.npy", "rowids.npy", "documents.db"
-KEYWORDS = "keywords.db"
+KEYWORDS, POSTINGS, COUNTS = "keywords.db", "keyword-postings.npy", "keyword-counts.npy"
 # A segment's folder name, as `segment_name` writes it: a manifest naming anything else ('../x') is refused.
 SEGMENT_NAME = re.compile(r"\d{6,9}")
 

@@ -36,7 +36,7 @@ from retriever.pipeline import l2_normalize
 from retriever.pseudo_queries import make_check_set
 from retriever.store.arrays import load_npy, npy_layout
 from retriever.fusion import CANDIDATES, Candidates, check_weight, make_fusion, top_list
-from retriever.store.keywords import KeywordScorer, SegmentMatches
+from retriever.store.keywords import KeywordScorer, QueryMatches
 from retriever.store.segment import Segment
 from retriever.store.vectors import IndexSpec, load_template
 from retriever.text import check_queries
@@ -248,17 +248,19 @@ class Snapshot:
 
     def search(self, queries: str | Sequence[str], k: int = 10, progress: bool = False, nprobe: int | None = None,
                ef_search: int | None = None, rerank: int | None = None, mode: str | None = None,
-               fusion: str | None = None, weight: float | None = None) -> list[list[SearchHit]]:
+               fusion: str | None = None, weight: float | None = None,
+               stop_words: bool = True) -> list[list[SearchHit]]:
         """Top-k documents for each query (a single string gives a one-element list).
 
         MODE: "dense" (the calibrated vectors), "keyword" (BM25) or "hybrid" (both, fused by FUSION with the
         dense side's WEIGHT: `retriever.fusion`); default: hybrid where the index has a keyword index, else dense.
+        STOP_WORDS: keyword search leaves out a query's English stop words when it has other words.
         NPROBE (ivf, ivfpq), EF_SEARCH (hnsw) and RERANK (ivfpq) override the index's defaults."""
         queries = [queries] if isinstance(queries, str) else list(queries)
         check_queries(queries)
         mode = self.resolve_mode(mode)
         vectors = self.embed(queries, progress=progress) if mode != "keyword" else None
-        return self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank)
+        return self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank, stop_words)
 
     def resolve_mode(self, mode: str | None) -> str:
         """MODE checked against this index; None: hybrid where the index has a keyword index, else dense."""
@@ -274,7 +276,8 @@ class Snapshot:
 
     def search_encoded(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str | None = None,
                        fusion: str | None = None, weight: float | None = None, nprobe: int | None = None,
-                       ef_search: int | None = None, rerank: int | None = None) -> list[list[SearchHit]]:
+                       ef_search: int | None = None, rerank: int | None = None,
+                       stop_words: bool = True) -> list[list[SearchHit]]:
         """The one search path (`search`, the server's batches, the benchmarks): TEXTS with their VECTORS already
         in the index's space (`embed` or `calibrate`; None for keyword search)."""
         if k < 1:
@@ -287,7 +290,7 @@ class Snapshot:
         if mode == "keyword":
             found = []
             for text in texts:
-                rowids, scores = self._keyword_top(scorer.match(text), k)
+                rowids, scores = self._keyword_top(scorer.match(text, stop_words), k)
                 found.append([Ranked(int(r), float(s), keyword_score=float(s), keyword_rank=rank)
                               for rank, (r, s) in enumerate(zip(rowids.tolist(), scores.tolist()), start=1)])
             return self._ranked_hits(found)
@@ -298,7 +301,7 @@ class Snapshot:
         null = self._dense_null(vectors) if fuser.needs_null else None
         found = []
         for number, text in enumerate(texts):
-            matches = scorer.match(text)
+            matches = scorer.match(text, stop_words)
             listed = dense_ids[number][dense_ids[number] >= 0]
             keyword_ids, _ = self._keyword_top(matches, depth)
             union = np.union1d(listed, keyword_ids)
@@ -308,7 +311,7 @@ class Snapshot:
             dense[dense_rank == 0] = self._dense_scores(vectors[number], union[dense_rank == 0])
             candidates = Candidates(union, dense, self._keyword_scores(matches, union), dense_rank,
                                     _ranks(union, keyword_ids), null[number] if null is not None else (0.0, 1.0),
-                                    scorer.null(matches))
+                                    matches.null() if fuser.needs_null else (0.0, 1.0))
             fused = fuser.scores(candidates, weight)
             found.append([Ranked(int(union[i]), float(fused[i]), float(candidates.dense[i]),
                                  float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
@@ -325,20 +328,22 @@ class Snapshot:
                     [~np.isin(segment.rowids, self.tombstones) for segment in self.segments])
         return self._keyword_scorer
 
-    def _keyword_top(self, matches: list[SegmentMatches], count: int) -> tuple[np.ndarray, np.ndarray]:
+    def _keyword_top(self, matches: QueryMatches, count: int) -> tuple[np.ndarray, np.ndarray]:
         """The COUNT best keyword matches over all segments: (row ids, BM25 scores), best first."""
-        rowids = np.concatenate([np.asarray(segment.rowids)[found.positions]
-                                 for segment, found in zip(self.segments, matches)] or [np.empty(0, np.int64)])
-        scores = np.concatenate([found.scores for found in matches] or [np.empty(0, np.float32)])
+        segments, positions, scores = matches.candidates(count)
+        rowids = np.empty(len(positions), np.int64)
+        for number, segment in enumerate(self.segments):
+            mine = segments == number
+            rowids[mine] = np.asarray(segment.rowids)[positions[mine]]
         best = top_list(scores, rowids, count)
         return rowids[best], scores[best]
 
-    def _keyword_scores(self, matches: list[SegmentMatches], rowids: np.ndarray) -> np.ndarray:
+    def _keyword_scores(self, matches: QueryMatches, rowids: np.ndarray) -> np.ndarray:
         scores = np.zeros(len(rowids), np.float32)
-        for segment, found in zip(self.segments, matches):
+        for number, segment in enumerate(self.segments):
             mine = segment.contains(rowids)
             if mine.any():
-                scores[mine] = found.score_of(np.searchsorted(segment.rowids, rowids[mine]).astype(np.int32))
+                scores[mine] = matches.scores(number, np.searchsorted(segment.rowids, rowids[mine]))
         return scores
 
     def _dense_scores(self, query: np.ndarray, rowids: np.ndarray) -> np.ndarray:

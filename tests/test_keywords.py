@@ -152,3 +152,14 @@ def test_modes_fusions_and_weights_are_checked(tmp_path, tiny_bert):
         index.search("storm", mode="hybrid", fusion="max")
     with pytest.raises(RetrieverError, match="weight is the dense side's share, from 0 to 1"):
         index.search("storm", mode="hybrid", weight=1.5)
+
+
+def test_stop_words_leave_a_query_that_has_other_words(tmp_path, tiny_bert):
+    records = [{"_id": "a", "text": "the storm and the fog"}, {"_id": "b", "text": "to be or not to be"},
+               {"_id": "c", "text": "storm warning"}]
+    index = Index.build(write_corpus(tmp_path / "s.jsonl", records), "s", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="none", device="cpu").snapshot()
+    assert keyword_scores(index, "the storm") == pytest.approx(reference_bm25(records, "storm"))
+    [hits] = index.search("the storm", k=3, mode="keyword", stop_words=False)
+    assert {hit.doc_id: hit.score for hit in hits} == pytest.approx(reference_bm25(records, "the storm"))
+    assert [hit.doc_id for hit in index.search("to be or not", k=3, mode="keyword")[0]] == ["b"]  # nothing else

@@ -24,7 +24,7 @@ from retriever.errors import RetrieverError
 # magic (6) + version (2) + header length (2) + header; 128 in all holds any 2-D shape and stays 64-byte aligned.
 _HEADER_BYTES = 128
 _MAGIC = b"\x93NUMPY\x01\x00"
-DTYPES = {"float16": np.float16, "float32": np.float32, "int64": np.int64}
+DTYPES = {"float16": np.float16, "float32": np.float32, "int64": np.int64, "int32": np.int32, "uint16": np.uint16}
 # Rows per block when checking or copying a source: 65,536 x 768 float32 is 200 MB.
 BLOCK_ROWS = 65536
 # Held while numpy parses a header (see the module's docstring). Reentrant: a caller may hold it around a load.

@@ -1,10 +1,14 @@
 """The keyword index of one segment: the postings BM25 needs, with SQLite FTS5 as the tokenizer.
 
-    segments/<name>/keywords.db   (SQLite, written once by `KeywordIndex.build`, then read-only)
-        terms(term, positions, counts)   one row per term: the segment positions (int32, ascending: position i is
-                                         the segment's i-th row id) of the documents holding it, and how often
-                                         (uint16) in title and text together
-        info(key, value)                 tokenizer, documents, tokens, lengths (uint32 tokens per position)
+    segments/<name>/keywords.db          (SQLite) the term dictionary, terms(term, start, count): where each
+                                         term's postings are in the two arrays below; info(key, value):
+                                         tokenizer, documents, tokens, lengths (uint32 tokens per position)
+                    keyword-postings.npy the segment positions (int32; position i is the segment's i-th row id) of
+                                         the documents holding each term, ascending within a term
+                    keyword-counts.npy   how often (uint16) the term occurs there, in title and text together
+
+All three are written once by `KeywordIndex.build` and then only read; the arrays are memory-mapped, so a term's
+postings are a view, whatever their length.
 
 Text is tokenized by FTS5's own tokenizer (unicode61, diacritics removed, porter stemming by default), for the
 documents when the segment is written and for every query, so both sides always agree. FTS5 indexes each segment's
@@ -30,10 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from retriever.errors import RetrieverError
-from retriever.layout import KEYWORDS
+from retriever.layout import COUNTS, KEYWORDS, POSTINGS
+from retriever.store.arrays import NpyAppender, load_npy
 
 DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"
 K1, B = 1.2, 0.75
+# Lucene's English stop words (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET). Dropped from queries that hold other
+# words (`KeywordScorer.match`): the documents keep them, and a query of nothing else still finds them.
+STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or such that the their then there "
+              "these they this to was will with").split()
 # Each term's postings are read from the scratch table into one row: positions and counts as comma-separated text,
 # parsed by NumPy (the per-posting work stays in C; a Python loop over postings was several times slower).
 _POSTINGS = """
@@ -89,20 +98,23 @@ class KeywordIndex:
 
     tokenizer: str = DEFAULT_TOKENIZER
     name: str = "keywords"
-    files: tuple[str, ...] = (KEYWORDS,)
+    files: tuple[str, ...] = (KEYWORDS, POSTINGS, COUNTS)
 
     def build(self, folder: Path, documents) -> None:
-        """Write FOLDER/keywords.db for DOCUMENTS (a DocumentTable; positions follow its row id order). Written
-        under a temporary name and renamed when whole, so a killed write leaves no half index behind."""
-        path = folder / KEYWORDS
-        partial = folder / (KEYWORDS + ".partial")
-        partial.unlink(missing_ok=True)
-        db = sqlite3.connect(partial)
+        """Write the keyword index into FOLDER for DOCUMENTS (a DocumentTable; positions follow its row id order).
+        Each file is written under a temporary name and renamed when whole, the term dictionary last: a killed
+        write leaves no half index behind, and a segment is whole once its keywords.db is there."""
+        partial = {name: folder / (name + ".partial") for name in self.files}
+        for path in partial.values():
+            path.unlink(missing_ok=True)
+        db = sqlite3.connect(partial[KEYWORDS])
+        postings = NpyAppender(partial[POSTINGS], None, "int32")
+        counts_file = NpyAppender(partial[COUNTS], None, "uint16")
         try:
             db.execute("PRAGMA journal_mode=OFF")
             db.execute("PRAGMA synchronous=OFF")
-            db.executescript("CREATE TABLE terms (term TEXT PRIMARY KEY, positions BLOB NOT NULL, "
-                             "counts BLOB NOT NULL) WITHOUT ROWID;"
+            db.executescript("CREATE TABLE terms (term TEXT PRIMARY KEY, start INTEGER NOT NULL, "
+                             "count INTEGER NOT NULL) WITHOUT ROWID;"
                              "CREATE TABLE info (key TEXT PRIMARY KEY, value) WITHOUT ROWID;")
             # The scratch FTS5 table lives in memory: it is read once and never kept.
             db.execute("ATTACH DATABASE ':memory:' AS scratch")
@@ -119,7 +131,7 @@ class KeywordIndex:
                     batch = []
             db.executemany("INSERT INTO scratch.documents (rowid, title, text) VALUES (?, ?, ?)", batch)
             lengths = np.zeros(count, np.int64)
-            rows: list[tuple[str, bytes, bytes]] = []
+            rows: list[tuple[str, int, int]] = []
             for term, positions_text, counts_text in db.execute(_POSTINGS):
                 positions = np.array(positions_text.split(","), dtype=np.int32)
                 counts = np.array(counts_text.split(","), dtype=np.int64)
@@ -127,7 +139,9 @@ class KeywordIndex:
                     order = np.argsort(positions, kind="stable")
                     positions, counts = positions[order], counts[order]
                 lengths[positions] += counts
-                rows.append((term, positions.tobytes(), np.minimum(counts, 65535).astype(np.uint16).tobytes()))
+                rows.append((term, postings.rows, len(positions)))
+                postings.append(positions)
+                counts_file.append(np.minimum(counts, 65535))
                 if len(rows) == 10000:
                     db.executemany("INSERT INTO terms VALUES (?, ?, ?)", rows)
                     rows = []
@@ -135,19 +149,23 @@ class KeywordIndex:
             db.commit()
             db.execute("DROP TABLE temp.vocabulary")
             db.execute("DETACH DATABASE scratch")
-            info = {"format": 1, "tokenizer": self.tokenizer, "documents": count, "tokens": int(lengths.sum()),
+            info = {"format": 2, "tokenizer": self.tokenizer, "documents": count, "tokens": int(lengths.sum()),
                     "lengths": lengths.astype(np.uint32).tobytes()}
             db.executemany("INSERT INTO info VALUES (?, ?)", info.items())
             db.commit()
         finally:
             db.close()
-        partial.replace(path)
+            postings.close()
+            counts_file.close()
+        for name in (POSTINGS, COUNTS, KEYWORDS):
+            partial[name].replace(folder / name)
 
 
 class KeywordSegment:
-    """A segment's keywords.db, opened read-only: its statistics in memory, postings read per query."""
+    """A segment's keyword index, opened read-only: its statistics in memory, its postings mapped."""
 
-    def __init__(self, path: Path):
+    def __init__(self, folder: Path):
+        path = folder / KEYWORDS
         self.path = path
         if not path.is_file():
             raise RetrieverError(f"{path}: no keyword index there")
@@ -157,40 +175,170 @@ class KeywordSegment:
             info = dict(self.db.execute("SELECT key, value FROM info"))
         except sqlite3.DatabaseError as error:
             raise RetrieverError(f"{path}: cannot open keyword index ({error})") from None
-        if info.get("format") != 1:
+        if info.get("format") != 2:
             raise RetrieverError(f"{path}: not a keyword index this version reads (format {info.get('format')})")
         self.tokenizer = str(info["tokenizer"])
         self.documents = int(info["documents"])
         self.lengths = np.frombuffer(info["lengths"], dtype=np.uint32)
         if len(self.lengths) != self.documents:
             raise RetrieverError(f"{path}: {len(self.lengths)} lengths for {self.documents} documents")
+        self.positions = load_npy(folder / POSTINGS, mmap_mode="r")
+        self.counts = load_npy(folder / COUNTS, mmap_mode="r")
+        if self.positions.dtype != np.int32 or self.counts.dtype != np.uint16 or len(self.positions) != len(self.counts):
+            raise RetrieverError(f"{folder}: keyword postings and counts do not match")
 
     def postings(self, terms: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """term -> (positions int32, counts uint16) for those of TERMS this segment holds."""
+        """term -> (positions int32, counts uint16) for those of TERMS this segment holds (views of the maps)."""
         if not terms:
             return {}
-        cursor = self.db.execute("SELECT term, positions, counts FROM terms WHERE term IN "
+        cursor = self.db.execute("SELECT term, start, count FROM terms WHERE term IN "
                                  "(SELECT value FROM json_each(?))", (json.dumps(list(terms)),))
-        return {term: (np.frombuffer(positions, np.int32), np.frombuffer(counts, np.uint16))
-                for term, positions, counts in cursor}
+        found = {}
+        for term, start, count in cursor:
+            if start < 0 or start + count > len(self.positions):
+                raise RetrieverError(f"{self.path}: term {term!r} points past the postings")
+            found[term] = (self.positions[start : start + count], self.counts[start : start + count])
+        return found
 
     def close(self) -> None:
         self.db.close()
+        self.positions = self.counts = None
 
 
 @dataclass
-class SegmentMatches:
-    """One query's BM25 scores in one segment: the positions of the documents matching any term, ascending, and
-    their scores (deleted documents excluded)."""
+class TermPostings:
+    """One query term: its BM25 weight (query count x idf) and its postings in each segment (None: not there)."""
 
-    positions: np.ndarray
-    scores: np.ndarray
+    weight: np.float32
+    postings: list[tuple[np.ndarray, np.ndarray] | None]  # per segment: positions (int32), counts (uint16)
 
-    def score_of(self, positions: np.ndarray) -> np.ndarray:
-        """The scores of POSITIONS (0 where a document matches no term)."""
-        at = np.minimum(np.searchsorted(self.positions, positions), max(len(self.positions) - 1, 0))
-        found = (self.positions[at] == positions) if len(self.positions) else np.zeros(len(positions), bool)
-        return np.where(found, self.scores[at] if len(self.scores) else 0.0, 0.0).astype(np.float32)
+    @property
+    def length(self) -> int:
+        return sum(len(found[0]) for found in self.postings if found is not None)
+
+
+class QueryMatches:
+    """One query's BM25 over a version's segments: its terms' postings, scored when asked, so that finding the
+    best documents touches the long postings of common terms only where it must.
+
+    A document's score adds its terms' contributions in one fixed order whichever way it is computed, so any split
+    of the documents into segments gives the same numbers."""
+
+    def __init__(self, scorer: KeywordScorer, terms: list[TermPostings]):
+        self.scorer, self.terms = scorer, terms
+
+    def scores(self, segment: int, positions: np.ndarray) -> np.ndarray:
+        """The scores of the documents at POSITIONS of segment number SEGMENT (0 where no term occurs)."""
+        positions = np.asarray(positions, dtype=np.int32)
+        total = np.zeros(len(positions), np.float64)
+        for term in self.terms:
+            found = term.postings[segment]
+            if found is None or not len(positions):
+                continue
+            held, counts = found
+            at = np.minimum(np.searchsorted(held, positions), len(held) - 1)
+            hit = held[at] == positions
+            total[hit] += self._contribution(term, segment, positions[hit], counts[at[hit]])
+        return total.astype(np.float32)
+
+    def _contribution(self, term: TermPostings, segment: int, positions: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """What TERM adds to the documents at POSITIONS where it occurs COUNTS times (float32, then summed in
+        float64 in the terms' order: the same numbers whichever path sums them)."""
+        tf = np.asarray(counts, dtype=np.float32)
+        return term.weight * tf * np.float32(self.scorer.k1 + 1) / (tf + self.scorer.norms[segment][positions])
+
+    def candidates(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment numbers, positions, exact scores) of matching live documents, sure to hold the COUNT best
+        (and any tied with the COUNT-th). MaxScore (Turtle and Flood 1995): each term adds less than its ceiling,
+        weight x (k1 + 1). The documents of the rarest terms give a floor, the COUNT-th best of their exact scores;
+        the commonest terms whose ceilings add up to less than that floor cannot lift a document holding none of
+        the others into the COUNT best, so only the others' postings give candidates, and the common terms are
+        looked up for those alone. When that still leaves a good share of the index, every matching document is
+        scored at once instead (`every_match`)."""
+        if not self.terms:
+            return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
+        first, held = [], 0
+        for term in sorted(self.terms, key=lambda term: term.length):  # the rarest terms, COUNT documents or more
+            first.append(term)
+            held += term.length
+            if held >= count:
+                break
+        floor = self._scored(*self._holding(first))[2]
+        floor = np.partition(floor, len(floor) - count)[len(floor) - count] if len(floor) >= count else 0.0
+        ceilings = np.float32(self.scorer.k1 + 1) * np.array([term.weight for term in self.terms], np.float32)
+        skipped, total = set(), 0.0
+        for number in np.argsort(ceilings, kind="stable"):  # the commonest (lowest ceiling) first
+            if total + float(ceilings[number]) >= floor:
+                break
+            total += float(ceilings[number])
+            skipped.add(int(number))
+        kept = [term for number, term in enumerate(self.terms) if number not in skipped]
+        if sum(term.length for term in kept) * 8 >= sum(len(norm) for norm in self.scorer.norms):
+            return self.every_match()
+        return self._scored(*self._holding(kept))
+
+    def every_match(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment numbers, positions, exact scores) of every matching live document: each term's contributions
+        added in one pass over its postings (`np.bincount`, in the terms' order)."""
+        segments, positions, scores = [], [], []
+        for number, (norm, dead) in enumerate(zip(self.scorer.norms, self.scorer.dead)):
+            parts = [(term.postings[number][0], self._contribution(term, number, *term.postings[number]))
+                     for term in self.terms if term.postings[number] is not None]
+            if not parts:
+                continue
+            sums = np.bincount(np.concatenate([held for held, _ in parts]),
+                               weights=np.concatenate([part for _, part in parts]).astype(np.float64),
+                               minlength=len(norm))
+            if len(dead):
+                sums[dead] = 0.0
+            held = np.flatnonzero(sums).astype(np.int32)
+            segments.append(np.full(len(held), number, np.int32))
+            positions.append(held)
+            scores.append(sums[held].astype(np.float32))
+        if not positions:
+            return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
+        return np.concatenate(segments), np.concatenate(positions), np.concatenate(scores)
+
+    def _scored(self, segments: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        scores = np.empty(len(positions), np.float32)
+        for number in range(len(self.scorer.segments)):
+            mine = segments == number
+            if mine.any():
+                scores[mine] = self.scores(number, positions[mine])
+        return segments, positions, scores
+
+    def _holding(self, terms: list[TermPostings]) -> tuple[np.ndarray, np.ndarray]:
+        """(segment numbers, positions) of the live documents holding any of TERMS, segment by segment, ascending."""
+        segments, positions = [], []
+        for number, (norm, dead) in enumerate(zip(self.scorer.norms, self.scorer.dead)):
+            lists = [term.postings[number][0] for term in terms if term.postings[number] is not None]
+            if not lists:
+                continue
+            if sum(len(found) for found in lists) * 8 >= len(norm):
+                mask = np.zeros(len(norm), bool)
+                for found in lists:
+                    mask[found] = True
+                held = np.flatnonzero(mask).astype(np.int32)
+            else:
+                held = np.unique(np.concatenate(lists))
+            if len(dead):
+                held = held[~np.isin(held, dead)]
+            segments.append(np.full(len(held), number, np.int32))
+            positions.append(held)
+        if not positions:
+            return np.empty(0, np.int32), np.empty(0, np.int32)
+        return np.concatenate(segments), np.concatenate(positions)
+
+    def null(self) -> tuple[float, float]:
+        """The mean and standard deviation of this query's score over every live document (0 where no term
+        occurs): every matching document is scored."""
+        documents = self.scorer.documents
+        if not documents:
+            return 0.0, 1.0
+        scores = self.every_match()[2]
+        mean = float(scores.sum(dtype=np.float64)) / documents
+        squares = float(np.square(scores, dtype=np.float64).sum()) / documents
+        return mean, float(np.sqrt(max(squares - mean * mean, 0.0)))
 
 
 class KeywordScorer:
@@ -198,50 +346,45 @@ class KeywordScorer:
     live positions (tombstoned rows are False); SEGMENTS: their KeywordSegments, in the same order."""
 
     def __init__(self, segments: Sequence[KeywordSegment], live: Sequence[np.ndarray], k1: float = K1, b: float = B):
-        self.segments, self.live, self.k1, self.b = list(segments), list(live), k1, b
+        self.segments, self.k1, self.b = list(segments), k1, b
         tokenizers = {segment.tokenizer for segment in self.segments}
         if len(tokenizers) > 1:
             raise RetrieverError(f"segments tokenized differently ({', '.join(sorted(tokenizers))})")
         self.tokenizer = Tokenizer.get(tokenizers.pop() if tokenizers else DEFAULT_TOKENIZER)
-        self.documents = int(sum(int(mask.sum()) for mask in self.live))
-        tokens = sum(int(segment.lengths[mask].sum(dtype=np.int64)) for segment, mask in zip(self.segments, self.live))
+        self.stop_terms = set(self.tokenizer(" ".join(STOP_WORDS)))
+        self.documents = int(sum(int(mask.sum()) for mask in live))
+        tokens = sum(int(segment.lengths[mask].sum(dtype=np.int64)) for segment, mask in zip(self.segments, live))
         self.average_length = tokens / self.documents if self.documents else 0.0
+        self.dead = [np.flatnonzero(~np.asarray(mask)).astype(np.int32) for mask in live]  # tombstoned positions
         # BM25's length normalisation per position: k1 * (1 - b + b * length / average length)
-        self._norms = [(k1 * (1 - b + b * segment.lengths.astype(np.float32) / max(self.average_length, 1e-9)))
-                       .astype(np.float32) for segment in self.segments]
+        self.norms = [(k1 * (1 - b + b * segment.lengths.astype(np.float32) / max(self.average_length, 1e-9)))
+                      .astype(np.float32) for segment in self.segments]
 
-    def match(self, query: str) -> list[SegmentMatches]:
-        """The query's matches in each segment (same order as the segments)."""
+    def match(self, query: str, stop_words: bool = True) -> QueryMatches:
+        """The query's terms, weighted by the version's live documents, with their postings. STOP_WORDS: leave out
+        the query's stop words (as the tokenizer stems them) when it has other terms."""
         terms = self.tokenizer(query)
+        if stop_words:
+            kept = {term: count for term, count in terms.items() if term not in self.stop_terms}
+            terms = kept or terms
         postings = [segment.postings(list(terms)) for segment in self.segments]
-        frequency = {term: sum(int(mask[found[term][0]].sum()) for mask, found in zip(self.live, postings)
-                               if term in found) for term in terms}
         n = self.documents
-        weights = {term: count * float(np.log1p((n - frequency[term] + 0.5) / (frequency[term] + 0.5)))
-                   for term, count in terms.items() if frequency[term]}
-        results = []
-        for found, mask, norm in zip(postings, self.live, self._norms):
-            scores = np.zeros(len(mask), np.float32)
-            for term, weight in weights.items():
-                if term not in found:
-                    continue
-                positions, counts = found[term]
-                tf = counts.astype(np.float32)
-                scores[positions] += np.float32(weight) * tf * np.float32(self.k1 + 1) / (tf + norm[positions])
-            scores[~mask] = 0.0
-            matched = np.flatnonzero(scores)
-            results.append(SegmentMatches(matched.astype(np.int32), scores[matched]))
-        return results
+        found = []
+        for term, count in terms.items():
+            frequency = sum(len(held[term][0]) - _count_in(dead, held[term][0])
+                            for dead, held in zip(self.dead, postings) if term in held)
+            if frequency:
+                weight = np.float32(count * np.log1p((n - frequency + 0.5) / (frequency + 0.5)))
+                found.append(TermPostings(weight, [held.get(term) for held in postings]))
+        return QueryMatches(self, found)
 
-    def null(self, matches: Sequence[SegmentMatches]) -> tuple[float, float]:
-        """The mean and standard deviation of a query's BM25 score over every live document (0 where no term
-        occurs), from its MATCHES."""
-        if not self.documents:
-            return 0.0, 1.0
-        total = sum(float(found.scores.sum(dtype=np.float64)) for found in matches)
-        squares = sum(float(np.square(found.scores, dtype=np.float64).sum()) for found in matches)
-        mean = total / self.documents
-        return mean, float(np.sqrt(max(squares / self.documents - mean * mean, 0.0)))
+
+def _count_in(sorted_items: np.ndarray, positions: np.ndarray) -> int:
+    """How many of SORTED_ITEMS are in POSITIONS (ascending)."""
+    if not len(sorted_items) or not len(positions):
+        return 0
+    at = np.minimum(np.searchsorted(positions, sorted_items), len(positions) - 1)
+    return int(np.count_nonzero(positions[at] == sorted_items))
 
 
 def _quote(text: str) -> str:

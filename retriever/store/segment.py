@@ -4,7 +4,8 @@
                     raw.npy         the uncalibrated vectors (float16 where they fit), for refits and re-ranking
                     rowids.npy      row id of each raw vector, ascending
                     documents.db    the documents (SQLite), keyed by the same row ids
-                    keywords.db     the keyword index (`retriever.store.keywords`): BM25 postings by position
+                    keywords.db     the keyword index (`retriever.store.keywords`): its term dictionary and
+                    keyword-*.npy   statistics, and the BM25 postings by position
 
                     + the files of each registered per-segment structure (`STRUCTURES`; the keyword index is one)
 
@@ -92,7 +93,7 @@ class Segment:
         self.raw = load_npy(folder / RAW, mmap_mode="r")
         self.rowids = load_npy(folder / ROWIDS, mmap_mode="r")
         # Opened now, when the segment is: a version pruned later keeps it readable, as for the documents.
-        self.keywords = KeywordSegment(folder / KEYWORDS) if (folder / KEYWORDS).is_file() else None
+        self.keywords = KeywordSegment(folder) if (folder / KEYWORDS).is_file() else None
         if self.keywords is not None and self.keywords.documents != len(self.rowids):
             raise RetrieverError(f"{folder / KEYWORDS}: {self.keywords.documents} documents for "
                                  f"{len(self.rowids)} rows")
