@@ -106,14 +106,18 @@ MOMENTS = {
     "build while encoding": ("build", "retriever.store.arrays:NpyAppender.flush", 2, "after"),
     "build while fitting": ("build", "retriever.engines.base:fit", 1, "before"),
     "build while writing the segment": ("build", "retriever.store.segment:RawWriter.append", 1, "after"),
+    "build while indexing keywords": ("build", "retriever.store.keywords:KeywordIndex.build", 1, "before"),
     "build between rename and link swap": ("build", "retriever.index_folder:IndexWriter._link", 1, "before"),
     "build with its new link beside the old": ("build", "retriever.index_folder:_swap", 1, "before"),
     "add while writing its segment": ("add", "retriever.store.segment:RawWriter.append", 1, "after"),
+    "add while indexing its keywords": ("add", "retriever.store.keywords:KeywordIndex.build", 1, "before"),
+    "add with its keywords indexed": ("add", "retriever.store.keywords:KeywordIndex.build", 1, "after"),
     "add before its manifest": ("add", "retriever.writer:write_manifest", 1, "before"),
     "delete before its manifest": ("delete", "retriever.writer:write_manifest", 1, "before"),
     "delete between rename and link swap": ("delete", "retriever.index_folder:IndexWriter._link", 1, "before"),
     "delete with its new link beside the old": ("delete", "retriever.index_folder:_swap", 1, "before"),
     "compact after merging": ("compact", "retriever.store.vectors:VectorStore.merged", 1, "after"),
+    "compact while indexing keywords": ("compact", "retriever.store.keywords:KeywordIndex.build", 1, "before"),
     "compact before its manifest": ("compact", "retriever.writer:write_manifest", 1, "before"),
 }
 
@@ -132,7 +136,8 @@ def crash_index(tmp_path, tiny_bert):
 def snapshot(index_dir):
     index = Index.open("crash", index_dir, device="cpu")
     index.verify()  # every file re-hashed against the manifest
-    return len(index), index.search(list(sentences(45).values())[::4], k=5)
+    queries = list(sentences(45).values())[::4]
+    return len(index), *(index.search(queries, k=5, mode=mode) for mode in ("dense", "keyword", "hybrid"))
 
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
@@ -170,6 +175,8 @@ BUILD_STEPS = {
     "training the index": ("retriever.engines.base:train_index", 1, "after"),
     "calibrator saved": ("retriever.engines.base:save_fitted", 1, "after"),
     "writing the segment": ("retriever.store.segment:RawWriter.append", 1, "after"),
+    "indexing keywords": ("retriever.store.keywords:KeywordIndex.build", 1, "before"),
+    "keywords indexed": ("retriever.store.keywords:KeywordIndex.build", 1, "after"),
     "segment written, encoded vectors deleted": ("retriever.engines.base:fit_summary", 1, "before"),
     "manifest written": ("retriever.writer:write_manifest", 1, "after"),
     "committing, build state gone": ("retriever.index_folder:_fsync_tree", 1, "before"),
@@ -201,6 +208,8 @@ def test_a_build_killed_at_any_step_finishes_when_run_again(tmp_path, tiny_bert,
     assert summary.documents == len(resumed) == 50
     np.testing.assert_allclose(resumed.segments[0].vectors.stored_vectors(),
                                fresh.segments[0].vectors.stored_vectors(), atol=1e-6)
+    queries = list(sentences(50).values())[::7]
+    assert resumed.search(queries, k=5, mode="keyword") == fresh.search(queries, k=5, mode="keyword")
     assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
     assert [path.name for path in index_dir.iterdir() if path.name != VERSIONS] == ["crash"]
 
