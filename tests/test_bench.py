@@ -244,7 +244,8 @@ def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path):
     records = document["results"]
     assert {(r["calibrator"], r["metric"]) for r in records} == {
         (c, m) for c in ("none", "sn") for m in ("ndcg@10", "recall@100", "mrr@10")}
-    assert all(set(r) == RECORD_KEYS and r["dataset"] == "tiny-beir" for r in records)
+    assert all(set(r) == RECORD_KEYS | {"mode"} and r["dataset"] == "tiny-beir" and r["mode"] == "dense"
+               for r in records)
     none = {r["metric"]: r["score"] for r in records if r["calibrator"] == "none"}
     assert none == {"ndcg@10": pytest.approx(100.0), "recall@100": pytest.approx(100.0), "mrr@10": pytest.approx(100.0)}
     assert document["fit_sets"]["tiny-beir"] == {"source": "corpus", "sentences": 60, "documents": 60, "queries": 12,
@@ -252,6 +253,20 @@ def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path):
     table = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none",
                     "--cache-dir", tmp_path / "cache", "--max-length", "32")
     assert table.returncode == 0 and "tiny-beir nDCG@10" in table.stdout and "tiny-beir MRR@10" in table.stdout
+
+
+def test_bench_scores_every_search_mode_on_the_same_index(beir_folder, tiny_bert, tmp_path):
+    done = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none", "--json",
+                   "--mode", "dense,keyword,hybrid", "--cache-dir", tmp_path / "cache", "--max-length", "32")
+    assert done.returncode == 0, done.stderr
+    scores = {r["mode"]: r["score"] for r in json.loads(done.stdout)["results"] if r["metric"] == "ndcg@10"}
+    assert set(scores) == {"dense", "keyword", "hybrid"}
+    assert scores["keyword"] == pytest.approx(100.0)  # every query holds its document's words
+    table = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none", "--mode",
+                    "keyword,hybrid", "--cache-dir", tmp_path / "cache", "--max-length", "32")
+    assert table.returncode == 0 and "none (keyword)" in table.stdout and "none (hybrid)" in table.stdout
+    refused = run_cli("bench", "beir", beir_folder, "--mode", "dense,fuzzy")
+    assert refused.returncode == 1 and "--mode: fuzzy; known: dense, keyword, hybrid" in refused.stderr
 
 
 def test_bench_fit_queries_and_auto_decisions_are_recorded(beir_folder, tiny_bert, tmp_path):

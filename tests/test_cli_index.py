@@ -208,3 +208,19 @@ def test_k_up_to_the_bound_is_cut_to_the_index_size(built, cli):
 
     done = cli("search", "q", "--name", "docs", "-k", MAX_K, "--json", "--index-dir", built)
     assert done.returncode == 0 and [hit["rank"] for hit in json.loads(done.stdout)["results"]] == [1, 2, 3, 4]
+
+
+def test_search_modes_on_the_command_line(built, cli):
+    keyword = cli("search", "onion kitchen", "--name", "docs", "--mode", "keyword", "--json", "--index-dir", built)
+    assert keyword.returncode == 0, keyword.stderr
+    record = json.loads(keyword.stdout)
+    assert record["mode"] == "keyword" and [hit["doc_id"] for hit in record["results"]] == ["docs.txt:2"]
+    assert record["results"][0]["keyword_rank"] == 1 and record["results"][0]["dense_score"] is None
+    dense = json.loads(cli("search", TEXTS[1], "--name", "docs", "--mode", "dense", "--json", "--index-dir",
+                           built).stdout)
+    assert dense["mode"] == "dense" and all(hit["keyword_score"] is None for hit in dense["results"])
+    hybrid = cli("search", TEXTS[1], "--name", "docs", "--fusion", "rrf", "--weight", "0.3", "--index-dir", built)
+    assert hybrid.returncode == 0 and "d/k" in hybrid.stdout
+    assert_usage_error(cli("search", "x", "--name", "docs", "--mode", "fuzzy", "--index-dir", built),
+                       "'fuzzy' is not one of dense, keyword, hybrid")
+    assert_usage_error(cli("search", "x", "--name", "docs", "--weight", "2", "--index-dir", built), "--weight")

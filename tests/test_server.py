@@ -249,3 +249,37 @@ def test_an_index_whose_model_is_gone_answers_503_and_others_still_serve(client,
     shutil.rmtree(model)
     assert "cannot encode text" in one_line_error(client.get("/search", params={"q": "x", "index": "orphan"}), 503)
     assert client.get("/search", params={"q": "a violin", "index": "notes"}).status_code == 200
+
+
+def test_search_modes_answer_with_each_side_s_scores_and_ranks(client, index_dir):
+    text = documents(120)[7]["text"]
+    index = Index.open("notes", index_dir, device="cpu")
+    for mode in ("dense", "keyword", "hybrid"):
+        answer = client.get("/search", params={"q": text, "k": 5, "mode": mode}).json()
+        assert answer["mode"] == answer["queries"][0]["mode"] == mode
+        hits = answer["queries"][0]["results"]
+        expected = index.search(text, 5, mode=mode)[0]
+        assert [hit["doc_id"] for hit in hits] == [hit.doc_id for hit in expected]
+        assert hits[0]["doc_id"] == "d7"
+        assert (hits[0]["dense_score"] is None) == (mode == "keyword")
+        assert (hits[0]["keyword_score"] is None) == (mode == "dense")
+    posted = client.post("/search", json={"queries": [text], "k": 5, "mode": "hybrid", "fusion": "rrf",
+                                          "weight": 0.7}).json()["queries"][0]["results"]
+    assert [hit["doc_id"] for hit in posted] == [hit.doc_id for hit in index.search(text, 5, mode="hybrid",
+                                                                                     fusion="rrf", weight=0.7)[0]]
+    assert "mode" in one_line_error(client.get("/search", params={"q": text, "mode": "fuzzy"}), 422)
+    assert "weight" in one_line_error(client.post("/search", json={"queries": [text], "weight": 1.5}), 422)
+    assert "mode=dense only" in one_line_error(client.get("/search", params={"q": text, "space": "raw",
+                                                                             "mode": "keyword"}), 400)
+
+
+def test_an_index_without_a_keyword_index_searches_dense_and_refuses_keyword_mode(tmp_path, tiny_bert, monkeypatch):
+    import retriever.store.segment as segment_module
+
+    monkeypatch.setattr(segment_module, "STRUCTURES", [])  # segments as a release before keyword search wrote them
+    folder = build_notes(tmp_path / "old", tiny_bert, 30)
+    with TestClient(create_app(folder, device="cpu"), base_url="http://127.0.0.1") as client:
+        detail = one_line_error(client.get("/search", params={"q": "day 7", "mode": "keyword"}), 400)
+        assert "has no keyword index" in detail and "compacting it adds one" in detail
+        answer = client.get("/search", params={"q": documents(30)[7]["text"], "k": 3}).json()
+        assert answer["mode"] == "dense" and answer["queries"][0]["results"][0]["doc_id"] == "d7"

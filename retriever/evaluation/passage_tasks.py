@@ -7,7 +7,10 @@ relevance comes from how the sources are organised, not from anybody's judgement
   the glosses of a sample of synsets (a word against its definition, which rarely repeats it);
 - ``debian-package``: a package's one-line synopsis retrieves the paragraphs of its long description, among the
   paragraphs of a sample of packages; documents carry the package name as title (a summary against its body);
-- ``foldoc-term``: a FOLDOC headword retrieves the paragraphs that define it (a term against its definition).
+- ``foldoc-term``: a FOLDOC headword retrieves the paragraphs that define it (a term against its definition);
+- ``python-doc-page`` and ``linux-doc-page``: a documentation page's title (three words or more, e.g. "multiprocessing
+  — Process-based parallelism") retrieves that page's paragraphs (up to 20, sampled), among the sampled paragraphs
+  of a sample of pages; documents carry no title (a topic against its text, as in documentation search).
 
 Samples are seeded and the file is read in its fixed order, so a set is the same on every machine. Every set
 stays small enough (at most 2,000 queries, at most about 10,000 documents) to encode with a base-size model on a
@@ -108,6 +111,28 @@ def foldoc_term(data_dir: Path) -> RetrievalSet:
     queries = {f"q:{term}": term for term in picked}
     qrels: Qrels = {f"q:{term}": {record["_id"]: 1 for record in terms[term]} for term in picked}
     return RetrievalSet("foldoc-term", corpus, queries, qrels)
+
+
+def doc_page(data_dir: Path, source: str, name: str, pages: int = 500, per_page: int = 20) -> RetrievalSet:
+    by_title: dict[str, list[dict]] = defaultdict(list)
+    for record in read_sources(data_dir, {source})[source]:
+        by_title[record["title"]].append(record)
+    picked = _sample(sorted(title for title in by_title if len(title.split()) >= 3), pages)
+    corpus, queries, qrels = {}, {}, {}
+    for number, title in enumerate(picked):
+        paragraphs = _sample(by_title[title], per_page)
+        queries[f"q{number}"] = title
+        qrels[f"q{number}"] = {record["_id"]: 1 for record in paragraphs}
+        corpus.update((record["_id"], (None, record["text"])) for record in paragraphs)
+    return RetrievalSet(name, corpus, queries, qrels)
+
+
+def python_doc_page(data_dir: Path) -> RetrievalSet:
+    return doc_page(data_dir, "python-doc", "python-doc-page")
+
+
+def linux_doc_page(data_dir: Path) -> RetrievalSet:
+    return doc_page(data_dir, "linux-doc", "linux-doc-page")
 
 
 def _sample(items: list, size: int) -> list:

@@ -73,7 +73,10 @@ RETRIEVAL_TASKS: dict[str, RetrievalTask] = {
               ("wordnet-define", "a WordNet lemma retrieves the glosses of its synsets, from passages/"),
               ("debian-package", "a Debian package's synopsis retrieves its description's paragraphs, from "
                                  "passages/"),
-              ("foldoc-term", "a FOLDOC headword retrieves the paragraphs defining it, from passages/"))),
+              ("foldoc-term", "a FOLDOC headword retrieves the paragraphs defining it, from passages/"),
+              ("python-doc-page", "a Python documentation page's title retrieves its paragraphs, from passages/"),
+              ("linux-doc-page", "a Linux kernel documentation page's title retrieves its paragraphs, from "
+                                 "passages/"))),
     )
 }
 

@@ -525,8 +525,8 @@ def _summary(task: Task, records: list[dict], calibrators: list[str]) -> str:
 
 
 def _ordered(record: dict) -> dict:
-    keys = ("dataset", "split", "calibrator", "metric", "aggregation", "score")
-    return {key: record[key] for key in keys}
+    keys = ("dataset", "split", "calibrator", "mode", "metric", "aggregation", "score")
+    return {key: record[key] for key in keys if key in record}  # mode: retrieval records only
 
 
 def _finite_or_none(value: float | None) -> float | None:
