@@ -92,8 +92,11 @@ def assert_same_index(built: Index, reference: Index) -> None:
     reference_ids, reference_vectors = calibrated_by_rowid(reference)
     assert np.array_equal(ids, reference_ids)
     np.testing.assert_allclose(vectors, reference_vectors, atol=1e-5)
-    for got, expected in zip(built.search(QUERIES, k=10), reference.search(QUERIES, k=10)):
+    for got, expected in zip(built.search(QUERIES, k=10, mode="dense"), reference.search(QUERIES, k=10, mode="dense")):
         assert [hit.doc_id for hit in got] == [hit.doc_id for hit in expected]
+    # The workers' segments carry the same keyword index: keyword search ranks and scores alike.
+    assert all(segment.keywords is not None for segment in built.segments)
+    assert built.search(QUERIES, k=10, mode="keyword") == reference.search(QUERIES, k=10, mode="keyword")
 
 
 @dataclass

@@ -43,8 +43,8 @@ K1, B = 1.2, 0.75
 # words (`KeywordScorer.match`): the documents keep them, and a query of nothing else still finds them.
 STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or such that the their then there "
               "these they this to was will with").split()
-# Each term's postings are read from the scratch table into one row: positions and counts as comma-separated text,
-# parsed by NumPy (the per-posting work stays in C; a Python loop over postings was several times slower).
+# Each term's postings are read from the scratch table as one row, positions and counts as comma-separated text
+# that NumPy parses: the per-posting work stays in C, not in a Python loop.
 _POSTINGS = """
 SELECT term, group_concat(doc), group_concat(n) FROM
   (SELECT term, doc, count(*) AS n FROM temp.vocabulary GROUP BY term, doc ORDER BY term, doc)
