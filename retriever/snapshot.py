@@ -284,8 +284,7 @@ class Snapshot:
             raise RetrieverError(f"-k must be at least 1 (got {k})")
         mode = self.resolve_mode(mode)
         if mode == "dense":
-            scores, ids = self.search_vectors(vectors, k, nprobe, ef_search, rerank)
-            return self.hits(scores, ids)
+            return self.hits(*self.search_vectors(vectors, k, nprobe, ef_search, rerank))
         scorer = self.keyword_scorer()
         if mode == "keyword":
             found = []
@@ -298,26 +297,32 @@ class Snapshot:
         weight = check_weight(DEFAULT_WEIGHT if weight is None else weight)
         depth = max(k, CANDIDATES)
         dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank)
-        null = self._dense_null(vectors) if fuser.needs_null else None
+        null = self._dense_null(vectors) if fuser.needs_null else [(0.0, 1.0)] * len(texts)
         found = []
         for number, text in enumerate(texts):
             matches = scorer.match(text, stop_words)
-            listed = dense_ids[number][dense_ids[number] >= 0]
-            keyword_ids, _ = self._keyword_top(matches, depth)
-            union = np.union1d(listed, keyword_ids)
-            dense_rank = _ranks(union, listed)
-            dense = np.zeros(len(union), np.float32)
-            dense[dense_rank > 0] = dense_scores[number][dense_rank[dense_rank > 0] - 1]  # as dense search scored them
-            dense[dense_rank == 0] = self._dense_scores(vectors[number], union[dense_rank == 0])
-            candidates = Candidates(union, dense, self._keyword_scores(matches, union), dense_rank,
-                                    _ranks(union, keyword_ids), null[number] if null is not None else (0.0, 1.0),
-                                    matches.null() if fuser.needs_null else (0.0, 1.0))
+            candidates = self._candidates(vectors[number], dense_scores[number], dense_ids[number], matches, depth,
+                                          null[number], fuser.needs_null)
             fused = fuser.scores(candidates, weight)
-            found.append([Ranked(int(union[i]), float(fused[i]), float(candidates.dense[i]),
+            found.append([Ranked(int(candidates.rowids[i]), float(fused[i]), float(candidates.dense[i]),
                                  float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
                                  int(candidates.keyword_rank[i]) or None)
-                          for i in top_list(fused, union, k).tolist()])
+                          for i in top_list(fused, candidates.rowids, k).tolist()])
         return self._ranked_hits(found)
+
+    def _candidates(self, query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, matches: QueryMatches,
+                    depth: int, dense_null: tuple[float, float], with_null: bool) -> Candidates:
+        """One query's hybrid candidates: the union of the dense top list (DENSE_IDS, DENSE_SCORES) and the keyword
+        top DEPTH, each scored on both sides (a dense score as the dense search gave it, or from the stored vector)."""
+        listed = dense_ids[dense_ids >= 0]
+        keyword_ids, _ = self._keyword_top(matches, depth)
+        union = np.union1d(listed, keyword_ids)
+        dense_rank = _ranks(union, listed)
+        dense = np.zeros(len(union), np.float32)
+        dense[dense_rank > 0] = dense_scores[dense_rank[dense_rank > 0] - 1]
+        dense[dense_rank == 0] = self._dense_scores(query, union[dense_rank == 0])
+        return Candidates(union, dense, self._keyword_scores(matches, union), dense_rank, _ranks(union, keyword_ids),
+                          dense_null, matches.null() if with_null else (0.0, 1.0))
 
     def keyword_scorer(self) -> KeywordScorer:
         """BM25 over this version's live documents (built on first use, then kept: a version never changes)."""
