@@ -285,6 +285,13 @@ class Snapshot:
         mode = self.resolve_mode(mode)
         if mode == "dense":
             return self.hits(*self.search_vectors(vectors, k, nprobe, ef_search, rerank))
+        with self._reading(SEGMENTS):  # damaged keyword files: one line naming the index
+            return self._keyword_or_hybrid(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
+                                           stop_words)
+
+    def _keyword_or_hybrid(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str,
+                           fusion: str | None, weight: float | None, nprobe: int | None, ef_search: int | None,
+                           rerank: int | None, stop_words: bool) -> list[list[SearchHit]]:
         scorer = self.keyword_scorer()
         if mode == "keyword":
             found = []

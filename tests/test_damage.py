@@ -72,6 +72,7 @@ SILENT = {
     "documents.db, a text edited": lambda folder: edit_text(folder / SEGMENT / "documents.db"),
     "vectors.faiss, a vector flipped": lambda folder: flip(folder / SEGMENT / "vectors.faiss", 4096, 64),
     "tombstones.npy, a row id changed": lambda folder: flip(folder / "tombstones.npy", 128, 1),
+    "keyword-counts.npy, counts flipped": lambda folder: flip(folder / SEGMENT / "keyword-counts.npy", 200, 16),
 }
 WRITES = {
     "add": lambda index, tmp: index.add(write_jsonl(tmp / "new.jsonl", sentences(3, start=500))),
@@ -99,6 +100,10 @@ OUTCOMES = {
     ("tombstones.npy, a row id changed", "delete"): "refused",
     ("tombstones.npy, a row id changed", "compact"): "refused",
     ("tombstones.npy, a row id changed", "refit"): "refused",
+    ("keyword-counts.npy, counts flipped", "add"): "linked",
+    ("keyword-counts.npy, counts flipped", "delete"): "linked",
+    ("keyword-counts.npy, counts flipped", "compact"): "refused",
+    ("keyword-counts.npy, counts flipped", "refit"): "linked",
 }
 
 
@@ -155,6 +160,9 @@ UNREADABLE = {
     "documents.db header": (lambda f: flip(f / SEGMENT / "documents.db", 0, 100), f"{SEGMENT} cannot be read"),
     "tombstones.npy header": (lambda f: flip(f / "tombstones.npy", 10, 40), "tombstones.npy cannot be read"),
     "tombstones.npy, ids out of order": (lambda f: _tombstones(f, [9, 3]), "tombstones.npy cannot be read"),
+    "keywords.db header": (lambda f: flip(f / SEGMENT / "keywords.db", 0, 100), f"{SEGMENT} cannot be read"),
+    "keyword-postings.npy header": (lambda f: flip(f / SEGMENT / "keyword-postings.npy", 10, 40),
+                                    f"{SEGMENT} cannot be read"),
 }
 
 
@@ -201,6 +209,11 @@ def test_damage_found_while_searching_or_reading_is_one_line(home):
         damaged.search(sentences(1)["d0"], k=3)
     with pytest.raises(DamagedIndexError, match="documents.db cannot be read"):
         damaged.document("d0")
+    postings = current(home) / SEGMENT / "keyword-postings.npy"
+    postings.write_bytes(postings.read_bytes()[:128] + b"\xff" * (postings.stat().st_size - 128))  # positions -1
+    with pytest.raises(DamagedIndexError, match="index 'tiny' is damaged: segments cannot be read \\(.*keywords.db: "
+                                                "the postings of 'harbour' are out of range"):
+        Index.open("tiny", home, device="cpu").search("the harbour", k=3, mode="keyword")
     raw = current(home) / SEGMENT / "raw.npy"
     raw.write_bytes(raw.read_bytes()[:128] + b"\xff" * (raw.stat().st_size - 128))  # float16 0xFFFF is NaN
     with pytest.raises(DamagedIndexError, match=f"{SEGMENT}/raw.npy cannot be read \\(it holds values that are not"):

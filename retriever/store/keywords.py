@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.errors import RetrieverError
+from retriever.errors import DamagedIndexError, RetrieverError
 from retriever.layout import COUNTS, KEYWORDS, POSTINGS
 from retriever.store.arrays import NpyAppender, load_npy
 
@@ -195,9 +195,13 @@ class KeywordSegment:
                                  "(SELECT value FROM json_each(?))", (json.dumps(list(terms)),))
         found = {}
         for term, start, count in cursor:
-            if start < 0 or start + count > len(self.positions):
-                raise RetrieverError(f"{self.path}: term {term!r} points past the postings")
-            found[term] = (self.positions[start : start + count], self.counts[start : start + count])
+            positions = self.positions[start : start + count]
+            # Cheap checks of what a damaged file would make (a full re-hash is `verify`'s): postings inside the
+            # arrays, first and last positions inside the segment.
+            if start < 0 or count < 1 or start + count > len(self.positions) or not (
+                    0 <= positions[0] <= positions[-1] < self.documents):
+                raise DamagedIndexError(f"{self.path}: the postings of {term!r} are out of range")
+            found[term] = (positions, self.counts[start : start + count])
         return found
 
     def close(self) -> None:
