@@ -72,6 +72,23 @@ def test_keyword_scores_are_bm25_over_the_whole_version(tmp_path, tiny_bert):
     assert index.search("nothing known here", k=5, mode="keyword") == [[]]
 
 
+def test_the_best_few_found_by_maxscore_are_the_best_of_every_match(tmp_path, tiny_bert):
+    """MaxScore skips the common terms' postings for most documents: the top k must still be exactly the top k of
+    scoring every document (ties by row id, here the corpus order)."""
+    rng = np.random.default_rng(5)
+    common, rare = WORDS[:3], WORDS[3:]
+    records = [{"_id": f"d{i}", "text": " ".join([*rng.choice(common, int(rng.integers(3, 12))),
+                                                  *rng.choice(rare, int(rng.integers(0, 3)))])} for i in range(400)]
+    index = Index.build(write_corpus(tmp_path / "c.jsonl", records), "m", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="none", device="cpu").snapshot()
+    order = {record["_id"]: number for number, record in enumerate(records)}
+    for query in ("harbour lighthouse storm", "harbour lighthouse keeper rocks", "keeper tide", "harbour"):
+        expected = sorted(reference_bm25(records, query).items(), key=lambda item: (-item[1], order[item[0]]))
+        for k in (1, 5, 20):
+            hits = index.search(query, k=k, mode="keyword")[0]
+            assert [hit.doc_id for hit in hits] == [doc for doc, _ in expected[:k]], (query, k)
+
+
 def test_three_segments_rank_exactly_as_the_same_documents_in_one_in_every_mode(tmp_path, tiny_bert):
     records = corpus(90, seed=1)
     whole = Index.build(write_corpus(tmp_path / "all.jsonl", records), "one", tmp_path / "ix", model=str(tiny_bert),

@@ -232,10 +232,15 @@ class QueryMatches:
         self.scorer, self.terms = scorer, terms
 
     def scores(self, segment: int, positions: np.ndarray) -> np.ndarray:
-        """The scores of the documents at POSITIONS of segment number SEGMENT (0 where no term occurs)."""
+        """The exact scores of the documents at POSITIONS of segment number SEGMENT (0 where no term occurs): each
+        term's contribution looked up in its postings and added in the terms' order (float64, then float32), the
+        same numbers whichever way the documents were found."""
+        return self._sum(self.terms, segment, positions).astype(np.float32)
+
+    def _sum(self, terms: list[TermPostings], segment: int, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int32)
         total = np.zeros(len(positions), np.float64)
-        for term in self.terms:
+        for term in terms:
             found = term.postings[segment]
             if found is None or not len(positions):
                 continue
@@ -243,22 +248,22 @@ class QueryMatches:
             at = np.minimum(np.searchsorted(held, positions), len(held) - 1)
             hit = held[at] == positions
             total[hit] += self._contribution(term, segment, positions[hit], counts[at[hit]])
-        return total.astype(np.float32)
+        return total
 
     def _contribution(self, term: TermPostings, segment: int, positions: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """What TERM adds to the documents at POSITIONS where it occurs COUNTS times (float32, then summed in
-        float64 in the terms' order: the same numbers whichever path sums them)."""
+        """What TERM adds to the documents at POSITIONS where it occurs COUNTS times."""
         tf = np.asarray(counts, dtype=np.float32)
         return term.weight * tf * np.float32(self.scorer.k1 + 1) / (tf + self.scorer.norms[segment][positions])
 
     def candidates(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of matching live documents, sure to hold the COUNT best
-        (and any tied with the COUNT-th). MaxScore (Turtle and Flood 1995): each term adds less than its ceiling,
-        weight x (k1 + 1). The documents of the rarest terms give a floor, the COUNT-th best of their exact scores;
-        the commonest terms whose ceilings add up to less than that floor cannot lift a document holding none of
-        the others into the COUNT best, so only the others' postings give candidates, and the common terms are
-        looked up for those alone. When that still leaves a good share of the index, every matching document is
-        scored at once instead (`every_match`)."""
+        (and any tied with the COUNT-th), found by MaxScore (Turtle and Flood 1995). Each term adds less than its
+        ceiling, weight x (k1 + 1). The rarest terms' documents, scored exactly, give a floor for the COUNT-th best
+        score; the commonest terms whose ceilings add up to less than the floor (the skipped terms) cannot lift a
+        document holding none of the other terms that far, so only the others' postings give candidates. A
+        candidate's partial score (those terms alone) plus the skipped terms' ceilings bounds its score: only
+        candidates whose bound reaches the COUNT-th best partial score are scored exactly, and only they touch the
+        long postings of the commonest terms."""
         if not self.terms:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
         first, held = [], 0
@@ -269,17 +274,47 @@ class QueryMatches:
                 break
         floor = self._scored(*self._holding(first))[2]
         floor = np.partition(floor, len(floor) - count)[len(floor) - count] if len(floor) >= count else 0.0
-        ceilings = np.float32(self.scorer.k1 + 1) * np.array([term.weight for term in self.terms], np.float32)
-        skipped, total = set(), 0.0
+        ceilings = [float(term.weight) * (self.scorer.k1 + 1) for term in self.terms]
+        skipped, bound = set(), 0.0
         for number in np.argsort(ceilings, kind="stable"):  # the commonest (lowest ceiling) first
-            if total + float(ceilings[number]) >= floor:
+            if bound + ceilings[number] >= floor:
                 break
-            total += float(ceilings[number])
+            bound += ceilings[number]
             skipped.add(int(number))
         kept = [term for number, term in enumerate(self.terms) if number not in skipped]
-        if sum(term.length for term in kept) * 8 >= sum(len(norm) for norm in self.scorer.norms):
-            return self.every_match()
-        return self._scored(*self._holding(kept))
+        segments, positions = self._holding(kept)
+        if skipped and len(positions) > count:
+            partial = np.concatenate([self._partial(kept, number, positions[segments == number])
+                                      for number in range(len(self.scorer.segments))])
+            # A floor again, higher: the COUNT-th best exact score among the best partial scores.
+            best = np.argpartition(-partial, min(4 * count, len(partial) - 1))[: 4 * count]
+            exact = self._scored(segments[best], positions[best])[2]
+            threshold = max(floor, np.partition(exact, len(exact) - count)[len(exact) - count])
+            reach = partial + bound * (1 + 1e-6) >= threshold  # a margin for rounding: never too few
+            segments, positions = segments[reach], positions[reach]
+        return self._scored(segments, positions)
+
+    def _partial(self, terms: list[TermPostings], segment: int, positions: np.ndarray) -> np.ndarray:
+        """TERMS' contributions summed for the documents at POSITIONS of SEGMENT (ascending): a bound's part, not a
+        final score. Long postings are spread into a dense array and read back, short ones looked up."""
+        norm = self.scorer.norms[segment]
+        total = np.zeros(len(positions), np.float64)
+        dense = None
+        for term in terms:
+            found = term.postings[segment]
+            if found is None or not len(positions):
+                continue
+            held, counts = found
+            if len(held) > 4 * len(positions):
+                at = np.minimum(np.searchsorted(held, positions), len(held) - 1)
+                hit = held[at] == positions
+                total[hit] += self._contribution(term, segment, positions[hit], counts[at[hit]])
+            else:
+                dense = np.zeros(len(norm), np.float64) if dense is None else dense
+                dense[held] = self._contribution(term, segment, held, counts)
+                total += dense[positions]
+                dense[held] = 0.0
+        return total
 
     def every_match(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of every matching live document: each term's contributions
@@ -318,7 +353,7 @@ class QueryMatches:
             lists = [term.postings[number][0] for term in terms if term.postings[number] is not None]
             if not lists:
                 continue
-            if sum(len(found) for found in lists) * 8 >= len(norm):
+            if sum(len(found) for found in lists) * 64 >= len(norm):  # a mask costs less than sorting then
                 mask = np.zeros(len(norm), bool)
                 for found in lists:
                     mask[found] = True
