@@ -585,6 +585,9 @@ def info(
                                                            f"{fitted['queries_from']}" if "queries" in fitted else "")),
         ("index", f"{spec['type']} ({settings or 'exact'}), {manifest['dim']} dims, "
                   f"search on {details['search_backend']}"),
+        ("search modes", ", ".join(details["search_modes"]) + f"; default {details['default_mode']}"
+                         + ("" if details["default_mode"] == "hybrid" else
+                            " (no keyword index: `retriever compact` adds one)")),
         ("created", manifest["created"] + (f", refitted {manifest['refitted']}" if "refitted" in manifest else "")),
         ("versions", ", ".join(f"{k} {v}" for k, v in manifest["versions"].items())),
     ]

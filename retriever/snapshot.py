@@ -607,6 +607,8 @@ class Snapshot:
             "segments": segments,
             "search_backend": self.segments[0].vectors.backend if self.segments else "none",
             "search_settings": self.spec.search_settings(),
+            "search_modes": list(MODES) if self.resolve_mode(None) == "hybrid" else ["dense"],
+            "default_mode": self.resolve_mode(None),
             "isotropy": measured,
         }
 

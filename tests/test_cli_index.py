@@ -54,9 +54,11 @@ def test_search_table_add_delete_info(built, cli, tmp_path):
     assert cli("delete", "docs.txt:2", "--name", "docs", "--index-dir", built).returncode == 0
     info = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)
     assert info["documents"] == 4 and info["manifest"]["calibrator"] == {"name": "none"}
+    assert info["search_modes"] == ["dense", "keyword", "hybrid"] and info["default_mode"] == "hybrid"
     assert cli("refit", "--name", "docs", "-c", "whitening", "--index-dir", built).returncode == 0
     info = cli("info", "--name", "docs", "--index-dir", built)
     assert info.returncode == 0 and "whitening" in info.stdout and "isotropy" in info.stdout
+    assert "dense, keyword, hybrid; default hybrid" in info.stdout
 
 
 def test_bad_inputs_are_one_line_errors(built, cli, tmp_path, tiny_bert):
