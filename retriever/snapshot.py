@@ -44,8 +44,9 @@ from retriever.text import check_queries
 # How often `open` starts again when the version it resolved is pruned under it (two writes in the meantime).
 OPEN_ATTEMPTS = 5
 MODES = ("dense", "keyword", "hybrid")
-# Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py).
-DEFAULT_FUSION, DEFAULT_WEIGHT = "zscore", 0.5
+# Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py), and whether keyword search leaves out a
+# query's stop words.
+DEFAULT_FUSION, DEFAULT_WEIGHT, DEFAULT_STOP_WORDS = "zscore", 0.5, True
 NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
 
 
@@ -249,12 +250,13 @@ class Snapshot:
     def search(self, queries: str | Sequence[str], k: int = 10, progress: bool = False, nprobe: int | None = None,
                ef_search: int | None = None, rerank: int | None = None, mode: str | None = None,
                fusion: str | None = None, weight: float | None = None,
-               stop_words: bool = True) -> list[list[SearchHit]]:
+               stop_words: bool | None = None) -> list[list[SearchHit]]:
         """Top-k documents for each query (a single string gives a one-element list).
 
         MODE: "dense" (the calibrated vectors), "keyword" (BM25) or "hybrid" (both, fused by FUSION with the
         dense side's WEIGHT: `retriever.fusion`); default: hybrid where the index has a keyword index, else dense.
-        STOP_WORDS: keyword search leaves out a query's English stop words when it has other words.
+        STOP_WORDS: keyword search leaves out a query's English stop words when it has other words (default:
+        DEFAULT_STOP_WORDS).
         NPROBE (ivf, ivfpq), EF_SEARCH (hnsw) and RERANK (ivfpq) override the index's defaults."""
         queries = [queries] if isinstance(queries, str) else list(queries)
         check_queries(queries)
@@ -277,7 +279,7 @@ class Snapshot:
     def search_encoded(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str | None = None,
                        fusion: str | None = None, weight: float | None = None, nprobe: int | None = None,
                        ef_search: int | None = None, rerank: int | None = None,
-                       stop_words: bool = True) -> list[list[SearchHit]]:
+                       stop_words: bool | None = None) -> list[list[SearchHit]]:
         """The one search path (`search`, the server's batches, the benchmarks): TEXTS with their VECTORS already
         in the index's space (`embed` or `calibrate`; None for keyword search)."""
         if k < 1:
@@ -291,8 +293,9 @@ class Snapshot:
 
     def _keyword_or_hybrid(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str,
                            fusion: str | None, weight: float | None, nprobe: int | None, ef_search: int | None,
-                           rerank: int | None, stop_words: bool) -> list[list[SearchHit]]:
+                           rerank: int | None, stop_words: bool | None) -> list[list[SearchHit]]:
         scorer = self.keyword_scorer()
+        stop_words = DEFAULT_STOP_WORDS if stop_words is None else stop_words
         if mode == "keyword":
             found = []
             for text in texts:
