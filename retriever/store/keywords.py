@@ -39,6 +39,9 @@ from retriever.store.arrays import NpyAppender, load_npy
 
 DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"
 K1, B = 1.2, 0.75
+# The commonest terms (in more than 1 in DENSE_SHARE of a segment's documents) are looked up through a count per
+# position, kept for the DENSE_TERMS most recently used ones per segment (2 bytes a document each).
+DENSE_SHARE, DENSE_TERMS = 16, 32
 # Lucene's English stop words (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET). Dropped from queries that hold other
 # words (`KeywordScorer.match`): the documents keep them, and a query of nothing else still finds them.
 STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or such that the their then there "
@@ -182,6 +185,8 @@ class KeywordSegment:
         self.lengths = np.frombuffer(info["lengths"], dtype=np.uint32)
         if len(self.lengths) != self.documents:
             raise RetrieverError(f"{path}: {len(self.lengths)} lengths for {self.documents} documents")
+        self._dense: dict[str, np.ndarray] = {}
+        self._dense_lock = threading.Lock()
         self.positions = load_npy(folder / POSTINGS, mmap_mode="r")
         self.counts = load_npy(folder / COUNTS, mmap_mode="r")
         if self.positions.dtype != np.int32 or self.counts.dtype != np.uint16 or len(self.positions) != len(self.counts):
@@ -204,15 +209,33 @@ class KeywordSegment:
             found[term] = (positions, self.counts[start : start + count])
         return found
 
+    def dense_counts(self, term: str, positions: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
+        """For a term held by more than 1 in DENSE_SHARE documents: its count at every position (0: absent), built
+        on first use and kept for the DENSE_TERMS most recently used such terms, so looking up many documents is
+        one read each instead of a search in a long list. None for rarer terms."""
+        if len(positions) * DENSE_SHARE <= self.documents:
+            return None
+        with self._dense_lock:
+            found = self._dense.pop(term, None)
+            if found is None:
+                found = np.zeros(self.documents, np.uint16)
+                found[positions] = np.maximum(counts, 1)
+            self._dense[term] = found  # most recently used last
+            while len(self._dense) > DENSE_TERMS:
+                self._dense.pop(next(iter(self._dense)))
+            return found
+
     def close(self) -> None:
         self.db.close()
         self.positions = self.counts = None
+        self._dense = {}
 
 
 @dataclass
 class TermPostings:
     """One query term: its BM25 weight (query count x idf) and its postings in each segment (None: not there)."""
 
+    term: str
     weight: np.float32
     postings: list[tuple[np.ndarray, np.ndarray] | None]  # per segment: positions (int32), counts (uint16)
 
@@ -244,11 +267,23 @@ class QueryMatches:
             found = term.postings[segment]
             if found is None or not len(positions):
                 continue
-            held, counts = found
-            at = np.minimum(np.searchsorted(held, positions), len(held) - 1)
-            hit = held[at] == positions
-            total[hit] += self._contribution(term, segment, positions[hit], counts[at[hit]])
+            hit, counts = self._look_up(term, segment, positions)
+            total[hit] += self._contribution(term, segment, positions[hit], counts)
         return total
+
+    def _look_up(self, term: TermPostings, segment: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of POSITIONS hold TERM (a mask) and how often (for those): a search in its postings, or for the
+        commonest terms a read of the segment's cached count per position."""
+        keywords = self.scorer.segments[segment]
+        held, counts = term.postings[segment]
+        dense = keywords.dense_counts(term.term, held, counts)
+        if dense is not None:
+            found = dense[positions]
+            hit = found > 0
+            return hit, found[hit]
+        at = np.minimum(np.searchsorted(held, positions), len(held) - 1)
+        hit = held[at] == positions
+        return hit, counts[at[hit]]
 
     def _contribution(self, term: TermPostings, segment: int, positions: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """What TERM adds to the documents at POSITIONS where it occurs COUNTS times."""
@@ -282,10 +317,10 @@ class QueryMatches:
             bound += ceilings[number]
             skipped.add(int(number))
         kept = [term for number, term in enumerate(self.terms) if number not in skipped]
-        segments, positions = self._holding(kept)
-        if skipped and len(positions) > count:
-            partial = np.concatenate([self._partial(kept, number, positions[segments == number])
-                                      for number in range(len(self.scorer.segments))])
+        if not skipped:
+            return self._scored(*self._holding(kept))
+        segments, positions, partial = self._partial(kept)
+        if len(positions) > count:
             # A floor again, higher: the COUNT-th best exact score among the best partial scores.
             best = np.argpartition(-partial, min(4 * count, len(partial) - 1))[: 4 * count]
             exact = self._scored(segments[best], positions[best])[2]
@@ -294,27 +329,32 @@ class QueryMatches:
             segments, positions = segments[reach], positions[reach]
         return self._scored(segments, positions)
 
-    def _partial(self, terms: list[TermPostings], segment: int, positions: np.ndarray) -> np.ndarray:
-        """TERMS' contributions summed for the documents at POSITIONS of SEGMENT (ascending): a bound's part, not a
-        final score. Long postings are spread into a dense array and read back, short ones looked up."""
-        norm = self.scorer.norms[segment]
-        total = np.zeros(len(positions), np.float64)
-        dense = None
-        for term in terms:
-            found = term.postings[segment]
-            if found is None or not len(positions):
+    def _partial(self, terms: list[TermPostings]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment numbers, positions, partial scores) of the live documents holding any of TERMS: those terms'
+        contributions summed, a bound's part rather than a score. Summed in a dense array where the postings are
+        long, else looked up for the union of their documents."""
+        segments, positions, partial = [], [], []
+        for number, (norm, dead) in enumerate(zip(self.scorer.norms, self.scorer.dead)):
+            held_here = [term for term in terms if term.postings[number] is not None]
+            if not held_here:
                 continue
-            held, counts = found
-            if len(held) > 4 * len(positions):
-                at = np.minimum(np.searchsorted(held, positions), len(held) - 1)
-                hit = held[at] == positions
-                total[hit] += self._contribution(term, segment, positions[hit], counts[at[hit]])
+            if sum(len(term.postings[number][0]) for term in held_here) * 64 >= len(norm):
+                sums = np.zeros(len(norm), np.float64)
+                for term in held_here:
+                    held, counts = term.postings[number]
+                    sums[held] += self._contribution(term, number, held, counts)
+                if len(dead):
+                    sums[dead] = 0.0
+                here = np.flatnonzero(sums).astype(np.int32)
+                partial.append(sums[here])
             else:
-                dense = np.zeros(len(norm), np.float64) if dense is None else dense
-                dense[held] = self._contribution(term, segment, held, counts)
-                total += dense[positions]
-                dense[held] = 0.0
-        return total
+                here = self._holding(held_here, only=number)[1]
+                partial.append(self._sum(held_here, number, here))
+            segments.append(np.full(len(here), number, np.int32))
+            positions.append(here)
+        if not positions:
+            return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float64)
+        return np.concatenate(segments), np.concatenate(positions), np.concatenate(partial)
 
     def every_match(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of every matching live document: each term's contributions
@@ -346,10 +386,13 @@ class QueryMatches:
                 scores[mine] = self.scores(number, positions[mine])
         return segments, positions, scores
 
-    def _holding(self, terms: list[TermPostings]) -> tuple[np.ndarray, np.ndarray]:
-        """(segment numbers, positions) of the live documents holding any of TERMS, segment by segment, ascending."""
+    def _holding(self, terms: list[TermPostings], only: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(segment numbers, positions) of the live documents holding any of TERMS, segment by segment, ascending
+        (ONLY: in that segment alone)."""
         segments, positions = [], []
         for number, (norm, dead) in enumerate(zip(self.scorer.norms, self.scorer.dead)):
+            if only is not None and number != only:
+                continue
             lists = [term.postings[number][0] for term in terms if term.postings[number] is not None]
             if not lists:
                 continue
@@ -414,7 +457,7 @@ class KeywordScorer:
                             for dead, held in zip(self.dead, postings) if term in held)
             if frequency:
                 weight = np.float32(count * np.log1p((n - frequency + 0.5) / (frequency + 0.5)))
-                found.append(TermPostings(weight, [held.get(term) for held in postings]))
+                found.append(TermPostings(term, weight, [held.get(term) for held in postings]))
         return QueryMatches(self, found)
 
 
