@@ -78,7 +78,7 @@ Mode = Annotated[Optional[str], typer.Option(
 Fusion = Annotated[Optional[str], typer.Option(
     "--fusion", **choice(FUSIONS), help="hybrid: how the two rankings are fused " + default("zscore"))]
 Weight = Annotated[Optional[float], typer.Option(
-    "--weight", min=0.0, max=1.0, help="hybrid: the dense side's share, 0 to 1 " + default("0.5"))]
+    "--weight", min=0.0, max=1.0, help="hybrid: the dense side's share, 0 to 1 " + default("0.7"))]
 Encoding = Annotated[str, typer.Option("--encoding", help="text encoding of the input file")]
 
 # Library parameters a command's options name otherwise: {command: {library spelling: the option's spelling}}, a

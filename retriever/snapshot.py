@@ -46,7 +46,7 @@ OPEN_ATTEMPTS = 5
 MODES = ("dense", "keyword", "hybrid")
 # Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py), and whether keyword search leaves out a
 # query's stop words.
-DEFAULT_FUSION, DEFAULT_WEIGHT, DEFAULT_STOP_WORDS = "zscore", 0.5, True
+DEFAULT_FUSION, DEFAULT_WEIGHT, DEFAULT_STOP_WORDS = "zscore", 0.7, False
 NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
 
 
