@@ -1,9 +1,10 @@
 """A screenshot of the search page for the README: a real index, a real query, headless Chromium.
 
-    python benchmarks/page_screenshot.py --index-dir DIR --index NAME --query "..." [--out FILE.png]
+    python benchmarks/page_screenshot.py --index-dir DIR --index NAME --query "..." [--view modes] [--out FILE.png]
 
 Serves DIR in this process on 127.0.0.1 (`retriever.server.serving_in_thread`), opens the page with the query
-and the calibrated-vs-raw comparison, waits for both rankings, and saves the window.
+and the VIEW (modes: hybrid beside dense and keyword; raw: calibrated beside raw), waits for every column's
+ranking, and saves the window.
 """
 
 from __future__ import annotations
@@ -47,21 +48,23 @@ def main() -> None:
     parser.add_argument("--index", required=True)
     parser.add_argument("--query", required=True)
     parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--view", default="modes", choices=("modes", "raw", "hybrid", "dense", "keyword"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "search-page.png")
     args = parser.parse_args()
     with serving_in_thread(create_app(args.index_dir, device="cpu")) as url:
         browser = chromium()
         try:
-            browser.get(f"{url}/?{urlencode({'index': args.index, 'q': args.query})}")
+            last = {"modes": "keyword", "raw": "raw"}.get(args.view, args.view)  # the last column drawn
+            browser.get(f"{url}/?{urlencode({'index': args.index, 'q': args.query, 'view': args.view})}")
             WebDriverWait(browser, 120).until(
-                lambda d: d.find_elements(By.CSS_SELECTOR, "#raw-results li.hit")
+                lambda d: d.find_elements(By.CSS_SELECTOR, f"#{last}-results li.hit")
                 and "results in" in d.find_element(By.ID, "status").text)
             if args.k != 10:  # shorter lists fit the window
                 browser.find_element(By.ID, "k").clear()
                 browser.find_element(By.ID, "k").send_keys(str(args.k))
                 browser.find_element(By.ID, "search").click()
                 WebDriverWait(browser, 120).until(
-                    lambda d: len(d.find_elements(By.CSS_SELECTOR, "#raw-results li.hit")) == args.k)
+                    lambda d: len(d.find_elements(By.CSS_SELECTOR, f"#{last}-results li.hit")) == args.k)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             browser.save_screenshot(str(args.out))
         finally:
