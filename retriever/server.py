@@ -47,6 +47,7 @@ import numpy as np
 from retriever.access import AccessGuard, AccessPolicy
 from retriever.corpus import documents_from_records
 from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
+from retriever.fusion import CANDIDATES
 from retriever.index import Index, SearchHit, search_record
 from retriever.text import check_queries, check_text
 from retriever.runtimes import resolve_runtime
@@ -283,7 +284,10 @@ class SearchBatcher:
             offset += len(job.queries)
         by_search: dict[tuple, list[_Job]] = defaultdict(list)
         for job in group:
-            by_search[(id(job.index), job.options)].append(job)
+            # A hybrid search's candidate lists grow with k (and its fusion reads them whole): only requests of one
+            # list length share a search, so an answer never depends on what else was batched with it.
+            depth = max(job.k, CANDIDATES) if job.options[3] == "hybrid" else 0
+            by_search[(id(job.index), job.options, depth)].append(job)
         for same in by_search.values():
             try:
                 self._search(same)

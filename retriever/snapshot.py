@@ -12,6 +12,7 @@ the index, in one line.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -118,6 +119,7 @@ class Snapshot:
         self._closed = False
         self._keyword_scorer: KeywordScorer | None = None
         self._dense_moments: tuple[np.ndarray, np.ndarray] | None = None
+        self._lazy_lock = threading.Lock()  # what searches build on first use, built once
         if device != "cpu":  # a device this machine lacks is the caller's error, not damage: refused before the guard
             from retriever.device import resolve_device
 
@@ -287,9 +289,7 @@ class Snapshot:
         mode = self.resolve_mode(mode)
         if mode == "dense":
             return self.hits(*self.search_vectors(vectors, k, nprobe, ef_search, rerank))
-        with self._reading(SEGMENTS):  # damaged keyword files: one line naming the index
-            return self._keyword_or_hybrid(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
-                                           stop_words)
+        return self._keyword_or_hybrid(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank, stop_words)
 
     def _keyword_or_hybrid(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str,
                            fusion: str | None, weight: float | None, nprobe: int | None, ef_search: int | None,
@@ -299,7 +299,7 @@ class Snapshot:
         if mode == "keyword":
             found = []
             for text in texts:
-                rowids, scores = self._keyword_top(scorer.match(text, stop_words), k)
+                rowids, scores = self._keyword_top(self._match(scorer, text, stop_words), k)
                 found.append([Ranked(int(r), float(s), keyword_score=float(s), keyword_rank=rank)
                               for rank, (r, s) in enumerate(zip(rowids.tolist(), scores.tolist()), start=1)])
             return self._ranked_hits(found)
@@ -310,7 +310,7 @@ class Snapshot:
         null = self._dense_null(vectors) if fuser.needs_null else [(0.0, 1.0)] * len(texts)
         found = []
         for number, text in enumerate(texts):
-            matches = scorer.match(text, stop_words)
+            matches = self._match(scorer, text, stop_words)
             candidates = self._candidates(vectors[number], dense_scores[number], dense_ids[number], matches, depth,
                                           null[number], fuser.needs_null)
             fused = fuser.scores(candidates, weight)
@@ -331,21 +331,29 @@ class Snapshot:
         dense = np.zeros(len(union), np.float32)
         dense[dense_rank > 0] = dense_scores[dense_rank[dense_rank > 0] - 1]
         dense[dense_rank == 0] = self._dense_scores(query, union[dense_rank == 0])
+        with self._reading(SEGMENTS):
+            keyword_null = matches.null() if with_null else (0.0, 1.0)
         return Candidates(union, dense, self._keyword_scores(matches, union), dense_rank, _ranks(union, keyword_ids),
-                          dense_null, matches.null() if with_null else (0.0, 1.0))
+                          dense_null, keyword_null)
 
     def keyword_scorer(self) -> KeywordScorer:
         """BM25 over this version's live documents (built on first use, then kept: a version never changes)."""
-        if self._keyword_scorer is None:
-            with self._reading(SEGMENTS):
-                self._keyword_scorer = KeywordScorer(
-                    [segment.keywords for segment in self.segments],
-                    [~np.isin(segment.rowids, self.tombstones) for segment in self.segments])
-        return self._keyword_scorer
+        with self._lazy_lock:
+            if self._keyword_scorer is None:
+                with self._reading(SEGMENTS):
+                    self._keyword_scorer = KeywordScorer(
+                        [segment.keywords for segment in self.segments],
+                        [~np.isin(segment.rowids, self.tombstones) for segment in self.segments])
+            return self._keyword_scorer
+
+    def _match(self, scorer: KeywordScorer, text: str, stop_words: bool) -> QueryMatches:
+        with self._reading(SEGMENTS):  # damaged keyword files: one line naming the index
+            return scorer.match(text, stop_words)
 
     def _keyword_top(self, matches: QueryMatches, count: int) -> tuple[np.ndarray, np.ndarray]:
         """The COUNT best keyword matches over all segments: (row ids, BM25 scores), best first."""
-        segments, positions, scores = matches.candidates(count)
+        with self._reading(SEGMENTS):
+            segments, positions, scores = matches.candidates(count)
         rowids = np.empty(len(positions), np.int64)
         for number, segment in enumerate(self.segments):
             mine = segments == number
@@ -358,28 +366,35 @@ class Snapshot:
         for number, segment in enumerate(self.segments):
             mine = segment.contains(rowids)
             if mine.any():
-                scores[mine] = matches.scores(number, np.searchsorted(segment.rowids, rowids[mine]))
+                with self._reading(f"{SEGMENTS}/{segment.name}"):
+                    scores[mine] = matches.scores(number, np.searchsorted(segment.rowids, rowids[mine]))
         return scores
 
     def _dense_scores(self, query: np.ndarray, rowids: np.ndarray) -> np.ndarray:
-        """Exact cosines of ROWIDS' stored vectors (calibrated as at build) with QUERY (in the index's space)."""
+        """Cosines of ROWIDS' vectors with QUERY (in the index's space): the stored vectors a search scores (flat,
+        hnsw), else their raw vectors calibrated as at build (IVF types keep no float vectors)."""
         scores = np.zeros(len(rowids), np.float32)
         for segment in self.segments:
             mine = segment.contains(rowids)
             if mine.any():
-                with self._reading(f"{SEGMENTS}/{segment.name}/{RAW}"):
-                    scores[mine] = l2_normalize(self.calibrator.transform(segment.raw_for(rowids[mine]))) @ query
+                with self._reading(f"{SEGMENTS}/{segment.name}"):
+                    vectors = segment.vectors.vectors_of(rowids[mine])
+                    if vectors is None:
+                        vectors = l2_normalize(self.calibrator.transform(segment.raw_for(rowids[mine])))
+                    scores[mine] = vectors @ query
         return scores
 
     def _dense_null(self, queries: np.ndarray) -> list[tuple[float, float]]:
         """Each query's dense score over every document: mean and standard deviation, from the mean and covariance
         of a sample of the stored vectors in the index's space (estimated once per version)."""
-        if self._dense_moments is None:
-            sample = self.calibrate(self.raw_sample(NULL_SAMPLE, seed=0))
-            if len(sample) < 2:
-                sample = np.vstack([sample, -sample]) if len(sample) else np.eye(2, queries.shape[1], dtype=np.float32)
-            self._dense_moments = (sample.mean(0), np.cov(sample, rowvar=False).astype(np.float32))
-        mean, covariance = self._dense_moments
+        with self._lazy_lock:
+            if self._dense_moments is None:
+                sample = self.calibrate(self.raw_sample(NULL_SAMPLE, seed=0))
+                if len(sample) < 2:
+                    sample = (np.vstack([sample, -sample]) if len(sample) else
+                              np.eye(2, queries.shape[1], dtype=np.float32))
+                self._dense_moments = (sample.mean(0), np.cov(sample, rowvar=False).astype(np.float32))
+            mean, covariance = self._dense_moments
         means = queries @ mean
         spreads = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", queries, covariance, queries), 0.0))
         return list(zip(means.tolist(), spreads.tolist()))

@@ -182,3 +182,33 @@ def test_stop_words_leave_a_query_that_has_other_words(tmp_path, tiny_bert):
     assert scores("the storm", True) == pytest.approx(reference_bm25(records, "storm"))
     assert scores("the storm", False) == pytest.approx(reference_bm25(records, "the storm"))
     assert list(scores("to be or not", True)) == ["b"]  # nothing but stop words: all of them kept
+
+
+def test_maxscore_keeps_its_best_where_float32_rounding_exceeds_a_common_term_s_ceiling(tmp_path):
+    """Scores in the thousands (a query repeating rare words) against a term in every document, whose ceiling is
+    below a float32 step there: the bound must leave room for rounding, or the true best is dropped."""
+    from types import SimpleNamespace
+
+    from retriever.fusion import top_list
+    from retriever.store.keywords import KeywordIndex, KeywordScorer, KeywordSegment
+
+    rng = np.random.default_rng(0)
+    texts = []
+    for number in range(5000):
+        words = ["common", *(f"f{value}" for value in rng.integers(0, 500, int(rng.integers(3, 30))))]
+        if number % 100 == 0:
+            words += ["zzz", "yyy", *(f"f{value}" for value in rng.integers(0, 500, int(rng.integers(300, 500))))]
+        texts.append(" ".join(rng.permutation(words)))
+
+    class Table:
+        def documents(self):
+            return ((rowid, SimpleNamespace(title=None, text=text)) for rowid, text in enumerate(texts, start=1))
+
+    KeywordIndex().build(tmp_path, Table())
+    scorer = KeywordScorer([KeywordSegment(tmp_path)], [np.ones(len(texts), bool)])
+    for repeats in range(1, 20000, 997):
+        matches = scorer.match("common " + "zzz " * repeats + "yyy " * (repeats + 3), stop_words=False)
+        _, every, every_scores = matches.every_match()
+        for count in (1, 2, 3, 5):
+            _, found, scores = matches.candidates(count)
+            assert found[top_list(scores, found, count)].tolist() == every[top_list(every_scores, every, count)].tolist()

@@ -283,3 +283,36 @@ def test_an_index_without_a_keyword_index_searches_dense_and_refuses_keyword_mod
         assert "has no keyword index" in detail and "compacting it adds one" in detail
         answer = client.get("/search", params={"q": documents(30)[7]["text"], "k": 3}).json()
         assert answer["mode"] == "dense" and answer["queries"][0]["results"][0]["doc_id"] == "d7"
+
+
+def test_a_hybrid_answer_never_depends_on_what_was_batched_with_it(index_dir):
+    """A k=5 hybrid query batched with a k=500 one is searched with its own candidate lists: hybrid fusion reads
+    each side's whole top list, so a longer list would change its scores."""
+    from retriever.server import SearchBatcher
+
+    index = Index.open("notes", index_dir, device="cpu")
+    texts = [record["text"] for record in documents(120)[:3]]
+    options = (None, None, None, "hybrid", None, None)
+    alone = index.search(texts[1], k=5, mode="hybrid")[0]
+    encode, holding, release = index.encoder.encode, threading.Event(), threading.Event()
+
+    def held_encode(batch, *args, **kwargs):
+        holding.set()
+        release.wait(10)  # the first batch waits here while the next two requests queue up together
+        return encode(batch, *args, **kwargs)
+
+    index.encoder.encode = held_encode
+    batcher = SearchBatcher()
+    try:
+        first = batcher.submit(index, [texts[0]], 5, options)
+        assert holding.wait(10)
+        short, long = batcher.submit(index, [texts[1]], 5, options), batcher.submit(index, [texts[2]], 500, options)
+        release.set()
+        first.result(30)
+        found = short.result(30)[0]
+        long.result(30)
+        assert batcher.batches == 2  # the two later requests did share a batch
+    finally:
+        batcher.close()
+    assert [hit.doc_id for hit in found] == [hit.doc_id for hit in alone]
+    assert [hit.score for hit in found] == pytest.approx([hit.score for hit in alone], abs=1e-5)

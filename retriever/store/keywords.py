@@ -39,8 +39,9 @@ from retriever.store.arrays import NpyAppender, load_npy
 
 DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"
 K1, B = 1.2, 0.75
-# The commonest terms (in more than 1 in DENSE_SHARE of a segment's documents) are looked up through a count per
-# position, kept for the DENSE_TERMS most recently used ones per segment (2 bytes a document each).
+# How a term's count in a given document is found (not how anything is scored): for the commonest terms (in more
+# than 1 in DENSE_SHARE of a segment's documents) in an array of counts by position, kept for the DENSE_TERMS most
+# recently used of them per segment (2 bytes a document each); for the others by a search in the postings.
 DENSE_SHARE, DENSE_TERMS = 16, 32
 # Lucene's English stop words (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET). Dropped from queries that hold other
 # words (`KeywordScorer.match`): the documents keep them, and a query of nothing else still finds them.
@@ -172,12 +173,17 @@ class KeywordSegment:
         self.path = path
         if not path.is_file():
             raise RetrieverError(f"{path}: no keyword index there")
+        self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False)
         try:
-            self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
-                                      check_same_thread=False)
-            info = dict(self.db.execute("SELECT key, value FROM info"))
-        except sqlite3.DatabaseError as error:
-            raise RetrieverError(f"{path}: cannot open keyword index ({error})") from None
+            self._open(folder, path)
+        except BaseException as error:
+            self.db.close()
+            if isinstance(error, sqlite3.DatabaseError):
+                raise RetrieverError(f"{path}: cannot open keyword index ({error})") from None
+            raise
+
+    def _open(self, folder: Path, path: Path) -> None:
+        info = dict(self.db.execute("SELECT key, value FROM info"))
         if info.get("format") != 2:
             raise RetrieverError(f"{path}: not a keyword index this version reads (format {info.get('format')})")
         self.tokenizer = str(info["tokenizer"])
@@ -309,10 +315,12 @@ class QueryMatches:
                 break
         floor = self._scored(*self._holding(first))[2]
         floor = np.partition(floor, len(floor) - count)[len(floor) - count] if len(floor) >= count else 0.0
-        ceilings = [float(term.weight) * (self.scorer.k1 + 1) for term in self.terms]
+        # Each ceiling a little high, and a float32 step of the floor to spare: the scores are float32 sums of
+        # float32 contributions, so rounding must never let a skipped document reach the floor.
+        ceilings = [float(term.weight) * (self.scorer.k1 + 1) * (1 + 1e-5) for term in self.terms]
         skipped, bound = set(), 0.0
         for number in np.argsort(ceilings, kind="stable"):  # the commonest (lowest ceiling) first
-            if bound + ceilings[number] >= floor:
+            if bound + ceilings[number] + _steps(floor) >= floor:
                 break
             bound += ceilings[number]
             skipped.add(int(number))
@@ -325,7 +333,7 @@ class QueryMatches:
             best = np.argpartition(-partial, min(4 * count, len(partial) - 1))[: 4 * count]
             exact = self._scored(segments[best], positions[best])[2]
             threshold = max(floor, np.partition(exact, len(exact) - count)[len(exact) - count])
-            reach = partial + bound * (1 + 1e-6) >= threshold  # a margin for rounding: never too few
+            reach = partial + bound + _steps(threshold) >= threshold  # rounding: never too few
             segments, positions = segments[reach], positions[reach]
         return self._scored(segments, positions)
 
@@ -459,6 +467,11 @@ class KeywordScorer:
                 weight = np.float32(count * np.log1p((n - frequency + 0.5) / (frequency + 0.5)))
                 found.append(TermPostings(term, weight, [held.get(term) for held in postings]))
         return QueryMatches(self, found)
+
+
+def _steps(score: float) -> float:
+    """Two float32 steps at SCORE: more than a float32 sum's rounding can move it."""
+    return 2.0 * float(np.spacing(np.float32(abs(score))))
 
 
 def _count_in(sorted_items: np.ndarray, positions: np.ndarray) -> int:

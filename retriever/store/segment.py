@@ -17,7 +17,7 @@ Every path that writes a segment (a build's engine, an add, a Ray worker, a merg
 which builds each structure in `STRUCTURES` from the finished document table; a refit, which changes only the
 vectors, carries them over with the documents (`document_files`). So a new per-segment structure is one entry
 here, not a change to every writer. A segment written before a structure existed simply lacks its files
-(`Segment.keywords` is None); `IndexWriter.complete_structures` adds them.
+(`Segment.keywords` is None); compaction, which writes every segment again, gives it them.
 """
 
 from __future__ import annotations
@@ -62,11 +62,6 @@ def finish_segment(folder: Path) -> None:
     build_structures(folder, STRUCTURES)
 
 
-def missing_structures(folder: Path) -> list[SegmentStructure]:
-    """The registered structures the segment in FOLDER lacks (it was written before they existed)."""
-    return [structure for structure in STRUCTURES if not all((folder / name).is_file() for name in structure.files)]
-
-
 def build_structures(folder: Path, structures: list[SegmentStructure]) -> None:
     if not structures:
         return
@@ -88,15 +83,20 @@ class Segment:
         self.name = folder.name
         self.vectors = VectorStore.load(folder / VECTORS, spec, device=device)
         self.documents = DocumentTable.open(folder / DOCUMENTS)
-        # Mapped now, read on demand: the mappings keep this segment readable after a later write prunes the
-        # version folder it was opened from, as the open SQLite connection does for the documents.
-        self.raw = load_npy(folder / RAW, mmap_mode="r")
-        self.rowids = load_npy(folder / ROWIDS, mmap_mode="r")
-        # Opened now, when the segment is: a version pruned later keeps it readable, as for the documents.
-        self.keywords = KeywordSegment(folder) if (folder / KEYWORDS).is_file() else None
-        if self.keywords is not None and self.keywords.documents != len(self.rowids):
-            raise RetrieverError(f"{folder / KEYWORDS}: {self.keywords.documents} documents for "
-                                 f"{len(self.rowids)} rows")
+        self.keywords: KeywordSegment | None = None
+        try:
+            # Mapped now, read on demand: the mappings keep this segment readable after a later write prunes the
+            # version folder it was opened from, as the open SQLite connections do for the documents and keywords.
+            self.raw = load_npy(folder / RAW, mmap_mode="r")
+            self.rowids = load_npy(folder / ROWIDS, mmap_mode="r")
+            if (folder / KEYWORDS).is_file():
+                self.keywords = KeywordSegment(folder)
+                if self.keywords.documents != len(self.rowids):
+                    raise RetrieverError(f"{folder / KEYWORDS}: {self.keywords.documents} documents for "
+                                         f"{len(self.rowids)} rows")
+        except BaseException:
+            self.close()  # no connection left open by a segment that failed to open
+            raise
 
     def __len__(self) -> int:
         return len(self.rowids)

@@ -271,6 +271,7 @@ class VectorStore:
         # An upper bound on the stored ids (None: not computed yet). Row ids only grow, so a batch above it
         # cannot clash and skips the O(ntotal) membership check: adding in many batches stays linear.
         self._id_bound: int | None = None
+        self._sorted_ids: tuple[np.ndarray, np.ndarray] | None = None  # for vectors_of, built on first use
 
     @classmethod
     def create(cls, dim: int, index_type: IndexSpec | str = "flat", template: faiss.Index | None = None,
@@ -373,6 +374,7 @@ class VectorStore:
             self._index.ntotal = self._ivf.ntotal  # a pre-transform wrapper does not track its inner index
         self._id_bound = max(self._id_bound, int(ids.max()))
         self._searcher = None
+        self._sorted_ids = None
 
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None, nprobe: int | None = None,
                ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -395,6 +397,19 @@ class VectorStore:
         scores, ids = self._get_searcher().search(queries, k, options)
         scores[ids < 0] = -np.inf  # faiss pads with -FLT_MAX; one convention for every backend
         return scores, ids
+
+    def vectors_of(self, ids: np.ndarray) -> np.ndarray | None:
+        """The stored float32 vectors of IDS (all of them held here), for the types that keep them (flat, hnsw):
+        the very numbers a search scores; None for IVF types."""
+        if not self.spec.kind.exact_vectors or self._ivf is not None:
+            return None
+        if self._sorted_ids is None:
+            held = self.ids()
+            order = np.argsort(held, kind="stable")
+            self._sorted_ids = (held[order], order)
+        held, order = self._sorted_ids
+        positions = order[np.searchsorted(held, np.asarray(ids, dtype=np.int64))]
+        return np.asarray(self.stored_vectors()[positions])
 
     def stored_vectors(self) -> np.ndarray:
         """The float32 vectors of a flat or hnsw store, in insertion order (a view: no copy)."""
