@@ -6,8 +6,11 @@ batching cheap), run under `torch.inference_mode`, pooled, and put back in input
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +21,14 @@ from retriever.models import load_model
 from retriever.pooling import Pooling
 from retriever.progress import progress_bar
 from retriever.runtimes import RUNTIMES, resolve_runtime
+from retriever.tokenizing import (
+    ENCODING_FIELDS,
+    TokenizedTexts,
+    TokenizerPool,
+    TokenizerSettings,
+    backend_tokens,
+    padded_batches,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Tokenize this many texts at a time: bounds memory on big corpora while sorting still removes most padding.
@@ -62,6 +73,12 @@ class Encoder:
         self.dim = self.model.config.hidden_size
         self._input_names = [name for name in self.tokenizer.model_input_names if name != "attention_mask"]
         self._pad_id = self.tokenizer.pad_token_id or 0
+        self._direct_inputs = set(self._input_names) <= set(ENCODING_FIELDS)
+        self._settings = TokenizerSettings(self.max_length, self.tokenizer.truncation_side, self.batch_size,
+                                           tuple(self._input_names), self._pad_id)
+        # Processes tokenizing ahead of a GPU (`encode_chunks`), started by the first encode of several chunks.
+        self.tokenizer_workers = tokenizer_workers(self.device)
+        self._pool: TokenizerPool | None = None
         # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"); the model's forward
         # pass is. The server encodes searches and writes on different threads, so tokenizing takes turns.
         self._tokenizer_lock = threading.Lock()
@@ -109,28 +126,135 @@ class Encoder:
         """Vectors (n, d) float32 in input order, and how many texts were cut at max_length."""
         texts = list(texts)
         output = np.empty((len(texts), self.dim), dtype=np.float32)
-        truncated = 0
+        truncated, start = 0, 0
+        chunks = [texts[first : first + TOKENIZE_CHUNK] for first in range(0, len(texts), TOKENIZE_CHUNK)]
         with progress_bar(description, total=len(texts), enabled=progress) as advance:
-            for start in range(0, len(texts), TOKENIZE_CHUNK):
-                chunk = texts[start : start + TOKENIZE_CHUNK]
-                with self._tokenizer_lock:
-                    encoded = self.tokenizer(chunk, truncation=True, max_length=self.max_length)
-                truncated += sum(1 for encoding in encoded.encodings if encoding.overflowing)
-                lengths = np.fromiter((len(ids) for ids in encoded["input_ids"]), dtype=np.int64, count=len(chunk))
-                order = np.argsort(-lengths, kind="stable")  # longest first: peak memory shows up at once
-                for batch_start in range(0, len(order), self.batch_size):
-                    rows = order[batch_start : batch_start + self.batch_size]
-                    output[start + rows] = self._encode_batch(encoded, rows, int(lengths[rows].max()))
-                    advance(len(rows))
+            if len(chunks) == 1:  # a query or a small batch: no second thread to start
+                tokenized = self.tokenize(chunks[0])
+                return self.encode_tokenized(tokenized, advance), tokenized.truncated
+            for vectors, chunk_truncated in self.encode_chunks(chunks, on_batch=advance):
+                output[start : start + len(vectors)] = vectors
+                start += len(vectors)
+                truncated += chunk_truncated
         return output, truncated
 
-    def _encode_batch(self, encoded, rows: np.ndarray, width: int) -> np.ndarray:
-        inputs = {}
-        for name in self._input_names:
-            pad_value = self._pad_id if name == "input_ids" else 0
-            inputs[name] = _pad([encoded[name][row] for row in rows], width, pad_value)
-        attention_mask = _pad([encoded["attention_mask"][row] for row in rows], width, 0)
-        return self._forward(attention_mask, inputs)
+    def encode_chunks(self, chunks: Iterable[Sequence[str]],
+                      on_batch: Callable[[int], None] | None = None) -> Iterator[tuple[np.ndarray, int]]:
+        """(vectors, truncated) for each chunk of texts, in order. The next chunk is read from CHUNKS and tokenized
+        on a second thread while the device encodes this one, so the CPU's share (reading, tokenizing, padding)
+        overlaps the forward passes instead of adding to them; on a GPU, worker processes tokenize
+        (`tokenizer_workers`). ON_BATCH(rows) after each batch."""
+        pool = self._tokenizer_pool()
+        if pool is None:
+            with _Prefetched(self.tokenize, chunks) as tokenized_chunks:
+                for tokenized in tokenized_chunks:
+                    yield self.encode_tokenized(tokenized, on_batch), tokenized.truncated
+            return
+        # A GPU: the thread only reads chunks and hands them to the worker processes, several chunks ahead.
+        with _Prefetched(pool.submit, chunks, ahead=pool.workers) as futures:
+            for future in futures:
+                tokenized = future.result()
+                yield self.encode_tokenized(tokenized, on_batch), tokenized.truncated
+
+    def close(self) -> None:
+        """Stop the tokenizing processes, if any ran (they also stop when the encoder is garbage-collected)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _tokenizer_pool(self) -> TokenizerPool | None:
+        if self._pool is not None and self._pool.workers != self.tokenizer_workers:
+            self.close()
+        if not self.tokenizer_workers or not self._direct_inputs:
+            return None
+        if self._pool is None:
+            self._pool = TokenizerPool(self.tokenizer.backend_tokenizer, self._settings, self.tokenizer_workers)
+            weakref.finalize(self, self._pool.close)
+        return self._pool
+
+    def tokenize(self, texts: Sequence[str]) -> TokenizedTexts:
+        """TEXTS tokenized (cut at max_length) and cut into padded batches of similar length, longest first."""
+        texts = list(texts)
+        with self._tokenizer_lock:
+            if self._direct_inputs:
+                tokens, truncated = backend_tokens(self.tokenizer.backend_tokenizer, texts, self._settings)
+            else:  # inputs the Rust encodings do not hold: the tokenizer's own call
+                encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length)
+                tokens = {name: encoded[name] for name in ("input_ids", *self._input_names)}
+                truncated = sum(1 for encoding in encoded.encodings if encoding.overflowing)
+        return padded_batches(texts, tokens, truncated, self._settings)
+
+    def encode_tokenized(self, tokenized: TokenizedTexts,
+                         on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+        """Vectors (n, d) float32 for TOKENIZED's texts, in their order. On a GPU the batches' vectors stay there
+        until the last batch is queued, then come back in one copy: no wait for the device per batch."""
+        output = np.empty((len(tokenized.texts), self.dim), dtype=np.float32)
+        pending_rows, pending = [], []
+        for batch in tokenized.batches:
+            vectors = self._forward(batch.attention_mask, batch.inputs)
+            if isinstance(vectors, np.ndarray):
+                output[batch.rows] = vectors
+            else:
+                pending_rows.append(batch.rows)
+                pending.append(vectors)
+            if on_batch is not None:
+                on_batch(len(batch.rows))
+        if pending:
+            output[np.concatenate(pending_rows)] = torch.cat(pending).cpu().numpy()
+        return output
+
+
+class _Prefetched:
+    """FUNCTION applied to each item of ITEMS on a worker thread, AHEAD items ahead of the consumer. An error in
+    the worker is raised in the consumer; a consumer that stops early stops the worker."""
+
+    def __init__(self, function: Callable, items: Iterable, ahead: int = 1):
+        self._function, self._items = function, iter(items)
+        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="retriever-tokenize", daemon=True)
+
+    def _work(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put((True, self._function(item))):
+                    return
+        except BaseException as error:  # noqa: BLE001 -- handed to the consumer, which raises it
+            self._put((False, error))
+            return
+        self._put(None)
+
+    def _put(self, entry) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __enter__(self) -> Iterator:
+        self._thread.start()
+        return self._results()
+
+    def _results(self) -> Iterator:
+        while (entry := self._queue.get()) is not None:
+            ok, value = entry
+            if not ok:
+                raise value
+            yield value
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def tokenizer_workers(device: torch.device) -> int:
+    """Tokenizing processes for an encoder on DEVICE: on a GPU a quarter of the cores (at most 8); none on a CPU,
+    where the forward pass is the bottleneck and takes every core."""
+    if device.type != "cuda":
+        return 0
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
 
 
 def model_positions(model) -> int | None:
@@ -172,10 +296,3 @@ def _drop_unused_layers(model, deepest: int) -> int:
     if keep < len(layers):
         del layers[keep:]
     return len(layers)
-
-
-def _pad(sequences: list[list[int]], width: int, value: int) -> np.ndarray:
-    array = np.full((len(sequences), width), value, dtype=np.int64)
-    for row, sequence in enumerate(sequences):
-        array[row, : len(sequence)] = sequence
-    return array

@@ -74,14 +74,15 @@ def encode_into(encoder, documents: Iterable[Document], writer: NpyAppender, rec
                 total: int | None = None, done: int = 0, progress: bool = False, chunk_rows: int = CHUNK_ROWS) -> None:
     """Encode DOCUMENTS chunk by chunk into WRITER; each chunk's vectors are durable on disk before
     RECORD(rows, truncated) notes the chunk as done (DONE: documents an earlier run already encoded)."""
+    texts = ([document_text(document) for document in chunk] for chunk in chunked(documents, chunk_rows))
     with progress_bar("Encoding", total=total, enabled=progress) as advance:
         advance(done)
-        for chunk in chunked(documents, chunk_rows):
-            vectors, truncated = encoder.encode_counting_truncated([document_text(d) for d in chunk])
+        # The next chunk is read and tokenized on another thread while this one is encoded (`encode_chunks`).
+        for vectors, truncated in encoder.encode_chunks(texts):
             writer.append(vectors)
             writer.flush()
-            record(len(chunk), truncated)
-            advance(len(chunk))
+            record(len(vectors), truncated)
+            advance(len(vectors))
 
 
 @dataclass

@@ -34,8 +34,9 @@ class Forward(Protocol):
                  device: torch.device):
         ...
 
-    def __call__(self, attention_mask: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        """Pooled float32 vectors (batch, dim) for int64 token arrays (batch, tokens)."""
+    def __call__(self, attention_mask: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray | torch.Tensor:
+        """Pooled float32 vectors (batch, dim) for int64 token arrays (batch, tokens): a NumPy array, or a tensor
+        left on the GPU (the caller copies a chunk's batches back at once)."""
 
 
 class TorchForward:
@@ -51,13 +52,20 @@ class TorchForward:
                  device: torch.device):
         self.model, self.pooling, self.num_hidden_layers, self.device = model, pooling, num_hidden_layers, device
 
-    def __call__(self, attention_mask: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        tensors = {name: torch.from_numpy(array).to(self.device) for name, array in inputs.items()}
-        mask = torch.from_numpy(attention_mask).to(self.device)
+    def __call__(self, attention_mask: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray | torch.Tensor:
+        tensors = {name: self._to_device(array) for name, array in inputs.items()}
+        mask = self._to_device(attention_mask)
         with torch.inference_mode():
             outputs = self.model(**tensors, attention_mask=mask, output_hidden_states=self.pooling.needs_hidden_states)
             vectors = pool(self.pooling, outputs, mask, self.num_hidden_layers)
-        return vectors.cpu().numpy()
+        # On a GPU the vectors stay there: the caller gathers a chunk's batches and waits for the device once.
+        return vectors.cpu().numpy() if self.device.type == "cpu" else vectors
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cuda":  # from page-locked memory the copy runs without holding up the CPU
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
 
 
 RUNTIMES: dict[str, type[Forward]] = {runtime.name: runtime for runtime in (TorchForward, OnnxForward)}

@@ -305,13 +305,13 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
         from retriever.encoder import Encoder
         build = index.Index.build.__func__
         index.Index.build = classmethod(lambda cls, *a, **k: build(cls, *a, **{{**k, "chunk_rows": 8}}))
-        encode, calls = Encoder.encode_counting_truncated, [0]
-        def interrupted(self, texts):
+        encode, calls = Encoder.encode_tokenized, [0]
+        def interrupted(self, tokenized, *args):
             calls[0] += 1
             if calls[0] == 3:
                 os.kill(os.getpid(), signal.SIGINT)
-            return encode(self, texts)
-        Encoder.encode_counting_truncated = interrupted
+            return encode(self, tokenized, *args)
+        Encoder.encode_tokenized = interrupted
         sys.argv = ["retriever", "build", {str(corpus)!r}, "--model", {str(tiny_bert)!r}, "--calibrator", "none"]
         from cli.main import main
         main()
@@ -338,7 +338,7 @@ def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
 
     extra = tmp_path / "extra.txt"
     extra.write_text("A new document.\n")
-    monkeypatch.setattr(Encoder, "encode_counting_truncated", interrupt)
+    monkeypatch.setattr(Encoder, "encode_tokenized", interrupt)
     done = cli("add", extra, "--name", "docs")
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
         130, "interrupted: index 'docs' is unchanged (the previous version is intact)")

@@ -205,3 +205,76 @@ def test_a_recorded_max_length_past_the_positions_is_capped(tiny_bert):
     again = Encoder.from_config(recorded, device="cpu")
     assert again.max_length == 512
     np.testing.assert_array_equal(again.encode([LONG_TEXT] + TEXTS), encoder.encode([LONG_TEXT] + TEXTS))
+
+
+def test_tokenize_reads_the_same_ids_as_the_tokenizer_call(tiny_bert):
+    """The Rust backend read directly gives the ids, token types, masks and truncation count that
+    `tokenizer(texts, truncation=True, max_length=...)` gives."""
+    encoder = Encoder(str(tiny_bert), device="cpu", max_length=8, batch_size=3)
+    texts = TEXTS + ["", "   ", "Ünïcödé façade naïve", "word " * 40]
+    direct = encoder.tokenize(texts)
+    encoder._direct_inputs = False  # the tokenizer's own call, the reference
+    reference = encoder.tokenize(texts)
+    assert direct.truncated == reference.truncated > 0
+    assert len(direct.batches) == len(reference.batches)
+    for got, expected in zip(direct.batches, reference.batches):
+        np.testing.assert_array_equal(got.rows, expected.rows)
+        np.testing.assert_array_equal(got.attention_mask, expected.attention_mask)
+        assert got.inputs.keys() == expected.inputs.keys() == {"input_ids", "token_type_ids"}
+        for name in got.inputs:
+            np.testing.assert_array_equal(got.inputs[name], expected.inputs[name])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    padded = tokenizer(texts, truncation=True, max_length=8, padding=True, return_tensors="np")
+    first = direct.batches[0]
+    width = first.attention_mask.shape[1]
+    np.testing.assert_array_equal(first.inputs["input_ids"], padded["input_ids"][first.rows, :width])
+
+
+def test_chunks_encode_in_order_with_the_next_tokenized_ahead(tiny_bert, monkeypatch):
+    encoder = Encoder(str(tiny_bert), device="cpu", batch_size=2)
+    whole = encoder.encode(TEXTS)
+    chunks = [TEXTS[:3], TEXTS[3:4], TEXTS[4:]]
+    got = [vectors for vectors, _ in encoder.encode_chunks(chunks)]
+    assert [len(vectors) for vectors in got] == [3, 1, 2]
+    # Other batches pad differently: equal up to float32 rounding.
+    np.testing.assert_allclose(np.concatenate(got), whole, atol=1e-6)
+    monkeypatch.setattr("retriever.encoder.TOKENIZE_CHUNK", 2)  # the same through encode's own chunks
+    np.testing.assert_allclose(encoder.encode(TEXTS), whole, atol=1e-6)
+
+
+def test_an_error_while_tokenizing_ahead_reaches_the_caller_and_stops_the_thread(tiny_bert):
+    import threading
+
+    encoder = Encoder(str(tiny_bert), device="cpu")
+
+    def chunks():
+        yield TEXTS[:2]
+        raise OSError("corpus file vanished")
+
+    with pytest.raises(OSError, match="corpus file vanished"):
+        list(encoder.encode_chunks(chunks()))
+    read = []
+
+    def endless():
+        while True:
+            read.append(1)
+            yield TEXTS[:2]
+
+    stream = encoder.encode_chunks(endless())
+    next(stream)
+    stream.close()  # a consumer that stops early (an interrupted build) stops the reader too
+    count = len(read)
+    assert count <= 3 and not any(t.name == "retriever-tokenize" for t in threading.enumerate())
+
+
+def test_tokenizer_processes_give_the_vectors_one_thread_gives(tiny_bert, monkeypatch):
+    """On a GPU, worker processes tokenize ahead (`tokenizer_workers`); forced on here, on the CPU."""
+    monkeypatch.setattr("retriever.encoder.TOKENIZE_CHUNK", 2)
+    texts = TEXTS * 3
+    encoder = Encoder(str(tiny_bert), device="cpu", max_length=8, batch_size=2)
+    assert encoder.tokenizer_workers == 0  # none on a CPU
+    expected, expected_truncated = encoder.encode_counting_truncated(texts)
+    encoder.tokenizer_workers = 2
+    vectors, truncated = encoder.encode_counting_truncated(texts)
+    np.testing.assert_array_equal(vectors, expected)
+    assert truncated == expected_truncated == 9

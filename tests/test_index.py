@@ -208,7 +208,7 @@ def test_fit_sample_bounds_the_fit_and_changes_nothing_below_it(tmp_path, tiny_b
 def test_refit_changes_the_calibrator_without_reencoding(tiny_index, tmp_path, monkeypatch):
     from retriever.encoder import Encoder
 
-    monkeypatch.setattr(Encoder, "encode_counting_truncated", lambda *a, **k: pytest.fail("refit re-encoded"))
+    monkeypatch.setattr(Encoder, "encode_tokenized", lambda *a, **k: pytest.fail("refit re-encoded"))
     tiny_index.refit("sn")
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
     assert index.manifest.calibrator["name"] == "sn" and index.manifest.refitted is not None

@@ -220,13 +220,13 @@ def encoded_texts(monkeypatch) -> list[str]:
     from retriever.encoder import Encoder
 
     texts: list[str] = []
-    original = Encoder.encode_counting_truncated
+    original = Encoder.encode_tokenized
 
-    def counting(self, batch, *args, **kwargs):
-        texts.extend(batch)
-        return original(self, batch, *args, **kwargs)
+    def counting(self, tokenized, *args, **kwargs):
+        texts.extend(tokenized.texts)
+        return original(self, tokenized, *args, **kwargs)
 
-    monkeypatch.setattr(Encoder, "encode_counting_truncated", counting)
+    monkeypatch.setattr(Encoder, "encode_tokenized", counting)
     return texts
 
 

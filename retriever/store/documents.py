@@ -56,7 +56,9 @@ class DocumentTable:
         """A new, empty table at PATH (an existing file there is replaced), to fill and then `finish`."""
         path = Path(path)
         path.unlink(missing_ok=True)
-        connection = sqlite3.connect(path)
+        # Not tied to this thread: a build reads the table on the thread that tokenizes ahead of the encoder (one
+        # thread at a time uses it).
+        connection = sqlite3.connect(path, check_same_thread=False)
         # A segment being written is private to its writer until the version holding it is committed, and that
         # commit fsyncs every file: no journal is needed for its durability, and inserts run much faster without.
         connection.execute("PRAGMA journal_mode=OFF")

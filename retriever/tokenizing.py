@@ -1,0 +1,117 @@
+"""Texts -> padded batches of token ids: the CPU's share of encoding, before the forward pass.
+
+Kept free of torch and transformers so that the worker processes which tokenize ahead of a GPU (`TokenizerPool`)
+start in a fraction of a second. On a GPU the forward passes outrun one Python thread's tokenizing, and a second
+thread does not help: it holds the interpreter lock the thread feeding the GPU needs for every kernel launch.
+"""
+
+from __future__ import annotations
+
+import signal
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import chain
+from multiprocessing import get_context
+
+import numpy as np
+
+# Model inputs read straight off a fast tokenizer's encodings: input name -> Encoding field.
+ENCODING_FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids"}
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    max_length: int
+    truncation_side: str  # "right" or "left", as the model's tokenizer says
+    batch_size: int
+    input_names: tuple[str, ...]  # the model's inputs besides attention_mask
+    pad_id: int
+
+
+@dataclass
+class TokenizedBatch:
+    rows: np.ndarray  # positions in the chunk's texts
+    inputs: dict[str, np.ndarray]  # int64 (batch, width) per model input, padded
+    attention_mask: np.ndarray  # int64 (batch, width): 1 for real tokens
+
+
+@dataclass
+class TokenizedTexts:
+    """Texts ready for the device: their padded batches and how many texts were cut at max_length."""
+    texts: list[str]
+    truncated: int
+    batches: list[TokenizedBatch]
+
+
+def backend_tokens(backend, texts: list[str], settings: TokenizerSettings) -> tuple[dict[str, list[list[int]]], int]:
+    """Each text's token ids per model input (special tokens added, cut at max_length), and how many were cut,
+    from a fast tokenizer's Rust BACKEND with the truncation `tokenizer(texts, truncation=True, max_length=...)`
+    sets: the same ids, without building a Python dict per text (a third of the time)."""
+    backend.enable_truncation(settings.max_length, strategy="longest_first", direction=settings.truncation_side)
+    backend.no_padding()
+    encodings = backend.encode_batch(texts)
+    tokens = {name: [getattr(encoding, ENCODING_FIELDS[name]) for encoding in encodings]
+              for name in ("input_ids", *settings.input_names)}
+    return tokens, sum(1 for encoding in encodings if encoding.overflowing)
+
+
+def padded_batches(texts: list[str], tokens: dict[str, list[list[int]]], truncated: int,
+                   settings: TokenizerSettings) -> TokenizedTexts:
+    """TEXTS' TOKENS cut into padded batches of similar length (sorted by length, so each batch pads little),
+    longest first (peak memory shows up at once)."""
+    if not texts:
+        return TokenizedTexts(texts, truncated, [])
+    lengths = np.fromiter(map(len, tokens["input_ids"]), dtype=np.int64, count=len(texts))
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    # Every text's tokens in one flat array: a batch is then padded by one gather, not a Python loop per row.
+    flat = {name: np.fromiter(chain.from_iterable(tokens[name]), dtype=np.int64, count=int(lengths.sum()))
+            for name in settings.input_names}
+    order = np.argsort(-lengths, kind="stable")
+    batches = []
+    for batch_start in range(0, len(order), settings.batch_size):
+        rows = order[batch_start : batch_start + settings.batch_size]
+        width = int(lengths[rows[0]])
+        mask = np.arange(width) < lengths[rows, None]
+        # Padding positions read the text's first token (any valid index), then are overwritten.
+        gather = np.where(mask, offsets[rows, None] + np.arange(width), offsets[rows, None])
+        inputs = {}
+        for name, ids in flat.items():
+            padded = ids[gather]
+            padded[~mask] = settings.pad_id if name == "input_ids" else 0
+            inputs[name] = padded
+        batches.append(TokenizedBatch(rows, inputs, mask.astype(np.int64)))
+    return TokenizedTexts(texts, truncated, batches)
+
+
+class TokenizerPool:
+    """Worker processes, each with its own copy of a fast tokenizer, that turn chunks of texts into
+    `TokenizedTexts`. `submit(texts)` returns a Future."""
+
+    def __init__(self, backend, settings: TokenizerSettings, workers: int):
+        self.workers = workers
+        # spawn, not fork: the parent may hold a CUDA context and tokenizer threads, which a fork cannot copy.
+        self._executor = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                                             initargs=(backend.to_str(), settings))
+
+    def submit(self, texts) -> Future:
+        return self._executor.submit(_tokenize_in_worker, list(texts))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+_worker: tuple | None = None  # (backend, settings) in a worker process
+
+
+def _start_worker(tokenizer_json: str, settings: TokenizerSettings) -> None:
+    from tokenizers import Tokenizer
+
+    global _worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it stops the pool)
+    _worker = (Tokenizer.from_str(tokenizer_json), settings)
+
+
+def _tokenize_in_worker(texts: list[str]) -> TokenizedTexts:
+    backend, settings = _worker
+    tokens, truncated = backend_tokens(backend, texts, settings)
+    return padded_batches(texts, tokens, truncated, settings)
