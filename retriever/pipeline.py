@@ -29,6 +29,7 @@ from retriever.calibration.check import CheckSet
 from retriever.corpus import Document, document_text, iter_corpus
 from retriever.pseudo_queries import make_check_set
 from retriever.errors import RetrieverError
+from retriever.index_folder import sha256_file
 from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import NpyAppender, VectorSource
 from retriever.store.documents import DocumentTable
@@ -55,10 +56,22 @@ def count_documents(corpus: str | Path, encoding: str = "utf-8") -> int:
 
 
 def source_fingerprint(path: str | Path) -> dict:
-    """What identifies an input file for resuming: its resolved path, size and modification time."""
+    """What identifies an input file for resuming: its size and the hash of its bytes. Not its modification time:
+    a corpus copied or restored from a backup (new time, same bytes) resumes; reading it once costs seconds per
+    gigabyte, against hours of encoding."""
     path = Path(path).resolve()
-    status = path.stat()
-    return {"path": str(path), "bytes": status.st_size, "mtime_ns": status.st_mtime_ns}
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def same_source(recorded, path: str | Path, fingerprint: dict) -> bool:
+    """Whether RECORDED, a fingerprint a run saved, names the file at PATH (whose `source_fingerprint` is
+    FINGERPRINT). A record from before content hashes (path, size, modification time) counts when all three
+    still match."""
+    if isinstance(recorded, dict) and "mtime_ns" in recorded:
+        path = Path(path).resolve()
+        status = path.stat()
+        return recorded == {"path": str(path), "bytes": status.st_size, "mtime_ns": status.st_mtime_ns}
+    return recorded == fingerprint
 
 
 def write_json_atomically(path: Path, record: dict) -> None:
@@ -107,7 +120,8 @@ def encode_corpus(corpus: str | Path, out: str | Path, encoder, encoding: str = 
     fresh = {"source": source_fingerprint(corpus), "encoder": encoder.config(), "count": total}
     done, truncated = 0, 0
     previous = _read_record(record_path)
-    if previous and not previous.get("complete") and {k: previous.get(k) for k in fresh} == fresh:
+    if (previous and not previous.get("complete") and previous.get("encoder") == fresh["encoder"]
+            and previous.get("count") == total and same_source(previous.get("source"), corpus, fresh["source"])):
         done, truncated = int(previous["rows"]), int(previous["truncated"])
         if progress:
             stderr_console.print(f"resuming: {done:,} of {total:,} documents were encoded by an interrupted run")

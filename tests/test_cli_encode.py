@@ -100,3 +100,26 @@ def test_encode_refuses_a_max_length_past_the_model_positions(tmp_path, tiny_ber
     assert done.returncode == 1 and done.stderr == (
         f"error: --max-length 1,000,000,000 is more than model '{tiny_bert}' takes: at most 512 tokens\n")
     assert not (tmp_path / "v.npy").exists()
+
+
+def test_a_copied_corpus_with_a_new_modification_time_still_resumes(tmp_path, tiny_bert):
+    """Resuming keys on the corpus's bytes, not its modification time (a restored backup, a copy)."""
+    import os
+
+    from retriever.encoder import Encoder
+    from retriever.pipeline import encode_corpus
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Sentence number {i} about things.\n" for i in range(30)))
+    out = tmp_path / "vectors.npy"
+    encoder = Encoder(str(tiny_bert), device="cpu")
+    encode_corpus(corpus, out, encoder, chunk_rows=10)
+    record = json.loads(out.with_suffix(".json").read_text())
+    record.update(complete=False, rows=20)  # as a run killed after two chunks leaves it
+    out.with_suffix(".json").write_text(json.dumps(record))
+    os.utime(corpus, (1, 1))
+    assert encode_corpus(corpus, out, encoder, chunk_rows=10).resumed_from == 20
+    corpus.write_text(corpus.read_text().replace("number 5", "number 6"))  # other bytes: a fresh run
+    record.update(complete=False, rows=20)
+    out.with_suffix(".json").write_text(json.dumps(record))
+    assert encode_corpus(corpus, out, encoder, chunk_rows=10).resumed_from == 0
