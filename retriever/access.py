@@ -32,7 +32,8 @@ WILDCARD_BINDS = ("0.0.0.0", "::", "")
 API_KEY_ENV = "RETRIEVER_API_KEY"
 READ_ONLY_API_KEY_ENV = "RETRIEVER_READ_ONLY_API_KEY"
 MIN_KEY_CHARS = 16
-OPEN_PATHS = frozenset({"/", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+OPEN_PATHS = frozenset({"/", "/health", "/docs", "/openapi.json"})
+OPEN_PREFIXES = ("/docs-assets/",)  # the API docs' own scripts and styles
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 READ_POSTS = frozenset({"/search"})  # a POST that only reads: searching many queries at once
 
@@ -189,7 +190,7 @@ class AccessGuard:
         if not self.policy.host_allowed(host):
             return _refusal(421 if host else 400, "this server does not answer to that Host name (a guard against "
                             "DNS rebinding); use the address it was started on, or add the name to its allowed hosts")
-        if not self.policy.needs_key or path in OPEN_PATHS:
+        if not self.policy.needs_key or path in OPEN_PATHS or (path.startswith(OPEN_PREFIXES) and ".." not in path):
             return None
         role = self.policy.role(headers.get(b"authorization", b"").decode("latin-1"))
         if role is None:

@@ -57,14 +57,19 @@ try:
     from fastapi import Body, FastAPI, Query, Request
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
+    from fastapi.openapi.docs import get_swagger_ui_html
     from fastapi.responses import FileResponse, JSONResponse, Response
+    from fastapi.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
     from pydantic import BaseModel, Field, StrictInt, StrictStr
     from starlette.exceptions import HTTPException
 except ImportError as error:  # a dependency of the package; a broken install should still say what to do
-    raise UnavailableError(f"serving needs FastAPI and uvicorn ({error}); reinstall: pip install -e .") from None
+    raise UnavailableError(f"serving needs FastAPI, uvicorn and swagger-ui-bundle ({error}); reinstall: "
+                           "pip install -e .") from None
 
 log = logging.getLogger("retriever.server")
 
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the swagger-ui-bundle package
 MAX_K = 1000  # results per query
 MAX_QUERIES = 256  # queries per POST /search
 MAX_QUERY_CHARS = 10_000  # the encoder keeps at most max_length tokens anyway
@@ -374,7 +379,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         state["batcher"].close()
         indexes.close()
 
-    app = FastAPI(title="retriever", version="1", lifespan=lifespan,
+    # The API docs from local assets: FastAPI's default /docs loads Swagger UI from a CDN, a blank page offline.
+    app = FastAPI(title="retriever", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Search calibrated (BERT-flow) indexes; every answer names the index version it "
                               "comes from.")
     app.state.indexes = indexes
@@ -424,6 +430,15 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     @app.get("/", include_in_schema=False)
     async def page():
         return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title="retriever API",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
 
     @app.get("/health")
     async def health():

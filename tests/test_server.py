@@ -35,6 +35,19 @@ def test_health_and_index_listing(client, index_dir):
     assert client.get("/docs").status_code == 200 and client.get("/openapi.json").json()["paths"]["/search"]
 
 
+def test_the_api_docs_load_nothing_from_outside(client):
+    """/docs works offline: Swagger UI's script and styles come from this server, not a CDN."""
+    import re
+
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page.text), page.text  # no external script or style
+    for asset in re.findall(r"""/docs-assets/[\w.-]+""", page.text):
+        fetched = client.get(asset)
+        assert fetched.status_code == 200 and len(fetched.content) > 100, asset
+    assert "swagger-ui-bundle.js" in page.text and "swagger-ui.css" in page.text
+
+
 def test_get_search_answers_in_the_cli_schema_with_the_version(client, index_dir):
     text = documents(120)[7]["text"]
     answer = client.get("/search", params={"q": text, "k": 3, "index": "notes"}).json()

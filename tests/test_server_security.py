@@ -103,7 +103,8 @@ ENDPOINTS = [  # (method, path, JSON body, is a write)
     ("POST", "/indexes/notes/documents", {"documents": [{"_id": "new", "text": "a new note"}]}, True),
     ("DELETE", "/indexes/notes/documents/d2", None, True),
 ]
-OPEN = [("GET", "/health"), ("GET", "/"), ("GET", "/openapi.json")]
+OPEN = [("GET", "/health"), ("GET", "/"), ("GET", "/openapi.json"), ("GET", "/docs"),
+        ("GET", "/docs-assets/swagger-ui-bundle.js")]
 
 
 @pytest.mark.parametrize("key,expected_read,expected_write", [
