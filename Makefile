@@ -30,6 +30,7 @@ demo: install
 	$(BIN)/retriever search "random number from a normal distribution" --name stdlib-docs -k 5
 	$(BIN)/retriever search "compress data with gzip" --name stdlib-docs -k 5
 	@echo "serve it (HTTP API + search page on http://127.0.0.1:8000): $(BIN)/retriever serve"
+	@echo "the retriever command is in $(BIN): run 'source $(BIN)/activate' to use it by name"
 
 # The search page's browser test drives Debian's chromium through chromium-driver (root or sudo installs them).
 browser:
