@@ -25,7 +25,7 @@ install: $(VENV)/.installed
 
 demo: install
 	$(BIN)/python -m retriever.demo_corpus indexes/stdlib-docs.jsonl
-	$(BIN)/retriever build indexes/stdlib-docs.jsonl --name stdlib-docs
+	$(BIN)/retriever build indexes/stdlib-docs.jsonl --name stdlib-docs --replace
 	$(BIN)/retriever search "read a file line by line" --name stdlib-docs -k 5
 	$(BIN)/retriever search "random number from a normal distribution" --name stdlib-docs -k 5
 	$(BIN)/retriever search "compress data with gzip" --name stdlib-docs -k 5

@@ -118,6 +118,9 @@ def build(
     opq: Annotated[bool, typer.Option("--opq", help="ivfpq: rotate with OPQ before quantizing")] = False,
     fresh: Annotated[bool, typer.Option(
         "--fresh", help="start over even if a killed build of this corpus can be resumed")] = False,
+    replace: Annotated[bool, typer.Option(
+        "--replace", help="build over an index of this name (its current version is kept: `retriever versions`, "
+        "`retriever rollback`)")] = False,
     device: options.Device = "auto",
     dtype: options.Dtype = "fp32",
     batch_size: options.BatchSize = 64,
@@ -167,8 +170,14 @@ def build(
         calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None, fit_sample=fit_sample,
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
         batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True, fit_queries=fit_queries,
+        replace=replace,
     )
     _report("built", summary, "encoded" if vectors is None else "indexed", notes=False)  # shown as they came
+    from retriever.index_folder import describe_calibrator, read_manifest
+
+    _say(f"calibrator: {describe_calibrator(read_manifest(Path(summary.folder), name=name))}")
+    _say(f"written to {summary.folder}" + (" (the version it replaced is kept: retriever versions "
+                                            f"{index_options(home, name)})" if existed else ""))
     if vectors is None:
         share = summary.timings["encode"] / summary.seconds if summary.seconds else 0.0
         _say(f"{count(summary.truncated, 'document')} truncated at the max length; "
@@ -505,6 +514,54 @@ def verify(
          f"re-hashed in {time.perf_counter() - started:.1f}s")
 
 
+def versions(
+    name: options.IndexName = None,
+    as_json: Json = False,
+    index_dir: options.IndexDir = None,
+) -> None:
+    """The kept versions of an index: the current one and the one it replaced (the last build, add, delete,
+    compact, refit or rollback). `retriever rollback VERSION` makes one current again."""
+    from retriever.index import Index
+
+    home = _home(index_dir)
+    name = _pick(home, name)
+    records = Index.versions(name, home)
+    if as_json:
+        _print_json({"name": name, "versions": records})
+        return
+    table = Table(title=_plain(f"index '{name}': {count(len(records), 'kept version')}"))
+    # The version is what a user copies: never wrapped; the calibrator's evidence folds instead.
+    table.add_column("version", no_wrap=True)
+    table.add_column("current", no_wrap=True)
+    table.add_column("written (UTC)", no_wrap=True)
+    table.add_column("documents", justify="right", no_wrap=True)
+    table.add_column("calibrator", overflow="fold")
+    for record in records:
+        table.add_row(_plain(record["version"]), "yes" if record["current"] else "",
+                      _plain(record.get("written", "")[:16].replace("T", " ")),
+                      f"{record['documents']:,}" if "documents" in record else "",
+                      _plain(record.get("calibrator", record.get("problem", ""))))
+    stdout.print(table)
+
+
+def rollback(
+    version: Annotated[str, typer.Argument(help="a kept version, as `retriever versions` lists it",
+                                           show_default=False)],
+    name: options.IndexName = None,
+    index_dir: options.IndexDir = None,
+) -> None:
+    """Make a kept version of an index current again, after checking its files. The version it replaces is
+    kept, so a rollback is undone the same way. Refuses at once while another process writes the index."""
+    from retriever.index import Index
+
+    home = _home(index_dir)
+    name = _pick(home, name, writing=True)
+    on_interrupt(UNCHANGED.format(name=name))
+    index = Index.rollback(name, version, home, device="cpu")
+    _say(f"index '{name}' is at version {version} again: {count(len(index), 'document')}; the version it "
+         f"replaced is kept (retriever versions {index_options(home, name)})")
+
+
 def remove(
     index: Annotated[str, typer.Argument(help="the index to remove", show_default=False)],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
@@ -614,5 +671,5 @@ def _check_summary(check: dict) -> str:
 # In workflow order, as `retriever --help` lists them (cli.main registers them after `encode`).
 COMMANDS = (("build", build), ("list", list_indexes), ("search", search), ("show", show), ("add", add),
             ("delete", delete), ("compact", compact), ("refit", refit), ("check", check), ("info", info),
-            ("verify", verify),
+            ("verify", verify), ("versions", versions), ("rollback", rollback),
             ("remove", remove))

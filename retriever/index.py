@@ -40,7 +40,7 @@ from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
 from retriever.engines.local import LocalEngine
 from retriever.errors import RetrieverError, param
-from retriever.index_folder import resolve_index_dir
+from retriever.index_folder import list_versions, resolve_index_dir, rollback
 from retriever.layout import CALIBRATOR, DOCUMENTS, ENCODED, RAW, ROWIDS, SEGMENTS
 from retriever.pipeline import (
     CHUNK_ROWS,
@@ -95,6 +95,7 @@ class Index(Snapshot):
         fit_queries: str | Path | Sequence[str] | np.ndarray | None = None,
         engine: str = "local",
         ray_options=None,
+        replace: bool = True,
     ) -> ChangeSummary:
         """Stream CORPUS (a corpus file, or a list of Documents) through the pipeline into a new index version
         under NAME and swap it in.
@@ -108,7 +109,8 @@ class Index(Snapshot):
         raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled (ignored with a
         prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster (`retriever.engines.ray_build`, set up
         by RAY_OPTIONS, a `RayOptions`); CORPUS may then also be a folder of corpus files, and a failed build starts
-        over rather than resuming."""
+        over rather than resuming. REPLACE False: refuse a NAME that exists (the CLI's default; building over it
+        keeps its current version, which `rollback` restores)."""
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
@@ -129,9 +131,23 @@ class Index(Snapshot):
             runner = LocalEngine(spec, progress, corpus=corpus, vectors=vectors, encoder=encoder, resume=resume,
                                  chunk_rows=chunk_rows)
         index_dir = resolve_index_dir(index_dir)
-        summary = run_build(runner, name, index_dir)
+        summary = run_build(runner, name, index_dir, replace)
         summary.opener = _version_opener(Path(summary.folder), name, index_dir, device)
         return summary
+
+    @staticmethod
+    def versions(name: str, index_dir: str | Path | None = None) -> list[dict]:
+        """NAME's kept versions, newest first: the current one and the one it replaced (`index_folder.list_versions`:
+        version, current, written, documents, calibrator)."""
+        return list_versions(resolve_index_dir(index_dir), name)
+
+    @classmethod
+    def rollback(cls, name: str, version: str, index_dir: str | Path | None = None, device: str = "auto") -> Index:
+        """Make VERSION (from `versions`) NAME's current version again, after checking its files, and open it. The
+        version it replaces is kept: rolling back is undone the same way."""
+        index_dir = resolve_index_dir(index_dir)
+        rollback(index_dir, name, version)
+        return cls.open(name, index_dir, device=device)
 
     def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
             vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS) -> ChangeSummary:

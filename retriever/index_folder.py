@@ -40,11 +40,11 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retriever.errors import DamagedIndexError, NotFoundError, RetrieverError, param
+from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError, param
 from retriever.layout import BUILD_STATE, LOCK, MANIFEST, VERSIONS
 from retriever.manifest import FileEntry, Manifest, check_format, record_checksum
 
-KEEP_VERSIONS = 2  # the current one and the one before it
+KEEP_VERSIONS = 2  # the current version and the one it replaced (`rollback` returns to it)
 HOME_VARIABLE = "RETRIEVER_HOME"
 # One rule for every index name, so a name is always a safe file name, a URL path part and a shell word.
 NAME_RULE = "1 to 64 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -288,6 +288,8 @@ class IndexWriter:
         self.folder = self.versions / f"{self.version}.partial"
         self.resumed = False  # True: the folder holds a killed build's finished work, matched by its resume key
         self.keep_partial = False  # True: leave the partial folder for a later resume (an interrupted build)
+        # The version this write replaces (the writer lock holds it still): kept, so `rollback` can return to it.
+        self.replaced = self.link.resolve() if self.link.is_symlink() else None
 
     def commit(self) -> Path:
         (self.folder / BUILD_STATE).unlink(missing_ok=True)
@@ -302,11 +304,7 @@ class IndexWriter:
         return final
 
     def _link(self, final: Path) -> None:
-        """Point NAME at FINAL: a temporary link beside it, then swapped in (`_swap`)."""
-        check_target(self.link.parent, self.link.name)  # again: a folder could have appeared meanwhile
-        temporary_link = self.link.with_name(f".{self.link.name}.{self.version}.link")
-        os.symlink(os.path.relpath(final, self.link.parent), temporary_link)
-        _swap(temporary_link, self.link)
+        _point(self.link, final)
 
     def _after_commit(self, final: Path) -> None:
         """Make the swap durable and prune old versions. The write has happened by now, so nothing here may turn
@@ -319,10 +317,84 @@ class IndexWriter:
                           f"({_first_line(error)}); the next write tries again", stacklevel=3)
 
     def _prune(self, keep: Path) -> None:
-        finished = sorted(path for path in self.versions.iterdir() if path.is_dir() and not path.name.endswith(".partial"))
-        for old in finished[:-KEEP_VERSIONS]:
-            if old != keep:
-                shutil.rmtree(old, ignore_errors=True)
+        _prune_versions(self.versions, keep, self.replaced)
+
+
+def _point(link: Path, final: Path) -> None:
+    """Point LINK (an index's name) at FINAL: a temporary link beside it, then swapped in (`_swap`)."""
+    check_target(link.parent, link.name)  # again: a folder could have appeared meanwhile
+    temporary_link = link.with_name(f".{link.name}.{final.name}.link")
+    os.symlink(os.path.relpath(final, link.parent), temporary_link)
+    _swap(temporary_link, link)
+
+
+def _prune_versions(versions: Path, current: Path, replaced: Path | None) -> None:
+    """The retention rule: KEEP_VERSIONS, the current version and the one it replaced; older ones are removed."""
+    for path in versions.iterdir():
+        if path.is_dir() and not path.name.endswith(".partial") and path not in (current, replaced):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def list_versions(index_dir: str | Path, name: str) -> list[dict]:
+    """The kept versions of NAME, newest first (`retriever versions`): version, current (bool), written (ISO 8601
+    UTC), and documents and calibrator read from its manifest, or "problem" where that fails."""
+    check_name(name)
+    versions = Path(index_dir) / VERSIONS / name
+    if not versions.is_dir():
+        raise NotFoundError(f"no index named '{name}' in {Path(index_dir).absolute()}")
+    link = index_path(index_dir, name)
+    current = link.resolve() if link.is_symlink() else None
+    records = []
+    for folder in sorted((path for path in versions.iterdir()
+                          if path.is_dir() and not path.name.endswith(".partial")), reverse=True):
+        record: dict = {"version": folder.name, "current": folder == current}
+        try:
+            record["written"] = datetime.fromtimestamp((folder / MANIFEST).stat().st_mtime,
+                                                       timezone.utc).isoformat(timespec="seconds")
+            manifest = read_manifest(folder, name=name)
+            record.update(documents=manifest.documents, calibrator=calibrator_label(manifest.calibrator))
+        except (OSError, RetrieverError, KeyError, TypeError) as error:
+            record["problem"] = str(error) if isinstance(error, RetrieverError) else f"version {folder.name} is damaged"
+        records.append(record)
+    return records
+
+
+def refuse_replacing(index_dir: str | Path, name: str) -> None:
+    """Refuse to build NAME over an index of that name, saying what it holds and how to go ahead."""
+    link = index_path(index_dir, check_name(name))
+    if not link.is_symlink():
+        return
+    what = ""
+    try:
+        manifest = read_manifest(link.resolve(), name=name)
+        written = datetime.fromtimestamp((link / MANIFEST).stat().st_mtime, timezone.utc)
+        what = f" ({manifest.documents:,} documents, written {written.isoformat(timespec='seconds')})"
+    except (OSError, RetrieverError, KeyError, TypeError):
+        pass  # a damaged index is still one the build would replace
+    raise ConflictError(f"index '{name}' exists{what}; building it again replaces it: pass {param('replace', True)} (its "
+                        f"current version is kept, and rollback restores it), or choose another {param('name')}")
+
+
+def rollback(index_dir: str | Path, name: str, version: str) -> Path:
+    """Make VERSION, one of NAME's kept versions (`list_versions`), current again, after checking every file of
+    it against its manifest. The version it replaces is kept, so a rollback can be undone the same way. Holds the
+    writer lock: refused at once while a write runs."""
+    check_name(name)
+    versions = Path(index_dir) / VERSIONS / name
+    target = versions / version
+    if not re.fullmatch(r"[0-9A-Za-z_-]+", version) or not target.is_dir():
+        kept = [record["version"] for record in list_versions(index_dir, name)]
+        raise NotFoundError(f"index '{name}' has no kept version '{version}'; kept: {', '.join(kept) or 'none'}")
+    link = index_path(index_dir, name)
+    with writer_lock(index_dir, name, wait=False, busy_hint="wait for it to finish, then roll back"):
+        verify_files(target, read_manifest(target, name=name), name=name)
+        replaced = link.resolve() if link.is_symlink() else None
+        if replaced != target:
+            _remove_stray_links(index_dir, name)  # a rollback killed between its two link steps
+            _point(link, target)
+            _fsync_dir(link.parent)
+            _prune_versions(versions, target, replaced)
+    return target
 
 
 @contextmanager
@@ -572,7 +644,7 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
         try:
             manifest = read_manifest(link.resolve(), name=name)
             record.update(documents=manifest.documents, model=manifest.encoder["model"],
-                          calibrator=_calibrator_label(manifest.calibrator), index_type=str(manifest.index["type"]))
+                          calibrator=calibrator_label(manifest.calibrator), index_type=str(manifest.index["type"]))
             if manifest.calibrator_fallback:
                 record["calibrator_asked"] = str(manifest.calibrator_fallback["asked"])
         except (RetrieverError, KeyError, TypeError) as error:
@@ -581,7 +653,17 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
     return records
 
 
-def _calibrator_label(record: dict) -> str:
+def describe_calibrator(manifest: Manifest) -> str:
+    """What a version's calibrator is, for one line after a write: the label (`calibrator_label`) and, where
+    too few documents made the build fall back, what was asked for and why."""
+    label = calibrator_label(manifest.calibrator)
+    fallback = manifest.calibrator_fallback
+    if isinstance(fallback, dict) and fallback.get("asked"):
+        label += f" (asked for {fallback['asked']}: {fallback.get('reason', 'too few documents')})"
+    return label
+
+
+def calibrator_label(record: dict) -> str:
     """The calibrator's name; for auto, with what it chose and the retrieval check's evidence:
     "auto: none (flow +0.31 [-0.52, +1.14] on 2,000 pseudo-queries)"."""
     decision = record.get("decision")

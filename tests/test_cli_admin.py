@@ -312,7 +312,8 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
                 os.kill(os.getpid(), signal.SIGINT)
             return encode(self, tokenized, *args)
         Encoder.encode_tokenized = interrupted
-        sys.argv = ["retriever", "build", {str(corpus)!r}, "--model", {str(tiny_bert)!r}, "--calibrator", "none"]
+        sys.argv = ["retriever", "build", {str(corpus)!r}, "--model", {str(tiny_bert)!r}, "--calibrator", "none",
+                    "--replace"]
         from cli.main import main
         main()
     """)
@@ -323,7 +324,7 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
     assert "Traceback" not in killed.stderr and "Aborted" not in killed.stderr
     before = cli("search", TEXTS[2], "--json")
     assert json.loads(before.stdout)["results"][0]["doc_id"] == "docs.txt:3"  # the previous version
-    again = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none")
+    again = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--replace")
     assert again.returncode == 0, again.stderr
     assert "resumed a killed build: 16 of 40 documents were already encoded" in again.stderr
     assert "built index 'docs': 40 documents" in again.stderr
@@ -381,13 +382,13 @@ def test_a_build_refuses_while_another_process_writes_that_index(cli, built_home
         """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        done = cli("build", docs, "--model", tiny_bert, "--calibrator", "none")
+        done = cli("build", docs, "--model", tiny_bert, "--calibrator", "none", "--replace")
         assert_one_line_error(done, f"error: index 'docs' is being written by another retriever process (pid "
                                     f"{holder.pid}); wait for it to finish, or build under another --name")
         assert sorted(os.listdir(versions)) == before  # nothing written
     finally:
         holder.communicate("\n", timeout=30)
-    assert cli("build", docs, "--model", tiny_bert, "--calibrator", "none").returncode == 0  # free again
+    assert cli("build", docs, "--model", tiny_bert, "--calibrator", "none", "--replace").returncode == 0  # free again
 
 
 def test_a_one_document_corpus_builds_uncalibrated_with_a_warning(cli, tmp_path, tiny_bert):

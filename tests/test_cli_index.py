@@ -88,8 +88,8 @@ def test_bad_inputs_are_one_line_errors(built, cli, tmp_path, tiny_bert):
     assert_one_line_error(cli("build", blank.with_name("nothing.txt"), "--index-dir", built), "nothing.txt")
     good = tmp_path / "docs.txt"
     assert_one_line_error(cli("build", good, "--calibrator", "magic", "--index-dir", built), "unknown calibrator")
-    assert_one_line_error(cli("build", good, "--layers", "0,99", "--model", tiny_bert, "--index-dir", built),
-                          "layer 99 does not exist")
+    assert_one_line_error(cli("build", good, "--layers", "0,99", "--model", tiny_bert, "--index-dir", built,
+                              "--replace"), "layer 99 does not exist")
 
 
 def test_an_index_whose_model_is_gone_says_so(built, cli, tmp_path, tiny_bert):

@@ -42,6 +42,7 @@ from retriever.build_steps import (
 from retriever.calibration import DEFAULT_CALIBRATOR, DEFAULT_FIT_SAMPLE, Calibrator
 from retriever.encoder import Encoder
 from retriever.errors import RetrieverError
+from retriever.index_folder import refuse_replacing
 from retriever.pipeline import check_set, fit
 from retriever.store.arrays import VectorSource
 from retriever.store.vectors import IndexSpec
@@ -121,15 +122,17 @@ class BuildEngine(ABC):
         return {}
 
 
-def run_build(engine: BuildEngine, name: str, index_dir: Path) -> ChangeSummary:
+def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = True) -> ChangeSummary:
     """Build index NAME in INDEX_DIR with ENGINE (see the module docstring); returns the ChangeSummary of the
-    committed version."""
+    committed version. REPLACE False: refuse a NAME that exists, once the arguments are checked."""
     started = time.perf_counter()
     spec, timings, notes, progress = engine.spec, engine.timings, engine.notes, engine.progress
     engine.check()
     fitted, prefitted, (query_texts, query_vectors, queries_from) = check_build_arguments(
         spec.calibrator, spec.calibrator_options, spec.index_type, spec.fit_sample, spec.fit_queries, spec.encoding,
         index_dir, name)
+    if not replace:
+        refuse_replacing(index_dir, name)
     with engine.session(index_dir, name) as writer:
         clock = time.perf_counter()
         documents = engine.read(writer)
