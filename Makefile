@@ -41,7 +41,7 @@ browser:
 	    chromium chromium-driver >/dev/null; }
 
 test: install browser
-	RETRIEVER_DATA=$(DATA) $(BIN)/python -m pytest -q
+	RETRIEVER_DATA=$(DATA) $(BIN)/python -m pytest --durations=15
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -23,6 +23,20 @@ def index_home(tmp_path_factory, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture(autouse=True, scope="session")
+def ray_sessions_removed():
+    """The session folders the Ray tests' clusters leave in the temporary folder (/tmp/ray/session_*) are removed
+    when the run ends; those of other Ray processes on the machine, there before, are left alone."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / "ray"
+    before = set(root.glob("session_2*"))
+    yield
+    for folder in set(root.glob("session_2*")) - before:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The benchmark files beside the checkout (../shared/data), or $RETRIEVER_DATA."""
