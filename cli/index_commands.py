@@ -58,6 +58,13 @@ def _home(index_dir: str | None) -> Path:
     return resolve_index_dir(index_dir)
 
 
+def _one_name(positional: str | None, name: str | None) -> str | None:
+    """The index a command names, as an argument or with --name (every command takes --name); both must agree."""
+    if positional is not None and name is not None and positional != name:
+        raise RetrieverError(f"two different indexes named: '{positional}' and --name '{name}'")
+    return positional or name
+
+
 def _pick(home: Path, name: str | None, writing: bool = False) -> str:
     from retriever.index_folder import pick_index
 
@@ -324,8 +331,9 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense") -> None:
 
 
 def show(
-    index: Annotated[str, typer.Argument(help="the index", show_default=False)],
-    doc_id: Annotated[str, typer.Argument(help="the document's id, as search shows it", show_default=False)],
+    ids: Annotated[list[str], typer.Argument(
+        help="DOC_ID (the index by --name, or the latest), or INDEX DOC_ID", show_default=False, metavar="[INDEX] DOC_ID")],
+    name: options.IndexName = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='print {"doc_id", "title", "text", "source", "line"} instead of a table')] = False,
     index_dir: options.IndexDir = None,
@@ -335,8 +343,13 @@ def show(
     Control characters are shown escaped (\\x1b, \\u202e); --json is exact JSON, with them as \\u escapes."""
     from retriever.index import Index
 
+    if len(ids) > 2:
+        raise RetrieverError("show takes one document id (and, before it, the index if --name is not given)")
     home = _home(index_dir)
-    opened = Index.open(check_name(index), home, device="cpu")
+    index = _one_name(ids[0] if len(ids) == 2 else None, name)
+    index = _pick(home, index)
+    doc_id = ids[-1]
+    opened = Index.open(index, home, device="cpu")
     row = opened.document(doc_id)
     if row is None:
         raise RetrieverError(f"no document {doc_id!r} in index '{index}'")
@@ -451,10 +464,8 @@ def check(
     candidates together. Writes nothing."""
     from retriever.index import Index
 
-    if index and name and index != name:
-        raise RetrieverError(f"two different indexes named: '{index}' and --name '{name}'")
     home = _home(index_dir)
-    opened = Index.open(_pick(home, index or name), home, device="cpu")
+    opened = Index.open(_pick(home, _one_name(index, name)), home, device="cpu")
     record = opened.check(fit_sample=fit_sample, seed=seed or 0, progress=not as_json)
     if as_json:
         print(json.dumps({"index": opened.name, **record}))
@@ -505,10 +516,8 @@ def verify(
     from retriever.index import verify_index
 
     started = time.perf_counter()
-    if index and name and index != name:
-        raise RetrieverError(f"two different indexes named: '{index}' and --name '{name}'")
     home = _home(index_dir)
-    name = _pick(home, index or name)
+    name = _pick(home, _one_name(index, name))
     manifest, checked = verify_index(name, home)
     _say(f"index '{name}' is intact: {count(len(manifest.files), 'file')}, {checked / 2**20:,.1f} MiB "
          f"re-hashed in {time.perf_counter() - started:.1f}s")
@@ -563,7 +572,9 @@ def rollback(
 
 
 def remove(
-    index: Annotated[str, typer.Argument(help="the index to remove", show_default=False)],
+    index: Annotated[Optional[str], typer.Argument(help="the index to remove (or --name)", show_default=False)] = None,
+    name: Annotated[Optional[str], typer.Option(
+        "--name", "-n", help="the index to remove " + default("none: remove never picks one"))] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="remove without asking")] = False,
     index_dir: options.IndexDir = None,
 ) -> None:
@@ -573,7 +584,10 @@ def remove(
     from retriever.index_folder import describe_indexes, remove_index
 
     home = _home(index_dir)
-    name = check_name(index)
+    name = _one_name(index, name)
+    if name is None:
+        raise RetrieverError("say which index to remove: retriever remove NAME")
+    name = check_name(name)
     record = next((r for r in describe_indexes(home) if r["name"] == name), None)
     if record is None and not (home / ".versions" / name).is_dir():
         raise RetrieverError(f"no index named '{name}' in {home}")

@@ -193,14 +193,13 @@ class OpenIndexes:
             self._release(index)
 
     async def current(self, name: str | None) -> Index:
-        """NAME (or the only index when none is named), current version; an open, when one is needed, runs off
-        the event loop so other requests go on meanwhile."""
+        """NAME, current version; when none is named, the most recently written index (the CLI's rule for reading,
+        `index_folder.pick_index`; the answer names it). An open, when one is needed, runs off the event loop so
+        other requests go on meanwhile."""
         if not name:
             names = self.names()
             if not names:
                 raise NotFoundError("no index is served yet; build one with: retriever build CORPUS")
-            if len(names) > 1:
-                raise ApiError(400, f"{len(names)} indexes ({', '.join(names)}); say which with index=NAME")
             name = names[0]
         return self.held(name) or await run_in_threadpool(self.get, name)
 

@@ -226,3 +226,24 @@ def test_search_modes_on_the_command_line(built, cli):
     assert_usage_error(cli("search", "x", "--name", "docs", "--mode", "fuzzy", "--index-dir", built),
                        "'fuzzy' is not one of dense, keyword, hybrid")
     assert_usage_error(cli("search", "x", "--name", "docs", "--weight", "2", "--index-dir", built), "--weight")
+
+
+def test_every_command_names_its_index_with_name(built, cli, tmp_path, tiny_bert):
+    """One rule: --name works on every command (show and remove also take the index as an argument, as before)."""
+    other = tmp_path / "other.txt"
+    other.write_text("A different note.\nAnother one.\n", encoding="utf-8")
+    assert cli("build", other, "--model", tiny_bert, "--calibrator", "none", "--index-dir", built).returncode == 0
+    by_name = cli("show", "docs.txt:3", "--name", "docs", "--json", "--index-dir", built)
+    assert by_name.returncode == 0 and json.loads(by_name.stdout)["text"] == TEXTS[2]
+    assert json.loads(cli("show", "docs", "docs.txt:3", "--json", "--index-dir", built).stdout)["text"] == TEXTS[2]
+    latest = cli("show", "other.txt:1", "--json", "--index-dir", built)  # unnamed: the latest built, said so
+    assert json.loads(latest.stdout)["text"] == "A different note." and "using index 'other'" in latest.stderr
+    assert_one_line_error(cli("show", "docs", "docs.txt:3", "--name", "other", "--index-dir", built),
+                          "two different indexes named")
+    for command in ("check", "verify", "versions", "info"):
+        done = cli(command, "--name", "docs", "--index-dir", built, *(["--json"] if command != "verify" else []))
+        assert done.returncode == 0, (command, done.stderr)
+    assert_one_line_error(cli("remove", "--yes", "--index-dir", built), "say which index to remove")
+    assert cli("remove", "--name", "other", "--yes", "--index-dir", built).returncode == 0
+    listed = json.loads(cli("list", "--json", "--index-dir", built).stdout)["indexes"]
+    assert [record["name"] for record in listed] == ["docs"]

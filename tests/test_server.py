@@ -201,10 +201,11 @@ def test_bad_search_requests_get_json_errors_with_the_right_status(client, index
         client.post("/search", content=b'{"queries": ["x",]}', headers={"content-type": "application/json"}), 400)
     assert "queries" in one_line_error(client.post("/search", json={"k": 3}), 422)
     one_line_error(client.get("/indexes/nope"), 404)
-    # With two indexes, a request must say which.
+    # With two indexes, one not named is the most recently written, as in the CLI; the answer names it.
     Index.build(write_corpus(tmp_path / "other.jsonl", documents(80)), "other", index_dir, model=str(tiny_bert),
                 calibrator="none", device="cpu")
-    assert "say which" in one_line_error(client.get("/search", params={"q": "x"}), 400)
+    assert client.get("/search", params={"q": "x"}).json()["index"] == "other"
+    assert client.get("/search", params={"q": "x", "index": "notes"}).json()["index"] == "notes"
 
 
 def test_bad_writes_get_json_errors_with_the_right_status(client):
