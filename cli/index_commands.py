@@ -135,7 +135,7 @@ def build(
     index_dir: options.IndexDir = None,
     engine: Annotated[str, typer.Option(
         "--engine", **options.choice(("local", "ray")),
-        help="local: this process; ray: a Ray cluster (pip install 'retriever[ray]'; CORPUS may be a folder of "
+        help="local: this process; ray: a Ray cluster (pip install 'retriever\\[ray]'; CORPUS may be a folder of "
              "corpus files)")] = "local",
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", help="ray: 'auto' or HOST:PORT of a running cluster " + default("start one on 127.0.0.1 "
@@ -221,19 +221,23 @@ def list_indexes(
         _say(f"no index in {home}; build one with: retriever build CORPUS {index_options(home)}".rstrip())
         return
     table = Table(title=_plain(f"indexes in {home}"), title_justify="left")
-    for column in ("name", "documents", "model", "calibrator", "index type", "last written"):
-        table.add_column(column, justify="right" if column == "documents" else "left", overflow="fold",
-                         no_wrap=column in ("name", "documents", "index type", "last written"))
+    # Fits 80 columns: the short fields never wrap; names, a model's folder path and the calibrator's evidence fold.
+    table.add_column("name", overflow="fold", min_width=4)
+    table.add_column("documents", justify="right", no_wrap=True, min_width=9)
+    table.add_column("model", overflow="fold", min_width=16)
+    table.add_column("type", no_wrap=True, min_width=5)
+    table.add_column("written (UTC)", no_wrap=True, min_width=16)
+    table.add_column("calibrator", overflow="fold", min_width=10)
     for record in records:
-        written = datetime.fromisoformat(record["written"]).strftime("%Y-%m-%d %H:%M UTC")
+        written = datetime.fromisoformat(record["written"]).strftime("%Y-%m-%d %H:%M")
         if "problem" in record:
-            table.add_row(_plain(record["name"]), "", _plain(record["problem"]), "", "", written)
+            table.add_row(_plain(record["name"]), "", "", "", written, _plain(record["problem"]))
             continue
         calibrator = record["calibrator"]
         if "calibrator_asked" in record:
             calibrator += f" ({record['calibrator_asked']} asked: too few documents)"
         table.add_row(_plain(record["name"]), f"{record['documents']:,}", _plain(record["model"]),
-                      _plain(calibrator), _plain(record["index_type"]), written)
+                      _plain(record["index_type"]), written, _plain(calibrator))
     stdout.print(table)
 
 
@@ -668,7 +672,9 @@ def info(
             rows.append((f"isotropy ({stage})", f"mean cosine of random pairs {values['mean_cosine_random_pairs']:+.3f}, "
                          f"top direction holds {values['top_direction_variance_share']:.1%} of the variance"))
     for key, value in rows:
-        table.add_row(key, _plain(str(value)))
+        cell = _plain(str(value))
+        cell.overflow = "fold"  # a long path folds whole: it is the one value users copy
+        table.add_row(key, cell)
     stdout.print(table)
 
 

@@ -117,6 +117,26 @@ def _flag_names(arguments: list[str]) -> dict[str, str]:
     return options.flag_names(command) if command is not None else {}
 
 
+def _command():
+    """`app` as its click command, with on/off flags shown bare in --help (typer would show `--json <bool>`)."""
+    group = typer.main.get_command(app)
+    for command in (group, *getattr(group, "commands", {}).values()):
+        for param in command.params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        command.get_help_option = _bare_help_option(command.get_help_option)  # --help is made when asked for
+    return group
+
+
+def _bare_help_option(make):
+    def help_option(ctx):
+        option = make(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+    return help_option
+
+
 def main() -> None:
     """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback; Ctrl-C
     becomes one line saying what it left behind, exit code 130."""
@@ -124,7 +144,7 @@ def main() -> None:
     _replace_unencodable()
     try:
         _check_arguments(sys.argv[1:])
-        app()  # standalone: typer reports usage errors itself and exits 2
+        _command()()  # standalone: typer reports usage errors itself and exits 2
     except RetrieverError as error:  # worded with the flags of the command run: --fit-sample, not fit_sample
         print(f"error: {_one_line(error.render(_flag_names(sys.argv[1:])))}", file=sys.stderr)
         sys.exit(1)

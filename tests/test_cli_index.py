@@ -247,3 +247,30 @@ def test_every_command_names_its_index_with_name(built, cli, tmp_path, tiny_bert
     assert cli("remove", "--name", "other", "--yes", "--index-dir", built).returncode == 0
     listed = json.loads(cli("list", "--json", "--index-dir", built).stdout)["indexes"]
     assert [record["name"] for record in listed] == ["docs"]
+
+
+def test_tables_and_help_read_well_at_80_columns(built, cli):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80"}
+    listed = subprocess.run([sys.executable, "-m", "cli.main", "list", "--index-dir", str(built)], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    header = next((line for line in listed.stdout.splitlines() if "name" in line), listed.stdout + listed.stderr)
+    assert all(column in header for column in ("documents", "model", "type", "written (UTC)", "calibrator")), listed.stdout
+    assert max(len(line) for line in listed.stdout.splitlines()) <= 80
+    info = subprocess.run([sys.executable, "-m", "cli.main", "info", "--name", "docs", "--index-dir", str(built)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    folder = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["folder"]
+    assert "…" not in info.stdout and folder.replace("/", "") in "".join(
+        line.split("│")[2].strip() for line in info.stdout.splitlines() if line.count("│") == 3).replace("/", "")
+    for command in ("search", "build", "list"):
+        assert "<bool>" not in cli(command, "--help").stdout  # on/off flags show bare
+    assert "retriever[ray]" in cli("build", "--help").stdout.replace("\n", "").replace("│", "").replace(" ", "")
+
+
+def test_info_on_an_uncalibrated_index_reads_the_same_before_and_after(built, cli):
+    isotropy = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["isotropy"]
+    assert isotropy["raw"] == isotropy["calibrated"] and isotropy["raw"]
