@@ -94,7 +94,7 @@ def test_list_shows_every_index_and_json(cli, built_home, tmp_path, tiny_bert, m
     more_line = next(line for line in lines if "│ more " in line)
     docs_line = next(line for line in lines if "│ docs " in line)
     assert lines.index(more_line) < lines.index(docs_line)  # the most recently written first
-    assert "4" in docs_line and "flat" in docs_line and "none" in docs_line and "UTC" in docs_line
+    assert "4" in docs_line and "flat" in docs_line and "none" in docs_line and "(UTC)" in done.stdout
     assert "(flow asked" in done.stdout
     listed = json.loads(cli("list", "--json").stdout)
     assert listed["index_dir"] == str(built_home)
