@@ -263,6 +263,10 @@ def search(
     mode: options.Mode = None,
     fusion: options.Fusion = None,
     weight: options.Weight = None,
+    space: Annotated[str, typer.Option(
+        "--space", **options.choice(("calibrated", "raw")),
+        help="raw: rank by the uncalibrated vectors (exact, dense only), to compare with the calibrated ranking")]
+        = "calibrated",
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
@@ -283,9 +287,9 @@ def search(
     home = _home(index_dir)
     index = Index.open(_pick(home, name), home, device=device)
     k = min(k, max(len(index), 1))  # more than the index holds would allocate room for nothing
-    mode = index.resolve_mode(mode)
+    mode = "dense" if index.raw_space(space, mode) else index.resolve_mode(mode)
     settings = {"nprobe": nprobe, "ef_search": ef_search, "rerank": rerank, "mode": mode, "fusion": fusion,
-                "weight": weight}
+                "weight": weight, "space": space}
     if queries is None:
         batch = [(None, query)]
         results = index.search(query, k, **settings)

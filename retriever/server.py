@@ -458,9 +458,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                          options: tuple, mode: str | None) -> Response:
         check_search(texts, ids, k)
         async with indexes.using(name) as index:
-            if space == "raw":
-                if mode not in (None, "dense"):
-                    raise ApiError(400, "space=raw ranks by the uncalibrated vectors: it goes with mode=dense only")
+            if index.raw_space(space, mode):
                 mode = "dense"
                 hits = await run_in_threadpool(lambda: index.search_raw(index.encoder.encode(texts), k))
             else:

@@ -44,6 +44,7 @@ from retriever.text import check_queries
 
 # How often `open` starts again when the version it resolved is pruned under it (two writes in the meantime).
 OPEN_ATTEMPTS = 5
+SPACES = ("calibrated", "raw")  # the index's own vectors, or the uncalibrated ones (to compare)
 MODES = ("dense", "keyword", "hybrid")
 # Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py), and whether keyword search leaves out a
 # query's stop words.
@@ -252,8 +253,11 @@ class Snapshot:
     def search(self, queries: str | Sequence[str], k: int = 10, progress: bool = False, nprobe: int | None = None,
                ef_search: int | None = None, rerank: int | None = None, mode: str | None = None,
                fusion: str | None = None, weight: float | None = None,
-               stop_words: bool | None = None) -> list[list[SearchHit]]:
+               stop_words: bool | None = None, space: str = "calibrated") -> list[list[SearchHit]]:
         """Top-k documents for each query (a single string gives a one-element list).
+
+        SPACE "raw": rank by the uncalibrated vectors instead (exact; dense only), to compare with the calibrated
+        ranking (`search_raw`).
 
         MODE: "dense" (the calibrated vectors), "keyword" (BM25) or "hybrid" (both, fused by FUSION with the
         dense side's WEIGHT: `retriever.fusion`); default: hybrid where the index has a keyword index, else dense.
@@ -262,9 +266,22 @@ class Snapshot:
         NPROBE (ivf, ivfpq), EF_SEARCH (hnsw) and RERANK (ivfpq) override the index's defaults."""
         queries = [queries] if isinstance(queries, str) else list(queries)
         check_queries(queries)
+        if self.raw_space(space, mode):
+            return self.search_raw(self.encoder.encode(queries, progress=progress), k)
         mode = self.resolve_mode(mode)
         vectors = self.embed(queries, progress=progress) if mode != "keyword" else None
         return self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank, stop_words)
+
+    @staticmethod
+    def raw_space(space: str, mode: str | None) -> bool:
+        """Whether SPACE asks for the raw (uncalibrated) ranking; refuses a space it does not know, and raw with a
+        MODE other than dense."""
+        if space not in SPACES:
+            raise RetrieverError(f"unknown {param('space')} {space!r}; known: {', '.join(SPACES)}")
+        if space == "raw" and mode not in (None, "dense"):
+            raise RetrieverError(f"{param('space', 'raw')} ranks by the uncalibrated vectors: it goes with "
+                                 f"{param('mode', 'dense')} only")
+        return space == "raw"
 
     def resolve_mode(self, mode: str | None) -> str:
         """MODE checked against this index; None: hybrid where the index has a keyword index, else dense."""

@@ -274,3 +274,17 @@ def test_tables_and_help_read_well_at_80_columns(built, cli):
 def test_info_on_an_uncalibrated_index_reads_the_same_before_and_after(built, cli):
     isotropy = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["isotropy"]
     assert isotropy["raw"] == isotropy["calibrated"] and isotropy["raw"]
+
+
+def test_search_in_the_raw_space_compares_with_the_calibrated_ranking(built, cli):
+    """--space raw: the uncalibrated ranking (exact), as the server's space=raw; dense only."""
+    from retriever.index import Index
+
+    index = Index.open("docs", built, device="cpu")
+    raw = index.search_raw(index.encoder.encode([TEXTS[1]]), 3)[0]
+    done = cli("search", TEXTS[1], "--name", "docs", "-k", "3", "--space", "raw", "--json", "--index-dir", built)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["mode"] == "dense" and [r["doc_id"] for r in record["results"]] == [hit.doc_id for hit in raw]
+    assert_one_line_error(cli("search", TEXTS[1], "--name", "docs", "--space", "raw", "--mode", "hybrid",
+                              "--index-dir", built), "--space raw", "--mode dense only")
