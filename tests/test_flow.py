@@ -321,3 +321,20 @@ def test_flow_k_names_and_limits():
         make_calibrator("flow-2")
     with pytest.raises(RetrieverError, match="flow option mixing"):
         make_calibrator("flow", mixing="conv")
+
+
+def test_too_few_vectors_for_the_flow_suggest_a_flow_k_that_fits():
+    from retriever.calibration import make_calibrator, too_few_to_fit
+    from retriever.errors import RetrieverError
+
+    why = RetrieverError(too_few_to_fit(make_calibrator("flow"), 60, 384))
+    assert "at least 385" in str(why) and "try --calibrator flow-32" in why.render({"calibrator": "--calibrator"})
+    assert str(RetrieverError(too_few_to_fit(make_calibrator("flow"), 3, 384))) == (
+        "too few to fit the flow (it needs at least 385 for 384 dimensions)")
+    assert too_few_to_fit(make_calibrator("flow"), 400, 384) is None
+
+
+def test_flow_k_names_its_first_stage_when_whitening_warns():
+    X = np.random.default_rng(0).standard_normal((20, 32)).astype(np.float32)
+    with pytest.warns(UserWarning, match=r"^flow-8's first stage, whitening fitted on 20 vectors of dimension 32"):
+        FlowCalibrator(k=8, device="cpu").fit(X)

@@ -75,7 +75,13 @@ def too_few_to_fit(calibrator: Calibrator, rows: int, dim: int) -> str | None:
         return None
     label = "the flow" if calibrator.name == "flow" else f"calibrator '{calibrator.name}'"
     reason = calibrator.min_fit_reason(dim)
-    return f"too few to fit {label} (it needs at least {needed:,}{' ' + reason if reason else ''})"
+    why = f"too few to fit {label} (it needs at least {needed:,}{' ' + reason if reason else ''})"
+    # A flow fitted in fewer dimensions (flow-K: whitening to K first) needs only K + 1.
+    smaller = [k for k in (256, 128, 64, 32, 16, 8, 4) if k < dim and k + 1 <= rows]
+    if calibrator.name in ("flow", "flow+lu") and smaller:
+        suffix = calibrator.name[len("flow"):]
+        why += f"; flow-K fits in K dimensions with K + 1: try {param('calibrator', f'flow-{smaller[0]}{suffix}')}"
+    return why
 
 
 def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Calibrator:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import NamedTuple
@@ -245,7 +246,11 @@ class Reduction(nn.Module):
         softer scaling (measured: shrinking the variances by 0.1 or 0.3 of their mean moved no score by > 0.25)."""
         from retriever.calibration.linear import Whitening
 
-        whitening = Whitening(k).fit(X)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            whitening = Whitening(k).fit(X)
+        for warning in caught:  # said as what it is here: the first stage of flow-K
+            warnings.warn(f"flow-{k}'s first stage, {warning.message}", warning.category, stacklevel=3)
         # W = U_k diag(w) with U orthonormal: its pseudo-inverse is diag(1 / w^2) W^T.
         inverse_weight = whitening.W.T / np.square(whitening.W).sum(0)[:, None]
         return cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
