@@ -210,13 +210,19 @@ def list_indexes(
     index_dir: options.IndexDir = None,
 ) -> None:
     """List the indexes in the index folder: documents, model, calibrator, index type, when last written."""
-    from retriever.index_folder import describe_indexes
+    from retriever.index_folder import describe_indexes, interrupted_builds
 
     home = _home(index_dir)
     records = describe_indexes(home)
+    interrupted = interrupted_builds(home)
     if as_json:
-        _print_json({"index_dir": str(home), "indexes": records})
+        _print_json({"index_dir": str(home), "indexes": records, "interrupted_builds": interrupted})
         return
+    for build in interrupted:
+        done = (f"{build['encoded']:,} of {count(build['documents'], 'document')} encoded"
+                if build["documents"] is not None else "reading the corpus")
+        _say(f"interrupted build of '{build['name']}' ({done}, since {build['since'][:16].replace('T', ' ')} UTC): "
+             f"run the same build command again to resume it, or remove {build['folder']} to drop it")
     if not records:
         _say(f"no index in {home}; build one with: retriever build CORPUS {index_options(home)}".rstrip())
         return

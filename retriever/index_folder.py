@@ -653,6 +653,23 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
     return records
 
 
+def interrupted_builds(index_dir: str | Path) -> list[dict]:
+    """Builds a kill or Ctrl-C left unfinished in INDEX_DIR, resumable by running the same command again: name,
+    documents (read so far: None until all are), encoded, model, since (ISO 8601 UTC) and folder, for `list`."""
+    records = []
+    for state_path in sorted(Path(index_dir).glob(f"{VERSIONS}/*/*.partial/{BUILD_STATE}")):
+        try:
+            state = json.loads(state_path.read_text(encoding="utf-8"))
+            since = datetime.fromtimestamp(state_path.parent.stat().st_mtime, timezone.utc)
+        except (OSError, ValueError):
+            continue  # being written or removed right now
+        encoder = (state.get("key") or {}).get("encoder") or {}
+        records.append({"name": state_path.parent.parent.name, "documents": state.get("documents"),
+                        "encoded": int(state.get("encoded") or 0), "model": encoder.get("model"),
+                        "since": since.isoformat(timespec="seconds"), "folder": str(state_path.parent)})
+    return records
+
+
 def describe_calibrator(manifest: Manifest) -> str:
     """What a version's calibrator is, for one line after a write: the label (`calibrator_label`) and, where
     too few documents made the build fall back, what was asked for and why."""

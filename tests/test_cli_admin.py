@@ -324,9 +324,14 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
     assert "Traceback" not in killed.stderr and "Aborted" not in killed.stderr
     before = cli("search", TEXTS[2], "--json")
     assert json.loads(before.stdout)["results"][0]["doc_id"] == "docs.txt:3"  # the previous version
+    listed = cli("list")  # the interrupted build is shown, with how to resume or drop it
+    line = next(line for line in listed.stderr.splitlines() if line.startswith("interrupted build of 'docs'"))
+    assert "16 of 40 documents encoded" in line and "run the same build command again to resume" in line
+    assert json.loads(cli("list", "--json").stdout)["interrupted_builds"][0]["encoded"] == 16
     again = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--replace")
     assert again.returncode == 0, again.stderr
     assert "resumed a killed build: 16 of 40 documents were already encoded" in again.stderr
+    assert json.loads(cli("list", "--json").stdout)["interrupted_builds"] == []
     assert "built index 'docs': 40 documents" in again.stderr
 
 
