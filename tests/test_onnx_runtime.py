@@ -43,3 +43,18 @@ def test_onnx_runtime_refuses_half_precision(tiny_bert):
     with pytest.raises(RetrieverError, match="fp32"):
         Encoder(str(tiny_bert), device="cpu", dtype="bf16", runtime="onnx")
     assert Encoder(str(tiny_bert), device="cpu", dtype="bf16", runtime="auto").runtime == "torch"
+
+
+def test_the_python_api_searches_with_onnx_runtime_when_asked(tiny_bert, tmp_path):
+    from retriever import Document, Index
+
+    notes = [Document(f"n{i}", f"Note {i} about {word}.", None, "mem", i + 1)
+             for i, word in enumerate(["cats", "ships", "rain", "bread", "music", "trains"] * 4)]
+    Index.build(notes, "notes", tmp_path, model=str(tiny_bert), calibrator="none")
+    torch_index = Index.open("notes", tmp_path, device="cpu")
+    onnx_index = Index.open("notes", tmp_path, device="cpu", runtime="onnx")
+    queries = ["a note about rain", "bread and music"]
+    expected = torch_index.search(queries, k=5, mode="dense")
+    got = onnx_index.search(queries, k=5, mode="dense")
+    assert onnx_index.encoder.runtime == "onnx" and torch_index.encoder.runtime == "torch"
+    assert [[hit.doc_id for hit in hits] for hits in got] == [[hit.doc_id for hit in hits] for hits in expected]
