@@ -15,6 +15,8 @@ re-encoding. A failed or killed write loses nothing (see `index_folder`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +37,6 @@ from retriever.calibration import (
     too_few_to_fit,
 )
 from retriever.corpus import Document, check_documents, corpus_format, document_text, iter_corpus
-from retriever.encoder import Encoder
 from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
 from retriever.engines.local import LocalEngine
@@ -61,6 +62,9 @@ from retriever.store.documents import DocumentTable
 from retriever.store.segment import finish_segment
 from retriever.store.vectors import IndexSpec, train_template
 from retriever.writer import IndexWriter, MergePolicy
+
+if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
+    from retriever.encoder import Encoder
 
 
 class Index(Snapshot):

@@ -12,6 +12,8 @@ the index, in one line.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,8 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.calibration import DEFAULT_FIT_SAMPLE, AutoCalibrator, fit_sample_rows, load_calibrator, make_calibrator
-from retriever.encoder import Encoder
+from retriever.calibration import (
+    DEFAULT_FIT_SAMPLE,
+    AutoCalibrator,
+    Calibrator,
+    fit_sample_rows,
+    load_calibrator,
+    loads_torch,
+    make_calibrator,
+    saved_config,
+)
 from retriever.errors import DamagedIndexError, RetrieverError, param
 from retriever.index_folder import (
     damaged_index,
@@ -41,6 +51,9 @@ from retriever.store.keywords import KeywordScorer, QueryMatches
 from retriever.store.segment import Segment
 from retriever.store.vectors import IndexSpec, load_template
 from retriever.text import check_queries
+
+if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
+    from retriever.encoder import Encoder
 
 # How often `open` starts again when the version it resolved is pruned under it (two writes in the meantime).
 OPEN_ATTEMPTS = 5
@@ -123,6 +136,8 @@ class Snapshot:
         self._keyword_scorer: KeywordScorer | None = None
         self._dense_moments: tuple[np.ndarray, np.ndarray] | None = None
         self._lazy_lock = threading.Lock()  # what searches build on first use, built once
+        self._calibrator_lock = threading.Lock()  # its own: what is built under _lazy_lock may need the calibrator
+        self._calibrator: Calibrator | None = None
         if device != "cpu":  # a device this machine lacks is the caller's error, not damage: refused before the guard
             from retriever.device import resolve_device
 
@@ -135,7 +150,10 @@ class Snapshot:
                     self._segments.append(Segment(folder / SEGMENTS / entry.name, segment_spec(entry, self.spec),
                                                   device=device))
             with self._reading(CALIBRATOR, everything=True):
-                self.calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=manifest.encoder["dim"])
+                config = saved_config(folder / CALIBRATOR, expected_dim=manifest.encoder["dim"])
+                # A flow's weights load at first use (they need torch): show, delete, verify... never import it.
+                self._calibrator = (None if loads_torch(config) else
+                                    load_calibrator(folder / CALIBRATOR, expected_dim=manifest.encoder["dim"]))
             with self._reading(TOMBSTONES, everything=True):
                 self.tombstones = (load_npy(folder / TOMBSTONES) if (folder / TOMBSTONES).is_file()
                                    else np.empty(0, dtype=np.int64))
@@ -145,6 +163,16 @@ class Snapshot:
         except BaseException:
             self.close()  # the segments opened before the damage was found
             raise
+
+    @property
+    def calibrator(self) -> Calibrator:
+        """The saved calibrator (a flow's weights are read here, on first use)."""
+        if self._calibrator is None:
+            with self._calibrator_lock, self._reading(CALIBRATOR, everything=True):
+                if self._calibrator is None:
+                    self._calibrator = load_calibrator(self.folder / CALIBRATOR,
+                                                       expected_dim=self.manifest.encoder["dim"])
+        return self._calibrator
 
     @property
     def segments(self) -> list[Segment]:
@@ -240,6 +268,8 @@ class Snapshot:
 
     def load_encoder(self, runtime: str = "torch") -> Encoder:
         """A new instance of the recorded encoder; RUNTIME picks PyTorch or ONNX Runtime for its forward pass."""
+        from retriever.encoder import Encoder
+
         try:
             return Encoder.from_config(self.manifest.encoder, device=self.device, runtime=runtime)
         except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have

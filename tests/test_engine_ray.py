@@ -323,8 +323,10 @@ def test_a_worker_that_keeps_dying_fails_the_build_in_one_line_and_keeps_the_pre
     with ActorKiller(".versions/kept/*.partial/shards/*.npy", tmp_path, after_shards=0,
                      times=WORKER_RESTARTS + 1) as killer:
         with pytest.raises(RetrieverError, match=f"^an encode worker died {WORKER_RESTARTS + 1} times") as failure:
+            # Batches of 100 (12): enough work that no actor finishes the build between two of the killer's looks,
+            # also on a loaded machine.
             Index.build(passages, "kept", tmp_path, model=model, engine="ray", calibrator="none",
-                        ray_options=RayOptions(batch_rows=200))
+                        ray_options=RayOptions(batch_rows=100))
     assert len(killer.killed) == WORKER_RESTARTS + 1
     assert "\n" not in str(failure.value) and "previous index is unchanged" in str(failure.value)
     assert not ray.is_initialized()

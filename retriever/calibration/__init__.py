@@ -13,6 +13,7 @@ import numpy as np
 from retriever.calibration.auto import AutoCalibrator, describe_decision
 from retriever.calibration.base import Calibrator, read_config
 from retriever.calibration.check import CheckSet
+from retriever.calibration.base import FLOW_NAME
 from retriever.calibration.names import COMMON_OPTIONS, VALID_NAMES, fixed_class, make_fixed
 from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.errors import RetrieverError, param
@@ -84,13 +85,26 @@ def too_few_to_fit(calibrator: Calibrator, rows: int, dim: int) -> str | None:
     return why
 
 
-def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Calibrator:
-    """The fitted calibrator saved in folder; refuses one fitted on vectors of another dimension."""
+def saved_config(folder: str | Path, expected_dim: int | None = None) -> dict:
+    """The saved calibrator's config, checked (a name and a dimension, the encoder's): what `load_calibrator`
+    checks before it loads any weights."""
     record = read_config(folder)
     if expected_dim is not None and int(record["dim"]) != expected_dim:
         raise RetrieverError(
             f"calibrator in {folder} was fitted on {record['dim']}-dim vectors, this encoder gives {expected_dim}"
         )
+    return record
+
+
+def loads_torch(config: dict) -> bool:
+    """Whether loading the saved calibrator CONFIG describes needs torch (a flow, or auto's choice of one)."""
+    chosen = (config.get("decision") or {}).get("chosen") if config.get("name") == AutoCalibrator.name else config
+    return isinstance(chosen, dict) and FLOW_NAME.match(str(chosen.get("name", ""))) is not None
+
+
+def load_calibrator(folder: str | Path, expected_dim: int | None = None) -> Calibrator:
+    """The fitted calibrator saved in folder; refuses one fitted on vectors of another dimension."""
+    record = saved_config(folder, expected_dim)
     name = str(record["name"])
     if name == AutoCalibrator.name:
         return AutoCalibrator.load(folder)

@@ -25,7 +25,6 @@ import numpy as np
 
 from retriever.calibration.base import Calibrator, centered_gram, column_mean, read_config
 from retriever.calibration.check import CONFIDENCE, CheckSet, baseline_result, compare, score_queries
-from retriever.calibration.flow import FlowCalibrator
 from retriever.calibration.linear import Identity, Whitening
 from retriever.calibration.names import make_fixed
 from retriever.errors import RetrieverError
@@ -117,6 +116,8 @@ class AutoCalibrator(Calibrator):
             return [], "all vectors are identical: there is no spread to calibrate"
         if dim < MIN_FLOW_DIM:
             return [], f"{dim}-dimensional vectors are too few dimensions for a flow (it needs {MIN_FLOW_DIM})"
+        from retriever.calibration.flow import FlowCalibrator
+
         found: list[Calibrator] = [FlowCalibrator(seed=self.seed, device=self.device)]
         for k in dict.fromkeys(evidence["directions"].values()):
             if MIN_FLOW_DIM <= k < dim:

@@ -8,6 +8,7 @@ applied to every document and query vector before the index L2-normalizes them.
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,9 @@ from retriever.errors import RetrieverError
 CONFIG_FILE = "calibrator.json"
 # Rows per chunk when streaming over X: bounds memory on large memmaps (65,536 x 768 float64 is 400 MB).
 CHUNK_ROWS = 65536
+
+# The names a flow is saved and asked for under: flow, flow-K (whitening-K first), with +lu for LU mixing.
+FLOW_NAME = re.compile(r"^flow(?:-(\d+))?(\+lu)?$")
 
 
 _KINDS: list[type] = []  # every Calibrator subclass, in definition order

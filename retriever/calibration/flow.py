@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from retriever.calibration.base import Calibrator, check_matrix
+from retriever.calibration.base import FLOW_NAME, Calibrator, check_matrix
 from retriever.device import resolve_device
 from retriever.errors import RetrieverError
 
@@ -42,10 +42,6 @@ SMALL_TRANSFORM = 2048
 PERMUTATIONS = ("reverse", "random")
 MIXINGS = ("none", "lu")
 _LOG_2PI = math.log(2 * math.pi)
-
-
-# The names a flow is saved and asked for under: flow, flow-K (whitening-K first), with +lu for LU mixing.
-FLOW_NAME = re.compile(r"^flow(?:-(\d+))?(\+lu)?$")
 
 
 class LossWeights(NamedTuple):

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import inspect
 
-from retriever.calibration.base import Calibrator
-from retriever.calibration.flow import FLOW_NAME, FlowCalibrator
+from retriever.calibration.base import FLOW_NAME, Calibrator
 from retriever.calibration.linear import make_linear
 from retriever.errors import RetrieverError
 
@@ -19,12 +18,16 @@ VALID_NAMES = "auto, flow, flow-K, flow+lu, flow-K+lu, whitening, whitening-K, s
 # Options every calibrator accepts so callers can pass them uniformly; linear calibrators are deterministic
 # numpy code and need neither.
 COMMON_OPTIONS = ("seed", "device")
+# The flow module (and torch with it) is imported only when a flow is made or loaded: commands that read an index's
+# documents or files never pay for torch.
 
 
 def make_fixed(name: str, **options) -> Calibrator:
     """An unfitted calibrator of a fixed kind (any name but `auto`); keyword options configure the flow."""
     flow_k = FLOW_NAME.match(name)
     if flow_k is not None:
+        from retriever.calibration.flow import FlowCalibrator
+
         if flow_k.group(1) is not None:
             options = {**options, "k": int(flow_k.group(1))}
         if flow_k.group(2) is not None:
@@ -50,6 +53,8 @@ def make_fixed(name: str, **options) -> Calibrator:
 def fixed_class(name: str) -> type[Calibrator] | None:
     """The class that loads a saved calibrator called NAME (not `auto`), or None for an unknown name."""
     if FLOW_NAME.match(name):
+        from retriever.calibration.flow import FlowCalibrator
+
         return FlowCalibrator
     calibrator = make_linear(name)
     return None if calibrator is None else type(calibrator)

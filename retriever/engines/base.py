@@ -18,6 +18,8 @@ saving both, and committing the manifest through the writer (`retriever.writer.I
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -40,13 +42,15 @@ from retriever.build_steps import (
     train_index,
 )
 from retriever.calibration import DEFAULT_CALIBRATOR, DEFAULT_FIT_SAMPLE, Calibrator
-from retriever.encoder import Encoder
 from retriever.errors import RetrieverError
 from retriever.index_folder import refuse_replacing
 from retriever.pipeline import check_set, fit
 from retriever.store.arrays import VectorSource
 from retriever.store.vectors import IndexSpec
 from retriever.writer import IndexWriter
+
+if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
+    from retriever.encoder import Encoder
 
 
 @dataclass

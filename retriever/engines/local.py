@@ -8,6 +8,8 @@ encoder settings continues from there.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -19,7 +21,6 @@ import numpy as np
 from retriever.build_steps import fitted_out_dim, note
 from retriever.calibration import Calibrator
 from retriever.corpus import Document, check_documents, corpus_format, iter_corpus
-from retriever.encoder import Encoder
 from retriever.engines.base import BuildEngine
 from retriever.errors import RetrieverError, param
 from retriever.layout import BUILD_STATE, DOCUMENTS, ENCODED
@@ -39,6 +40,9 @@ from retriever.store.documents import DocumentTable
 from retriever.store.segment import finish_segment
 from retriever.store.vectors import IndexSpec
 from retriever.writer import IndexWriter
+
+if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
+    from retriever.encoder import Encoder
 
 
 @dataclass
@@ -115,6 +119,8 @@ class LocalEngine(BuildEngine):
         return state.documents
 
     def load_encoder(self) -> Encoder:
+        from retriever.encoder import Encoder
+
         spec = self.spec
         encoder = self.encoder or Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, spec.device,
                                           spec.dtype, spec.batch_size)
