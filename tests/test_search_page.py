@@ -103,6 +103,15 @@ def test_a_long_text_opens_in_full_on_demand(browser, served):
     item.find_element(By.CSS_SELECTOR, "details summary").click()
     wait.until(expected_conditions.visibility_of(full))
     assert full.text == LONG_TEXT.strip()
+    assert not item.find_element(By.CSS_SELECTOR, ".text").is_displayed()  # the snippet is not repeated above it
+
+
+def test_the_page_before_a_query_says_what_to_do_and_has_an_icon(browser, served):
+    browser.get(served + "/")
+    WebDriverWait(browser, 30).until(lambda driver: driver.find_element(By.ID, "status").text)
+    assert browser.find_element(By.ID, "status").text == "2 indexes served: type a query and press Enter"
+    icon = browser.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
+    assert icon.startswith("data:image/svg+xml")  # inline: the page loads nothing from elsewhere
 
 
 def test_a_blank_query_and_a_server_error_are_shown_not_thrown(browser, served):
