@@ -385,6 +385,8 @@ def add(
     vectors: Annotated[Optional[Path], typer.Option(
         "--vectors", help="their precomputed raw vectors (.npy or folder of shards), made with the index's encoder "
         + default("none: encode them"))] = None,
+    upsert: Annotated[bool, typer.Option(
+        "--upsert", help="replace the documents whose ids are already in the index (else they are refused)")] = False,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
@@ -398,7 +400,7 @@ def add(
     home = _home(index_dir)
     index = Index.open(_pick(home, name, writing=True), home, device=device)
     on_interrupt(UNCHANGED.format(name=index.name))
-    summary = index.add(corpus, encoding, progress=True, vectors=vectors)
+    summary = index.add(corpus, encoding, progress=True, vectors=vectors, upsert=upsert)
     _report("updated", summary, "added")
     if vectors is None:
         _say(f"{count(summary.truncated, 'document')} truncated at the max length")

@@ -154,9 +154,11 @@ class Index(Snapshot):
         return cls.open(name, index_dir, device=device)
 
     def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
-            vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS) -> ChangeSummary:
+            vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS,
+            upsert: bool = False) -> ChangeSummary:
         """Write CORPUS's documents (a corpus file, or a list of Documents) as one new segment, encoded (or taken
-        from VECTORS) and calibrated with the saved calibrator (no refit); every existing segment is reused."""
+        from VECTORS) and calibrated with the saved calibrator (no refit); every existing segment is reused. An id
+        already in the index is refused, or with UPSERT its old document is deleted in the same version."""
         started = time.perf_counter()
         given = list(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents (the server's records)
         if given is None:
@@ -182,7 +184,12 @@ class Index(Snapshot):
             count = ingest(documents, table, first, chunk_rows=chunk_rows)
             if count == 0:
                 raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
-            writer.refuse_existing_ids(table)  # before any encoding
+            # Before any encoding: ids already in the index are refused, or (upsert) replaced in this same version.
+            if upsert:
+                replaced = [document.doc_id for document in writer.existing_ids(table)]
+            else:
+                writer.refuse_existing_ids(table)
+                replaced = []
             table.close()
             timings["read"] = time.perf_counter() - clock
             if source is not None and source.rows != count:
@@ -209,11 +216,14 @@ class Index(Snapshot):
                                   writer.template())
             finish_segment(segment)
             (folder / ENCODED).unlink(missing_ok=True)
+            if replaced:
+                writer.delete(replaced)  # the old documents of those ids: tombstones, in this same version
             writer.add_segment(segment, count)
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
+        notes = ([f"replaced {_documents(len(replaced))} whose ids were already in the index"] if replaced else [])
         return ChangeSummary(self.name, str(final), writer.manifest.documents, count, state.truncated,
-                             time.perf_counter() - started, timings, _merge_notes(writer),
+                             time.perf_counter() - started, timings, notes + _merge_notes(writer),
                              opener=self._opener(final))
 
     def delete(self, doc_ids: Sequence[str]) -> ChangeSummary:

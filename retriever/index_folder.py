@@ -288,8 +288,7 @@ class IndexWriter:
         self.folder = self.versions / f"{self.version}.partial"
         self.resumed = False  # True: the folder holds a killed build's finished work, matched by its resume key
         self.keep_partial = False  # True: leave the partial folder for a later resume (an interrupted build)
-        # The version this write replaces (the writer lock holds it still): kept, so `rollback` can return to it.
-        self.replaced = self.link.resolve() if self.link.is_symlink() else None
+        self.replaced: Path | None = None  # the version the commit replaced: kept, so `rollback` can return to it
 
     def commit(self) -> Path:
         (self.folder / BUILD_STATE).unlink(missing_ok=True)
@@ -298,6 +297,9 @@ class IndexWriter:
         final = self.versions / self.version
         os.rename(self.folder, final)
         _fsync_dir(self.versions)
+        # Read at the swap, under the writer lock: the version current now, which may be newer than the one this
+        # writer was made beside (another write can commit while it waits for the lock).
+        self.replaced = self.link.resolve() if self.link.is_symlink() else None
         self._link(final)
         self.folder = final
         self._after_commit(final)

@@ -20,7 +20,7 @@ One process holds the model and the open indexes, so a query costs milliseconds 
 Endpoints (the contract clients rely on; answers use `retriever.index.search_record` for each query, the same
 JSON as `retriever search --json`): GET /health, GET /indexes, GET /indexes/{name},
 GET /search?q=...&k=10&index=NAME&mode=hybrid, POST /search {"queries": [...], "k": 10, "index": NAME, "mode": ...},
-GET|DELETE /indexes/{name}/documents/{doc_id}, POST /indexes/{name}/documents {"documents": [BEIR records]}.
+GET|DELETE /indexes/{name}/documents/{doc_id}, POST /indexes/{name}/documents {"documents": [BEIR records], "upsert": false}.
 """
 
 from __future__ import annotations
@@ -348,6 +348,7 @@ class SearchRequest(BaseModel):
 class AddRequest(BaseModel):
     documents: list[dict] = Field(..., description=f"BEIR records: _id (or id), text, optional title; at most "
                                                    f"{MAX_DOCUMENTS}")
+    upsert: bool = Field(False, description="replace documents whose ids are already in the index (else 409)")
 
 
 def create_app(index_dir: str | Path | None = None, device: str = "auto", preload: bool = False,
@@ -509,7 +510,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
             raise ApiError(413, f"{len(request.documents):,} documents in one request; at most {MAX_DOCUMENTS:,}")
         documents = await run_in_threadpool(documents_from_records, request.documents)
         async with indexes.using(name) as index:
-            summary = await run_in_threadpool(index.add, documents)
+            summary = await run_in_threadpool(lambda: index.add(documents, upsert=request.upsert))
         # The version the write committed, as written: nothing after the commit may turn it into a failure.
         return JSONResponse({"index": name, "version": Path(summary.folder).name, "added": summary.changed,
                              "documents": summary.documents}, status_code=201)

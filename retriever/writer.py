@@ -22,7 +22,7 @@ import numpy as np
 
 from retriever.build_steps import segment_entry
 from retriever.calibration import Calibrator
-from retriever.errors import ConflictError, NotFoundError, RetrieverError
+from retriever.errors import ConflictError, NotFoundError, RetrieverError, param
 from retriever.index_folder import link_tree, resolve_existing, write_manifest, writing
 from retriever.layout import CALIBRATOR, DOCUMENTS, RAW, ROWIDS, SEGMENTS, TEMPLATE, TOMBSTONES, VECTORS, segment_name
 from retriever.manifest import Manifest, SegmentEntry
@@ -147,20 +147,25 @@ class IndexWriter:
             self._template_loaded = True
         return self._template
 
-    def refuse_existing_ids(self, table: DocumentTable) -> None:
-        """Refuse (one line, before any encoding) TABLE's documents whose ids are already in the index."""
+    def existing_ids(self, table: DocumentTable) -> list:
+        """TABLE's documents whose ids are already live in the index."""
         clashes, batch = [], []
         for _, document in table.documents():
             batch.append(document)
             if len(batch) == 10000:
                 clashes += self._clashing(batch)
                 batch = []
-        clashes += self._clashing(batch)
+        return clashes + self._clashing(batch)
+
+    def refuse_existing_ids(self, table: DocumentTable) -> None:
+        """Refuse (one line, before any encoding) TABLE's documents whose ids are already in the index."""
+        clashes = self.existing_ids(table)
         if clashes:
             shown = ", ".join(f"{d.doc_id!r} (line {d.line})" for d in clashes[:5])
             more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
             noun = "id is" if len(clashes) == 1 else "ids are"
-            raise ConflictError(f"{clashes[0].source}: {len(clashes)} {noun} already in the index: {shown}{more}")
+            raise ConflictError(f"{clashes[0].source}: {len(clashes)} {noun} already in the index: {shown}{more}; "
+                                f"to replace them, add with {param('upsert', True)}")
 
     def _clashing(self, documents: list) -> list:
         found = self.base.live_rowids([d.doc_id for d in documents]) if documents else {}

@@ -288,3 +288,16 @@ def test_search_in_the_raw_space_compares_with_the_calibrated_ranking(built, cli
     assert record["mode"] == "dense" and [r["doc_id"] for r in record["results"]] == [hit.doc_id for hit in raw]
     assert_one_line_error(cli("search", TEXTS[1], "--name", "docs", "--space", "raw", "--mode", "hybrid",
                               "--index-dir", built), "--space raw", "--mode dense only")
+
+
+def test_add_upsert_replaces_taken_ids_and_without_it_says_how(built, cli, tmp_path):
+    again = tmp_path / "again.jsonl"
+    again.write_text(json.dumps({"_id": "docs.txt:1", "text": "A rewritten first note."}) + "\n", encoding="utf-8")
+    assert_one_line_error(cli("add", again, "--name", "docs", "--index-dir", built),
+                          "1 id is already in the index", "add with --upsert")
+    done = cli("add", again, "--name", "docs", "--upsert", "--index-dir", built)
+    assert done.returncode == 0, done.stderr
+    assert "replaced 1 document whose ids were already in the index" in done.stderr
+    shown = json.loads(cli("show", "docs.txt:1", "--name", "docs", "--json", "--index-dir", built).stdout)
+    assert shown["text"] == "A rewritten first note."
+    assert json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["documents"] == len(TEXTS)

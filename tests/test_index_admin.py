@@ -218,3 +218,24 @@ def test_failed_and_killed_writers_leave_nothing_behind(tmp_path, tiny_bert, hel
     stray.symlink_to(".versions/kept/20260101T000000000000-abcdef")
     Index.open("kept", tmp_path).delete(["dog"])  # the next write of the name tidies it too
     assert not stray.is_symlink()
+
+
+def test_add_with_upsert_replaces_the_documents_whose_ids_are_taken(tmp_path, tiny_bert):
+    from retriever import Document, Index
+    from retriever.errors import ConflictError
+
+    def notes(ids, about):
+        return [Document(doc_id, f"A note about {about} number {doc_id}.", None, "mem", n + 1)
+                for n, doc_id in enumerate(ids)]
+
+    Index.build(notes(["a", "b", "c"], "cats"), "notes", tmp_path, model=str(tiny_bert), calibrator="none")
+    index = Index.open("notes", tmp_path, device="cpu")
+    with pytest.raises(ConflictError, match=r"already in the index: 'b'.*upsert=True"):
+        index.add(notes(["b", "d"], "ships"))
+    summary = index.add(notes(["b", "d"], "ships"), upsert=True)
+    assert summary.changed == 2 and summary.documents == 4
+    assert any("replaced 1 document" in note for note in summary.notes)
+    after = summary.snapshot()
+    assert len(after) == 4 and "ships" in after.document("b")["text"] and "cats" in after.document("a")["text"]
+    found = [hit.doc_id for hit in after.search("a note about ships number b", k=4, mode="keyword")[0]]
+    assert found.count("b") == 1  # the old document of that id is gone from every search

@@ -211,6 +211,9 @@ def test_bad_search_requests_get_json_errors_with_the_right_status(client, index
 def test_bad_writes_get_json_errors_with_the_right_status(client):
     post = lambda body: client.post("/indexes/notes/documents", json=body)  # noqa: E731
     assert "already in the index" in one_line_error(post({"documents": [{"_id": "d1", "text": "again"}]}), 409)
+    replaced = post({"documents": [{"_id": "d1", "text": "again, replaced"}], "upsert": True})
+    assert replaced.status_code == 201 and replaced.json()["added"] == 1
+    assert client.get("/indexes/notes/documents/d1").json()["document"]["text"] == "again, replaced"
     assert 'missing "text"' in one_line_error(post({"documents": [{"_id": "x"}]}), 400)
     assert "empty text" in one_line_error(post({"documents": [{"_id": "x", "text": "  "}]}), 400)
     assert "duplicate ids" in one_line_error(post({"documents": [{"_id": "x", "text": "a"}, {"_id": "x", "text": "b"}]}), 400)
