@@ -144,12 +144,17 @@ def _print_tables(report) -> None:
         f"{settings['model']} · {pooling} · max_length {settings['max_length']} · {settings['dtype']} · "
         f"fit on {settings['fit_on']} · seed {settings['seed']}"
     )
-    headers, rows = score_table(report.results)
-    note = "Spearman x100 of cosine vs gold on test splits (STS-12..16: wmean and all); QNLI: ROC-AUC x100 on dev"
-    _print_table(console, title, headers, rows, note)
+    # STS and QNLI here, under their caption; retrieval's nDCG only in its own table below, shown once.
+    scored = [record for record in report.results if record["metric"] in ("spearman", "auc")]
+    if scored:
+        headers, rows = score_table(scored)
+        note = ("Spearman x100 of cosine vs gold on test splits (STS-12..16: wmean and all); QNLI: ROC-AUC x100 on "
+                "dev")
+        _print_table(console, title, headers, rows, note)
     headers, rows = retrieval_table(report.results)
     if rows:
-        _print_table(console, "Retrieval through the index (BEIR metrics)", headers, rows,
+        heading = "Retrieval through the index (BEIR metrics)"
+        _print_table(console, heading if scored else f"{title} · {heading}", headers, rows,
                      "x100; calibrators fitted on each corpus by the index build; (keyword), (hybrid): that search "
                      "mode on the same index; nDCG@10 ignores a hit identical to the query")
     if report.lexical is not None:

@@ -253,6 +253,8 @@ def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path):
     table = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none",
                     "--cache-dir", tmp_path / "cache", "--max-length", "32")
     assert table.returncode == 0 and "tiny-beir nDCG@10" in table.stdout and "tiny-beir MRR@10" in table.stdout
+    # A retrieval-only run prints one table: its numbers once, under a retrieval caption, not Spearman/AUC's.
+    assert table.stdout.count("tiny-beir nDCG@10") == 1 and "Spearman" not in table.stdout
 
 
 def test_bench_scores_every_search_mode_on_the_same_index(beir_folder, tiny_bert, tmp_path):
