@@ -145,7 +145,8 @@ def environment() -> dict:
 
     import faiss
 
-    return {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "none (smoke run on the CPU)", "cpus": os.cpu_count(), "python": platform.python_version(),
+    return {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "none (smoke run on the CPU)",
+            "cpus": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
             "tokenizers": tokenizers.__version__, "faiss": faiss.__version__, "numpy": np.__version__}
 
@@ -439,7 +440,8 @@ def markdown(data: dict) -> str:
     for name, step in steps.items():
         if name.startswith("encode") and "runs" in step:
             for run in step["runs"]:
-                encode_rows.append(f"| {MODEL_LABELS.get(step['model'], step['model'])} | {step['dtype']} | {run['batch_size']} | "
+                label = MODEL_LABELS.get(step["model"], step["model"])
+                encode_rows.append(f"| {label} | {step['dtype']} | {run['batch_size']} | "
                                    f"{run['build_encode_per_s']:,.0f} | {run['in_memory_per_s']:,.0f} | "
                                    f"{run['ratio_build_to_in_memory']:.2f} | {run['tokenize_only_per_s']:,.0f} | "
                                    f"{run['forward_only_per_s']:,.0f} | "

@@ -15,11 +15,10 @@ re-encoding. A failed or killed write loses nothing (see `index_folder`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 

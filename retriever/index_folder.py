@@ -331,7 +331,7 @@ def _point(link: Path, final: Path) -> None:
 
 
 def _prune_versions(versions: Path, current: Path, replaced: Path | None) -> None:
-    """The retention rule: KEEP_VERSIONS, the current version and the one it replaced; older ones are removed."""
+    """The retention rule (KEEP_VERSIONS): the current version and the one it replaced; the others are removed."""
     for path in versions.iterdir():
         if path.is_dir() and not path.name.endswith(".partial") and path not in (current, replaced):
             shutil.rmtree(path, ignore_errors=True)
@@ -373,8 +373,8 @@ def refuse_replacing(index_dir: str | Path, name: str) -> None:
         what = f" ({manifest.documents:,} documents, written {written.isoformat(timespec='seconds')})"
     except (OSError, RetrieverError, KeyError, TypeError):
         pass  # a damaged index is still one the build would replace
-    raise ConflictError(f"index '{name}' exists{what}; building it again replaces it: pass {param('replace', True)} (its "
-                        f"current version is kept, and rollback restores it), or choose another {param('name')}")
+    raise ConflictError(f"index '{name}' exists{what}; building it again replaces it: pass {param('replace', True)} "
+                        f"(its current version is kept, and rollback restores it), or choose another {param('name')}")
 
 
 def rollback(index_dir: str | Path, name: str, version: str) -> Path:

@@ -20,7 +20,8 @@ One process holds the model and the open indexes, so a query costs milliseconds 
 Endpoints (the contract clients rely on; answers use `retriever.index.search_record` for each query, the same
 JSON as `retriever search --json`): GET /health, GET /indexes, GET /indexes/{name},
 GET /search?q=...&k=10&index=NAME&mode=hybrid, POST /search {"queries": [...], "k": 10, "index": NAME, "mode": ...},
-GET|DELETE /indexes/{name}/documents/{doc_id}, POST /indexes/{name}/documents {"documents": [BEIR records], "upsert": false}.
+GET|DELETE /indexes/{name}/documents/{doc_id},
+POST /indexes/{name}/documents {"documents": [BEIR records], "upsert": false}.
 """
 
 from __future__ import annotations
@@ -461,7 +462,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         async with indexes.using(name) as index:
             if index.raw_space(space, mode):
                 mode = "dense"
-                hits = await run_in_threadpool(lambda: index.search_raw(index.encoder.encode(texts), k))
+                hits = await run_in_threadpool(lambda: index.search(texts, k, space="raw"))
             else:
                 mode = index.resolve_mode(mode)
                 hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, (*options[:3], mode,

@@ -12,13 +12,12 @@ the index, in one line.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -18,14 +18,13 @@ saving both, and committing the manifest through the writer (`retriever.writer.I
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
