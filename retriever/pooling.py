@@ -8,10 +8,12 @@ layer and averaging, since both are linear.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from retriever.errors import RetrieverError, param
+
+if TYPE_CHECKING:  # torch loads where tensors are pooled: reading a pooling setting (a build from vectors) needs none
+    import torch
 
 POOLING_MODES = ("cls", "last-avg", "last2-avg", "first-last-avg")
 
@@ -67,6 +69,8 @@ class Pooling:
 
 def masked_mean(states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Mean over the tokens where attention_mask is 1. states (b, t, d), mask (b, t) -> (b, d) in float32."""
+    import torch
+
     mask = attention_mask.unsqueeze(-1).to(states.dtype)
     summed = (states * mask).sum(dim=1, dtype=torch.float32)
     return summed / attention_mask.sum(dim=1, keepdim=True).clamp(min=1).to(torch.float32)
@@ -74,6 +78,8 @@ def masked_mean(states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
 
 def pool(pooling: Pooling, outputs, attention_mask: torch.Tensor, num_hidden_layers: int) -> torch.Tensor:
     """Sentence vectors (b, d) float32 from a transformers model output."""
+    import torch
+
     if pooling.mode == "cls":
         return outputs.last_hidden_state[:, 0].float()
     if not pooling.needs_hidden_states:

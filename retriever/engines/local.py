@@ -23,6 +23,7 @@ from retriever.corpus import Document, check_documents, corpus_format, iter_corp
 from retriever.engines.base import BuildEngine
 from retriever.errors import RetrieverError, param
 from retriever.layout import BUILD_STATE, DOCUMENTS, ENCODED
+from retriever.model_card import DeferredEncoder, ModelCard
 from retriever.pipeline import (
     CHUNK_ROWS,
     BuildState,
@@ -117,18 +118,28 @@ class LocalEngine(BuildEngine):
                                  f"{_count(state.documents, 'document')} in {self._label()}; row i must be document i")
         return state.documents
 
-    def load_encoder(self) -> Encoder:
-        from retriever.encoder import Encoder
-
+    def load_encoder(self) -> Encoder | DeferredEncoder:
+        """The spec's encoder; from precomputed vectors, one that loads its model only if text is encoded
+        (pseudo-queries, example queries): its record and dimension come from the model's files."""
         spec = self.spec
-        encoder = self.encoder or Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, spec.device,
-                                          spec.dtype, spec.batch_size)
-        self.encoder = encoder
+        if self.encoder is None and self._source is not None:
+            card = ModelCard.read(spec.model)
+            if card is not None:
+                record = card.encoder_config(spec.pooling, spec.layers, spec.max_length, spec.dtype)
+                self.encoder = DeferredEncoder(record, self._new_encoder)
+        encoder = self.encoder = self.encoder or self._new_encoder()
         source = self._source
         if source is not None and source.dim != encoder.dim:
             raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; {encoder.model_name} "
                                  f"gives {encoder.dim}")
         return encoder
+
+    def _new_encoder(self) -> Encoder:
+        from retriever.encoder import Encoder
+
+        spec = self.spec
+        return Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, spec.device, spec.dtype,
+                       spec.batch_size)
 
     def encode(self, writer: IndexWriter, encoder: Encoder) -> tuple[VectorSource, int]:
         clock = time.perf_counter()

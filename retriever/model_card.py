@@ -1,0 +1,162 @@
+"""What an encoder will be, read from its model's files without loading it.
+
+A build from precomputed vectors (`--vectors`) encodes nothing, unless it makes pseudo-queries or fits on example
+queries; it still needs the encoder's record for the manifest (model, pooling, layers, max_length, dtype, dim) and
+the dimension to check the vectors against. Loading the model for that costs seconds and hundreds of MB (torch,
+transformers, the weights): here the same record comes from `config.json`, `sentence_bert_config.json` and
+`tokenizer_config.json`, and `DeferredEncoder` loads the real encoder only when text is encoded.
+
+The record must equal what `Encoder(...).config()` gives (the tests compare them). Where the files do not say
+enough to be sure (a model type whose position count is not known here, a hub name not in the local cache) there
+is no card, and the encoder is loaded as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from retriever.errors import RetrieverError, param
+from retriever.models import DEFAULT_MODEL, MAX_LENGTH_CAP, resolve_model_path
+from retriever.pooling import Pooling
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from retriever.encoder import Encoder
+
+# Model types whose usable positions are known from config.json alone: how many of max_position_embeddings the
+# model's own embeddings leave usable (RoBERTa-style models count positions from padding_idx + 1, BERT's from 0;
+# `retriever.encoder.model_positions` reads the same off a loaded model).
+_POSITIONS_OFFSET: dict[str, Callable[[dict], int]] = {
+    "bert": lambda config: 0,
+    "electra": lambda config: 0,
+    "mpnet": lambda config: int(config.get("pad_token_id", 1)) + 1,
+    "roberta": lambda config: int(config.get("pad_token_id", 1)) + 1,
+    "xlm-roberta": lambda config: int(config.get("pad_token_id", 1)) + 1,
+    "camembert": lambda config: int(config.get("pad_token_id", 1)) + 1,
+}
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """The facts about a model that an encoder's record depends on."""
+
+    name: str  # what the user asked for, recorded in manifests
+    hidden_size: int
+    num_hidden_layers: int
+    positions: int | None  # the longest input its position embeddings take; None: no absolute positions
+    default_max_length: int  # sentence-transformers' max_seq_length, else the tokenizer's limit capped at 512
+
+    @classmethod
+    def read(cls, name: str | None) -> ModelCard | None:
+        """The card of model NAME from its files, or None where they cannot say for sure."""
+        folder = _model_folder(name)
+        if folder is None or not (folder / "config.json").is_file():
+            return None
+        try:
+            config = json.loads((folder / "config.json").read_text())
+            offset = _POSITIONS_OFFSET.get(config.get("model_type", ""))
+            if offset is None or "hidden_size" not in config or "num_hidden_layers" not in config:
+                return None
+            positions = config.get("max_position_embeddings")
+            positions = positions - offset(config) if isinstance(positions, int) and positions > 0 else None
+            return cls(name or DEFAULT_MODEL, int(config["hidden_size"]), int(config["num_hidden_layers"]),
+                       positions, _default_max_length(folder))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def encoder_config(self, pooling: str | None, layers: str | Sequence[int] | None, max_length: int | None,
+                       dtype: str) -> dict:
+        """What `Encoder(model, pooling, layers, max_length, dtype=dtype).config()` gives, with its refusals."""
+        spec = Pooling.parse(pooling, layers)
+        spec.layer_indices(self.num_hidden_layers)  # validates the layers against this model
+        if max_length is not None and max_length < 2:
+            raise RetrieverError(f"{param('max_length')} must be at least 2 tokens (got {max_length})")
+        if self.positions is not None and max_length is not None and max_length > self.positions:
+            raise RetrieverError(f"{param('max_length')} {max_length:,} is more than model '{self.name}' takes: at "
+                                 f"most {self.positions} tokens")
+        length = max_length or self.default_max_length
+        return {
+            "model": self.name,
+            "pooling": spec.mode,
+            "layers": list(spec.layers) if spec.layers else None,
+            "max_length": length if self.positions is None else min(length, self.positions),
+            "dtype": dtype,
+            "dim": self.hidden_size,
+        }
+
+
+class DeferredEncoder:
+    """An encoder known by its record, loaded on first encode. `dim`, `model_name` and `config()` answer from the
+    model card; `encode`, `encode_chunks` and `encode_counting_truncated` load the encoder LOAD makes, check that
+    its record is the card's, and go on with it."""
+
+    def __init__(self, record: dict, load: Callable[[], Encoder]):
+        self._record = record
+        self._load = load
+        self._encoder: Encoder | None = None
+        self.dim: int = record["dim"]
+        self.model_name: str = record["model"]
+
+    @property
+    def loaded(self) -> bool:
+        return self._encoder is not None
+
+    def config(self) -> dict:
+        return dict(self._record)
+
+    def encoder(self) -> Encoder:
+        if self._encoder is None:
+            encoder = self._load()
+            if encoder.config() != self._record:  # the card read the files wrong: never record what was not run
+                raise RetrieverError(f"model '{self.model_name}': its files describe {self._record}, the loaded "
+                                     f"encoder is {encoder.config()}")
+            self._encoder = encoder
+        return self._encoder
+
+    def encode(self, texts: Sequence[str], progress: bool = False, description: str = "Encoding") -> np.ndarray:
+        return self.encoder().encode(texts, progress=progress, description=description)
+
+    def encode_counting_truncated(self, texts: Sequence[str], progress: bool = False,
+                                  description: str = "Encoding") -> tuple[np.ndarray, int]:
+        return self.encoder().encode_counting_truncated(texts, progress=progress, description=description)
+
+    def encode_chunks(self, chunks: Iterable[Sequence[str]], **options):
+        return self.encoder().encode_chunks(chunks, **options)
+
+    def close(self) -> None:
+        if self._encoder is not None:
+            self._encoder.close()
+
+
+def _model_folder(name: str | None) -> Path | None:
+    """The folder holding model NAME's files: the folder itself, the default model's, or a hub name's snapshot in
+    the local Hugging Face cache; None when it is in none of them."""
+    path = resolve_model_path(name)
+    if Path(path).is_dir():
+        return Path(path)
+    try:
+        from huggingface_hub import try_to_load_from_cache  # light: no torch
+        found = try_to_load_from_cache(path, "config.json")
+    except Exception:  # an id huggingface_hub refuses: loading the model gives the one-line error
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _default_max_length(folder: Path) -> int:
+    """`retriever.models.model_max_length` from the files: the tokenizer's limit is its config's model_max_length
+    (transformers' default when absent is unbounded, so the cap applies)."""
+    st_config = folder / "sentence_bert_config.json"
+    if st_config.is_file():
+        value = json.loads(st_config.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    limit = None
+    tokenizer_config = folder / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        limit = json.loads(tokenizer_config.read_text()).get("model_max_length")
+    return int(min(limit or MAX_LENGTH_CAP, MAX_LENGTH_CAP))
