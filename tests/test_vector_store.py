@@ -216,8 +216,9 @@ def test_ids_in_any_order_across_batches():
 
 
 def test_auto_chooses_by_corpus_size_and_memory():
-    assert choose_spec(50_000, 384).type == "flat"
     big_memory, small_memory = 64 * 2**30, 4 * 2**30
+    assert choose_spec(20_000, 384, memory=big_memory).type == "flat"  # exact while a scan is as fast as a walk
+    assert choose_spec(50_000, 768, memory=big_memory).type == "hnsw"  # the graph from the measured crossover on
     graph = choose_spec(1_000_000, 384, memory=big_memory)  # 1.8 GB of vectors and graph in 64 GB
     assert graph.type == "hnsw" and graph.search_ef >= 64 and graph.to_dict()["type"] == "hnsw"
     pq = choose_spec(1_000_000, 384, memory=small_memory)  # would take more than a quarter of 4 GB

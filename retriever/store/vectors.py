@@ -68,9 +68,11 @@ INDEX_KINDS: dict[str, IndexKind] = {kind.name: kind for kind in (
 INDEX_TYPES = ("auto", *INDEX_KINDS)
 BACKENDS = ("auto", "faiss", "torch")
 
-# `auto` keeps exact search up to this many documents: a flat scan of 100k x 384 answers a query in ~15 ms on
-# two cores, and nothing approximate is needed below that.
-FLAT_MAX_DOCUMENTS = 100_000
+# `auto` keeps exact search up to this many documents, and takes the graph above: from here on an hnsw walk at the
+# default settings answers a single query faster than a flat scan, at recall@10 >= 0.95, on every vector set and
+# calibrator measured, 384- and 768-d (benchmarks/results/hnsw_crossover_cpu.md). Below, the two are about even
+# and flat is exact and costs nothing to build.
+FLAT_MAX_DOCUMENTS = 20_000
 # Above it, `auto` takes hnsw while its float vectors and graph take at most this share of the machine's memory,
 # else ivfpq. Not ivf: on calibrated (Gaussianized, isotropic) vectors k-means buckets separate neighbours poorly,
 # so IVF needs a large share of its buckets scanned for recall@10 >= 0.95, while the hnsw graph reaches it at a
