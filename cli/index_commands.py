@@ -273,6 +273,9 @@ def search(
         "--space", **options.choice(("calibrated", "raw")),
         help="raw: rank by the uncalibrated vectors (exact, dense only), to compare with the calibrated ranking")]
         = "calibrated",
+    min_score: Annotated[Optional[float], typer.Option(
+        "--min-score", help="leave out hits whose dense score (cosine) is below this; a query with no good match "
+        "then says so " + default("none"))] = None,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
@@ -295,7 +298,7 @@ def search(
     k = min(k, max(len(index), 1))  # more than the index holds would allocate room for nothing
     mode = "dense" if index.raw_space(space, mode) else index.resolve_mode(mode)
     settings = {"nprobe": nprobe, "ef_search": ef_search, "rerank": rerank, "mode": mode, "fusion": fusion,
-                "weight": weight, "space": space}
+                "weight": weight, "space": space, "min_score": min_score}
     if queries is None:
         batch = [(None, query)]
         results = index.search(query, k, **settings)
@@ -306,14 +309,18 @@ def search(
         if as_json:
             _print_json(search_record(query_id, text, hits, mode))
         else:
-            _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full, mode)
+            _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full, mode, min_score)
 
 
-def _hits_table(title: str, hits, full: bool, mode: str = "dense") -> None:
+def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: float | None = None) -> None:
     """One query's results. A doc id is shown whole, on one line while it fits (it is what `show` and `delete`
     take); the text is a one-line snippet filling the rest of the width, or with FULL all of it, wrapped. Hybrid
     results say where each side ranked them ("3/-": third in the dense list, not in the keyword list)."""
     title = terminal_safe(title)
+    if not hits and min_score is not None:
+        stdout.print(Text(f"{title if full else _snippet(title, stdout.width)}\n  no good match: no hit has a dense "
+                          f"score of at least {min_score:g}"))
+        return
     rows = [(str(hit.rank), f"{hit.score:.3f}", terminal_safe(hit.doc_id)) for hit in hits]
     sides = [f"{hit.dense_rank or '-'}/{hit.keyword_rank or '-'}" for hit in hits] if mode == "hybrid" else None
     rank, score, ids = (max([cell_len(row[i]) for row in rows] + [len(header)])

@@ -55,7 +55,7 @@ from retriever.pipeline import (
     with_queries,
     write_segment_vectors,
 )
-from retriever.snapshot import SearchHit, Snapshot, isotropy, search_record, verify_index
+from retriever.snapshot import SearchHit, Snapshot, at_least, check_min_score, isotropy, search_record, verify_index
 from retriever.store.arrays import VectorSource, vector_source
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import finish_segment
@@ -330,5 +330,6 @@ def _version_opener(folder: Path, name: str, index_dir: Path, device: str):
     return lambda: Index.open_version(folder, name, index_dir, device)
 
 
-__all__ = ["Index", "IndexWriter", "MergePolicy", "SearchHit", "ChangeSummary", "search_record", "verify_index",
+__all__ = ["Index", "IndexWriter", "MergePolicy", "SearchHit", "ChangeSummary", "at_least", "check_min_score",
+           "search_record", "verify_index",
            "document_text", "l2_normalize", "isotropy"]

@@ -49,7 +49,7 @@ from retriever.access import AccessGuard, AccessPolicy
 from retriever.corpus import documents_from_records
 from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
 from retriever.fusion import CANDIDATES
-from retriever.index import Index, SearchHit, search_record
+from retriever.index import Index, SearchHit, at_least, check_min_score, search_record
 from retriever.text import check_queries, check_text
 from retriever.runtimes import resolve_runtime
 from retriever.index_folder import check_name, describe_indexes, list_indexes, resolve_index_dir
@@ -344,6 +344,8 @@ class SearchRequest(BaseModel):
     nprobe: Optional[StrictInt] = Field(None, ge=1)
     ef_search: Optional[StrictInt] = Field(None, ge=1)
     rerank: Optional[StrictInt] = Field(None, ge=1)
+    min_score: Optional[float] = Field(None, ge=-1.0, le=1.0, description="leave out hits whose dense score "
+                                       "(cosine) is below this: no good match, no hits")
 
 
 class AddRequest(BaseModel):
@@ -457,16 +459,19 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                     "search_settings": index.spec.search_settings(), "fit": index.manifest.fit}
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None], k: int, space: str,
-                         options: tuple, mode: str | None) -> Response:
+                         options: tuple, mode: str | None, min_score: float | None = None) -> Response:
         check_search(texts, ids, k)
         async with indexes.using(name) as index:
             if index.raw_space(space, mode):
                 mode = "dense"
+                check_min_score(min_score, mode)
                 hits = await run_in_threadpool(lambda: index.search(texts, k, space="raw"))
             else:
                 mode = index.resolve_mode(mode)
+                check_min_score(min_score, mode)
                 hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, (*options[:3], mode,
                                                                                           *options[3:])))
+            hits = at_least(hits, min_score)
             # Rendered on a worker thread: a large answer must not stall every other request on the event loop.
             return await run_in_threadpool(render_answer, index, texts, ids, hits, k, space, mode)
 
@@ -483,8 +488,11 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         nprobe: Optional[int] = Query(None, ge=1),
         ef_search: Optional[int] = Query(None, ge=1),
         rerank: Optional[int] = Query(None, ge=1),
+        min_score: Optional[float] = Query(None, ge=-1.0, le=1.0, description="leave out hits whose dense score "
+                                           "(cosine) is below this: no good match, no hits"),
     ):
-        return await run_search(index, [q], [None], k, space, (nprobe, ef_search, rerank, fusion, weight), mode)
+        return await run_search(index, [q], [None], k, space, (nprobe, ef_search, rerank, fusion, weight), mode,
+                                min_score)
 
     @app.post("/search")
     async def search_post(request: SearchRequest):
@@ -492,7 +500,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         ids = [None if isinstance(item, str) else item.id for item in request.queries]
         return await run_search(request.index, texts, ids, request.k, request.space,
                                 (request.nprobe, request.ef_search, request.rerank, request.fusion, request.weight),
-                                request.mode)
+                                request.mode, request.min_score)
 
     @app.get("/indexes/{name}/documents/{doc_id:path}")
     async def get_document(name: str, doc_id: str):

@@ -104,6 +104,25 @@ class SearchHit:
     keyword_rank: int | None = None
 
 
+def at_least(found: list[list[SearchHit]], min_score: float | None) -> list[list[SearchHit]]:
+    """FOUND without the hits whose dense score (cosine in the space searched) is below MIN_SCORE: "no good match"
+    is an empty list. Hybrid hits are held to their dense side: the fused score has no fixed scale."""
+    if min_score is None:
+        return found
+    return [[hit for hit in hits if hit.dense_score is not None and hit.dense_score >= min_score] for hits in found]
+
+
+def check_min_score(min_score: float | None, mode: str) -> None:
+    """Refuse a MIN_SCORE that no hit of MODE could be held to."""
+    if min_score is None:
+        return
+    if mode == "keyword":
+        raise RetrieverError(f"{param('min_score')} holds hits to their dense score (a cosine); keyword search has "
+                             f"none: search with {param('mode', 'dense')} or {param('mode', 'hybrid')}")
+    if not -1.0 <= min_score <= 1.0:
+        raise RetrieverError(f"{param('min_score')} is a cosine: between -1 and 1 (got {min_score})")
+
+
 def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], mode: str | None = None) -> dict:
     """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
     server: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", "dense_score", "keyword_score",
@@ -288,8 +307,12 @@ class Snapshot:
     def search(self, queries: str | Sequence[str], k: int = 10, progress: bool = False, nprobe: int | None = None,
                ef_search: int | None = None, rerank: int | None = None, mode: str | None = None,
                fusion: str | None = None, weight: float | None = None,
-               stop_words: bool | None = None, space: str = "calibrated") -> list[list[SearchHit]]:
+               stop_words: bool | None = None, space: str = "calibrated",
+               min_score: float | None = None) -> list[list[SearchHit]]:
         """Top-k documents for each query (a single string gives a one-element list).
+
+        MIN_SCORE: leave out hits whose dense score (cosine) is below it, so that a query with no good match gets
+        fewer hits or none (`at_least`); hybrid hits are held to their dense side, keyword search refuses it.
 
         SPACE "raw": rank by the uncalibrated vectors instead (exact; dense only), to compare with the calibrated
         ranking (`search_raw`).
@@ -302,10 +325,13 @@ class Snapshot:
         queries = [queries] if isinstance(queries, str) else list(queries)
         check_queries(queries)
         if self.raw_space(space, mode):
-            return self.search_raw(self.encoder.encode(queries, progress=progress), k)
+            check_min_score(min_score, "dense")
+            return at_least(self.search_raw(self.encoder.encode(queries, progress=progress), k), min_score)
         mode = self.resolve_mode(mode)
+        check_min_score(min_score, mode)
         vectors = self.embed(queries, progress=progress) if mode != "keyword" else None
-        return self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank, stop_words)
+        return at_least(self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
+                                            stop_words), min_score)
 
     @staticmethod
     def raw_space(space: str, mode: str | None) -> bool:

@@ -301,3 +301,16 @@ def test_add_upsert_replaces_taken_ids_and_without_it_says_how(built, cli, tmp_p
     shown = json.loads(cli("show", "docs.txt:1", "--name", "docs", "--json", "--index-dir", built).stdout)
     assert shown["text"] == "A rewritten first note."
     assert json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["documents"] == len(TEXTS)
+
+
+def test_search_min_score_says_when_nothing_is_a_good_match(built, cli):
+    """--min-score: the table keeps only hits with that cosine or more, and says so when none has it."""
+    done = cli("search", TEXTS[1], "--name", "docs", "--min-score", "0.5", "--json", "--index-dir", built)
+    assert done.returncode == 0, done.stderr
+    kept = json.loads(done.stdout)["results"]
+    assert kept and all(hit["dense_score"] >= 0.5 for hit in kept)
+    none = cli("search", "quarterly tax filing deadlines", "--name", "docs", "--min-score", "0.99",
+               "--index-dir", built)
+    assert none.returncode == 0 and "no good match: no hit has a dense score of at least 0.99" in none.stdout
+    assert_one_line_error(cli("search", TEXTS[1], "--name", "docs", "--mode", "keyword", "--min-score", "0.2",
+                              "--index-dir", built), "--min-score", "keyword search has none")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from retriever.errors import RetrieverError
 from retriever.index import Index
 from retriever.server import MAX_BODY_BYTES, MAX_DOCUMENTS, MAX_K, MAX_QUERIES, create_app
 from tests.helpers import build_notes, documents, one_line_error, write_corpus
@@ -333,3 +334,29 @@ def test_a_hybrid_answer_never_depends_on_what_was_batched_with_it(index_dir):
         batcher.close()
     assert [hit.doc_id for hit in found] == [hit.doc_id for hit in alone]
     assert [hit.score for hit in found] == pytest.approx([hit.score for hit in alone], abs=1e-5)
+
+
+def test_min_score_leaves_out_weak_hits_and_an_empty_answer_means_no_good_match(client, index_dir):
+    """A user asks for a floor on the cosine: every hit left meets it, in every mode that has a dense side; the
+    library, the CLI's path and the server agree; keyword search, which has no cosine, refuses it."""
+    text = documents(120)[7]["text"]
+    index = Index.open("notes", index_dir, device="cpu")
+    for mode in ("dense", "hybrid"):
+        everything = index.search(text, 10, mode=mode)[0]
+        scores = sorted(hit.dense_score for hit in everything)
+        floor = (scores[4] + scores[5]) / 2  # half the hits below, none near it (the server's encoder may differ
+        # from this one in the last digits)
+        kept = index.search(text, 10, mode=mode, min_score=floor)[0]
+        assert [hit.doc_id for hit in kept] == [hit.doc_id for hit in everything if hit.dense_score >= floor]
+        assert 0 < len(kept) < len(everything)
+        served = client.get("/search", params={"q": text, "k": 10, "mode": mode, "min_score": floor}).json()
+        assert [hit["doc_id"] for hit in served["queries"][0]["results"]] == [hit.doc_id for hit in kept]
+    raw = index.search(text, 10, space="raw", min_score=0.5)[0]
+    assert all(hit.dense_score >= 0.5 for hit in raw)
+    nothing = client.post("/search", json={"queries": ["zzz qqq"], "k": 5, "mode": "dense", "min_score": 1.0})
+    assert nothing.json()["queries"][0]["results"] == []
+    assert "min_score" in one_line_error(client.get("/search", params={"q": text, "min_score": 2}), 422)
+    assert "keyword search has none" in one_line_error(
+        client.get("/search", params={"q": text, "mode": "keyword", "min_score": 0.3}), 400)
+    with pytest.raises(RetrieverError, match="between -1 and 1"):
+        index.search(text, 5, min_score=-3)
