@@ -354,6 +354,16 @@ class AddRequest(BaseModel):
     upsert: bool = Field(False, description="replace documents whose ids are already in the index (else 409)")
 
 
+class CreateRequest(BaseModel):
+    name: StrictStr = Field(..., description="the new index's name")
+    documents: list[dict] = Field(..., description=f"BEIR records: _id (or id), text, optional title; at most "
+                                                   f"{MAX_DOCUMENTS} (add more with POST /indexes/NAME/documents)")
+    calibrator: StrictStr = Field("auto", description="as `retriever build --calibrator`")
+    index_type: StrictStr = Field("auto", description="as `retriever build --index-type`")
+    replace: bool = Field(False, description="build over an index of that name (else 409); its current version "
+                                             "is kept for `retriever rollback`")
+
+
 def create_app(index_dir: str | Path | None = None, device: str = "auto", preload: bool = False,
                max_batch: int = MAX_BATCH_QUERIES, runtime: str = "auto",
                access: AccessPolicy | None = None) -> FastAPI:
@@ -512,6 +522,20 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
             return await run_in_threadpool(render, {
                 "index": name, "version": index.folder.name,
                 "document": {key: document.get(key) for key in ("doc_id", "title", "text", "source", "line")}})
+
+    @app.post("/indexes", status_code=201)
+    async def create_index(request: CreateRequest = Body(...)):
+        """Build an index from the documents in the request, with the default model, as `retriever build` does."""
+        check_name(request.name)
+        if len(request.documents) > MAX_DOCUMENTS:
+            raise ApiError(413, f"{len(request.documents):,} documents in one request; at most {MAX_DOCUMENTS:,}: "
+                                "create the index with some and add the rest")
+        documents = await run_in_threadpool(documents_from_records, request.documents)
+        summary = await run_in_threadpool(lambda: Index.build(
+            documents, request.name, indexes.index_dir, calibrator=request.calibrator,
+            index_type=request.index_type, device=indexes.device, replace=request.replace))
+        return JSONResponse({"index": request.name, "version": Path(summary.folder).name,
+                             "documents": summary.documents}, status_code=201)
 
     @app.post("/indexes/{name}/documents", status_code=201)
     async def add_documents(name: str, request: AddRequest = Body(...)):

@@ -360,3 +360,31 @@ def test_min_score_leaves_out_weak_hits_and_an_empty_answer_means_no_good_match(
         client.get("/search", params={"q": text, "mode": "keyword", "min_score": 0.3}), 400)
     with pytest.raises(RetrieverError, match="between -1 and 1"):
         index.search(text, 5, min_score=-3)
+
+
+def test_an_index_is_created_over_http_and_served_at_once(client, index_dir):
+    """POST /indexes builds an index from the request's documents (default model), as `retriever build` does:
+    searchable by the next request; an existing name is a 409 unless replace, which keeps the old version."""
+    records = [{"_id": d["_id"], "title": d["title"], "text": d["text"]} for d in documents(30, prefix="h")]
+    made = client.post("/indexes", json={"name": "fresh", "documents": records, "calibrator": "none"})
+    assert made.status_code == 201, made.text
+    assert made.json()["index"] == "fresh" and made.json()["documents"] == 30
+    found = client.get("/search", params={"q": records[4]["text"], "index": "fresh", "k": 3}).json()
+    assert found["index"] == "fresh" and found["queries"][0]["results"][0]["doc_id"] == "h4"
+    assert "fresh" in [entry["name"] for entry in client.get("/indexes").json()["indexes"]]
+
+    again = client.post("/indexes", json={"name": "fresh", "documents": records[:5], "calibrator": "none"})
+    assert "exists (30 documents" in one_line_error(again, 409)
+    replaced = client.post("/indexes", json={"name": "fresh", "documents": records[:5], "calibrator": "none",
+                                             "replace": True})
+    assert replaced.status_code == 201 and replaced.json()["documents"] == 5
+    assert client.get("/indexes/fresh").json()["documents"] == 5
+    assert len(Index.versions("fresh", index_dir)) == 2  # the replaced version is kept for a rollback
+
+    assert "name" in one_line_error(client.post("/indexes", json={"name": "../out", "documents": records}), 400)
+    assert "calibrator" in one_line_error(client.post("/indexes", json={"name": "x", "documents": records,
+                                                                         "calibrator": "magic"}), 400)
+    assert "record 1" in one_line_error(client.post("/indexes", json={"name": "x", "documents": [{"_id": "a"}]}), 400)
+    too_many = [{"_id": str(i), "text": "t"} for i in range(MAX_DOCUMENTS + 1)]
+    assert "at most" in one_line_error(client.post("/indexes", json={"name": "x", "documents": too_many}), 413)
+    assert not (index_dir / "x").exists() and not (index_dir.parent / "out").exists()

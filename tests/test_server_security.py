@@ -102,6 +102,7 @@ ENDPOINTS = [  # (method, path, JSON body, is a write)
     ("GET", "/indexes/notes/documents/d1", None, False),
     ("POST", "/indexes/notes/documents", {"documents": [{"_id": "new", "text": "a new note"}]}, True),
     ("DELETE", "/indexes/notes/documents/d2", None, True),
+    ("POST", "/indexes", {"name": "made", "documents": [{"_id": "a", "text": "a note"}], "calibrator": "none"}, True),
 ]
 OPEN = [("GET", "/health"), ("GET", "/"), ("GET", "/openapi.json"), ("GET", "/docs"),
         ("GET", "/docs-assets/swagger-ui-bundle.js")]
