@@ -39,6 +39,10 @@ FitQueries = Annotated[Optional[Path], typer.Option(
 Seed = Annotated[Optional[int], typer.Option(
     "--seed", help="seed for the flow's fit (deterministic per seed) " + default("0"))]
 Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+Where = Annotated[Optional[str], typer.Option(
+    "--where", help='only documents this JSON filter selects, e.g. \'{"year": {"$gte": 2020}}\' (equality, $ne, $in, '
+    "$nin, $gt, $gte, $lt, $lte, $exists, $and, $or on metadata and doc_id, title, source, text) "
+    + default("none: every document"))]
 # What an interrupted write leaves: every write builds a new version and swaps it in only when complete.
 UNCHANGED = "index '{name}' is unchanged (the previous version is intact)"
 
@@ -226,7 +230,8 @@ def list_indexes(
     if not records:
         _say(f"no index in {home}; build one with: retriever build CORPUS {index_options(home)}".rstrip())
         return
-    table = Table(title=_plain(f"indexes in {home}"), title_justify="left")
+    stdout.print(_plain(f"indexes in {home}"), soft_wrap=False, overflow="fold")  # a long home folds, whole
+    table = Table()
     # Fits 80 columns: the short fields never wrap; names, a model's folder path and the calibrator's evidence fold.
     table.add_column("name", overflow="fold", min_width=4)
     table.add_column("documents", justify="right", no_wrap=True, min_width=9)
@@ -234,6 +239,7 @@ def list_indexes(
     table.add_column("type", no_wrap=True, min_width=5)
     table.add_column("written (UTC)", no_wrap=True, min_width=16)
     table.add_column("calibrator", overflow="fold", min_width=10)
+    fields = [record for record in records if record.get("fields")]
     for record in records:
         written = datetime.fromisoformat(record["written"]).strftime("%Y-%m-%d %H:%M")
         if "problem" in record:
@@ -245,6 +251,8 @@ def list_indexes(
         table.add_row(_plain(record["name"]), f"{record['documents']:,}", _plain(record["model"]),
                       _plain(record["index_type"]), written, _plain(calibrator))
     stdout.print(table)
+    for record in fields:  # under the table: a column would not fit 80 columns
+        stdout.print(_plain(f"'{record['name']}' metadata fields (--where): {', '.join(record['fields'])}"))
 
 
 def search(
@@ -273,6 +281,7 @@ def search(
         "--space", **options.choice(("calibrated", "raw")),
         help="raw: rank by the uncalibrated vectors (exact, dense only), to compare with the calibrated ranking")]
         = "calibrated",
+    where: Where = None,
     min_score: Annotated[Optional[float], typer.Option(
         "--min-score", help="leave out hits whose dense score (cosine) is below this; a query with no good match "
         "then says so " + default("none"))] = None,
@@ -298,7 +307,7 @@ def search(
     k = min(k, max(len(index), 1))  # more than the index holds would allocate room for nothing
     mode = "dense" if index.raw_space(space, mode) else index.resolve_mode(mode)
     settings = {"nprobe": nprobe, "ef_search": ef_search, "rerank": rerank, "mode": mode, "fusion": fusion,
-                "weight": weight, "space": space, "min_score": min_score}
+                "weight": weight, "space": space, "min_score": min_score, "where": where}
     if queries is None:
         batch = [(None, query)]
         results = index.search(query, k, **settings)
@@ -356,7 +365,7 @@ def show(
         help="DOC_ID (the index by --name, or the latest), or INDEX DOC_ID", show_default=False, metavar="[INDEX] DOC_ID")],
     name: options.IndexName = None,
     as_json: Annotated[bool, typer.Option(
-        "--json", help='print {"doc_id", "title", "text", "source", "line"} instead of a table')] = False,
+        "--json", help='print {"doc_id", "title", "text", "source", "line", "metadata"} instead of a table')] = False,
     index_dir: options.IndexDir = None,
 ) -> None:
     """Show one stored document in full: id, title, text, and the file and line it came from.
@@ -374,15 +383,18 @@ def show(
     row = opened.document(doc_id)
     if row is None:
         raise RetrieverError(f"no document {doc_id!r} in index '{index}'")
-    record = {key: row[key] for key in ("doc_id", "title", "text", "source", "line")}
+    record = {key: row[key] for key in ("doc_id", "title", "text", "source", "line", "metadata")}
     if as_json:
         _print_json(record)
         return
+    metadata = record.pop("metadata") or {}
     table = Table(show_header=False, title=_plain(f"index '{index}'"), title_justify="left")
     table.add_column("field", no_wrap=True, style="bold")
     table.add_column("value", overflow="fold")
     for key, value in record.items():
         table.add_row("id" if key == "doc_id" else key, _plain("" if value is None else str(value)))
+    for key, value in metadata.items():  # as JSON: a number and the same digits as text read differently
+        table.add_row(_plain(key), _plain(json.dumps(value, ensure_ascii=False)), style="dim")
     stdout.print(table)
 
 
@@ -414,11 +426,13 @@ def add(
 
 
 def delete(
-    doc_ids: Annotated[list[str], typer.Argument(help="document ids to remove", show_default=False)],
+    doc_ids: Annotated[Optional[list[str]], typer.Argument(help="document ids to remove", show_default=False)] = None,
     name: options.IndexName = None,
+    where: Where = None,
     index_dir: options.IndexDir = None,
 ) -> None:
-    """Delete documents by id, all or nothing (searches skip them at once; compaction drops them).
+    """Delete documents by id, all or nothing, or every document a --where filter selects (searches skip them at
+    once; compaction drops them).
 
     Waits while another process writes the same index."""
     from retriever.index import Index
@@ -426,7 +440,7 @@ def delete(
     home = _home(index_dir)
     index = Index.open(_pick(home, name, writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
-    _report("updated", index.delete(doc_ids), "removed")
+    _report("updated", index.delete(doc_ids, where=where), "removed")
 
 
 def compact(
@@ -682,6 +696,7 @@ def info(
         ("search modes", ", ".join(details["search_modes"]) + f"; default {details['default_mode']}"
                          + ("" if details["default_mode"] == "hybrid" else
                             " (no keyword index: `retriever compact` adds one)")),
+        ("metadata fields", ", ".join(details["metadata_fields"]) or "none"),
         ("created", manifest["created"] + (f", refitted {manifest['refitted']}" if "refitted" in manifest else "")),
         ("versions", ", ".join(f"{k} {v}" for k, v in manifest["versions"].items())),
     ]

@@ -4,9 +4,11 @@ Formats, picked by extension:
 
 - ``.txt``: one document per non-blank line; the id is ``FILE:LINE`` (file name, 1-based line number), so
   documents added later from another ``.txt`` file do not clash with the first file's.
-- ``.jsonl``: one JSON object per line, BEIR layout: ``_id`` (or ``id``), ``text``, optional ``title``.
-- ``.csv`` / ``.tsv``: a header row naming ``id`` and ``text`` (optional ``title``); ``.tsv`` fields are not
-  quoted (a tab or newline cannot occur inside one), ``.csv`` follows the usual quoting rules.
+- ``.jsonl``: one JSON object per line, BEIR layout: ``_id`` (or ``id``), ``text``, optional ``title``, optional
+  ``metadata`` (an object of named strings, numbers, booleans or nulls: `retriever.metadata`).
+- ``.csv`` / ``.tsv``: a header row naming ``id`` and ``text`` (optional ``title``); every other column is
+  metadata, typed (numbers stay numbers, an empty field is absent). ``.tsv`` fields are not quoted (a tab or
+  newline cannot occur inside one), ``.csv`` follows the usual quoting rules.
 - Any of these gzipped (``corpus.jsonl.gz``), decompressed as a stream.
 
 Ids are always strings (a JSON id ``7`` becomes ``"7"``). Every problem with the input raises
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import TextIO
 
 from retriever.errors import RetrieverError, param
+from retriever.metadata import check_key, check_metadata, typed_field
 from retriever.text import check_text, describe_invalid, escape_undecodable, invalid_character
 
 CORPUS_FORMATS = (".txt", ".jsonl", ".csv", ".tsv")
@@ -55,6 +58,7 @@ class Document:
     title: str | None
     source: str  # the file the document was read from
     line: int  # 1-based line where the document starts in that file
+    metadata: dict | None = None  # named scalar values to filter on (`retriever.metadata`); None: none
 
 
 def document_text(document: Document) -> str:
@@ -254,7 +258,8 @@ def _record_document(record: object, where: str, path: Path, number: int) -> Doc
         raise RetrieverError(f'{where}: missing "_id" (or "id")')
     if "text" not in record:
         raise RetrieverError(f'{where}: missing "text"')
-    return _document(record[key], record["text"], record.get("title"), where, path, number)
+    return _document(record[key], record["text"], record.get("title"), where, path, number,
+                     check_metadata(record.get("metadata"), where))
 
 
 def _json_problem(error: json.JSONDecodeError) -> str:
@@ -295,6 +300,11 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Do
             raise RetrieverError(f"{path} line 1: header lacks column {lacking} (found {found})")
         id_at, text_at = columns.index("id"), columns.index("text")
         title_at = columns.index("title") if "title" in columns else None
+        # Every other column is metadata, under its header as written (stripped).
+        extra = [(at, check_key(header[at].strip(), f"{path} line 1")) for at, name in enumerate(columns)
+                 if name not in ("id", "text", "title")]
+        if len({key for _, key in extra}) != len(extra):
+            raise RetrieverError(f"{path} line 1: two columns have the same name")
 
         start = reader.line_num + 1  # a quoted field can span lines; report the line a row starts on
         for row in reader:
@@ -306,13 +316,16 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Do
                 fields = f"{len(row)} field{'' if len(row) == 1 else 's'}"
                 raise RetrieverError(f"{where}: {fields}, the header has {len(columns)}")
             title = row[title_at] if title_at is not None else None
-            yield _document(row[id_at], row[text_at], title, where, path, number)
+            metadata = {key: value for at, key in extra if (value := typed_field(row[at])) is not None}
+            yield _document(row[id_at], row[text_at], title, where, path, number,
+                            check_metadata(metadata, where) if metadata else None)
     except csv.Error as error:
         kind = "tsv" if delimiter == "\t" else "csv"
         raise RetrieverError(f"{path} line {reader.line_num}: malformed {kind} ({error})") from None
 
 
-def _document(raw_id: object, raw_text: object, raw_title: object, where: str, path: Path, line: int) -> Document:
+def _document(raw_id: object, raw_text: object, raw_title: object, where: str, path: Path, line: int,
+              metadata: dict | None = None) -> Document:
     # bool is an int subclass; true/false as an id is almost certainly a mistake.
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
         raise RetrieverError(f"{where}: id must be a string or an integer, got {_shown(raw_id)}")
@@ -330,7 +343,7 @@ def _document(raw_id: object, raw_text: object, raw_title: object, where: str, p
     if raw_title is not None and not isinstance(raw_title, str):
         raise RetrieverError(f'{where}: "title" must be a string, got {_shown(raw_title)}')
     title = check_text(raw_title.strip(), f'{where}: "title"') if raw_title else None
-    return Document(doc_id=doc_id, text=text, title=title or None, source=str(path), line=line)
+    return Document(doc_id=doc_id, text=text, title=title or None, source=str(path), line=line, metadata=metadata)
 
 
 def _shown(value: object) -> str:

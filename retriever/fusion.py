@@ -74,7 +74,10 @@ class ListZScore(Fusion):
             listed = scores[ranks > 0]
             if len(listed) == 0:
                 return np.zeros(len(scores))
-            return (scores - listed.mean()) / max(float(listed.std()), 1e-6)
+            spread = float(listed.std())
+            if spread <= 1e-6:  # one listed document (a narrow filter, a rare word): the candidates' spread instead
+                spread = float(scores.std())
+            return (scores - listed.mean()) / max(spread, 1e-6)
         return (weight * standard(candidates.dense, candidates.dense_rank)
                 + (1 - weight) * standard(candidates.keyword, candidates.keyword_rank))
 

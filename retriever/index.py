@@ -40,6 +40,7 @@ from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
 from retriever.engines.local import LocalEngine
 from retriever.errors import RetrieverError, param
+from retriever.filters import parse_where
 from retriever.index_folder import list_versions, resolve_index_dir, rollback
 from retriever.layout import CALIBRATOR, DOCUMENTS, ENCODED, RAW, ROWIDS, SEGMENTS
 from retriever.pipeline import (
@@ -225,14 +226,16 @@ class Index(Snapshot):
                              time.perf_counter() - started, timings, notes + _merge_notes(writer),
                              opener=self._opener(final))
 
-    def delete(self, doc_ids: Sequence[str]) -> ChangeSummary:
-        """Delete documents by id, all or nothing: their row ids become tombstones that searches filter out."""
+    def delete(self, doc_ids: Sequence[str] | None = None, where: str | dict | None = None) -> ChangeSummary:
+        """Delete documents by id, all or nothing, or every document the filter WHERE selects (`retriever.filters`):
+        their row ids become tombstones that searches filter out."""
         started = time.perf_counter()
-        doc_ids = list(dict.fromkeys(doc_ids))
-        if not doc_ids:
-            raise RetrieverError("give at least one document id to delete")
+        doc_ids = list(dict.fromkeys(doc_ids or ()))
+        if bool(doc_ids) == (where is not None):
+            raise RetrieverError(f"give document ids to delete, or {param('where')}, not both")
+        compiled = parse_where(where)
         with self._writer() as writer:
-            removed = writer.delete(doc_ids)
+            removed = writer.delete(doc_ids) if compiled is None else writer.delete_where(compiled)
             final = writer.commit()
         return ChangeSummary(self.name, str(final), writer.manifest.documents, removed,
                              seconds=time.perf_counter() - started, notes=_merge_notes(writer),

@@ -646,7 +646,8 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
         try:
             manifest = read_manifest(link.resolve(), name=name)
             record.update(documents=manifest.documents, model=manifest.encoder["model"],
-                          calibrator=calibrator_label(manifest.calibrator), index_type=str(manifest.index["type"]))
+                          calibrator=calibrator_label(manifest.calibrator), index_type=str(manifest.index["type"]),
+                          fields=manifest.metadata_fields)
             if manifest.calibrator_fallback:
                 record["calibrator_asked"] = str(manifest.calibrator_fallback["asked"])
         except (RetrieverError, KeyError, TypeError) as error:

@@ -58,11 +58,13 @@ class SegmentEntry:
     rows: int
     deleted: int | None = None  # None: a record from before counts were kept (then counted from the row ids)
     index: str | None = None  # None: the version's index type
+    fields: tuple[str, ...] | None = None  # its documents' metadata keys; None: not recorded yet (set at commit)
 
     def to_record(self) -> dict:
         return {"name": self.name, "rows": self.rows,
                 **({"deleted": self.deleted} if self.deleted is not None else {}),
-                **({"index": self.index} if self.index is not None else {})}
+                **({"index": self.index} if self.index is not None else {}),
+                **({"fields": list(self.fields)} if self.fields is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,11 @@ class Manifest:
     files: dict[str, FileEntry] = field(default_factory=dict)
     checksum: str | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def metadata_fields(self) -> list[str]:
+        """The metadata keys its segments' documents have (as recorded; a segment of before metadata: none yet)."""
+        return sorted({key for entry in self.segments for key in (entry.fields or ())})
 
     @classmethod
     def from_record(cls, record: Any, label: str = "index") -> Manifest:
@@ -185,11 +192,14 @@ def record_checksum(record: dict) -> str:
 
 def _segment(entry: Any, damaged) -> SegmentEntry:
     if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and type(entry.get("rows")) is int
-            and type(entry.get("deleted", 0)) is int and isinstance(entry.get("index", ""), str)):
+            and type(entry.get("deleted", 0)) is int and isinstance(entry.get("index", ""), str)
+            and isinstance(entry.get("fields", []), list) and all(isinstance(f, str) for f in entry.get("fields", []))):
         raise damaged("has a malformed 'segments' list")
     if not SEGMENT_NAME.fullmatch(entry["name"]):  # written by hand: followed, '../x' would reach outside
         raise damaged(f"names a segment {entry['name'][:40]!r}, which is not a segment's name")
-    return SegmentEntry(entry["name"], entry["rows"], entry.get("deleted"), entry.get("index"))
+    fields = entry.get("fields")
+    return SegmentEntry(entry["name"], entry["rows"], entry.get("deleted"), entry.get("index"),
+                        tuple(fields) if fields is not None else None)
 
 
 def _list(value: Any, damaged) -> list:

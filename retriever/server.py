@@ -48,6 +48,7 @@ import numpy as np
 from retriever.access import AccessGuard, AccessPolicy
 from retriever.corpus import documents_from_records
 from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
+from retriever.filters import FilterError, parse_where
 from retriever.fusion import CANDIDATES
 from retriever.index import Index, SearchHit, at_least, check_min_score, search_record
 from retriever.text import check_queries, check_text
@@ -98,6 +99,8 @@ def status_of(error: RetrieverError) -> int:
         return 404
     if isinstance(error, ConflictError):
         return 409
+    if isinstance(error, FilterError):
+        return 422  # a well-formed request whose filter cannot be compiled, like any other invalid field
     return 400
 
 
@@ -310,10 +313,11 @@ class SearchBatcher:
     def _search(jobs: list[_Job]) -> None:
         index = jobs[0].index
         k = max(job.k for job in jobs)
-        nprobe, ef_search, rerank, mode, fusion, weight = jobs[0].options
+        nprobe, ef_search, rerank, mode, fusion, weight, where = jobs[0].options
         texts = [text for job in jobs for text in job.queries]
         vectors = None if mode == "keyword" else index.calibrate(np.concatenate([job.raw for job in jobs]))
-        hits = index.search_encoded(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank)
+        hits = index.search_encoded(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
+                                    where=parse_where(where))
         offset = 0
         for job in jobs:
             job.future.set_result([found[: job.k] for found in hits[offset : offset + len(job.queries)]])
@@ -346,6 +350,8 @@ class SearchRequest(BaseModel):
     rerank: Optional[StrictInt] = Field(None, ge=1)
     min_score: Optional[float] = Field(None, ge=-1.0, le=1.0, description="leave out hits whose dense score "
                                        "(cosine) is below this: no good match, no hits")
+    where: Optional[Union[dict, StrictStr]] = Field(None, description='only documents this filter selects, e.g. '
+                                                    '{"year": {"$gte": 2020}} (see the README)')
 
 
 class AddRequest(BaseModel):
@@ -469,18 +475,22 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                     "search_settings": index.spec.search_settings(), "fit": index.manifest.fit}
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None], k: int, space: str,
-                         options: tuple, mode: str | None, min_score: float | None = None) -> Response:
+                         options: tuple, mode: str | None, min_score: float | None = None,
+                         where: dict | str | None = None) -> Response:
         check_search(texts, ids, k)
+        where = parse_where(where)  # a bad filter is the request's error before anything is opened (422)
         async with indexes.using(name) as index:
             if index.raw_space(space, mode):
                 mode = "dense"
                 check_min_score(min_score, mode)
-                hits = await run_in_threadpool(lambda: index.search(texts, k, space="raw"))
+                hits = await run_in_threadpool(lambda: index.search(texts, k, space="raw", where=where))
             else:
                 mode = index.resolve_mode(mode)
                 check_min_score(min_score, mode)
+                # The filter travels as its canonical JSON: requests share a search only with the same filter.
+                key = None if where is None else json.dumps(where.source, sort_keys=True)
                 hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, (*options[:3], mode,
-                                                                                          *options[3:])))
+                                                                                          *options[3:], key)))
             hits = at_least(hits, min_score)
             # Rendered on a worker thread: a large answer must not stall every other request on the event loop.
             return await run_in_threadpool(render_answer, index, texts, ids, hits, k, space, mode)
@@ -500,9 +510,10 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         rerank: Optional[int] = Query(None, ge=1),
         min_score: Optional[float] = Query(None, ge=-1.0, le=1.0, description="leave out hits whose dense score "
                                            "(cosine) is below this: no good match, no hits"),
+        where: Optional[str] = Query(None, description='a JSON filter, e.g. {"year": {"$gte": 2020}}'),
     ):
         return await run_search(index, [q], [None], k, space, (nprobe, ef_search, rerank, fusion, weight), mode,
-                                min_score)
+                                min_score, where)
 
     @app.post("/search")
     async def search_post(request: SearchRequest):
@@ -510,7 +521,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         ids = [None if isinstance(item, str) else item.id for item in request.queries]
         return await run_search(request.index, texts, ids, request.k, request.space,
                                 (request.nprobe, request.ef_search, request.rerank, request.fusion, request.weight),
-                                request.mode, request.min_score)
+                                request.mode, request.min_score, request.where)
 
     @app.get("/indexes/{name}/documents/{doc_id:path}")
     async def get_document(name: str, doc_id: str):
@@ -521,7 +532,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                 raise NotFoundError(f"no document '{doc_id}' in index '{name}'")
             return await run_in_threadpool(render, {
                 "index": name, "version": index.folder.name,
-                "document": {key: document.get(key) for key in ("doc_id", "title", "text", "source", "line")}})
+                "document": {key: document.get(key) for key in ("doc_id", "title", "text", "source", "line",
+                                                                "metadata")}})
 
     @app.post("/indexes", status_code=201)
     async def create_index(request: CreateRequest = Body(...)):

@@ -12,7 +12,9 @@ the index, in one line.
 
 from __future__ import annotations
 
+import json
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ from retriever.calibration import (
     saved_config,
 )
 from retriever.errors import DamagedIndexError, RetrieverError, param
+from retriever.filter_plan import FilterPlan, plan_filtered_search
+from retriever.filters import Filter, parse_where
 from retriever.index_folder import (
     damaged_index,
     read_manifest,
@@ -61,6 +65,8 @@ MODES = ("dense", "keyword", "hybrid")
 # Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py), and whether keyword search leaves out a
 # query's stop words.
 DEFAULT_FUSION, DEFAULT_WEIGHT, DEFAULT_STOP_WORDS = "zscore", 0.7, False
+FILTERS_REMEMBERED = 32  # per opened version: each filter's matching row ids, at most 8 bytes per document
+EXACT_BLOCK = 65536  # documents scored at a time by an exact filtered search
 NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
 
 
@@ -74,6 +80,14 @@ class Ranked:
     keyword_score: float | None = None
     dense_rank: int | None = None
     keyword_rank: int | None = None
+
+
+def _member(rowids: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Which of ROWIDS are in ALLOWED (sorted)."""
+    if not len(allowed):
+        return np.zeros(len(rowids), bool)
+    positions = np.minimum(np.searchsorted(allowed, rowids), len(allowed) - 1)
+    return allowed[positions] == rowids
 
 
 def _ranks(rowids: np.ndarray, listed: np.ndarray) -> np.ndarray:
@@ -102,6 +116,7 @@ class SearchHit:
     keyword_score: float | None = None
     dense_rank: int | None = None
     keyword_rank: int | None = None
+    metadata: dict | None = None
 
 
 def at_least(found: list[list[SearchHit]], min_score: float | None) -> list[list[SearchHit]]:
@@ -126,14 +141,15 @@ def check_min_score(min_score: float | None, mode: str) -> None:
 def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], mode: str | None = None) -> dict:
     """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
     server: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", "dense_score", "keyword_score",
-    "dense_rank", "keyword_rank", "title", "text"}]}; a side that was not searched has null scores and ranks."""
+    "dense_rank", "keyword_rank", "title", "text", "metadata"}]}; a side that was not searched has null scores and
+    ranks, a document without metadata null metadata."""
     def rounded(value: float | None) -> float | None:
         return None if value is None else round(float(value), 6)
     return {"query_id": query_id, "query": query, "mode": mode,
             "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": rounded(h.score),
                          "dense_score": rounded(h.dense_score), "keyword_score": rounded(h.keyword_score),
                          "dense_rank": h.dense_rank, "keyword_rank": h.keyword_rank, "title": h.title,
-                         "text": h.text} for h in hits]}
+                         "text": h.text, "metadata": h.metadata} for h in hits]}
 
 
 class Snapshot:
@@ -153,6 +169,9 @@ class Snapshot:
         self._closed = False
         self._keyword_scorer: KeywordScorer | None = None
         self._dense_moments: tuple[np.ndarray, np.ndarray] | None = None
+        # Filters' matching row ids, by filter, most recent last: a filter is evaluated over every document once
+        # per version, and users repeat theirs.
+        self._matching: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lazy_lock = threading.Lock()  # what searches build on first use, built once
         self._calibrator_lock = threading.Lock()  # its own: what is built under _lazy_lock may need the calibrator
         self._calibrator: Calibrator | None = None
@@ -308,11 +327,13 @@ class Snapshot:
                ef_search: int | None = None, rerank: int | None = None, mode: str | None = None,
                fusion: str | None = None, weight: float | None = None,
                stop_words: bool | None = None, space: str = "calibrated",
-               min_score: float | None = None) -> list[list[SearchHit]]:
+               min_score: float | None = None, where: str | dict | Filter | None = None) -> list[list[SearchHit]]:
         """Top-k documents for each query (a single string gives a one-element list).
 
         MIN_SCORE: leave out hits whose dense score (cosine) is below it, so that a query with no good match gets
         fewer hits or none (`at_least`); hybrid hits are held to their dense side, keyword search refuses it.
+        WHERE: only documents this filter selects (`retriever.filters`: a JSON text or object), in every mode
+        and space; a filter that selects at least k documents always gets k hits.
 
         SPACE "raw": rank by the uncalibrated vectors instead (exact; dense only), to compare with the calibrated
         ranking (`search_raw`).
@@ -324,14 +345,15 @@ class Snapshot:
         NPROBE (ivf, ivfpq), EF_SEARCH (hnsw) and RERANK (ivfpq) override the index's defaults."""
         queries = [queries] if isinstance(queries, str) else list(queries)
         check_queries(queries)
+        where = where if isinstance(where, Filter) else parse_where(where)
         if self.raw_space(space, mode):
             check_min_score(min_score, "dense")
-            return at_least(self.search_raw(self.encoder.encode(queries, progress=progress), k), min_score)
+            return at_least(self.search_raw(self.encoder.encode(queries, progress=progress), k, where), min_score)
         mode = self.resolve_mode(mode)
         check_min_score(min_score, mode)
         vectors = self.embed(queries, progress=progress) if mode != "keyword" else None
         return at_least(self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
-                                            stop_words), min_score)
+                                            stop_words, where), min_score)
 
     @staticmethod
     def raw_space(space: str, mode: str | None) -> bool:
@@ -359,38 +381,66 @@ class Snapshot:
     def search_encoded(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str | None = None,
                        fusion: str | None = None, weight: float | None = None, nprobe: int | None = None,
                        ef_search: int | None = None, rerank: int | None = None,
-                       stop_words: bool | None = None) -> list[list[SearchHit]]:
+                       stop_words: bool | None = None, where: Filter | None = None) -> list[list[SearchHit]]:
         """The one search path (`search`, the server's batches, the benchmarks): TEXTS with their VECTORS already
-        in the index's space (`embed` or `calibrate`; None for keyword search)."""
+        in the index's space (`embed` or `calibrate`; None for keyword search), WHERE a compiled filter."""
         if k < 1:
             raise RetrieverError(f"-k must be at least 1 (got {k})")
         mode = self.resolve_mode(mode)
+        allowed = self.matching(where) if where is not None else None
         if mode == "dense":
-            return self.hits(*self.search_vectors(vectors, k, nprobe, ef_search, rerank))
-        return self._keyword_or_hybrid(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank, stop_words)
+            return self.hits(*self.search_vectors(vectors, k, nprobe, ef_search, rerank, allowed))
+        return self._keyword_or_hybrid(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank, stop_words,
+                                       allowed)
+
+    def matching(self, where: Filter) -> np.ndarray:
+        """The live row ids (int64, ascending) WHERE selects, over every segment; remembered for the version's
+        most recent filters."""
+        key = json.dumps(where.source, sort_keys=True)
+        with self._lazy_lock:
+            if key in self._matching:
+                self._matching.move_to_end(key)
+                return self._matching[key]
+        parts = []
+        for segment in self.segments:
+            with self._reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                parts.append(segment.documents.matching(where))
+        found = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        found = found[~np.isin(found, self.tombstones)] if len(self.tombstones) else found
+        with self._lazy_lock:
+            self._matching[key] = found
+            while len(self._matching) > FILTERS_REMEMBERED:
+                self._matching.popitem(last=False)
+        return found
+
+    def filter_plan(self, matches: int, k: int, nprobe: int | None = None,
+                    ef_search: int | None = None) -> FilterPlan:
+        """How a dense search restricted to MATCHES documents runs (`retriever.filter_plan`)."""
+        return plan_filtered_search(matches, len(self), k, self.spec, ef_search, nprobe)
 
     def _keyword_or_hybrid(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str,
                            fusion: str | None, weight: float | None, nprobe: int | None, ef_search: int | None,
-                           rerank: int | None, stop_words: bool | None) -> list[list[SearchHit]]:
+                           rerank: int | None, stop_words: bool | None,
+                           allowed: np.ndarray | None = None) -> list[list[SearchHit]]:
         scorer = self.keyword_scorer()
         stop_words = DEFAULT_STOP_WORDS if stop_words is None else stop_words
         if mode == "keyword":
             found = []
             for text in texts:
-                rowids, scores = self._keyword_top(self._match(scorer, text, stop_words), k)
+                rowids, scores = self._keyword_top(self._match(scorer, text, stop_words), k, allowed)
                 found.append([Ranked(int(r), float(s), keyword_score=float(s), keyword_rank=rank)
                               for rank, (r, s) in enumerate(zip(rowids.tolist(), scores.tolist()), start=1)])
             return self._ranked_hits(found)
         fuser = make_fusion(fusion or DEFAULT_FUSION)
         weight = check_weight(DEFAULT_WEIGHT if weight is None else weight)
         depth = max(k, CANDIDATES)
-        dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank)
+        dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank, allowed)
         null = self._dense_null(vectors) if fuser.needs_null else [(0.0, 1.0)] * len(texts)
         found = []
         for number, text in enumerate(texts):
             matches = self._match(scorer, text, stop_words)
             candidates = self._candidates(vectors[number], dense_scores[number], dense_ids[number], matches, depth,
-                                          null[number], fuser.needs_null)
+                                          null[number], fuser.needs_null, allowed)
             fused = fuser.scores(candidates, weight)
             found.append([Ranked(int(candidates.rowids[i]), float(fused[i]), float(candidates.dense[i]),
                                  float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
@@ -399,11 +449,12 @@ class Snapshot:
         return self._ranked_hits(found)
 
     def _candidates(self, query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, matches: QueryMatches,
-                    depth: int, dense_null: tuple[float, float], with_null: bool) -> Candidates:
+                    depth: int, dense_null: tuple[float, float], with_null: bool,
+                    allowed: np.ndarray | None = None) -> Candidates:
         """One query's hybrid candidates: the union of the dense top list (DENSE_IDS, DENSE_SCORES) and the keyword
         top DEPTH, each scored on both sides (a dense score as the dense search gave it, or from the stored vector)."""
         listed = dense_ids[dense_ids >= 0]
-        keyword_ids, _ = self._keyword_top(matches, depth)
+        keyword_ids, _ = self._keyword_top(matches, depth, allowed)
         union = np.union1d(listed, keyword_ids)
         dense_rank = _ranks(union, listed)
         dense = np.zeros(len(union), np.float32)
@@ -428,14 +479,19 @@ class Snapshot:
         with self._reading(SEGMENTS):  # damaged keyword files: one line naming the index
             return scorer.match(text, stop_words)
 
-    def _keyword_top(self, matches: QueryMatches, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """The COUNT best keyword matches over all segments: (row ids, BM25 scores), best first."""
+    def _keyword_top(self, matches: QueryMatches, count: int,
+                     allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The COUNT best keyword matches over all segments: (row ids, BM25 scores), best first; with ALLOWED, among
+        those row ids only (every match scored, then filtered: the scores are the unfiltered index's)."""
         with self._reading(SEGMENTS):
-            segments, positions, scores = matches.candidates(count)
+            segments, positions, scores = matches.candidates(count) if allowed is None else matches.every_match()
         rowids = np.empty(len(positions), np.int64)
         for number, segment in enumerate(self.segments):
             mine = segments == number
             rowids[mine] = np.asarray(segment.rowids)[positions[mine]]
+        if allowed is not None:
+            kept = _member(rowids, allowed)
+            rowids, scores = rowids[kept], scores[kept]
         best = top_list(scores, rowids, count)
         return rowids[best], scores[best]
 
@@ -449,18 +505,22 @@ class Snapshot:
         return scores
 
     def _dense_scores(self, query: np.ndarray, rowids: np.ndarray) -> np.ndarray:
-        """Cosines of ROWIDS' vectors with QUERY (in the index's space): the stored vectors a search scores (flat,
-        hnsw), else their raw vectors calibrated as at build (IVF types keep no float vectors)."""
-        scores = np.zeros(len(rowids), np.float32)
+        """Cosines of ROWIDS' vectors with QUERY (in the index's space)."""
+        return self._space_vectors(rowids) @ query if len(rowids) else np.zeros(0, np.float32)
+
+    def _space_vectors(self, rowids: np.ndarray) -> np.ndarray:
+        """ROWIDS' vectors in the index's space: the stored vectors a search scores (flat, hnsw), else their raw
+        vectors calibrated as at build (IVF types keep no float vectors)."""
+        vectors = np.zeros((len(rowids), self.manifest.dim), np.float32)
         for segment in self.segments:
             mine = segment.contains(rowids)
             if mine.any():
                 with self._reading(f"{SEGMENTS}/{segment.name}"):
-                    vectors = segment.vectors.vectors_of(rowids[mine])
-                    if vectors is None:
-                        vectors = l2_normalize(self.calibrator.transform(segment.raw_for(rowids[mine])))
-                    scores[mine] = vectors @ query
-        return scores
+                    found = segment.vectors.vectors_of(rowids[mine])
+                    if found is None:
+                        found = l2_normalize(self.calibrator.transform(segment.raw_for(rowids[mine])))
+                    vectors[mine] = found
+        return vectors
 
     def _dense_null(self, queries: np.ndarray) -> list[tuple[float, float]]:
         """Each query's dense score over every document: mean and standard deviation, from the mean and covariance
@@ -483,7 +543,8 @@ class Snapshot:
         with self._reading(SEGMENTS):
             rows = self._rows(ids)
             return [[SearchHit(rank, rows[r.rowid]["doc_id"], r.score, rows[r.rowid]["title"], rows[r.rowid]["text"],
-                               r.dense_score, r.keyword_score, r.dense_rank, r.keyword_rank)
+                               r.dense_score, r.keyword_score, r.dense_rank, r.keyword_rank,
+                               rows[r.rowid]["metadata"])
                      for rank, r in enumerate(ranked, start=1)] for ranked in found]
 
     def calibrate(self, raw: np.ndarray) -> np.ndarray:
@@ -503,13 +564,15 @@ class Snapshot:
                         break
                     row = rows[rowid]
                     hits.append(SearchHit(len(hits) + 1, row["doc_id"], score, row["title"], row["text"],
-                                          dense_score=score, dense_rank=len(hits) + 1))
+                                          dense_score=score, dense_rank=len(hits) + 1, metadata=row["metadata"]))
                 results.append(hits)
         return results
 
-    def search_raw(self, raw: np.ndarray, k: int) -> list[list[SearchHit]]:
+    def search_raw(self, raw: np.ndarray, k: int, where: Filter | None = None) -> list[list[SearchHit]]:
         """Exact cosine ranking in the uncalibrated space: RAW encoder outputs of queries against every stored raw
-        vector (deleted documents excluded). What the index would return without calibration, to compare with."""
+        vector (deleted documents excluded; with WHERE, only those it selects). What the index would return without
+        calibration, to compare with."""
+        allowed = self.matching(where) if where is not None else None
         queries = l2_normalize(np.asarray(raw, dtype=np.float32))
         best_scores = np.full((len(queries), k), -np.inf, np.float32)
         best_ids = np.full((len(queries), k), -1, np.int64)
@@ -518,7 +581,7 @@ class Snapshot:
             for start in range(0, len(segment), 65536):
                 rowids = np.asarray(segment.rowids[start : start + 65536])
                 block = np.asarray(segment.raw[start : start + 65536], dtype=np.float32)
-                keep = ~np.isin(rowids, self.tombstones)
+                keep = ~np.isin(rowids, self.tombstones) if allowed is None else _member(rowids, allowed)
                 if not keep.any():
                     continue
                 scores = queries @ l2_normalize(block[keep]).T
@@ -531,17 +594,26 @@ class Snapshot:
         return self.hits(best_scores, best_ids)
 
     def search_vectors(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
-                       rerank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                       rerank: int | None = None, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k row ids and scores for calibrated, L2-normalized query vectors, over every segment, deleted
-        documents excluded; rows padded with id -1 where fewer than k documents exist."""
+        documents excluded (with ALLOWED, sorted live row ids: among those only, planned by `filter_plan`); rows
+        padded with id -1 where fewer than k documents exist."""
         if rerank is not None and rerank < 1:
             raise RetrieverError(f"{param('rerank')} must be at least 1 (got {rerank})")
+        if allowed is not None:
+            plan = self.filter_plan(len(allowed), k, nprobe, ef_search)
+            if plan.exact:
+                return self._exact_among(queries, k, allowed)
+            nprobe, ef_search = plan.nprobe or nprobe, plan.ef_search or ef_search
         rerank = rerank if rerank is not None else self.spec.search_rerank
         candidates = k * rerank if self.spec.kind.compressed else k
         all_scores, all_ids = [], []
         for segment in self.segments:
+            include = None if allowed is None else allowed[segment.contains(allowed)]
+            if include is not None and not len(include):
+                continue
             with self._reading(f"{SEGMENTS}/{segment.name}"):
-                scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search)
+                scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search, include)
                 if candidates > k:
                     scores, ids = self._rerank(segment, queries, ids, k)
             all_scores.append(scores)
@@ -551,6 +623,21 @@ class Snapshot:
         scores, ids = np.concatenate(all_scores, axis=1), np.concatenate(all_ids, axis=1)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+    def _exact_among(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k of ALLOWED by exact inner product with their vectors in the index's space, block by block."""
+        best_scores = np.full((len(queries), k), -np.inf, np.float32)
+        best_ids = np.full((len(queries), k), -1, np.int64)
+        for start in range(0, len(allowed), EXACT_BLOCK):
+            rowids = allowed[start : start + EXACT_BLOCK]
+            scores = queries @ self._space_vectors(rowids).T
+            merged_scores = np.concatenate([best_scores, scores], axis=1)
+            merged_ids = np.concatenate([best_ids, np.broadcast_to(rowids, scores.shape)], axis=1)
+            order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
+            best_scores = np.take_along_axis(merged_scores, order, axis=1)
+            best_ids = np.take_along_axis(merged_ids, order, axis=1)
+        best_ids[np.isneginf(best_scores)] = -1
+        return best_scores, best_ids
 
     def _rerank(self, segment: Segment, queries: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact scores for approximate candidates: their raw vectors, calibrated as at build, against the query."""
@@ -704,6 +791,7 @@ class Snapshot:
             "segments": segments,
             "search_backend": self.segments[0].vectors.backend if self.segments else "none",
             "search_settings": self.spec.search_settings(),
+            "metadata_fields": self.manifest.metadata_fields,
             "search_modes": list(MODES) if self.resolve_mode(None) == "hybrid" else ["dense"],
             "default_mode": self.resolve_mode(None),
             "isotropy": measured,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ import numpy as np
 from retriever.build_steps import segment_entry
 from retriever.calibration import Calibrator
 from retriever.errors import ConflictError, NotFoundError, RetrieverError, param
+from retriever.filters import Filter
 from retriever.index_folder import link_tree, resolve_existing, write_manifest, writing
 from retriever.layout import CALIBRATOR, DOCUMENTS, RAW, ROWIDS, SEGMENTS, TEMPLATE, TOMBSTONES, VECTORS, segment_name
 from retriever.manifest import Manifest, SegmentEntry
@@ -95,7 +96,7 @@ class IndexWriter:
                 self.tombstones = base.tombstones
                 self.manifest = base.manifest.replace(segments=tuple(
                     entry if entry.deleted is not None else
-                    SegmentEntry(entry.name, entry.rows, _deleted_rows(base.folder, entry, base.tombstones), entry.index)
+                    replace(entry, deleted=_deleted_rows(base.folder, entry, base.tombstones))
                     for entry in base.manifest.segments))
             self._stack = stack.pop_all()
         return self
@@ -181,10 +182,26 @@ class IndexWriter:
             noun = "id is" if len(missing) == 1 else "ids are"
             raise NotFoundError(f"{len(missing)} {noun} not in the index: {shown}{more}")
         removed = np.fromiter((rowid for rowid, _ in found.values()), dtype=np.int64, count=len(found))
-        newly = np.bincount([position for _, position in found.values()], minlength=len(self.manifest.segments))
+        return self._tombstone(removed, np.array([position for _, position in found.values()], dtype=np.int64))
+
+    def delete_where(self, where: Filter) -> int:
+        """Tombstone every live document WHERE selects (`retriever.filters`); returns how many. None selected
+        is refused: a delete that changes nothing should say so, not commit a version."""
+        removed = self.base.matching(where)
+        removed = removed[~np.isin(removed, self.tombstones)]
+        if not len(removed):
+            raise NotFoundError(f"no document in index '{self.name}' matches the filter; nothing deleted")
+        positions = np.zeros(len(removed), dtype=np.int64)
+        for position, segment in enumerate(self.base.segments):
+            positions[segment.contains(removed)] = position
+        return self._tombstone(removed, positions)
+
+    def _tombstone(self, removed: np.ndarray, positions: np.ndarray) -> int:
+        """Record REMOVED row ids (live, held by the segments at POSITIONS) as deleted."""
+        newly = np.bincount(positions, minlength=len(self.manifest.segments))
         self.tombstones = np.union1d(self.tombstones, removed)
         self.manifest = self.manifest.replace(
-            segments=tuple(SegmentEntry(entry.name, entry.rows, entry.deleted + int(count), entry.index)
+            segments=tuple(replace(entry, deleted=entry.deleted + int(count))
                            for entry, count in zip(self.manifest.segments, newly)),
             documents=self.manifest.documents - len(removed))
         return len(removed)
@@ -257,7 +274,7 @@ class IndexWriter:
                 dim = int(calibrator.transform(np.zeros((1, base.manifest.encoder["dim"]), np.float32)).shape[1])
                 store = VectorStore.create(dim, spec.for_segment(len(old)), template, device="cpu")
             store.save(new / VECTORS)
-            segments.append(segment_entry(new.name, len(old), spec, entry.deleted))
+            segments.append(replace(segment_entry(new.name, len(old), spec, entry.deleted), fields=entry.fields))
         calibrator.save(self.folder / CALIBRATOR)
         if template is not None:
             VectorStore(template, spec).save(self.folder / TEMPLATE)
@@ -276,6 +293,12 @@ class IndexWriter:
             while merge and (names := self.merge_policy.next_merge(self.manifest.segments)):
                 self.merge(names)
                 self.merged += len(names)
+        # Each new segment's metadata keys, read once from its finished table, so `list` shows them from the
+        # manifest alone (a segment of before metadata gets its record at the first write after).
+        self.manifest = self.manifest.replace(segments=tuple(
+            entry if entry.fields is not None else replace(entry, fields=_fields(self.folder, entry))
+            for entry in self.manifest.segments))
+        if self._base is not None:
             path = self.folder / TOMBSTONES
             path.unlink(missing_ok=True)  # a hard link to the previous version's file must not be written through
             if len(self.tombstones):
@@ -285,6 +308,11 @@ class IndexWriter:
         else:
             self.manifest = write_manifest(self.folder, self.manifest)
         return self._version.commit()
+
+
+def _fields(folder: Path, entry: SegmentEntry) -> tuple[str, ...]:
+    with DocumentTable.open(folder / SEGMENTS / entry.name / DOCUMENTS) as table:
+        return tuple(table.metadata_fields())
 
 
 def _deleted_rows(folder: Path, entry: SegmentEntry, tombstones: np.ndarray) -> int:

@@ -116,7 +116,7 @@ def test_show_prints_one_document_in_full(cli, built_home, tmp_path, tiny_bert):
     done = cli("show", "titled", "d-1", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"doc_id": "d-1", "title": "The title", "text": long_text,
-                                       "source": str(corpus), "line": 1}
+                                       "source": str(corpus), "line": 1, "metadata": None}
     table = cli("show", "titled", "d-1")
     assert table.returncode == 0
     words = table.stdout.replace("│", " ").split()

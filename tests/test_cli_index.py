@@ -28,7 +28,7 @@ def test_build_names_the_index_after_the_corpus_and_search_prints_json(built, cl
     assert len(done.stdout.splitlines()) == 1 and set(record) == {"query_id", "query", "mode", "results"}
     assert record["query_id"] is None and record["query"] == TEXTS[2] and record["mode"] == "hybrid"
     hits = record["results"]
-    assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text"}] * 2
+    assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata"}] * 2
     assert hits[0]["doc_id"] == "docs.txt:3" and hits[0]["text"] == TEXTS[2] and hits[0]["rank"] == 1  # FILE:LINE
 
 
@@ -41,7 +41,7 @@ def test_search_queries_file_gives_one_json_line_per_query(built, cli, tmp_path)
     assert [r["query_id"] for r in records] == ["q1", "q2"]
     assert [r["results"][0]["doc_id"] for r in records] == ["docs.txt:1", "docs.txt:4"]
     assert [r["query"] for r in records] == [TEXTS[0], TEXTS[3]]
-    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text"}
+    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata"}
                for r in records)
 
 
@@ -260,7 +260,7 @@ def test_tables_and_help_read_well_at_80_columns(built, cli):
     assert listed.returncode == 0, listed.stderr
     header = next((line for line in listed.stdout.splitlines() if "name" in line), listed.stdout + listed.stderr)
     assert all(column in header for column in ("documents", "model", "type", "written (UTC)", "calibrator")), listed.stdout
-    assert max(len(line) for line in listed.stdout.splitlines()) <= 80
+    assert max(len(line) for line in listed.stdout.splitlines()) <= 80, listed.stdout
     info = subprocess.run([sys.executable, "-m", "cli.main", "info", "--name", "docs", "--index-dir", str(built)],
                           env=env, capture_output=True, text=True, timeout=120)
     folder = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["folder"]
@@ -314,3 +314,30 @@ def test_search_min_score_says_when_nothing_is_a_good_match(built, cli):
     assert none.returncode == 0 and "no good match: no hit has a dense score of at least 0.99" in none.stdout
     assert_one_line_error(cli("search", TEXTS[1], "--name", "docs", "--mode", "keyword", "--min-score", "0.2",
                               "--index-dir", built), "--min-score", "keyword search has none")
+
+
+def test_search_where_and_delete_where_on_the_command_line(tmp_path, tiny_bert, cli):
+    corpus = tmp_path / "pages.csv"
+    corpus.write_text("id,title,text,section,year\n"
+                      "tar,tar,tar creates and extracts archives,1,2019\n"
+                      "gzip,gzip,gzip compresses files,1,2015\n"
+                      "open,open,open a file and return a descriptor,2,2020\n"
+                      "read,read,read from a file descriptor,2,2018\n", encoding="utf-8")
+    index_dir = tmp_path / "indexes"
+    assert cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--index-dir", index_dir).returncode == 0
+    done = cli("search", "a file", "--name", "pages", "--where", '{"section": 2, "year": {"$gte": 2019}}', "--json",
+               "--index-dir", index_dir)
+    assert done.returncode == 0, done.stderr
+    assert [(hit["doc_id"], hit["metadata"]) for hit in json.loads(done.stdout)["results"]] == [
+        ("open", {"section": 2, "year": 2020})]
+    assert_one_line_error(cli("search", "a file", "--name", "pages", "--where", '{"year": {"$after": 1}}',
+                              "--index-dir", index_dir), "--where: field 'year': unknown operator '$after'")
+    shown = cli("show", "tar", "--name", "pages", "--index-dir", index_dir)
+    assert "section" in shown.stdout and "2019" in shown.stdout
+    listed = cli("list", "--index-dir", index_dir)
+    assert "'pages' metadata fields (--where): section, year" in listed.stdout
+    assert cli("delete", "--where", '{"section": 1}', "--name", "pages", "--index-dir", index_dir).returncode == 0
+    info = json.loads(cli("info", "--name", "pages", "--json", "--index-dir", index_dir).stdout)
+    assert info["documents"] == 2
+    assert_one_line_error(cli("delete", "--where", '{"section": 1}', "--name", "pages", "--index-dir", index_dir),
+                          "matches the filter; nothing deleted")

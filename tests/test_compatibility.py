@@ -63,3 +63,32 @@ def test_an_index_from_before_keyword_search_searches_dense_and_compaction_adds_
         assert index.resolve_mode(None) == "hybrid"
         hits = index.search("day 7", k=3, mode="keyword")[0]  # no model needed for keywords
         assert hits[0].doc_id == "d7" and hits[0].keyword_rank == 1 and hits[0].dense_score is None
+
+
+def test_an_index_from_before_metadata_filters_on_its_own_fields_and_takes_documents_with_metadata(old_index):
+    """Its document tables have no metadata column: they read as documents without metadata, a filter on metadata
+    selects nothing, one on the document's own fields works, and a write adds documents that have some."""
+    from retriever.corpus import Document
+
+    with Index.open("notes", old_index, device="cpu") as index:
+        assert index.document("d7")["metadata"] is None and index.manifest.metadata_fields == []
+        raw, _ = index.raw_vectors()
+        queries = l2_normalize(index.calibrate(raw[:2]))
+        assert index.search_vectors(queries, 5, allowed=index.matching(_where({"lang": "en"})))[1].max() == -1
+        found = index.search_vectors(queries, 5, allowed=index.matching(_where({"doc_id": {"$in": ["d1", "m2"]}})))
+        wanted = {index.live_rowids(["d1", "m2"])[doc][0] for doc in ("d1", "m2")}
+        assert [set(row[row >= 0].tolist()) for row in found[1]] == [wanted, wanted]
+        extra = np.random.default_rng(0).standard_normal((1, raw.shape[1])).astype(np.float32)
+        added = index.add([Document("tagged", "a note with metadata", None, "new.jsonl", 1, {"lang": "en"})],
+                          vectors=extra)
+    with added.snapshot() as index:
+        assert index.manifest.metadata_fields == ["lang"]
+        assert [int(rowid) for rowid in index.matching(_where({"lang": "en"}))] == [index.manifest.next_rowid - 1]
+        assert index.document("tagged")["metadata"] == {"lang": "en"}
+    verify_index("notes", old_index)
+
+
+def _where(clause: dict):
+    from retriever.filters import parse_where
+
+    return parse_where(clause)

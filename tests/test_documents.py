@@ -27,8 +27,10 @@ def test_get_preserves_order_and_repeats_and_picks_columns(tmp_path):
     table = table_of(tmp_path / "documents.db", "a", "b", "c", "d")
     rows = table.get(np.array([3, 1, 4, 1]))  # any order, repeats allowed (one document hit by two queries)
     assert [row["doc_id"] for row in rows] == ["c", "a", "d", "a"]
-    c = {"rowid": 3, "doc_id": "c", "title": "Title c", "text": "text of c", "source": "corpus.jsonl", "line": 3}
-    b = {"rowid": 2, "doc_id": "b", "title": None, "text": "text of b", "source": "corpus.jsonl", "line": 2}
+    c = {"rowid": 3, "doc_id": "c", "title": "Title c", "text": "text of c", "source": "corpus.jsonl", "line": 3,
+         "metadata": None}
+    b = {"rowid": 2, "doc_id": "b", "title": None, "text": "text of b", "source": "corpus.jsonl", "line": 2,
+         "metadata": None}
     assert rows[0] == c and table.get([2]) == [b]
     assert table.get([2, 1], columns=["doc_id", "title"]) == [
         {"rowid": 2, "doc_id": "b", "title": None},

@@ -28,11 +28,13 @@ QUERIES = ["how do I compress a file", "the meaning of a word", "a verse about t
 
 @pytest.fixture(scope="module")
 def passages(shared_data, tmp_path_factory) -> Path:
-    """1,200 real passages (every 900th of ../shared/data/passages), one BEIR .jsonl file."""
+    """1,200 real passages (every 900th of ../shared/data/passages), one BEIR .jsonl file, each with metadata (a
+    number and a bucket of 7) that every engine must keep."""
     path = tmp_path_factory.mktemp("passages") / "passages.jsonl"
     with gzip.open(shared_data / "passages" / "passages.jsonl.gz", "rt", encoding="utf-8") as source:
         lines = [line for number, line in enumerate(source) if number % 900 == 0][:1200]
-    path.write_text("".join(lines), encoding="utf-8")
+    records = [{**json.loads(line), "metadata": {"n": number, "bucket": number % 7}} for number, line in enumerate(lines)]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
     return path
 
 
@@ -97,6 +99,12 @@ def assert_same_index(built: Index, reference: Index) -> None:
     # The workers' segments carry the same keyword index: keyword search ranks and scores alike.
     assert all(segment.keywords is not None for segment in built.segments)
     assert built.search(QUERIES, k=10, mode="keyword") == reference.search(QUERIES, k=10, mode="keyword")
+    # ... and the same metadata: filtered searches agree, and every hit has its document's own.
+    filtered = built.search(QUERIES, k=10, mode="dense", where={"bucket": 3})
+    expected = reference.search(QUERIES, k=10, mode="dense", where={"bucket": 3})
+    assert [[(hit.doc_id, hit.metadata) for hit in hits] for hits in filtered] == \
+        [[(hit.doc_id, hit.metadata) for hit in hits] for hits in expected]
+    assert all(hit.metadata["bucket"] == 3 and hit.metadata["n"] % 7 == 3 for hits in filtered for hit in hits)
 
 
 @dataclass

@@ -50,7 +50,8 @@ def test_manifest_records_everything_needed_to_reproduce(tiny_index, tiny_bert):
     assert manifest["calibrator"]["name"] == "whitening"
     assert manifest["fit"] == {"sample": len(DOCS), "of": len(DOCS), "seed": 0}
     assert manifest["documents"] == len(DOCS) and manifest["dim"] == 32 and manifest["index"] == {"type": "flat"}
-    assert manifest["segments"] == [{"name": "000001", "rows": len(DOCS), "deleted": 0, "index": "flat"}]
+    assert manifest["segments"] == [{"name": "000001", "rows": len(DOCS), "deleted": 0, "index": "flat",
+                                     "fields": []}]
     assert manifest["next_rowid"] == len(DOCS) + 1
     assert {"torch", "transformers", "faiss-cpu", "numpy", "retriever"} <= set(manifest["versions"])
     segment = {f"segments/000001/{name}" for name in ("vectors.faiss", "documents.db", "raw.npy", "rowids.npy")}

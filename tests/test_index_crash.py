@@ -14,7 +14,7 @@ import pytest
 
 from retriever.index import Index
 from retriever.layout import VERSIONS
-from tests.helpers import sentences, write_jsonl
+from tests.helpers import sentences, write_corpus, write_jsonl
 
 # One process imports the library once, then forks a child for each write; the child SIGKILLs itself at a chosen
 # moment: when the Nth call of a function starts ("before") or returns ("after"). Deterministic, unlike killing
@@ -126,18 +126,28 @@ MOMENTS = {
 def crash_index(tmp_path, tiny_bert):
     """An index of two segments with a deletion, so every write has something to keep."""
     index_dir = tmp_path / "indexes"
-    Index.build(write_jsonl(tmp_path / "base.jsonl", sentences(40)), "crash", index_dir, model=str(tiny_bert),
+    Index.build(with_metadata(tmp_path / "base.jsonl", sentences(40)), "crash", index_dir, model=str(tiny_bert),
                 calibrator="whitening", device="cpu")
-    Index.open("crash", index_dir, device="cpu").add(write_jsonl(tmp_path / "more.jsonl", sentences(5, start=40)))
+    Index.open("crash", index_dir, device="cpu").add(with_metadata(tmp_path / "more.jsonl", sentences(5, start=40)))
     Index.open("crash", index_dir, device="cpu").delete(["d3"])
     return index_dir
+
+
+def with_metadata(path, docs: dict[str, str]):
+    """DOCS as BEIR records whose metadata (the document's number, and whether it is even) every write keeps."""
+    records = [{"_id": doc_id, "text": text, "metadata": {"number": int(doc_id[1:]), "even": int(doc_id[1:]) % 2 == 0}}
+               for doc_id, text in docs.items()]
+    return write_corpus(path, records)
 
 
 def snapshot(index_dir):
     index = Index.open("crash", index_dir, device="cpu")
     index.verify()  # every file re-hashed against the manifest
     queries = list(sentences(45).values())[::4]
-    return len(index), *(index.search(queries, k=5, mode=mode) for mode in ("dense", "keyword", "hybrid"))
+    filtered = index.search(queries, k=5, mode="dense", where={"even": True, "number": {"$lt": 30}})
+    assert all(hit.metadata["even"] and hit.metadata["number"] < 30 for hits in filtered for hit in hits)
+    return (len(index), *(index.search(queries, k=5, mode=mode) for mode in ("dense", "keyword", "hybrid")),
+            filtered, index.manifest.metadata_fields)
 
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
@@ -161,6 +171,7 @@ def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_b
     assert sorted(folder.name for folder in versions.iterdir() if folder.is_dir()) == [previous, current]
     assert [path.name for path in crash_index.iterdir() if path.name != VERSIONS] == ["crash"]
     assert len(Index.open("crash", crash_index, device="cpu")) == before[0] + 2
+    assert snapshot(crash_index)[-1] == ["even", "number"]  # the merges and copies kept every document's metadata
 
 
 # What to patch to kill a build at each of its steps, in order (50 documents in chunks of 10: the build state is

@@ -61,7 +61,7 @@ def test_get_search_answers_in_the_cli_schema_with_the_version(client, index_dir
     first = record["results"][0]
     assert first == {"rank": 1, "doc_id": "d7", "score": first["score"], "dense_score": first["dense_score"],
                      "keyword_score": first["keyword_score"], "dense_rank": 1, "keyword_rank": 1, "title": "note 7",
-                     "text": text}
+                     "text": text, "metadata": None}
     expected = index.search(text, 3)[0]
     assert [hit["doc_id"] for hit in record["results"]] == [hit.doc_id for hit in expected]
     # The server encodes on ONNX Runtime, the library here on PyTorch: the same numbers to float precision.
@@ -310,7 +310,7 @@ def test_a_hybrid_answer_never_depends_on_what_was_batched_with_it(index_dir):
 
     index = Index.open("notes", index_dir, device="cpu")
     texts = [record["text"] for record in documents(120)[:3]]
-    options = (None, None, None, "hybrid", None, None)
+    options = (None, None, None, "hybrid", None, None, None)  # ..., mode, fusion, weight, filter
     alone = index.search(texts[1], k=5, mode="hybrid")[0]
     encode, holding, release = index.encoder.encode, threading.Event(), threading.Event()
 
@@ -388,3 +388,36 @@ def test_an_index_is_created_over_http_and_served_at_once(client, index_dir):
     too_many = [{"_id": str(i), "text": "t"} for i in range(MAX_DOCUMENTS + 1)]
     assert "at most" in one_line_error(client.post("/indexes", json={"name": "x", "documents": too_many}), 413)
     assert not (index_dir / "x").exists() and not (index_dir.parent / "out").exists()
+
+
+def test_filters_over_http_get_and_post_and_bad_ones_are_422(tmp_path, tiny_bert):
+    """`where` on GET (JSON in the query string) and POST (an object or a JSON text); every hit keeps to it and
+    carries its metadata; a filter that cannot be compiled, or a hostile one, is a one-line 422 and changes nothing."""
+    records = [{**record, "metadata": {"number": number, "lang": ["en", "de"][number % 2]}}
+               for number, record in enumerate(documents(60))]
+    corpus = write_corpus(tmp_path / "meta.jsonl", records)
+    index_dir = tmp_path / "indexes"
+    Index.build(corpus, "meta", index_dir, model=str(tiny_bert), calibrator="sn", device="cpu")
+    with TestClient(create_app(index_dir, device="cpu"), base_url="http://127.0.0.1") as client:
+        text = records[8]["text"]
+        got = client.get("/search", params={"q": text, "k": 5, "where": '{"lang": "de", "number": {"$lt": 30}}'})
+        hits = got.json()["queries"][0]["results"]
+        assert len(hits) == 5 and all(h["metadata"]["lang"] == "de" and h["metadata"]["number"] < 30 for h in hits)
+        for where in ({"number": {"$in": [3, 5, 7]}}, '{"number": {"$in": [3, 5, 7]}}'):
+            posted = client.post("/search", json={"queries": [text], "k": 10, "mode": "dense", "where": where})
+            assert sorted(h["doc_id"] for h in posted.json()["queries"][0]["results"]) == ["d3", "d5", "d7"]
+        assert client.get("/indexes/meta/documents/d4").json()["document"]["metadata"] == {"number": 4, "lang": "en"}
+        assert "unknown operator '$where'" in one_line_error(
+            client.get("/search", params={"q": text, "where": '{"lang": {"$where": "1"}}'}), 422)
+        assert "not valid JSON" in one_line_error(client.get("/search", params={"q": text, "where": "{lang"}), 422)
+        assert "not a field name" in one_line_error(client.post("/search", json={
+            "queries": [text], "where": {"lang') OR 1=1; DROP TABLE documents; --": "en"}}), 422)
+        sneaky = client.post("/search", json={"queries": [text], "k": 60, "mode": "dense",
+                                               "where": {"lang": "en' OR '1'='1"}})
+        assert sneaky.status_code == 200 and sneaky.json()["queries"][0]["results"] == []
+        added = client.post("/indexes/meta/documents", json={"documents": [
+            {"_id": "new", "text": "a new note", "metadata": {"lang": "fr", "number": 99}}]})
+        assert added.status_code == 201
+        french = client.get("/search", params={"q": "note", "k": 5, "where": '{"lang": "fr"}'}).json()
+        assert [h["doc_id"] for h in french["queries"][0]["results"]] == ["new"]
+        assert client.get("/indexes/meta").json()["documents"] == 61

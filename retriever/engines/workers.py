@@ -112,14 +112,16 @@ def document_columns(documents: Sequence[Document], first_rowid: int) -> dict:
         "text": np.array([d.text for d in documents], dtype=object),
         "source": np.array([d.source for d in documents], dtype=object),
         "line": np.array([d.line for d in documents], dtype=np.int64),
+        "metadata": np.array([json.dumps(d.metadata) if d.metadata else "" for d in documents], dtype=object),
     }
 
 
 def column_documents(batch: dict) -> list[Document]:
+    metadata = batch.get("metadata", [""] * len(batch["doc_id"]))  # a batch of before metadata existed: none
     return [Document(doc_id=str(doc_id), text=str(text), title=str(title) if title else None, source=str(source),
-                     line=int(line))
-            for doc_id, title, text, source, line in zip(batch["doc_id"], batch["title"], batch["text"],
-                                                        batch["source"], batch["line"])]
+                     line=int(line), metadata=json.loads(meta) if meta else None)
+            for doc_id, title, text, source, line, meta in zip(batch["doc_id"], batch["title"], batch["text"],
+                                                              batch["source"], batch["line"], metadata)]
 
 
 class EncodeWorker:
@@ -172,7 +174,7 @@ def write_shard(shard_dir: Path, first_rowid: int, documents: Sequence[Document]
     with open(documents_path.with_suffix(".jsonl.partial"), "w", encoding="utf-8") as file:
         for d in documents:
             file.write(json.dumps({"doc_id": d.doc_id, "title": d.title, "text": d.text, "source": d.source,
-                                   "line": d.line}, ensure_ascii=False) + "\n")
+                                   "line": d.line, "metadata": d.metadata}, ensure_ascii=False) + "\n")
     os.replace(documents_path.with_suffix(".jsonl.partial"), documents_path)
     with open(vectors_path.with_suffix(".npy.partial"), "wb") as file:
         np.save(file, np.ascontiguousarray(vectors, dtype=np.float32))

@@ -19,8 +19,9 @@ import numpy as np
 
 from retriever.corpus import Document
 from retriever.errors import DamagedIndexError, RetrieverError
+from retriever.filters import Filter
 
-COLUMNS = ("rowid", "doc_id", "title", "text", "source", "line")
+COLUMNS = ("rowid", "doc_id", "title", "text", "source", "line", "metadata")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (id INTEGER PRIMARY KEY, path TEXT NOT NULL UNIQUE);
@@ -30,7 +31,8 @@ CREATE TABLE IF NOT EXISTS documents (
     title TEXT,
     text TEXT NOT NULL,
     source INTEGER REFERENCES sources(id),
-    line INTEGER
+    line INTEGER,
+    metadata TEXT
 );
 """
 _DOC_ID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS documents_doc_id ON documents (doc_id)"
@@ -39,7 +41,7 @@ _DOC_ID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS documents_doc_id ON documents
 # bound variables.
 _ROWIDS_IN = "d.rowid IN (SELECT value FROM json_each(?))"
 _SELECT = {"rowid": "d.rowid", "doc_id": "d.doc_id", "title": "d.title", "text": "d.text", "source": "s.path",
-           "line": "d.line"}
+           "line": "d.line", "metadata": "d.metadata"}
 _FROM = "documents d LEFT JOIN sources s ON s.id = d.source"
 _SHOWN = 5
 
@@ -50,6 +52,9 @@ class DocumentTable:
         self.path = path
         self.writable = writable
         self._source_ids: dict[str, int] = {}
+        # Tables written before metadata existed have no metadata column: they read as documents without any.
+        self.has_metadata = any(row[1] == "metadata" for row in connection.execute("PRAGMA table_info(documents)"))
+        self._select = {**_SELECT, "metadata": "d.metadata" if self.has_metadata else "NULL"}
 
     @classmethod
     def create(cls, path: str | Path) -> DocumentTable:
@@ -73,6 +78,8 @@ class DocumentTable:
         connection = cls._connect(Path(path), readonly=False)
         connection.execute("PRAGMA journal_mode=OFF")
         connection.execute("PRAGMA synchronous=OFF")
+        if not any(row[1] == "metadata" for row in connection.execute("PRAGMA table_info(documents)")):
+            connection.execute("ALTER TABLE documents ADD COLUMN metadata TEXT")  # a build killed before metadata
         return cls(connection, Path(path), writable=True)
 
     @classmethod
@@ -112,11 +119,11 @@ class DocumentTable:
         if len(rowids) != len(documents):
             raise RetrieverError(f"{len(documents)} documents but {len(rowids)} row ids")
         with self.db:
-            rows = ((rowid, d.doc_id, d.title, d.text, self._source_id(d.source), d.line)
+            rows = ((rowid, d.doc_id, d.title, d.text, self._source_id(d.source), d.line,
+                     json.dumps(d.metadata, ensure_ascii=False) if d.metadata else None)
                     for rowid, d in zip(np.asarray(rowids).tolist(), documents))
-            self.db.executemany(
-                "INSERT INTO documents (rowid, doc_id, title, text, source, line) VALUES (?, ?, ?, ?, ?, ?)", rows
-            )
+            self.db.executemany("INSERT INTO documents (rowid, doc_id, title, text, source, line, metadata) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
     def copy_from(self, other: DocumentTable, dropped: np.ndarray) -> int:
         """Copy OTHER's rows, except the row ids in DROPPED, in row id order (SQLite streams it); returns the count."""
@@ -126,9 +133,10 @@ class DocumentTable:
             with self.db:
                 self.db.execute("INSERT OR IGNORE INTO sources (path) SELECT path FROM other.sources")
                 cursor = self.db.execute(
-                    "INSERT INTO documents (rowid, doc_id, title, text, source, line) "
+                    "INSERT INTO documents (rowid, doc_id, title, text, source, line, metadata) "
                     "SELECT d.rowid, d.doc_id, d.title, d.text, (SELECT m.id FROM main.sources m WHERE m.path = s.path), "
-                    "d.line FROM other.documents d LEFT JOIN other.sources s ON s.id = d.source "
+                    f"d.line, {'d.metadata' if other.has_metadata else 'NULL'} "
+                    "FROM other.documents d LEFT JOIN other.sources s ON s.id = d.source "
                     "WHERE d.rowid NOT IN (SELECT value FROM json_each(?)) ORDER BY d.rowid",
                     (json.dumps(np.asarray(dropped, dtype=np.int64).tolist()),),
                 )
@@ -188,15 +196,34 @@ class DocumentTable:
         wanted = np.asarray(rowids, dtype=np.int64).ravel().tolist()
         selected = ["rowid", *(c for c in columns if c != "rowid")]
         cursor = self.db.execute(
-            f"SELECT {', '.join(_SELECT[c] for c in selected)} FROM {_FROM} WHERE {_ROWIDS_IN}", [json.dumps(wanted)]
+            f"SELECT {', '.join(self._select[c] for c in selected)} FROM {_FROM} WHERE {_ROWIDS_IN}",
+            [json.dumps(wanted)]
         )
         by_rowid = {row[0]: dict(zip(selected, row)) for row in cursor}
+        if "metadata" in selected:
+            for row in by_rowid.values():
+                row["metadata"] = json.loads(row["metadata"]) if row["metadata"] else None
         missing = [r for r in wanted if r not in by_rowid]
         if missing:
             raise DamagedIndexError(
                 f"{self.path}: {len(missing)} vector ids have no document row, e.g. {missing[:_SHOWN]}"
             )
         return [by_rowid[r] for r in wanted]
+
+    def matching(self, where: Filter) -> np.ndarray:
+        """Row ids (int64, ascending) of the documents WHERE selects (`retriever.filters`)."""
+        rows = "documents" if self.has_metadata else "(SELECT *, NULL AS metadata FROM documents)"
+        cursor = self.db.execute(f"SELECT d.rowid FROM {rows} d LEFT JOIN sources s ON s.id = d.source "
+                                 f"WHERE {where.sql} ORDER BY d.rowid", where.parameters)
+        return np.fromiter((row[0] for row in cursor), dtype=np.int64)
+
+    def metadata_fields(self) -> dict[str, int]:
+        """Each metadata key and how many documents have it."""
+        if not self.has_metadata:
+            return {}
+        cursor = self.db.execute("SELECT j.key, count(*) FROM documents d, json_each(d.metadata) j "
+                                 "WHERE d.metadata IS NOT NULL GROUP BY j.key ORDER BY j.key")
+        return dict(cursor.fetchall())
 
     def rowids_for(self, doc_ids: Iterable[str]) -> dict[str, int]:
         """doc_id -> row id for those of DOC_IDS stored here."""
@@ -226,12 +253,12 @@ class DocumentTable:
         last = after_rowid
         while True:
             rows = self.db.execute(
-                f"SELECT d.rowid, d.doc_id, d.text, d.title, s.path, d.line FROM {_FROM} "
+                f"SELECT d.rowid, d.doc_id, d.text, d.title, s.path, d.line, {self._select['metadata']} FROM {_FROM} "
                 "WHERE d.rowid > ? ORDER BY d.rowid LIMIT ?",
                 (last, batch),
             ).fetchall()
             if not rows:
                 return
-            for rowid, doc_id, text, title, source, line in rows:
-                yield rowid, Document(doc_id, text, title, source, line)
+            for rowid, doc_id, text, title, source, line, metadata in rows:
+                yield rowid, Document(doc_id, text, title, source, line, json.loads(metadata) if metadata else None)
             last = rows[-1][0]

@@ -1,0 +1,254 @@
+"""Metadata and filters: what documents carry, the filter language's meaning and refusals, filtered search in every
+index type and mode (no hit outside the filter; k hits whenever k documents match; the exact answer where the plan
+is exact), delete by filter, and an index of before metadata."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from retriever.corpus import Document, read_corpus
+from retriever.errors import RetrieverError
+from retriever.filter_plan import plan_filtered_search
+from retriever.filters import FilterError, parse_where
+from retriever.index import Index
+from retriever.store.documents import DocumentTable
+from retriever.store.vectors import IndexSpec
+from tests.helpers import write_corpus
+
+LANGS = ("en", "de", "fr")
+
+
+def notes(count: int) -> list[Document]:
+    """COUNT documents whose metadata has known selectivities: group = i % 100, lang cycles over 3, even alternates;
+    every tenth has no year."""
+    return [Document(f"n{i}", f"note {i} on {['tea', 'rain', 'ships', 'maps'][i % 4]} and the number {i}", None,
+                     "notes.jsonl", i + 1,
+                     {"group": i % 100, "lang": LANGS[i % 3], "even": i % 2 == 0,
+                      **({"year": 2000 + i % 25} if i % 10 else {})})
+            for i in range(count)]
+
+
+def selected(documents: list[Document], where: dict) -> set[str]:
+    """The ids WHERE selects, by a direct reading of the language (the reference the SQL must equal)."""
+    def holds(metadata: dict, clause: dict) -> bool:
+        for key, condition in clause.items():
+            if key == "$and":
+                if not all(holds(metadata, c) for c in condition):
+                    return False
+                continue
+            if key == "$or":
+                if not any(holds(metadata, c) for c in condition):
+                    return False
+                continue
+            ops = condition if isinstance(condition, dict) else {"$eq": condition}
+            present, value = key in metadata, metadata.get(key)
+            for op, wanted in ops.items():
+                same_kind = present and isinstance(value, bool) == isinstance(wanted, bool) and (
+                    isinstance(value, str) == isinstance(wanted, str))
+                equal = same_kind and value == wanted
+                ok = {"$eq": lambda: equal, "$ne": lambda: not equal,
+                      "$in": lambda: any(same_kind_of(value, present, w) for w in wanted),
+                      "$nin": lambda: not any(same_kind_of(value, present, w) for w in wanted),
+                      "$exists": lambda: present == wanted,
+                      "$gt": lambda: same_kind and value > wanted, "$gte": lambda: same_kind and value >= wanted,
+                      "$lt": lambda: same_kind and value < wanted, "$lte": lambda: same_kind and value <= wanted}[op]()
+                if not ok:
+                    return False
+        return True
+    return {d.doc_id for d in documents if holds(d.metadata or {}, where)}
+
+
+def same_kind_of(value, present: bool, wanted) -> bool:
+    return (present and isinstance(value, bool) == isinstance(wanted, bool)
+            and isinstance(value, str) == isinstance(wanted, str) and value == wanted)
+
+
+WHERES = [
+    {"lang": "en"}, {"group": 7}, {"group": {"$lt": 10}}, {"group": {"$gte": 50}, "lang": {"$ne": "fr"}},
+    {"year": {"$exists": False}}, {"lang": {"$in": ["de", "fr"]}}, {"group": {"$nin": [1, 2, 3]}},
+    {"even": True}, {"$or": [{"group": 1}, {"$and": [{"lang": "de"}, {"group": {"$lte": 3}}]}]},
+    {"year": {"$gt": 2020}}, {"lang": {"$gt": "e"}}, {"year": {"$gt": "2020"}},  # a string against numbers: none
+]
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    path = tmp_path_factory.mktemp("filters") / "documents.db"
+    documents = notes(600)
+    created = DocumentTable.create(path)
+    created.insert(np.arange(1, 601), documents)
+    created.finish()
+    created.close()
+    with DocumentTable.open(path) as opened:
+        yield opened, documents
+
+
+@pytest.mark.parametrize("where", WHERES, ids=[json.dumps(w) for w in WHERES])
+def test_each_filter_selects_what_the_language_says(table, where):
+    opened, documents = table
+    rowids = opened.matching(parse_where(where))
+    assert {documents[rowid - 1].doc_id for rowid in rowids.tolist()} == selected(documents, where)
+
+
+def test_document_fields_are_filterable_too(table):
+    opened, _ = table
+    assert opened.matching(parse_where({"doc_id": {"$in": ["n3", "n5"]}})).tolist() == [4, 6]
+    assert len(opened.matching(parse_where({"source": "notes.jsonl", "title": {"$exists": False}}))) == 600
+
+
+@pytest.mark.parametrize("where,problem", [
+    ('{"lang": ', "not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    ('{"lang": {"$regex": "e"}}', "unknown operator '$regex'"),
+    ('{"$not": {"lang": "en"}}', "unknown operator '$not'"),
+    ('{"group": {"$gt": true}}', "$gt compares with a number or a string"),
+    ('{"group": {"$in": []}}', "$in takes a non-empty list"),
+    ('{"group": {"$in": 3}}', "$in takes a non-empty list"),
+    ('{"group": {"$exists": 1}}', "$exists takes true or false"),
+    ('{"tags": ["a"]}', "compares with a string, number, true/false or null, got a list"),
+    ("{}", "an empty object"),
+    ('{"$or": []}', "$or takes a non-empty list"),
+    ('{"x": {"$eq": NaN}}', "numbers must be finite"),
+])
+def test_a_filter_that_cannot_be_compiled_is_one_line_naming_the_problem(where, problem):
+    with pytest.raises(FilterError, match=None) as caught:
+        parse_where(where)
+    message = str(caught.value)
+    assert problem in message and "\n" not in message and message.startswith("where: ")
+
+
+def test_hostile_keys_and_values_are_parameters_never_sql(table):
+    """The server takes filters from clients: quotes, comments and statements in keys or values either fail to
+    name a field (one line) or are compared as data; the table is untouched."""
+    opened, _ = table
+    for key in ("lang'); DROP TABLE documents; --", 'a"b', "x\\y", "lang[0]", "lang' OR '1'='1"):
+        with pytest.raises(FilterError, match="not a field name"):
+            parse_where({key: 1})
+    for value in ("en' OR '1'='1", "'); DROP TABLE documents; --", '" OR 1=1 --', "%", "*"):
+        assert len(opened.matching(parse_where({"lang": value}))) == 0
+        assert len(opened.matching(parse_where({"lang": {"$ne": value}}))) == 600
+    deep = {"lang": "en"}
+    for _ in range(20):
+        deep = {"$and": [deep]}
+    with pytest.raises(FilterError, match="nested more than"):
+        parse_where(deep)
+    assert opened.count() == 600
+
+
+def test_metadata_from_jsonl_and_typed_csv_columns(tmp_path):
+    jsonl = write_corpus(tmp_path / "c.jsonl", [
+        {"_id": "a", "text": "first", "metadata": {"year": 2019, "lang": "en", "draft": False, "score": 0.5}},
+        {"_id": "b", "text": "second"}])
+    assert [d.metadata for d in read_corpus(jsonl)] == [{"year": 2019, "lang": "en", "draft": False, "score": 0.5},
+                                                         None]
+    table = tmp_path / "c.csv"
+    table.write_text("id,text,year,ratio,code,Page Name\nx,one,2019,0.25,007x,tar\ny,two,,1e3,12,\n",
+                     encoding="utf-8")
+    assert [d.metadata for d in read_corpus(table)] == [
+        {"year": 2019, "ratio": 0.25, "code": "007x", "Page Name": "tar"}, {"ratio": 1000.0, "code": 12}]
+
+
+@pytest.mark.parametrize("metadata,problem", [
+    ([1, 2], '"metadata" must be an object'),
+    ({"title": "x"}, "one of the document's own fields"),
+    ({"a/b": 1}, "is not a field name"),
+    ({"nested": {"a": 1}}, "is an object"),
+    ({"big": 2**70}, "outside 64 bits"),
+])
+def test_bad_metadata_is_one_line_with_the_line(tmp_path, metadata, problem):
+    corpus = write_corpus(tmp_path / "bad.jsonl", [{"_id": "a", "text": "t"}, {"_id": "b", "text": "u",
+                                                                             "metadata": metadata}])
+    with pytest.raises(RetrieverError, match="line 2") as caught:
+        read_corpus(corpus)
+    assert problem in str(caught.value)
+
+
+@pytest.fixture(scope="module", params=["flat", "hnsw", "ivfpq"])
+def filtered_index(request, tmp_path_factory):
+    """3,000 notes with random 48-d vectors (a model-free index: the vectors are given), one index per type."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path_factory.mktemp(f"filtered-{request.param}")
+    documents = notes(3000)
+    vectors = rng.standard_normal((3000, 48)).astype(np.float32)
+    options = {"nlist": 16} if request.param == "ivfpq" else {}
+    Index.build(documents, "f", folder, vectors=vectors, calibrator="none", index_type=request.param,
+                index_options=options, device="cpu", model=str(tiny_model(tmp_path_factory)))
+    return Index.open("f", folder, device="cpu"), documents, rng.standard_normal((12, 48)).astype(np.float32)
+
+
+def tiny_model(tmp_path_factory):
+    """A config-only 48-d BERT folder: builds from vectors read the encoder's record from it, and load nothing."""
+    folder = tmp_path_factory.getbasetemp() / "bert-48"
+    if not (folder / "config.json").is_file():
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({
+            "model_type": "bert", "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 64, "max_position_embeddings": 64, "vocab_size": 100}))
+    return folder
+
+
+@pytest.mark.parametrize("where", [{"group": 7}, {"group": {"$lt": 3}}, {"lang": "en"}, {"even": True},
+                                   {"group": {"$lt": 97}}])
+def test_filtered_dense_search_keeps_to_the_filter_and_returns_k(filtered_index, where):
+    index, documents, queries = filtered_index
+    allowed = selected(documents, where)
+    vectors = index.calibrate(queries)
+    found = index.search_encoded(["q"] * len(queries), vectors, 10, "dense", where=parse_where(where))
+    assert all(len(hits) == min(10, len(allowed)) for hits in found)
+    assert all(hit.doc_id in allowed for hits in found for hit in hits)
+    # Against exact search over the matching documents' vectors: equal where the plan is exact, close otherwise.
+    ids = np.array(sorted(int(doc_id[1:]) + 1 for doc_id in allowed))
+    exact = ids[np.argsort(-(vectors @ index._space_vectors(ids).T), axis=1)[:, :10]]
+    recall = np.mean([len({int(h.doc_id[1:]) + 1 for h in hits} & set(row)) / 10
+                      for hits, row in zip(found, exact.tolist())])
+    plan = index.filter_plan(len(ids), 10)
+    assert recall == 1.0 if plan.exact else recall >= 0.8
+
+
+def test_keyword_hybrid_and_raw_searches_filter_too(filtered_index):
+    index, documents, queries = filtered_index
+    where = {"lang": "de", "group": {"$lt": 40}}
+    allowed = selected(documents, where)
+    keyword = index.search_encoded(["tea rain"], None, 10, "keyword", where=parse_where(where))[0]
+    assert keyword and all(hit.doc_id in allowed for hit in keyword)
+    hybrid = index.search_encoded(["tea rain"], index.calibrate(queries[:1]), 10, "hybrid", where=parse_where(where))
+    assert len(hybrid[0]) == 10 and all(hit.doc_id in allowed for hit in hybrid[0])
+    raw = index.search_raw(queries[:2], 10, parse_where(where))
+    assert all(len(hits) == 10 and all(hit.doc_id in allowed for hit in hits) for hits in raw)
+    assert all(hit.metadata["lang"] == "de" for hit in keyword + hybrid[0])
+
+
+def test_the_plan_scans_few_matches_and_widens_the_ann_for_many():
+    hnsw, ivfpq = IndexSpec(type="hnsw"), IndexSpec(type="ivfpq", nlist=1024)
+    assert plan_filtered_search(500, 1_000_000, 10, hnsw).exact
+    wide = plan_filtered_search(500_000, 1_000_000, 10, hnsw)
+    assert not wide.exact and wide.ef_search == hnsw.search_ef
+    narrower = plan_filtered_search(100_000, 1_000_000, 10, hnsw)
+    assert narrower.exact or narrower.ef_search >= hnsw.search_ef
+    probe = plan_filtered_search(500_000, 1_000_000, 10, ivfpq)
+    assert not probe.exact and ivfpq.search_nprobe < probe.nprobe <= 1024
+    assert plan_filtered_search(20_000, 1_000_000, 10, ivfpq).exact
+    assert plan_filtered_search(3, 10, 10, IndexSpec(type="flat")).exact
+
+
+def test_delete_by_filter_and_fields_in_info_and_list(tmp_path, tmp_path_factory):
+    documents = notes(200)
+    vectors = np.random.default_rng(1).standard_normal((200, 48)).astype(np.float32)
+    summary = Index.build(documents, "d", tmp_path, vectors=vectors, calibrator="none", device="cpu",
+                          model=str(tiny_model(tmp_path_factory)))
+    index = summary.snapshot()
+    assert index.info()["metadata_fields"] == ["even", "group", "lang", "year"]
+    removed = index.delete(where={"lang": "fr"})
+    assert removed.changed == len(selected(documents, {"lang": "fr"})) == 66
+    after = removed.snapshot()
+    assert len(after) == 134 and not len(after.matching(parse_where({"lang": "fr"})))
+    with pytest.raises(RetrieverError, match="matches the filter; nothing deleted"):
+        after.delete(where={"lang": "fr"})
+    with pytest.raises(RetrieverError, match="not both"):
+        after.delete(["n1"], where={"lang": "en"})
+    from retriever.index_folder import describe_indexes
+
+    assert describe_indexes(tmp_path)[0]["fields"] == ["even", "group", "lang", "year"]
