@@ -66,7 +66,6 @@ MODES = ("dense", "keyword", "hybrid")
 # query's stop words.
 DEFAULT_FUSION, DEFAULT_WEIGHT, DEFAULT_STOP_WORDS = "zscore", 0.7, False
 FILTERS_REMEMBERED = 32  # per opened version: each filter's matching row ids, at most 8 bytes per document
-EXACT_BLOCK = 65536  # documents scored at a time by an exact filtered search
 NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
 
 
@@ -600,11 +599,10 @@ class Snapshot:
         padded with id -1 where fewer than k documents exist."""
         if rerank is not None and rerank < 1:
             raise RetrieverError(f"{param('rerank')} must be at least 1 (got {rerank})")
+        exact = False
         if allowed is not None:
             plan = self.filter_plan(len(allowed), k, nprobe, ef_search)
-            if plan.exact:
-                return self._exact_among(queries, k, allowed)
-            nprobe, ef_search = plan.nprobe or nprobe, plan.ef_search or ef_search
+            exact, nprobe, ef_search = plan.exact, plan.nprobe or nprobe, plan.ef_search or ef_search
         rerank = rerank if rerank is not None else self.spec.search_rerank
         candidates = k * rerank if self.spec.kind.compressed else k
         all_scores, all_ids = [], []
@@ -613,7 +611,8 @@ class Snapshot:
             if include is not None and not len(include):
                 continue
             with self._reading(f"{SEGMENTS}/{segment.name}"):
-                scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search, include)
+                scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search, include,
+                                                     exact)
                 if candidates > k:
                     scores, ids = self._rerank(segment, queries, ids, k)
             all_scores.append(scores)
@@ -623,21 +622,6 @@ class Snapshot:
         scores, ids = np.concatenate(all_scores, axis=1), np.concatenate(all_ids, axis=1)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
-
-    def _exact_among(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k of ALLOWED by exact inner product with their vectors in the index's space, block by block."""
-        best_scores = np.full((len(queries), k), -np.inf, np.float32)
-        best_ids = np.full((len(queries), k), -1, np.int64)
-        for start in range(0, len(allowed), EXACT_BLOCK):
-            rowids = allowed[start : start + EXACT_BLOCK]
-            scores = queries @ self._space_vectors(rowids).T
-            merged_scores = np.concatenate([best_scores, scores], axis=1)
-            merged_ids = np.concatenate([best_ids, np.broadcast_to(rowids, scores.shape)], axis=1)
-            order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
-            best_scores = np.take_along_axis(merged_scores, order, axis=1)
-            best_ids = np.take_along_axis(merged_ids, order, axis=1)
-        best_ids[np.isneginf(best_scores)] = -1
-        return best_scores, best_ids
 
     def _rerank(self, segment: Segment, queries: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact scores for approximate candidates: their raw vectors, calibrated as at build, against the query."""

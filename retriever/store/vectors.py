@@ -273,7 +273,7 @@ class VectorStore:
         # An upper bound on the stored ids (None: not computed yet). Row ids only grow, so a batch above it
         # cannot clash and skips the O(ntotal) membership check: adding in many batches stays linear.
         self._id_bound: int | None = None
-        self._sorted_ids: tuple[np.ndarray, np.ndarray] | None = None  # for vectors_of, built on first use
+        self._sorted_ids: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # `_id_order`
 
     @classmethod
     def create(cls, dim: int, index_type: IndexSpec | str = "flat", template: faiss.Index | None = None,
@@ -379,12 +379,14 @@ class VectorStore:
         self._sorted_ids = None
 
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None, nprobe: int | None = None,
-               ef_search: int | None = None, include: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               ef_search: int | None = None, include: np.ndarray | None = None,
+               exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Top-K by inner product: (scores (q, k) float32, ids (q, k) int64), best first.
 
         Ids in EXCLUDE (sorted) are never returned, and k others take their place; with INCLUDE (sorted), only
         those ids are (a filter: the ANN walks the same index and skips the rest, see `retriever.filter_plan` for
-        the breadth it then needs). NPROBE / EF_SEARCH override the spec's defaults for this search. Where fewer
+        the breadth it then needs). NPROBE / EF_SEARCH override the spec's defaults for this search. EXACT (flat
+        and hnsw, with INCLUDE): score every included vector in place instead of walking the graph. Where fewer
         than K vectors are found the row is padded with id -1 and score -inf.
         """
         queries = self._as_matrix(queries, "queries", allow_single=True)
@@ -405,22 +407,45 @@ class VectorStore:
                 return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
         options = _SearchOptions(nprobe or self.spec.search_nprobe, ef_search or self.spec.search_ef, exclude,
                                  include)
-        scores, ids = self._get_searcher().search(queries, k, options)
+        if exact and include is not None and self.spec.kind.graph and self.backend == "faiss-cpu":
+            scores, ids = self._scan_included(queries, k, include)
+        else:
+            scores, ids = self._get_searcher().search(queries, k, options)
         scores[ids < 0] = -np.inf  # faiss pads with -FLT_MAX; one convention for every backend
         return scores, ids
+
+    def _scan_included(self, queries: np.ndarray, k: int, include: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k among INCLUDE in an hnsw store: its flat storage searched with a bitmap of their positions
+        (each included vector scored where it lies: no copy, no graph)."""
+        positions = np.sort(self._positions(include))
+        bits = np.zeros(int(positions[-1]) + 1, dtype=bool)
+        bits[positions] = True
+        bitmap = np.packbits(bits, bitorder="little")
+        selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
+        storage = faiss.downcast_index(faiss.downcast_index(self._index.index).storage)
+        scores, found = storage.search(queries, k, params=faiss.SearchParameters(sel=selector))
+        ids = np.where(found >= 0, self._id_order()[0][np.maximum(found, 0)], -1)
+        return scores, ids
+
+    def _positions(self, ids: np.ndarray) -> np.ndarray:
+        """Where IDS (all held here) lie in insertion order."""
+        _, held, order = self._id_order()
+        return order[np.searchsorted(held, np.asarray(ids, dtype=np.int64))]
+
+    def _id_order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids in insertion order, the same sorted, the positions that sort them), kept until the next add."""
+        if self._sorted_ids is None:
+            held = self.ids()
+            order = np.argsort(held, kind="stable")
+            self._sorted_ids = (held, held[order], order)
+        return self._sorted_ids
 
     def vectors_of(self, ids: np.ndarray) -> np.ndarray | None:
         """The stored float32 vectors of IDS (all of them held here), for the types that keep them (flat, hnsw):
         the very numbers a search scores; None for IVF types."""
         if not self.spec.kind.exact_vectors or self._ivf is not None:
             return None
-        if self._sorted_ids is None:
-            held = self.ids()
-            order = np.argsort(held, kind="stable")
-            self._sorted_ids = (held[order], order)
-        held, order = self._sorted_ids
-        positions = order[np.searchsorted(held, np.asarray(ids, dtype=np.int64))]
-        return np.asarray(self.stored_vectors()[positions])
+        return np.asarray(self.stored_vectors()[self._positions(ids)])
 
     def stored_vectors(self) -> np.ndarray:
         """The float32 vectors of a flat or hnsw store, in insertion order (a view: no copy)."""
