@@ -33,6 +33,7 @@ import re
 import shlex
 import shutil
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -399,6 +400,11 @@ def rollback(index_dir: str | Path, name: str, version: str) -> Path:
     return target
 
 
+# Called with (index name, seconds) each time a writer lock is taken, after however long it waited: a server
+# reports how long its writes queue behind each other (`retriever.metrics`).
+LOCK_WAIT_OBSERVERS: list[Callable[[str, float], None]] = []
+
+
 @contextmanager
 def writer_lock(index_dir: str | Path, name: str, wait: bool = True,
                 busy_hint: str = "wait for it to finish") -> Iterator[None]:
@@ -407,6 +413,7 @@ def writer_lock(index_dir: str | Path, name: str, wait: bool = True,
     WAIT: block until the current holder is done (writes of one name take turns: add, delete, compact, refit);
     else refuse at once with a line naming the holder's pid and BUSY_HINT (build, remove)."""
     versions = Path(index_dir) / VERSIONS / name
+    started = time.perf_counter()
     while True:
         versions.mkdir(parents=True, exist_ok=True)
         # Opened without truncating: the holder's pid must stay readable to a writer that is refused.
@@ -424,6 +431,8 @@ def writer_lock(index_dir: str | Path, name: str, wait: bool = True,
         if _is_lock_file(descriptor, versions / LOCK):
             break
         os.close(descriptor)  # the index was removed while this writer waited: lock the file there now
+    for observe in LOCK_WAIT_OBSERVERS:
+        observe(name, time.perf_counter() - started)
     try:
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)

@@ -49,6 +49,7 @@ from retriever.access import AccessGuard, AccessPolicy
 from retriever.corpus import documents_from_records
 from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
 from retriever.filters import FilterError, parse_where
+from retriever.metrics import RequestMetrics, ServerMetrics
 from retriever.fusion import CANDIDATES
 from retriever.index import Index, SearchHit, at_least, check_min_score, search_record
 from retriever.text import check_queries, check_text
@@ -111,10 +112,12 @@ class OpenIndexes:
     and mapped vectors released) once the last request holding it is answered, so write storms do not pile up
     open descriptors of pruned versions."""
 
-    def __init__(self, index_dir: Path, device: str = "auto", runtime: str = "auto"):
+    def __init__(self, index_dir: Path, device: str = "auto", runtime: str = "auto",
+                 metrics: ServerMetrics | None = None):
         self.index_dir = index_dir
         self.device = device
         self.runtime = runtime
+        self.metrics = metrics
         self._held: dict[str, Index] = {}
         self._encoders: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -141,6 +144,8 @@ class OpenIndexes:
                 index = Index.open(name, self.index_dir, device=self.device)
             except NotFoundError:  # removed: forget the version held
                 self._retire(self._held.pop(name, None))
+                if self.metrics is not None:
+                    self.metrics.forget(name)
                 raise
             key = json.dumps(index.manifest.encoder, sort_keys=True)
             if key not in self._encoders:  # loads the model: once per model for the server's life
@@ -153,6 +158,8 @@ class OpenIndexes:
             previous = self._held.get(name)
             self._held[name] = index
             self._retire(previous)
+            if self.metrics is not None:
+                self.metrics.serving(name, index.folder.name, len(index))
             if previous is not None:
                 log.info("index '%s': now serving version %s (was %s)", name, index.folder.name, previous.folder.name)
             return index
@@ -228,8 +235,9 @@ class _Job:
 class SearchBatcher:
     """Answers searches on one thread, batching every query that queued while the previous batch ran."""
 
-    def __init__(self, max_queries: int = MAX_BATCH_QUERIES):
+    def __init__(self, max_queries: int = MAX_BATCH_QUERIES, metrics: ServerMetrics | None = None):
         self.max_queries = max_queries
+        self.metrics = metrics
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="search-batcher", daemon=True)
         self._thread.start()
@@ -263,6 +271,8 @@ class SearchBatcher:
                 count += len(job.queries)
             self.batches += 1
             self.queries += count
+            if self.metrics is not None:
+                self.metrics.batch.observe(count)
             self._answer(jobs)
 
     def _answer(self, jobs: list[_Job]) -> None:
@@ -378,13 +388,15 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     (auto: ONNX Runtime on CPU when installed, `retriever.onnx_runtime`); ACCESS, the Host names answered and
     the API keys (default: loopback names, no key)."""
     resolve_runtime(runtime, "cpu")  # validates the name before anything loads
-    indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime)
+    metrics = ServerMetrics()
+    indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime, metrics)
     private = _private_paths(indexes.index_dir)
     state: dict = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state["batcher"] = SearchBatcher(max_batch)
+        state["batcher"] = SearchBatcher(max_batch, metrics)
+        metrics.start()
         if preload:
             for name in indexes.names():
                 try:
@@ -395,6 +407,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                     log.warning("index '%s' not served: %s", name, _one_line(error))
             log.info("serving %d indexes from %s", len(indexes.names()), indexes.index_dir)
         yield
+        metrics.stop()
         state["batcher"].close()
         indexes.close()
 
@@ -405,7 +418,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     app.state.indexes = indexes
     app.state.server_state = state
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
-    app.add_middleware(AccessGuard, policy=access or AccessPolicy())  # outermost: before anything is read
+    app.add_middleware(AccessGuard, policy=access or AccessPolicy())  # before anything is read
+    app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: refusals are counted too
 
     def error(status: int, message: str, **fields) -> JSONResponse:
         return _error(status, _scrub(message, private), **fields)
@@ -458,6 +472,12 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                                    swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
                                    swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics():
+        """Prometheus' text format (`retriever.metrics`); a read like any other under the API keys."""
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @app.get("/health")
     async def health():

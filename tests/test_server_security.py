@@ -100,6 +100,7 @@ ENDPOINTS = [  # (method, path, JSON body, is a write)
     ("GET", "/search?q=dog&k=2", None, False),
     ("POST", "/search", {"queries": ["dog"], "k": 2}, False),
     ("GET", "/indexes/notes/documents/d1", None, False),
+    ("GET", "/metrics", None, False),
     ("POST", "/indexes/notes/documents", {"documents": [{"_id": "new", "text": "a new note"}]}, True),
     ("DELETE", "/indexes/notes/documents/d2", None, True),
     ("POST", "/indexes", {"name": "made", "documents": [{"_id": "a", "text": "a note"}], "calibrator": "none"}, True),
