@@ -575,18 +575,20 @@ def versions(
     if as_json:
         _print_json({"name": name, "versions": records})
         return
-    table = Table(title=_plain(f"index '{name}': {count(len(records), 'kept version')}"))
-    # The version is what a user copies: never wrapped; the calibrator's evidence folds instead.
+    table = Table(title=_plain(f"index '{name}': {count(len(records), 'kept version')} (* current)"),
+                  title_justify="left")
+    # The version is what a user copies: never wrapped. The calibrator column shows what it is (`info` has the
+    # auto check's evidence), so the table fits 80 columns.
     table.add_column("version", no_wrap=True)
-    table.add_column("current", no_wrap=True)
     table.add_column("written (UTC)", no_wrap=True)
     table.add_column("documents", justify="right", no_wrap=True)
     table.add_column("calibrator", overflow="fold")
     for record in records:
-        table.add_row(_plain(record["version"]), "yes" if record["current"] else "",
+        calibrator = record.get("calibrator", record.get("problem", ""))
+        table.add_row(_plain(record["version"] + (" *" if record["current"] else "")),
                       _plain(record.get("written", "")[:16].replace("T", " ")),
                       f"{record['documents']:,}" if "documents" in record else "",
-                      _plain(record.get("calibrator", record.get("problem", ""))))
+                      _plain(calibrator.split(" (")[0] if "calibrator" in record else calibrator))
     stdout.print(table)
 
 
@@ -680,8 +682,9 @@ def info(
     rows = [
         ("folder", details["folder"]),
         ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors in "
-                      f"{count(len(details['segments']), 'segment')}, {details['deleted']:,} of them deleted, "
-                      "until compaction drops them)"),
+                      f"{count(len(details['segments']), 'segment')}"
+                      + (f", {details['deleted']:,} of them deleted, until compaction drops them)"
+                         if details["deleted"] else ")")),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", calibrator),
         *([("auto check", _check_summary(decision["check"]))] if decision and decision.get("check") else []),

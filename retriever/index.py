@@ -318,7 +318,12 @@ MERGE_POLICY = MergePolicy()
 
 
 def _merge_notes(writer: IndexWriter) -> list[str]:
-    return [f"merged {writer.merged} segments"] if writer.merged else []
+    rewritten = writer.merges.count(1)
+    merged = sum(size for size in writer.merges if size > 1)
+    return ([f"rewrote {_count(rewritten, 'segment')} without {'its' if rewritten == 1 else 'their'} deleted "
+             "documents"] if rewritten else []) + ([f"merged {merged} segments into "
+                                                    f"{_count(len(writer.merges) - rewritten, 'segment')}"]
+                                                   if merged else [])
 
 
 def _count(number: int, noun: str) -> str:

@@ -708,7 +708,8 @@ def short_decision(decision: dict) -> str:
     chosen = str((decision.get("chosen") or {}).get("name", "?"))
     check = decision.get("check")
     if not isinstance(check, dict) or not check.get("candidates"):
-        return chosen
+        reason = decision.get("reason")  # no check was run: say why (e.g. too few pseudo-queries)
+        return f"{chosen} ({str(reason).split(' (')[0].split(':')[0]})" if reason else chosen
     shown = next((c for c in check["candidates"] if c.get("name") == chosen), None) or \
         max(check["candidates"], key=lambda c: c.get("ndcg@10", 0))
     low, high = shown["interval"]

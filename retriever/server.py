@@ -47,7 +47,14 @@ import numpy as np
 
 from retriever.access import AccessGuard, AccessPolicy
 from retriever.corpus import documents_from_records
-from retriever.errors import ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
+from retriever.errors import (
+    NO_VALUE,
+    ConflictError,
+    DamagedIndexError,
+    NotFoundError,
+    RetrieverError,
+    UnavailableError,
+)
 from retriever.filters import FilterError, parse_where
 from retriever.metrics import RequestMetrics, ServerMetrics
 from retriever.fusion import CANDIDATES
@@ -433,7 +440,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         if isinstance(problem, DamagedIndexError):
             log.error("%s", problem)
         # Parameters spelled as in Python, which are the JSON fields' names (k, nprobe, index, ...).
-        return error(status_of(problem), str(problem), code=problem.code, parameter=problem.parameter)
+        return error(status_of(problem), _as_json_reads_it(problem), code=problem.code, parameter=problem.parameter)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, problem: HTTPException):
@@ -626,6 +633,13 @@ def render(payload: dict, status: int = 200) -> Response:
     were checked may hold lone surrogates: they go out as JSON \\uDXXX escapes instead of failing the answer."""
     body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
     return Response(body, status_code=status, media_type="application/json")
+
+
+def _as_json_reads_it(problem: RetrieverError) -> str:
+    """PROBLEM's message for a client that sends JSON: a suggested setting spelled as the field to send
+    ('"replace": true'), a parameter by its field name."""
+    return "".join(part if isinstance(part, str) else part.name if part.value is NO_VALUE
+                   else f'"{part.name}": {json.dumps(part.value)}' for part in problem.parts)
 
 
 def _error(status: int, message: str, **fields) -> Response:

@@ -72,6 +72,7 @@ class IndexWriter:
         self.index_dir, self.name, self.device = Path(index_dir), name, device
         self.merge_policy = merge_policy or MergePolicy()
         self.merged = 0  # segments merged by the policy at commit
+        self.merges: list[int] = []  # how many segments each of those merges took (1: a rewrite without deletions)
         self._given, self._build, self._resume_key, self._busy_hint = current, build, resume_key, busy_hint
         self._base: Snapshot | None = None
         self._template_loaded = False
@@ -293,6 +294,7 @@ class IndexWriter:
             while merge and (names := self.merge_policy.next_merge(self.manifest.segments)):
                 self.merge(names)
                 self.merged += len(names)
+                self.merges.append(len(names))
         # Each new segment's metadata keys, read once from its finished table, so `list` shows them from the
         # manifest alone (a segment of before metadata gets its record at the first write after).
         self.manifest = self.manifest.replace(segments=tuple(

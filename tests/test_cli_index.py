@@ -266,6 +266,13 @@ def test_tables_and_help_read_well_at_80_columns(built, cli):
     folder = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["folder"]
     assert "…" not in info.stdout and folder.replace("/", "") in "".join(
         line.split("│")[2].strip() for line in info.stdout.splitlines() if line.count("│") == 3).replace("/", "")
+    assert cli("refit", "--name", "docs", "-c", "whitening", "--index-dir", built).returncode == 0
+    versions = subprocess.run([sys.executable, "-m", "cli.main", "versions", "--name", "docs", "--index-dir",
+                               str(built)], env=env, capture_output=True, text=True, timeout=120)
+    kept = [record["version"] for record in json.loads(cli("versions", "--name", "docs", "--json",
+                                                             "--index-dir", built).stdout)["versions"]]
+    assert max(len(line) for line in versions.stdout.splitlines()) <= 80, versions.stdout
+    assert all(version in versions.stdout for version in kept) and "whitening" in versions.stdout  # unwrapped
     for command in ("search", "build", "list"):
         assert "<bool>" not in cli(command, "--help").stdout  # on/off flags show bare
     assert "retriever[ray]" in cli("build", "--help").stdout.replace("\n", "").replace("│", "").replace(" ", "")

@@ -239,3 +239,20 @@ def test_add_with_upsert_replaces_the_documents_whose_ids_are_taken(tmp_path, ti
     assert len(after) == 4 and "ships" in after.document("b")["text"] and "cats" in after.document("a")["text"]
     found = [hit.doc_id for hit in after.search("a note about ships number b", k=4, mode="keyword")[0]]
     assert found.count("b") == 1  # the old document of that id is gone from every search
+
+
+def test_a_write_says_what_its_merges_did_in_words(tmp_path, tiny_bert):
+    """A delete that leaves a segment mostly deleted rewrites it (one segment: not a "merge of 1 segments")."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", sentences(10))
+    Index.build(corpus, "m", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
+    summary = Index.open("m", tmp_path, device="cpu").delete([f"d{i}" for i in range(4)])
+    assert summary.notes == ["rewrote 1 segment without its deleted documents"]
+
+
+def test_list_says_why_auto_kept_the_raw_vectors_when_it_could_not_check():
+    from retriever.index_folder import calibrator_label
+
+    record = {"name": "auto", "decision": {"chosen": {"name": "none"}, "reason": (
+        "only 20 pseudo-queries could be made from the corpus (its documents are too short or too few; at least 50 "
+        "are needed to tell calibrators apart): raw vectors kept")}}
+    assert calibrator_label(record) == "auto: none (only 20 pseudo-queries could be made from the corpus)"
