@@ -171,6 +171,7 @@ class Snapshot:
         # Filters' matching row ids, by filter, most recent last: a filter is evaluated over every document once
         # per version, and users repeat theirs.
         self._matching: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._splits: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}  # `_per_segment`, by the matches' array
         self._lazy_lock = threading.Lock()  # what searches build on first use, built once
         self._calibrator_lock = threading.Lock()  # its own: what is built under _lazy_lock may need the calibrator
         self._calibrator: Calibrator | None = None
@@ -412,6 +413,20 @@ class Snapshot:
                 self._matching.popitem(last=False)
         return found
 
+    def _per_segment(self, allowed: np.ndarray) -> list[np.ndarray]:
+        """ALLOWED split by segment; remembered with the filter's matches (the same array object) so that a
+        repeated filter costs no pass over its matches per query."""
+        with self._lazy_lock:
+            split = self._splits.get(id(allowed))
+            if split is not None and split[0] is allowed:
+                return split[1]
+        parts = [allowed[segment.contains(allowed)] for segment in self.segments]
+        with self._lazy_lock:
+            self._splits[id(allowed)] = (allowed, parts)
+            while len(self._splits) > FILTERS_REMEMBERED:
+                self._splits.pop(next(iter(self._splits)))
+        return parts
+
     def filter_plan(self, matches: int, k: int, nprobe: int | None = None,
                     ef_search: int | None = None) -> FilterPlan:
         """How a dense search restricted to MATCHES documents runs (`retriever.filter_plan`)."""
@@ -606,13 +621,15 @@ class Snapshot:
         rerank = rerank if rerank is not None else self.spec.search_rerank
         candidates = k * rerank if self.spec.kind.compressed else k
         all_scores, all_ids = [], []
-        for segment in self.segments:
-            include = None if allowed is None else allowed[segment.contains(allowed)]
+        includes = None if allowed is None else self._per_segment(allowed)
+        for number, segment in enumerate(self.segments):
+            include = None if includes is None else includes[number]
             if include is not None and not len(include):
                 continue
             with self._reading(f"{SEGMENTS}/{segment.name}"):
-                scores, ids = segment.vectors.search(queries, candidates, self.tombstones, nprobe, ef_search, include,
-                                                     exact)
+                # ALLOWED holds live rows only: no tombstones to exclude on top.
+                scores, ids = segment.vectors.search(queries, candidates, self.tombstones if include is None else None,
+                                                     nprobe, ef_search, include, exact)
                 if candidates > k:
                     scores, ids = self._rerank(segment, queries, ids, k)
             all_scores.append(scores)

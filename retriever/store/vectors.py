@@ -274,6 +274,7 @@ class VectorStore:
         # cannot clash and skips the O(ntotal) membership check: adding in many batches stays linear.
         self._id_bound: int | None = None
         self._sorted_ids: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # `_id_order`
+        self._position_bitmap: tuple[np.ndarray, np.ndarray] | None = None  # `_scan_included`: the last filter's
 
     @classmethod
     def create(cls, dim: int, index_type: IndexSpec | str = "flat", template: faiss.Index | None = None,
@@ -376,7 +377,7 @@ class VectorStore:
             self._index.ntotal = self._ivf.ntotal  # a pre-transform wrapper does not track its inner index
         self._id_bound = max(self._id_bound, int(ids.max()))
         self._searcher = None
-        self._sorted_ids = None
+        self._sorted_ids = self._position_bitmap = None
 
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None, nprobe: int | None = None,
                ef_search: int | None = None, include: np.ndarray | None = None,
@@ -417,10 +418,9 @@ class VectorStore:
     def _scan_included(self, queries: np.ndarray, k: int, include: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k among INCLUDE in an hnsw store: its flat storage searched with a bitmap of their positions
         (each included vector scored where it lies: no copy, no graph)."""
-        positions = np.sort(self._positions(include))
-        bits = np.zeros(int(positions[-1]) + 1, dtype=bool)
-        bits[positions] = True
-        bitmap = np.packbits(bits, bitorder="little")
+        if self._position_bitmap is None or self._position_bitmap[0] is not include:
+            self._position_bitmap = (include, bitmap_of(self._positions(include)))
+        bitmap = self._position_bitmap[1]
         selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
         storage = faiss.downcast_index(faiss.downcast_index(self._index.index).storage)
         scores, found = storage.search(queries, k, params=faiss.SearchParameters(sel=selector))
@@ -528,16 +528,17 @@ class _FaissSearcher:
 
     def __init__(self, index: faiss.Index, spec: IndexSpec):
         self.index, self.spec = index, spec
+        self._bitmap: tuple[np.ndarray, np.ndarray] | None = None  # (include array, its bitmap): filters repeat
 
     def search(self, queries: np.ndarray, k: int, options: _SearchOptions) -> tuple[np.ndarray, np.ndarray]:
         # The selector objects must outlive the search: SWIG parameters hold bare pointers to them.
         keep_alive = []
         selector = None
         if options.include is not None:
-            # A bitmap over the ids: built in one numpy call, tested in O(1) per visited vector.
-            bits = np.zeros(int(options.include[-1]) + 1, dtype=bool)
-            bits[options.include] = True
-            bitmap = np.packbits(bits, bitorder="little")
+            # A bitmap over the ids, tested in O(1) per visited vector; made once per include array.
+            if self._bitmap is None or self._bitmap[0] is not options.include:
+                self._bitmap = (options.include, bitmap_of(options.include))
+            bitmap = self._bitmap[1]
             selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
             keep_alive += [bitmap, selector]
         elif options.exclude is not None:
@@ -623,6 +624,13 @@ class _TorchSearcher:
         if self._excluded is None or self._excluded[0] is not exclude:
             self._excluded = (exclude, torch.from_numpy(np.isin(self.ids, exclude)).to(self.device))
         return self._excluded[1]
+
+
+def bitmap_of(ids: np.ndarray) -> np.ndarray:
+    """IDS (non-negative) as faiss' IDSelectorBitmap reads them: bit i of byte i >> 3 set for each id i."""
+    bits = np.zeros(int(ids.max()) + 1 if len(ids) else 1, dtype=bool)
+    bits[ids] = True
+    return np.packbits(bits, bitorder="little")
 
 
 def _new_hnsw(dim: int, spec: IndexSpec) -> faiss.IndexHNSWFlat:
