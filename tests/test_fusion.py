@@ -67,3 +67,13 @@ def test_unknown_fusions_and_weights_out_of_range_are_refused():
     with pytest.raises(RetrieverError, match="from 0 to 1"):
         check_weight(-0.1)
     assert check_weight(1) == 1.0
+
+
+def test_zscore_with_one_keyword_match_keeps_the_scores_on_one_scale():
+    """A narrow filter or a rare word leaves one document in the keyword list: its spread is zero, and dividing by
+    a floor of 1e-6 made every other candidate's fused score about -500,000. The candidates' spread is used instead."""
+    candidates = Candidates(rowids=np.array([1, 2, 3]), dense=np.array([0.7, 0.1, 0.08], np.float32),
+                            keyword=np.array([1.8, 0.0, 0.0], np.float32), dense_rank=np.array([1, 2, 3]),
+                            keyword_rank=np.array([1, 0, 0]))
+    fused = make_fusion("zscore").scores(candidates, 0.7)
+    assert np.all(np.abs(fused) < 10) and fused[0] > fused[1] > fused[2]
