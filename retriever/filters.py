@@ -25,7 +25,7 @@ COMPARISONS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 OPERATORS = ("$eq", "$ne", "$in", "$nin", *COMPARISONS, "$exists")
 MAX_CONDITIONS = 100
 MAX_DEPTH = 8
-MAX_LISTED = 1000
+MAX_LISTED = 1000  # values all $in / $nin lists of one filter hold together (each list is one bound JSON array)
 MAX_CHARS = 20_000
 # The document's own fields, as SQL over `documents d LEFT JOIN sources s`.
 _OWN = {"doc_id": "d.doc_id", "title": "d.title", "text": "d.text", "source": "s.path"}
@@ -77,6 +77,7 @@ class _Compiler:
         self.parameters: list = []
         self.fields: set[str] = set()
         self.conditions = 0
+        self.listed = 0
 
     def all_of(self, clause: dict, depth: int) -> str:
         if depth > MAX_DEPTH:
@@ -123,9 +124,10 @@ class _Compiler:
         if op in ("$in", "$nin"):
             if not isinstance(value, list) or not value:
                 raise FilterError(f"{where}: {op} takes a non-empty list of values, got {_kind(value)}")
-            if len(value) > MAX_LISTED:
-                raise FilterError(f"{where}: {op} lists {len(value):,} values; at most {MAX_LISTED:,}")
-            anyone = "(" + " OR ".join(self.equal(name, self.scalar(item, where)) for item in value) + ")"
+            self.listed += len(value)
+            if self.listed > MAX_LISTED:
+                raise FilterError(f"$in and $nin list {self.listed:,} values; at most {MAX_LISTED:,} in one filter")
+            anyone = self.one_of(name, [self.scalar(item, where) for item in value])
             return anyone if op == "$in" else f"(NOT coalesce({anyone}, 0))"
         if op in ("$eq", "$ne"):
             equal = self.equal(name, self.scalar(value, where))
@@ -135,6 +137,22 @@ class _Compiler:
         self.scalar(value, where)
         kind = "('integer', 'real')" if not isinstance(value, str) else "('text')"
         return f"({self.type_of(name)} IN {kind} AND {self.value_of(name)} {COMPARISONS[op]} {self.bind(value)})"
+
+    def one_of(self, name: str, values: list) -> str:
+        """NAME equal to one of VALUES, each kind compared with its own kind (true is not 1, "1" is not 1): one
+        membership test per kind against a bound JSON array, however many values there are."""
+        parts = []
+        texts = [value for value in values if isinstance(value, str)]
+        numbers = [value for value in values if not isinstance(value, (str, bool)) and value is not None]
+        if texts:
+            parts.append(f"({self.type_of(name)} IN ('text') AND {self.value_of(name)} IN "
+                         f"(SELECT value FROM json_each({self.bind(json.dumps(texts))})))")
+        if numbers:
+            parts.append(f"({self.type_of(name)} IN ('integer', 'real') AND {self.value_of(name)} IN "
+                         f"(SELECT value FROM json_each({self.bind(json.dumps(numbers))})))")
+        parts += [self.equal(name, value) for value in dict.fromkeys(v for v in values if v is None or
+                                                                      isinstance(v, bool))]
+        return "(" + " OR ".join(parts) + ")"
 
     def equal(self, name: str, value: object) -> str:
         if value is None:

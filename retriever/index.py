@@ -232,7 +232,8 @@ class Index(Snapshot):
         started = time.perf_counter()
         doc_ids = list(dict.fromkeys(doc_ids or ()))
         if bool(doc_ids) == (where is not None):
-            raise RetrieverError(f"give document ids to delete, or {param('where')}, not both")
+            raise RetrieverError(f"give document ids to delete or {param('where')}: one of the two"
+                                 + (", not both" if doc_ids else ""))
         compiled = parse_where(where)
         with self._writer() as writer:
             removed = writer.delete(doc_ids) if compiled is None else writer.delete_where(compiled)

@@ -431,9 +431,9 @@ def writer_lock(index_dir: str | Path, name: str, wait: bool = True,
         if _is_lock_file(descriptor, versions / LOCK):
             break
         os.close(descriptor)  # the index was removed while this writer waited: lock the file there now
-    for observe in LOCK_WAIT_OBSERVERS:
-        observe(name, time.perf_counter() - started)
     try:
+        for observe in LOCK_WAIT_OBSERVERS:
+            observe(name, time.perf_counter() - started)
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
         yield

@@ -4,7 +4,8 @@
 A document's metadata comes from a BEIR record's `metadata` object, or from a csv/tsv file's columns other than
 id, title and text. Values are strings, numbers (finite), booleans or null; csv/tsv fields are typed as a
 reader expects: a field that reads as an integer or a decimal number is that number ("2019" -> 2019, "0.5" ->
-0.5), an empty field is absent, anything else stays text. Keys name fields in filters, so they are short and
+0.5), except digits a number would change ("02139", 19-digit ids), an empty field is absent, anything else stays
+text. Keys name fields in filters, so they are short and
 plain: letters, digits, spaces, `_`, `-` and `.`, at most 64 characters; `doc_id`, `title`, `text` and `source`
 are the document's own fields and cannot be metadata keys.
 """
@@ -74,13 +75,18 @@ def check_metadata(metadata: object, where: str) -> dict[str, Scalar] | None:
 
 
 def typed_field(field: str) -> Scalar:
-    """A csv/tsv field as the value a reader means: an integer, a decimal number, or the text (None if empty)."""
+    """A csv/tsv field as the value a reader means: an integer, a decimal number, or the text (None if empty).
+    Digits that a number would change stay text: a leading zero ("02139", a code), or more than 18 digits (an
+    id a float would round)."""
     stripped = field.strip()
     if not stripped:
         return None
+    digits = stripped.lstrip("+-")
+    if digits[:1] == "0" and len(digits) > 1 and digits[1:2].isdigit():
+        return field
     if _INTEGER.fullmatch(stripped):
         return int(stripped)
-    if _DECIMAL.fullmatch(stripped):
+    if _DECIMAL.fullmatch(stripped) and any(mark in stripped for mark in ".eE"):
         number = float(stripped)
-        return number if math.isfinite(number) else stripped
+        return number if math.isfinite(number) else field
     return field

@@ -64,8 +64,11 @@ class ModelCard:
                 return None
             positions = config.get("max_position_embeddings")
             positions = positions - offset(config) if isinstance(positions, int) and positions > 0 else None
+            # `models.model_max_length` reads sentence-transformers' setting from a local folder only (a hub id in
+            # the cache is loaded by transformers, which does not read it).
+            local = Path(resolve_model_path(name)).is_dir()
             return cls(name or DEFAULT_MODEL, int(config["hidden_size"]), int(config["num_hidden_layers"]),
-                       positions, _default_max_length(folder))
+                       positions, _default_max_length(folder, local))
         except (OSError, ValueError, TypeError):
             return None
 
@@ -147,11 +150,12 @@ def _model_folder(name: str | None) -> Path | None:
     return Path(found).parent if isinstance(found, str) else None
 
 
-def _default_max_length(folder: Path) -> int:
-    """`retriever.models.model_max_length` from the files: the tokenizer's limit is its config's model_max_length
-    (transformers' default when absent is unbounded, so the cap applies)."""
+def _default_max_length(folder: Path, local: bool) -> int:
+    """`retriever.models.model_max_length` from the files: sentence-transformers' max_seq_length for a LOCAL
+    folder, else the tokenizer's limit, its config's model_max_length (transformers' default when absent is
+    unbounded, so the cap applies)."""
     st_config = folder / "sentence_bert_config.json"
-    if st_config.is_file():
+    if local and st_config.is_file():
         value = json.loads(st_config.read_text()).get("max_seq_length")
         if value:
             return int(value)

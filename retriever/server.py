@@ -55,7 +55,7 @@ from retriever.errors import (
     RetrieverError,
     UnavailableError,
 )
-from retriever.filters import FilterError, parse_where
+from retriever.filters import Filter, FilterError, parse_where
 from retriever.metrics import RequestMetrics, ServerMetrics
 from retriever.fusion import CANDIDATES
 from retriever.index import Index, SearchHit, at_least, check_min_score, search_record
@@ -234,7 +234,8 @@ class _Job:
     index: Index
     queries: list[str]
     k: int
-    options: tuple  # nprobe, ef_search, rerank, mode (resolved), fusion, weight
+    options: tuple  # nprobe, ef_search, rerank, mode (resolved), fusion, weight, the filter's key (or None)
+    where: Filter | None = None  # the compiled filter the key stands for
     future: Future = field(default_factory=Future)
     raw: np.ndarray | None = None
 
@@ -251,8 +252,8 @@ class SearchBatcher:
         self.batches = 0
         self.queries = 0
 
-    def submit(self, index: Index, queries: list[str], k: int, options: tuple) -> Future:
-        job = _Job(index, queries, k, options)
+    def submit(self, index: Index, queries: list[str], k: int, options: tuple, where: Filter | None = None) -> Future:
+        job = _Job(index, queries, k, options, where)
         self._queue.put(job)
         return job.future
 
@@ -330,11 +331,11 @@ class SearchBatcher:
     def _search(jobs: list[_Job]) -> None:
         index = jobs[0].index
         k = max(job.k for job in jobs)
-        nprobe, ef_search, rerank, mode, fusion, weight, where = jobs[0].options
+        nprobe, ef_search, rerank, mode, fusion, weight, _ = jobs[0].options
         texts = [text for job in jobs for text in job.queries]
         vectors = None if mode == "keyword" else index.calibrate(np.concatenate([job.raw for job in jobs]))
         hits = index.search_encoded(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
-                                    where=parse_where(where))
+                                    where=jobs[0].where)
         offset = 0
         for job in jobs:
             job.future.set_result([found[: job.k] for found in hits[offset : offset + len(job.queries)]])
@@ -514,10 +515,14 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
             else:
                 mode = index.resolve_mode(mode)
                 check_min_score(min_score, mode)
-                # The filter travels as its canonical JSON: requests share a search only with the same filter.
-                key = None if where is None else json.dumps(where.source, sort_keys=True)
+                key = None
+                if where is not None:
+                    # Requests share a search only with the same filter (its canonical JSON). Its matches are found
+                    # here, on a worker thread: the batcher's one thread then finds them remembered.
+                    key = json.dumps(where.source, sort_keys=True)
+                    await run_in_threadpool(index.matching, where)
                 hits = await asyncio.wrap_future(state["batcher"].submit(index, texts, k, (*options[:3], mode,
-                                                                                          *options[3:], key)))
+                                                                                          *options[3:], key), where))
             hits = at_least(hits, min_score)
             # Rendered on a worker thread: a large answer must not stall every other request on the event loop.
             return await run_in_threadpool(render_answer, index, texts, ids, hits, k, space, mode)

@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,7 +65,10 @@ MODES = ("dense", "keyword", "hybrid")
 # Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py), and whether keyword search leaves out a
 # query's stop words.
 DEFAULT_FUSION, DEFAULT_WEIGHT, DEFAULT_STOP_WORDS = "zscore", 0.7, False
-FILTERS_REMEMBERED = 32  # per opened version: each filter's matching row ids, at most 8 bytes per document
+# Per opened version: the most recent filters' matching row ids (and their split by segment), at most this many
+# and this many bytes, so that clients cycling broad filters cannot fill memory.
+FILTERS_REMEMBERED = 32
+FILTER_CACHE_BYTES = 256 * 2**20
 NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
 
 
@@ -123,7 +126,9 @@ def at_least(found: list[list[SearchHit]], min_score: float | None) -> list[list
     is an empty list. Hybrid hits are held to their dense side: the fused score has no fixed scale."""
     if min_score is None:
         return found
-    return [[hit for hit in hits if hit.dense_score is not None and hit.dense_score >= min_score] for hits in found]
+    return [[replace(hit, rank=rank) for rank, hit in enumerate(
+        (hit for hit in hits if hit.dense_score is not None and hit.dense_score >= min_score), start=1)]
+        for hits in found]
 
 
 def check_min_score(min_score: float | None, mode: str) -> None:
@@ -409,8 +414,12 @@ class Snapshot:
         found = found[~np.isin(found, self.tombstones)] if len(self.tombstones) else found
         with self._lazy_lock:
             self._matching[key] = found
-            while len(self._matching) > FILTERS_REMEMBERED:
-                self._matching.popitem(last=False)
+            total = sum(2 * held.nbytes for held in self._matching.values())  # with its per-segment split
+            while len(self._matching) > 1 and (len(self._matching) > FILTERS_REMEMBERED
+                                               or total > FILTER_CACHE_BYTES):
+                _, old = self._matching.popitem(last=False)
+                self._splits.pop(id(old), None)
+                total -= 2 * old.nbytes
         return found
 
     def _per_segment(self, allowed: np.ndarray) -> list[np.ndarray]:
@@ -422,9 +431,8 @@ class Snapshot:
                 return split[1]
         parts = [allowed[segment.contains(allowed)] for segment in self.segments]
         with self._lazy_lock:
-            self._splits[id(allowed)] = (allowed, parts)
-            while len(self._splits) > FILTERS_REMEMBERED:
-                self._splits.pop(next(iter(self._splits)))
+            if any(held is allowed for held in self._matching.values()):  # kept, and dropped, with its matches
+                self._splits[id(allowed)] = (allowed, parts)
         return parts
 
     def filter_plan(self, matches: int, k: int, nprobe: int | None = None,
@@ -614,20 +622,34 @@ class Snapshot:
         padded with id -1 where fewer than k documents exist."""
         if rerank is not None and rerank < 1:
             raise RetrieverError(f"{param('rerank')} must be at least 1 (got {rerank})")
-        exact = False
-        if allowed is not None:
-            plan = self.filter_plan(len(allowed), k, nprobe, ef_search)
-            exact, nprobe, ef_search = plan.exact, plan.nprobe or nprobe, plan.ef_search or ef_search
         rerank = rerank if rerank is not None else self.spec.search_rerank
+        if allowed is None:
+            return self._search_segments(queries, k, rerank, nprobe, ef_search)
+        plan = self.filter_plan(len(allowed), k, nprobe, ef_search)
+        includes = self._per_segment(allowed)
+        scores, ids = self._search_segments(queries, k, rerank, plan.nprobe or nprobe, plan.ef_search or ef_search,
+                                            includes, plan.exact)
+        # A filter that matches k documents gets k hits: where the ANN found fewer among the matches (they lay
+        # outside the buckets probed or the beam), those queries score every match.
+        short = (ids >= 0).sum(axis=1) < min(k, len(allowed))
+        if short.any() and not plan.exact:
+            scores[short], ids[short] = self._search_segments(queries[short], k, rerank, self.spec.nlist, None,
+                                                              includes, exact=True)
+        return scores, ids
+
+    def _search_segments(self, queries: np.ndarray, k: int, rerank: int, nprobe: int | None,
+                         ef_search: int | None, includes: list[np.ndarray] | None = None,
+                         exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Each segment's top-k (INCLUDES: only those row ids, per segment; EXACT: every one scored, or for IVF
+        types every bucket probed), re-ranked where compressed, merged."""
         candidates = k * rerank if self.spec.kind.compressed else k
         all_scores, all_ids = [], []
-        includes = None if allowed is None else self._per_segment(allowed)
         for number, segment in enumerate(self.segments):
             include = None if includes is None else includes[number]
             if include is not None and not len(include):
                 continue
             with self._reading(f"{SEGMENTS}/{segment.name}"):
-                # ALLOWED holds live rows only: no tombstones to exclude on top.
+                # An include list holds live rows only: no tombstones to exclude on top.
                 scores, ids = segment.vectors.search(queries, candidates, self.tombstones if include is None else None,
                                                      nprobe, ef_search, include, exact)
                 if candidates > k:

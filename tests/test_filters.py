@@ -253,3 +253,32 @@ def test_delete_by_filter_and_fields_in_info_and_list(tmp_path, tmp_path_factory
     from retriever.index_folder import describe_indexes
 
     assert describe_indexes(tmp_path)[0]["fields"] == ["even", "group", "lang", "year"]
+
+
+def test_long_in_lists_are_one_bound_array_and_the_budget_is_per_filter(table):
+    opened, documents = table
+    values = list(range(1000))  # one expression per kind, however long the list (SQLite caps expression depth)
+    assert len(opened.matching(parse_where({"group": {"$in": values}}))) == 600
+    mixed = {"lang": {"$in": ["en", 1, True, None]}}  # each kind compared with its own: 1 is not true
+    assert {documents[r - 1].doc_id for r in opened.matching(parse_where(mixed)).tolist()} == selected(
+        documents, {"lang": "en"})
+    with pytest.raises(FilterError, match="list 1,001 values; at most 1,000 in one filter"):
+        parse_where({"$or": [{"group": {"$in": values[:600]}}, {"year": {"$nin": values[:401]}}]})
+
+
+def test_csv_digits_a_number_would_change_stay_text():
+    from retriever.metadata import typed_field
+
+    assert [typed_field(field) for field in ("02139", "0", "-0.5", "1234567890123456789", "12", "1e3", "")] == \
+        ["02139", 0, -0.5, "1234567890123456789", 12, 1000.0, None]
+
+
+@pytest.mark.parametrize("filtered_index", ["ivfpq"], indirect=True)
+def test_a_filter_that_matches_k_gets_k_even_where_the_probes_find_fewer(filtered_index):
+    """ivfpq probing 2 of 16 buckets meets about 190 of the 1,500 matches; asking for 300, the short queries
+    score every match instead."""
+    index, documents, queries = filtered_index
+    allowed = index.matching(parse_where({"even": True}))
+    assert not index.filter_plan(len(allowed), 300, nprobe=1).exact
+    scores, ids = index.search_vectors(index.calibrate(queries), 300, nprobe=1, allowed=allowed)
+    assert (ids >= 0).sum(axis=1).tolist() == [300] * len(queries) and np.isin(ids, allowed).all()

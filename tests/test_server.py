@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -348,6 +349,7 @@ def test_min_score_leaves_out_weak_hits_and_an_empty_answer_means_no_good_match(
         # from this one in the last digits)
         kept = index.search(text, 10, mode=mode, min_score=floor)[0]
         assert [hit.doc_id for hit in kept] == [hit.doc_id for hit in everything if hit.dense_score >= floor]
+        assert [hit.rank for hit in kept] == list(range(1, len(kept) + 1))
         assert 0 < len(kept) < len(everything)
         served = client.get("/search", params={"q": text, "k": 10, "mode": mode, "min_score": floor}).json()
         assert [hit["doc_id"] for hit in served["queries"][0]["results"]] == [hit.doc_id for hit in kept]
@@ -412,6 +414,9 @@ def test_filters_over_http_get_and_post_and_bad_ones_are_422(tmp_path, tiny_bert
         assert "not valid JSON" in one_line_error(client.get("/search", params={"q": text, "where": "{lang"}), 422)
         assert "not a field name" in one_line_error(client.post("/search", json={
             "queries": [text], "where": {"lang') OR 1=1; DROP TABLE documents; --": "en"}}), 422)
+        wide = client.post("/search", json={"queries": [text], "where": json.dumps({"lang": "日本語" * 3000},
+                                                                                  ensure_ascii=False)})
+        assert wide.status_code == 200 and wide.json()["queries"][0]["results"] == []  # 9,000 characters, not 54,000
         sneaky = client.post("/search", json={"queries": [text], "k": 60, "mode": "dense",
                                                "where": {"lang": "en' OR '1'='1"}})
         assert sneaky.status_code == 200 and sneaky.json()["queries"][0]["results"] == []

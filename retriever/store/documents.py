@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from retriever.corpus import Document
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.filters import Filter
+from retriever.filters import Filter, FilterError
 
 COLUMNS = ("rowid", "doc_id", "title", "text", "source", "line", "metadata")
 
@@ -44,6 +45,9 @@ _SELECT = {"rowid": "d.rowid", "doc_id": "d.doc_id", "title": "d.title", "text":
            "line": "d.line", "metadata": "d.metadata"}
 _FROM = "documents d LEFT JOIN sources s ON s.id = d.source"
 _SHOWN = 5
+# A filter runs over every document of a segment once per opened version; past this it is refused, so that no
+# client's filter can hold a server's search thread.
+FILTER_SECONDS = 10.0
 
 
 class DocumentTable:
@@ -210,12 +214,23 @@ class DocumentTable:
             )
         return [by_rowid[r] for r in wanted]
 
-    def matching(self, where: Filter) -> np.ndarray:
-        """Row ids (int64, ascending) of the documents WHERE selects (`retriever.filters`)."""
+    def matching(self, where: Filter, seconds: float = FILTER_SECONDS) -> np.ndarray:
+        """Row ids (int64, ascending) of the documents WHERE selects (`retriever.filters`); a filter SQLite cannot
+        run, or one still running after SECONDS, is refused as the filter's problem (FilterError)."""
         rows = "documents" if self.has_metadata else "(SELECT *, NULL AS metadata FROM documents)"
-        cursor = self.db.execute(f"SELECT d.rowid FROM {rows} d LEFT JOIN sources s ON s.id = d.source "
-                                 f"WHERE {where.sql} ORDER BY d.rowid", where.parameters)
-        return np.fromiter((row[0] for row in cursor), dtype=np.int64)
+        deadline = time.monotonic() + seconds
+        self.db.set_progress_handler(lambda: time.monotonic() > deadline, 100_000)  # nonzero: interrupt
+        try:
+            cursor = self.db.execute(f"SELECT d.rowid FROM {rows} d LEFT JOIN sources s ON s.id = d.source "
+                                     f"WHERE {where.sql} ORDER BY d.rowid", where.parameters)
+            return np.fromiter((row[0] for row in cursor), dtype=np.int64)
+        except sqlite3.OperationalError as error:
+            if time.monotonic() > deadline:
+                raise FilterError(f"still running after {seconds:g} s over {self.count():,} documents; make it "
+                                  "simpler") from None
+            raise FilterError(f"cannot be run ({error})") from None
+        finally:
+            self.db.set_progress_handler(None, 0)
 
     def metadata_fields(self) -> dict[str, int]:
         """Each metadata key and how many documents have it."""
