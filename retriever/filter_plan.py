@@ -2,9 +2,9 @@
 through the index's ANN with a selector and a search breadth raised as the filter narrows.
 
 An ANN walk with a selector still visits documents the filter drops; among the candidates it keeps, only the
-filter's share match. To meet about as many matching candidates as the unfiltered search meets results, the hnsw
-beam grows as ef / share (at least FILTER_MARGIN x k matching candidates), and IVF probes more buckets as the
-nearest matching documents lie further away. Both cost more as the filter narrows; scoring the matches costs less.
+filter's share match. To meet as many matching candidates as the unfiltered walk meets candidates (so that it keeps
+the index's own recall), the hnsw beam grows as ef / share, and IVF probes more buckets as the nearest matching
+documents lie further away. Both cost more as the filter narrows; scoring the matches costs less.
 So each plan compares the two costs in one unit, vectors scored:
 - flat and hnsw keep float vectors: scoring every match (a flat scan of the stored vectors that skips the others,
   by a bitmap) costs MATCHES; a walk costs GRAPH_VECTORS_PER_EF x ef. The measured flat/hnsw crossover gives the
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from retriever.store.vectors import DEFAULT_EF_SEARCH, FLAT_MAX_DOCUMENTS, IndexSpec
 
 GRAPH_VECTORS_PER_EF = FLAT_MAX_DOCUMENTS / DEFAULT_EF_SEARCH
-FILTER_MARGIN = 4  # matching candidates a walk should meet per result asked for
 MAX_EF_SEARCH = 16_384
 
 
@@ -47,7 +46,8 @@ def plan_filtered_search(matches: int, live: int, k: int, spec: IndexSpec, ef_se
         return FilterPlan(exact=True)
     share = min(1.0, matches / max(live, 1))
     if spec.kind.graph:
-        ef = min(MAX_EF_SEARCH, max(ef_search or spec.search_ef, math.ceil(FILTER_MARGIN * k / share)))
+        base = max(ef_search or spec.search_ef, k)
+        ef = min(MAX_EF_SEARCH, math.ceil(base / share))
         return FilterPlan(exact=True) if matches <= GRAPH_VECTORS_PER_EF * ef else FilterPlan(False, ef_search=ef)
     nlist = spec.nlist or 1
     base = nprobe or spec.search_nprobe

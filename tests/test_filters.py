@@ -224,8 +224,8 @@ def test_keyword_hybrid_and_raw_searches_filter_too(filtered_index):
 def test_the_plan_scans_few_matches_and_widens_the_ann_for_many():
     hnsw, ivfpq = IndexSpec(type="hnsw"), IndexSpec(type="ivfpq", nlist=1024)
     assert plan_filtered_search(500, 1_000_000, 10, hnsw).exact
-    wide = plan_filtered_search(500_000, 1_000_000, 10, hnsw)
-    assert not wide.exact and wide.ef_search == hnsw.search_ef
+    wide = plan_filtered_search(500_000, 1_000_000, 10, hnsw)  # half match: a beam twice as wide meets as many
+    assert not wide.exact and wide.ef_search == 2 * hnsw.search_ef
     narrower = plan_filtered_search(100_000, 1_000_000, 10, hnsw)
     assert narrower.exact or narrower.ef_search >= hnsw.search_ef
     probe = plan_filtered_search(500_000, 1_000_000, 10, ivfpq)

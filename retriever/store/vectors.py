@@ -27,9 +27,11 @@ Searching can run elsewhere; the first search builds a searcher for the chosen d
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,6 +90,8 @@ DEFAULT_RERANK = 10
 # below this many vectors an exact scan costs about the same, is exact, and takes nothing to build: segments
 # this small (most `add`s) stay flat in an hnsw index until a compaction merges them into a graph.
 SMALL_SEGMENT_ROWS = 10_000
+# A filter's matches are scanned on several threads from this many per thread on (below, one thread is faster).
+SCAN_PART_ROWS = 16_384
 # faiss GPU k-selection handles at most this many results per query.
 _FAISS_GPU_MAX_K = 2048
 # Row norms further than this from 1 mean the caller forgot to normalize.
@@ -274,7 +278,7 @@ class VectorStore:
         # cannot clash and skips the O(ntotal) membership check: adding in many batches stays linear.
         self._id_bound: int | None = None
         self._sorted_ids: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # `_id_order`
-        self._position_bitmap: tuple[np.ndarray, np.ndarray] | None = None  # `_scan_included`: the last filter's
+        self._position_bitmap: tuple[np.ndarray, list[np.ndarray]] | None = None  # `_scan_included`: the last filter's
 
     @classmethod
     def create(cls, dim: int, index_type: IndexSpec | str = "flat", template: faiss.Index | None = None,
@@ -418,13 +422,28 @@ class VectorStore:
     def _scan_included(self, queries: np.ndarray, k: int, include: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k among INCLUDE in an hnsw store: its flat storage searched with a bitmap of their positions
         (each included vector scored where it lies: no copy, no graph)."""
-        if self._position_bitmap is None or self._position_bitmap[0] is not include:
-            self._position_bitmap = (include, bitmap_of(self._positions(include)))
-        bitmap = self._position_bitmap[1]
-        selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
+        cached = self._position_bitmap
+        if cached is None or cached[0] is not include:
+            # Few queries: faiss scans one query on one thread, so the matches are split into one bitmap per
+            # thread (positions in order: each part a contiguous stretch of the storage), scanned side by side.
+            positions = np.sort(self._positions(include))
+            parts = max(1, min(faiss.omp_get_max_threads(), len(positions) // SCAN_PART_ROWS))
+            cached = self._position_bitmap = (include, [bitmap_of(part) for part in np.array_split(positions, parts)])
         storage = faiss.downcast_index(faiss.downcast_index(self._index.index).storage)
-        scores, found = storage.search(queries, k, params=faiss.SearchParameters(sel=selector))
-        ids = np.where(found >= 0, self._id_order()[0][np.maximum(found, 0)], -1)
+
+        def scan(bitmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
+            return storage.search(queries, k, params=faiss.SearchParameters(sel=selector))
+
+        bitmaps = cached[1]
+        if len(bitmaps) == 1 or len(queries) >= len(bitmaps):  # many queries: faiss spreads them over threads
+            found = [scan(bitmap) for bitmap in bitmaps]
+        else:
+            found = list(_scan_pool().map(scan, bitmaps))  # faiss releases the GIL while it scans
+        scores, positions = (np.concatenate(column, axis=1) for column in zip(*found))
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        scores, positions = np.take_along_axis(scores, order, axis=1), np.take_along_axis(positions, order, axis=1)
+        ids = np.where(positions >= 0, self._id_order()[0][np.maximum(positions, 0)], -1)
         return scores, ids
 
     def _positions(self, ids: np.ndarray) -> np.ndarray:
@@ -624,6 +643,12 @@ class _TorchSearcher:
         if self._excluded is None or self._excluded[0] is not exclude:
             self._excluded = (exclude, torch.from_numpy(np.isin(self.ids, exclude)).to(self.device))
         return self._excluded[1]
+
+
+@functools.cache
+def _scan_pool() -> ThreadPoolExecutor:
+    """Threads for scanning a filter's matches side by side (one per core)."""
+    return ThreadPoolExecutor(max(1, faiss.omp_get_max_threads()), thread_name_prefix="filter-scan")
 
 
 def bitmap_of(ids: np.ndarray) -> np.ndarray:
