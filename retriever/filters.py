@@ -41,16 +41,11 @@ class FilterError(RetrieverError):
 @dataclass(frozen=True)
 class Filter:
     """A compiled filter: SQL for a WHERE clause over `documents d LEFT JOIN sources s`, its parameters, and the
-    fields it names (so a table without metadata can answer without SQL when only metadata is asked)."""
+    filter as given (its canonical JSON keys caches and batches)."""
 
     sql: str
     parameters: tuple
-    fields: frozenset[str]
     source: dict
-
-    @property
-    def metadata_fields(self) -> frozenset[str]:
-        return self.fields - _OWN.keys()
 
 
 def parse_where(where: str | dict | None) -> Filter | None:
@@ -69,13 +64,12 @@ def parse_where(where: str | dict | None) -> Filter | None:
         raise FilterError(f"must be a JSON object such as {{\"lang\": \"en\"}}, got {_kind(where)}")
     compiler = _Compiler()
     sql = compiler.all_of(where, 1)
-    return Filter(sql, tuple(compiler.parameters), frozenset(compiler.fields), where)
+    return Filter(sql, tuple(compiler.parameters), where)
 
 
 class _Compiler:
     def __init__(self):
         self.parameters: list = []
-        self.fields: set[str] = set()
         self.conditions = 0
         self.listed = 0
 
@@ -102,7 +96,6 @@ class _Compiler:
     def field(self, name: str, condition: object) -> str:
         if not isinstance(name, str) or not KEY.fullmatch(name):
             raise FilterError(f"{str(name)[:80]!r} is not a field name")
-        self.fields.add(name)
         if not isinstance(condition, dict):
             return self.operator(name, "$eq", condition)
         if not condition:
