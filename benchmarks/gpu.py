@@ -366,6 +366,65 @@ def exact_search() -> dict:
     return result
 
 
+FILTER_SHARES = {"0.1%": 1, "1%": 10, "10%": 100, "50%": 500}  # bucket = row % 1000 below these
+
+
+def filtered_search() -> dict:
+    """Filtered exact search over 1M x 384 normalized vectors on the GPU (the library's torch path, fp16): single
+    queries with a filter of each share (`bucket` = row % 1000) against the same queries unfiltered, top-10
+    against NumPy's exact filtered search in fp32, and faiss-cpu's flat index with the same filters (16 threads).
+    The selection a filter needs (its rows gathered, or a mask) is made on its first query and timed apart."""
+    import torch
+
+    from retriever.store.vectors import VectorStore
+
+    rng = np.random.default_rng(1)
+    vectors = rng.standard_normal((ROWS, 384), dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    queries = rng.standard_normal((300, 384), dtype=np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    ids = np.arange(1, ROWS + 1, dtype=np.int64)
+    stores = {"torch-cuda fp16": VectorStore.create(384, "flat", device=DEVICE, backend="torch", fp16=True),
+              "faiss-cpu": VectorStore.create(384, "flat", device="cpu")}
+    for store in stores.values():
+        store.add(ids, vectors)
+    filters = {"none": None, **{share: ids[(ids - 1) % 1000 < below] for share, below in FILTER_SHARES.items()}}
+    result = {"rows": ROWS, "queries": len(queries), "k": 10}
+    for name, store in stores.items():
+        singles = len(queries) if name.startswith("torch") else 40
+        store.search(queries[:8], 10)  # the searcher (the GPU copy) and warm-up
+        figures = {}
+        for share, include in filters.items():
+            started = time.perf_counter()
+            store.search(queries[:1], 10, include=include)
+            first_ms = (time.perf_counter() - started) * 1e3
+            times, found = [], []
+            for i in range(singles):
+                started = time.perf_counter()
+                found.append(store.search(queries[i : i + 1], 10, include=include)[1][0])
+                times.append(time.perf_counter() - started)
+            allowed = vectors if include is None else vectors[include - 1]
+            allowed_ids = ids if include is None else include
+            checked = min(50, singles)
+            exact = allowed_ids[np.argsort(-(queries[:checked] @ allowed.T), axis=1)[:, :10]]
+            overlap = float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(found[:checked], exact)]))
+            figures[share] = {"p50_ms": float(np.median(times) * 1e3), "p99_ms": float(np.percentile(times, 99) * 1e3),
+                              "first_query_ms": first_ms, "top10_overlap_with_exact_fp32": overlap}
+        for share in FILTER_SHARES:
+            figures[share]["p50_vs_unfiltered"] = figures[share]["p50_ms"] / figures["none"]["p50_ms"]
+        result[name] = figures
+        print(name, json.dumps(figures), flush=True)
+    # What each filtered query paid before a filter's selection was kept: a position mask by np.isin over every id.
+    started = time.perf_counter()
+    for include in list(filters.values())[1:]:
+        np.isin(ids, include)
+    result["isin_mask_ms_per_filter"] = (time.perf_counter() - started) * 1e3 / len(FILTER_SHARES)
+    del stores
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
 def hybrid_search(home: str, queries: list[str]) -> dict:
     """Dense, keyword and hybrid search on the MiniLM build of the encode step (100k passages, random weights:
     speed only), the vectors searched on the GPU against the same on the CPU, queries one at a time."""
@@ -414,6 +473,8 @@ def run(assets: Path, out: Path, only: set[str] | None) -> None:
         report.step("flow fit", flow_fit)
     if wanted("search"):
         report.step("exact search 1M x 384", exact_search)
+    if wanted("filtered"):
+        report.step("filtered exact search 1M x 384", filtered_search)
     home = report.data["steps"].get("encode MiniLM-L6 shape", {}).get("index_home")
     if wanted("hybrid") and home:
         report.step("hybrid search, 100k", hybrid_search, home, queries)
@@ -494,6 +555,18 @@ def markdown(data: dict) -> str:
             lines.append(f"| {mode} | {gpu['p50_ms']:.2f} | {gpu['p95_ms']:.2f} | {cpu['p50_ms']:.2f} | "
                          f"{cpu['p95_ms']:.2f} |")
         lines.append("")
+    filtered = steps.get("filtered exact search 1M x 384", {})
+    if "rows" in filtered:
+        lines += [f"## Filtered exact search, {filtered['rows']:,} x 384, single queries, k=10", "",
+                  "| searcher | filter share | p50 (ms) | p99 (ms) | p50 vs unfiltered | first query (ms) |"
+                  " top-10 overlap with exact fp32 |", "|---|---|---:|---:|---:|---:|---:|"]
+        for name in ("torch-cuda fp16", "faiss-cpu"):
+            for share, fig in filtered.get(name, {}).items():
+                lines.append(f"| {name} | {share} | {fig['p50_ms']:.2f} | {fig['p99_ms']:.2f} | "
+                             f"{fig.get('p50_vs_unfiltered', 1):.2f} | {fig['first_query_ms']:.1f} | "
+                             f"{fig['top10_overlap_with_exact_fp32']:.3f} |")
+        lines += ["", f"A position mask by `np.isin` over every id, what each filtered query paid before the "
+                      f"selection was kept per filter: {filtered['isin_mask_ms_per_filter']:.1f} ms.", ""]
     errors = [name for name, step in steps.items() if "error" in step]
     if errors:
         lines += ["Steps that failed: " + ", ".join(errors), ""]
@@ -507,7 +580,7 @@ def main() -> None:
     parser.add_argument("--assets", type=Path, default=REPO / ".gpu")
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
-    parser.add_argument("--only", help="comma-separated steps: encode, precision, flow, search, hybrid")
+    parser.add_argument("--only", help="comma-separated steps: encode, precision, flow, search, filtered, hybrid")
     parser.add_argument("--smoke", action="store_true", help="run every step on the CPU at small sizes")
     args = parser.parse_args()
     if args.smoke:

@@ -171,6 +171,23 @@ def test_torch_backend_equals_faiss_flat(data):
                                   faiss_store.search(queries, 10, exclude=excluded)[1])
 
 
+def test_torch_backend_filters_as_faiss_does(data):
+    """A narrow filter (its rows gathered) and a wide one (the rest masked) return what faiss' selector does,
+    ids not in the index are ignored, and a filter with fewer matches than k pads the row."""
+    ids, vectors, queries = data
+    faiss_store = store_with(data)
+    torch_store = VectorStore.create(64, "flat", device="cpu", backend="torch")
+    order = np.random.default_rng(3).permutation(len(ids))  # ids not in insertion order
+    torch_store.add(ids[order], vectors[order])
+    for share in (0.05, 0.8):
+        include = np.sort(np.concatenate([ids[: int(share * len(ids))], [ids.max() + 5]]))
+        for _ in range(2):  # the second search reuses the selection made for the same array
+            np.testing.assert_array_equal(torch_store.search(queries, 10, include=include)[1],
+                                          faiss_store.search(queries, 10, include=include)[1])
+    scores, found = torch_store.search(queries[:1], 10, include=np.sort(ids[:3]))
+    assert sorted(found[0, :3]) == sorted(ids[:3]) and (found[0, 3:] == -1).all() and np.isneginf(scores[0, 3:]).all()
+
+
 def test_torch_backend_pads_when_fewer_than_k():
     store = VectorStore.create(4, backend="torch", device="cpu")
     store.add(np.array([3, 9]), np.eye(4, dtype=np.float32)[:2])

@@ -609,40 +609,74 @@ class _TorchSearcher:
         self.ids = ids
         # Copied once: the faiss storage may be reallocated by a later add.
         self.vectors = torch.tensor(vectors, dtype=self.dtype, device=self.device)
-        self._excluded: tuple[int, object] | None = None  # (id of the exclude array, its position mask)
+        self._excluded: tuple | None = None  # (the exclude array, its position mask, how many it hides)
+        self._filter: tuple | None = None  # (the last include array, what `_included` made of it)
+        self._order: np.ndarray | None = None  # positions that sort the ids (filters look ids up by it)
 
     def search(self, queries: np.ndarray, k: int, options: _SearchOptions) -> tuple[np.ndarray, np.ndarray]:
         import torch
 
-        n = len(self.ids)
-        mask = self._mask(options.exclude, options.include)
-        found = min(k, n - (int(mask.sum()) if mask is not None else 0))
         scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
         ids = np.full((len(queries), k), -1, dtype=np.int64)
+        if options.include is not None:
+            vectors, positions, mask, candidates = self._included(options.include)
+        else:
+            vectors, positions = self.vectors, None
+            mask, excluded = self._excluded_mask(options.exclude)
+            candidates = len(self.ids) - excluded
+        found = min(k, candidates)
         if found <= 0:
             return scores, ids
-        rows = max(1, self.chunk_bytes // (n * self.vectors.element_size()))
+        rows = max(1, self.chunk_bytes // (max(1, len(vectors)) * vectors.element_size()))
         with torch.inference_mode():
             for start in range(0, len(queries), rows):
                 chunk = torch.from_numpy(queries[start : start + rows]).to(self.device, self.dtype)
-                products = chunk @ self.vectors.T
+                products = chunk @ vectors.T
                 if mask is not None:
                     products.masked_fill_(mask, float("-inf"))
                 top_scores, top_positions = torch.topk(products, found, dim=1)
+                top_positions = top_positions.cpu().numpy()
+                if positions is not None:
+                    top_positions = positions[top_positions]
                 scores[start : start + rows, :found] = top_scores.float().cpu().numpy()
-                ids[start : start + rows, :found] = self.ids[top_positions.cpu().numpy()]
+                ids[start : start + rows, :found] = self.ids[top_positions]
         return scores, ids
 
-    def _mask(self, exclude: np.ndarray | None, include: np.ndarray | None = None):
+    def _excluded_mask(self, exclude: np.ndarray | None):
+        """(a position mask of the EXCLUDE ids or None, how many it hides): made once per exclude array."""
         import torch
 
-        if include is not None:  # a filter: a new mask per call (filters vary; the exclude list is per version)
-            return torch.from_numpy(~np.isin(self.ids, include)).to(self.device)
         if exclude is None:
-            return None
+            return None, 0
         if self._excluded is None or self._excluded[0] is not exclude:
-            self._excluded = (exclude, torch.from_numpy(np.isin(self.ids, exclude)).to(self.device))
-        return self._excluded[1]
+            hidden = np.isin(self.ids, exclude)
+            self._excluded = (exclude, torch.from_numpy(hidden).to(self.device), int(hidden.sum()))
+        return self._excluded[1], self._excluded[2]
+
+    def _included(self, include: np.ndarray):
+        """What a filter searches: (vectors, their positions or None, a mask or None, how many match).
+
+        A narrow filter gathers its matching rows once (the product then costs what the matches cost); a wide one
+        masks the rest of the full product. Made once per include array: a snapshot hands the same array to every
+        query with the same filter."""
+        import torch
+
+        if self._filter is not None and self._filter[0] is include:
+            return self._filter[1]
+        if self._order is None:
+            self._order = np.argsort(self.ids, kind="stable")
+        sorted_ids = self.ids[self._order]
+        at = np.minimum(np.searchsorted(sorted_ids, include), len(sorted_ids) - 1)
+        positions = np.sort(self._order[at[sorted_ids[at] == include]])
+        if len(positions) * 2 <= len(self.ids):
+            gathered = self.vectors.index_select(0, torch.from_numpy(positions).to(self.device))
+            selection = (gathered, positions, None, len(positions))
+        else:
+            mask = torch.ones(len(self.ids), dtype=torch.bool, device=self.device)
+            mask[torch.from_numpy(positions).to(self.device)] = False
+            selection = (self.vectors, None, mask, len(positions))
+        self._filter = (include, selection)
+        return selection
 
 
 @functools.cache
