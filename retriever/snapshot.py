@@ -12,10 +12,13 @@ the index, in one line.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,7 +52,7 @@ from retriever.manifest import Manifest, SegmentEntry
 from retriever.pipeline import l2_normalize
 from retriever.pseudo_queries import make_check_set
 from retriever.store.arrays import load_npy, npy_layout
-from retriever.fusion import CANDIDATES, Candidates, check_weight, make_fusion, top_list
+from retriever.fusion import CANDIDATES, Candidates, Fusion, check_weight, make_fusion, top_list
 from retriever.store.keywords import KeywordScorer, QueryMatches
 from retriever.store.segment import Segment
 from retriever.store.vectors import IndexSpec, load_template
@@ -82,6 +85,21 @@ class Ranked:
     keyword_score: float | None = None
     dense_rank: int | None = None
     keyword_rank: int | None = None
+
+
+@dataclass
+class KeywordList:
+    """One query's keyword side: its BM25 matches (to score any document) and its top list, best first."""
+
+    matches: QueryMatches
+    rowids: np.ndarray
+    scores: np.ndarray
+
+
+@functools.cache
+def _keyword_pool() -> ThreadPoolExecutor:
+    """Threads for hybrid search's keyword side, one per core: it overlaps the query's encoding."""
+    return ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="keyword-side")
 
 
 def _member(rowids: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -356,9 +374,23 @@ class Snapshot:
             return at_least(self.search_raw(self.encoder.encode(queries, progress=progress), k, where), min_score)
         mode = self.resolve_mode(mode)
         check_min_score(min_score, mode)
-        vectors = self.embed(queries, progress=progress) if mode != "keyword" else None
-        return at_least(self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
-                                            stop_words, where), min_score)
+        if mode != "hybrid":
+            vectors = self.embed(queries, progress=progress) if mode == "dense" else None
+            return at_least(self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
+                                                stop_words, where), min_score)
+        if k < 1:
+            raise RetrieverError(f"-k must be at least 1 (got {k})")
+        fuser, weight = make_fusion(fusion or DEFAULT_FUSION), check_weight(DEFAULT_WEIGHT if weight is None else weight)
+        allowed = self.matching(where) if where is not None else None
+        # The keyword side needs only the texts: it runs while they are encoded.
+        keyword_side = self._start_keyword_side(queries, max(k, CANDIDATES), stop_words, allowed)
+        try:
+            vectors = self.embed(queries, progress=progress)
+        except BaseException:
+            keyword_side.cancel()
+            raise
+        return at_least(self._hybrid(queries, vectors, k, fuser, weight, nprobe, ef_search, rerank, allowed,
+                                     keyword_side), min_score)
 
     @staticmethod
     def raw_space(space: str, mode: str | None) -> bool:
@@ -387,16 +419,23 @@ class Snapshot:
                        fusion: str | None = None, weight: float | None = None, nprobe: int | None = None,
                        ef_search: int | None = None, rerank: int | None = None,
                        stop_words: bool | None = None, where: Filter | None = None) -> list[list[SearchHit]]:
-        """The one search path (`search`, the server's batches, the benchmarks): TEXTS with their VECTORS already
-        in the index's space (`embed` or `calibrate`; None for keyword search), WHERE a compiled filter."""
+        """The search path for texts already encoded (the server's batches, the benchmarks; `search` shares it, and
+        in hybrid mode starts the keyword side before encoding): TEXTS with their VECTORS in the index's space
+        (`embed` or `calibrate`; None for keyword search), WHERE a compiled filter."""
         if k < 1:
             raise RetrieverError(f"-k must be at least 1 (got {k})")
         mode = self.resolve_mode(mode)
         allowed = self.matching(where) if where is not None else None
         if mode == "dense":
             return self.hits(*self.search_vectors(vectors, k, nprobe, ef_search, rerank, allowed))
-        return self._keyword_or_hybrid(texts, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank, stop_words,
-                                       allowed)
+        if mode == "keyword":
+            return self._ranked_hits([[Ranked(int(r), float(s), keyword_score=float(s), keyword_rank=rank)
+                                       for rank, (r, s) in enumerate(zip(side.rowids.tolist(), side.scores.tolist()),
+                                                                     start=1)]
+                                      for side in self._keyword_side(texts, k, stop_words, allowed)])
+        fuser, weight = make_fusion(fusion or DEFAULT_FUSION), check_weight(DEFAULT_WEIGHT if weight is None else weight)
+        keyword_side = self._start_keyword_side(texts, max(k, CANDIDATES), stop_words, allowed)
+        return self._hybrid(texts, vectors, k, fuser, weight, nprobe, ef_search, rerank, allowed, keyword_side)
 
     def matching(self, where: Filter) -> np.ndarray:
         """The live row ids (int64, ascending) WHERE selects, over every segment; remembered for the version's
@@ -440,29 +479,40 @@ class Snapshot:
         """How a dense search restricted to MATCHES documents runs (`retriever.filter_plan`)."""
         return plan_filtered_search(matches, len(self), k, self.spec, ef_search, nprobe)
 
-    def _keyword_or_hybrid(self, texts: Sequence[str], vectors: np.ndarray | None, k: int, mode: str,
-                           fusion: str | None, weight: float | None, nprobe: int | None, ef_search: int | None,
-                           rerank: int | None, stop_words: bool | None,
-                           allowed: np.ndarray | None = None) -> list[list[SearchHit]]:
+    def _keyword_side(self, texts: Sequence[str], depth: int, stop_words: bool | None,
+                      allowed: np.ndarray | None) -> list[KeywordList]:
+        """Each text's keyword top DEPTH (with ALLOWED, among those row ids), with its matches kept for scoring
+        other candidates."""
         scorer = self.keyword_scorer()
         stop_words = DEFAULT_STOP_WORDS if stop_words is None else stop_words
-        if mode == "keyword":
-            found = []
-            for text in texts:
-                rowids, scores = self._keyword_top(self._match(scorer, text, stop_words), k, allowed)
-                found.append([Ranked(int(r), float(s), keyword_score=float(s), keyword_rank=rank)
-                              for rank, (r, s) in enumerate(zip(rowids.tolist(), scores.tolist()), start=1)])
-            return self._ranked_hits(found)
-        fuser = make_fusion(fusion or DEFAULT_FUSION)
-        weight = check_weight(DEFAULT_WEIGHT if weight is None else weight)
-        depth = max(k, CANDIDATES)
-        dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank, allowed)
-        null = self._dense_null(vectors) if fuser.needs_null else [(0.0, 1.0)] * len(texts)
-        found = []
-        for number, text in enumerate(texts):
+        sides = []
+        for text in texts:
             matches = self._match(scorer, text, stop_words)
-            candidates = self._candidates(vectors[number], dense_scores[number], dense_ids[number], matches, depth,
-                                          null[number], fuser.needs_null, allowed)
+            sides.append(KeywordList(matches, *self._keyword_top(matches, depth, allowed)))
+        return sides
+
+    def _start_keyword_side(self, texts: Sequence[str], depth: int, stop_words: bool | None,
+                            allowed: np.ndarray | None) -> Future:
+        """`_keyword_side` on a worker thread: hybrid search runs it beside the encoder and the dense search (both
+        release the interpreter lock in their kernels, as NumPy and SQLite do in the keyword side's)."""
+        return _keyword_pool().submit(self._keyword_side, texts, depth, stop_words, allowed)
+
+    def _hybrid(self, texts: Sequence[str], vectors: np.ndarray, k: int, fuser: Fusion, weight: float,
+                nprobe: int | None, ef_search: int | None, rerank: int | None, allowed: np.ndarray | None,
+                keyword_side: Future) -> list[list[SearchHit]]:
+        """Fuse the dense top lists of VECTORS with KEYWORD_SIDE (`_start_keyword_side`, begun by the caller) by
+        FUSER, the dense side weighing WEIGHT."""
+        try:
+            depth = max(k, CANDIDATES)
+            dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank, allowed)
+            null = self._dense_null(vectors) if fuser.needs_null else [(0.0, 1.0)] * len(texts)
+        except BaseException:
+            keyword_side.cancel()
+            raise
+        found = []
+        for number, side in enumerate(keyword_side.result()):
+            candidates = self._candidates(vectors[number], dense_scores[number], dense_ids[number], side,
+                                          null[number], fuser.needs_null)
             fused = fuser.scores(candidates, weight)
             found.append([Ranked(int(candidates.rowids[i]), float(fused[i]), float(candidates.dense[i]),
                                  float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
@@ -470,22 +520,21 @@ class Snapshot:
                           for i in top_list(fused, candidates.rowids, k).tolist()])
         return self._ranked_hits(found)
 
-    def _candidates(self, query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, matches: QueryMatches,
-                    depth: int, dense_null: tuple[float, float], with_null: bool,
-                    allowed: np.ndarray | None = None) -> Candidates:
+    def _candidates(self, query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, side: KeywordList,
+                    dense_null: tuple[float, float], with_null: bool) -> Candidates:
         """One query's hybrid candidates: the union of the dense top list (DENSE_IDS, DENSE_SCORES) and the keyword
-        top DEPTH, each scored on both sides (a dense score as the dense search gave it, or from the stored vector)."""
+        top list (SIDE), each scored on both sides (a dense score as the dense search gave it, or from the stored
+        vector)."""
         listed = dense_ids[dense_ids >= 0]
-        keyword_ids, _ = self._keyword_top(matches, depth, allowed)
-        union = np.union1d(listed, keyword_ids)
+        union = np.union1d(listed, side.rowids)
         dense_rank = _ranks(union, listed)
         dense = np.zeros(len(union), np.float32)
         dense[dense_rank > 0] = dense_scores[dense_rank[dense_rank > 0] - 1]
         dense[dense_rank == 0] = self._dense_scores(query, union[dense_rank == 0])
         with self._reading(SEGMENTS):
-            keyword_null = matches.null() if with_null else (0.0, 1.0)
-        return Candidates(union, dense, self._keyword_scores(matches, union), dense_rank, _ranks(union, keyword_ids),
-                          dense_null, keyword_null)
+            keyword_null = side.matches.null() if with_null else (0.0, 1.0)
+        return Candidates(union, dense, self._keyword_scores(side.matches, union), dense_rank,
+                          _ranks(union, side.rowids), dense_null, keyword_null)
 
     def keyword_scorer(self) -> KeywordScorer:
         """BM25 over this version's live documents (built on first use, then kept: a version never changes)."""

@@ -212,3 +212,47 @@ def test_maxscore_keeps_its_best_where_float32_rounding_exceeds_a_common_term_s_
         for count in (1, 2, 3, 5):
             _, found, scores = matches.candidates(count)
             assert found[top_list(scores, found, count)].tolist() == every[top_list(every_scores, every, count)].tolist()
+
+
+def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(tmp_path):
+    """Word frequencies as in real text (a few words in most documents, a long tail), three segments and some
+    deletions: for queries mixing common and rare words, every COUNT the best found by MaxScore (common terms
+    skipped, then replacing their ceilings one by one) are the best of every match, scores included."""
+    from types import SimpleNamespace
+
+    from retriever.fusion import top_list
+    from retriever.store.keywords import KeywordIndex, KeywordScorer, KeywordSegment
+
+    rng = np.random.default_rng(7)
+    vocabulary = np.array([f"w{number}" for number in range(3000)])
+    weights = 1.0 / np.arange(1, len(vocabulary) + 1) ** 1.1
+    weights /= weights.sum()
+    segments, live = [], []
+    for part in range(3):
+        texts = [" ".join(rng.choice(vocabulary, int(rng.integers(5, 60)), p=weights)) for _ in range(2500)]
+
+        class Table:
+            def documents(self, texts=texts):
+                return ((rowid, SimpleNamespace(title=None, text=text)) for rowid, text in enumerate(texts, start=1))
+
+        folder = tmp_path / f"s{part}"
+        folder.mkdir()
+        KeywordIndex().build(folder, Table())
+        segments.append(KeywordSegment(folder))
+        live.append(rng.random(len(texts)) > 0.05)
+    scorer = KeywordScorer(segments, live)
+    skipped_somewhere = False
+    for _ in range(40):
+        words = [*rng.choice(vocabulary[:20], int(rng.integers(1, 5))), *rng.choice(vocabulary[20:], int(rng.integers(1, 5)))]
+        matches = scorer.match(" ".join(words), stop_words=False)
+        every_segments, every, every_scores = matches.every_match()
+        every_keys = every_segments.astype(np.int64) * 10**6 + every
+        for count in (1, 10, 100):
+            found_segments, found, scores = matches.candidates(count)
+            keys = found_segments.astype(np.int64) * 10**6 + found
+            expected = top_list(every_scores, every_keys, count)
+            chosen = top_list(scores, keys, count)
+            assert keys[chosen].tolist() == every_keys[expected].tolist()
+            assert scores[chosen].tolist() == every_scores[expected].tolist()
+            skipped_somewhere |= len(found) < len(every)
+    assert skipped_somewhere  # the pruning ran, not only the every-match fallback

@@ -43,17 +43,18 @@ K1, B = 1.2, 0.75
 # than 1 in DENSE_SHARE of a segment's documents) in an array of counts by position, kept for the DENSE_TERMS most
 # recently used of them per segment (2 bytes a document each); for the others by a search in the postings.
 DENSE_SHARE, DENSE_TERMS = 16, 32
+# MaxScore's first floor is the COUNT-th best exact score among the documents of a query's rarest terms: taken
+# from up to this many times COUNT documents where the rarest terms hold that few (`QueryMatches.candidates`).
+FLOOR_DOCUMENTS = 16
 # Lucene's English stop words (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET). Dropped from queries that hold other
 # words (`KeywordScorer.match`): the documents keep them, and a query of nothing else still finds them.
 STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or such that the their then there "
               "these they this to was will with").split()
-# Each term's postings are read from the scratch table as one row, positions and counts as comma-separated text
-# that NumPy parses: the per-posting work stays in C, not in a Python loop.
-_POSTINGS = """
-SELECT term, group_concat(doc), group_concat(n) FROM
-  (SELECT term, doc, count(*) AS n FROM temp.vocabulary GROUP BY term, doc ORDER BY term, doc)
-GROUP BY term ORDER BY term
-"""
+# Each term's occurrences are read from the scratch table as one row, the documents holding it once per occurrence
+# as comma-separated text (fts5vocab yields them in term, then document order: no sort in SQL), and rows are
+# parsed and counted in NumPy a few million occurrences at a time: the per-posting work stays in C.
+_OCCURRENCES = "SELECT term, count(*), group_concat(doc) FROM temp.vocabulary GROUP BY term"
+_OCCURRENCES_PER_CHUNK = 4_000_000
 
 
 class Tokenizer:
@@ -135,21 +136,14 @@ class KeywordIndex:
                     batch = []
             db.executemany("INSERT INTO scratch.documents (rowid, title, text) VALUES (?, ?, ?)", batch)
             lengths = np.zeros(count, np.int64)
-            rows: list[tuple[str, int, int]] = []
-            for term, positions_text, counts_text in db.execute(_POSTINGS):
-                positions = np.array(positions_text.split(","), dtype=np.int32)
-                counts = np.array(counts_text.split(","), dtype=np.int64)
-                if len(positions) > 1 and np.any(np.diff(positions) <= 0):  # group_concat's order is SQLite's choice
-                    order = np.argsort(positions, kind="stable")
-                    positions, counts = positions[order], counts[order]
-                lengths[positions] += counts
-                rows.append((term, postings.rows, len(positions)))
+            cursor = db.execute(_OCCURRENCES)
+            while chunk := _next_chunk(cursor):
+                terms, positions, counts, held = _postings_of(chunk)
+                lengths += np.bincount(positions, weights=counts, minlength=count).astype(np.int64)
+                starts = postings.rows + np.concatenate([[0], np.cumsum(held)[:-1]])
+                db.executemany("INSERT INTO terms VALUES (?, ?, ?)", zip(terms, starts.tolist(), held.tolist()))
                 postings.append(positions)
                 counts_file.append(np.minimum(counts, 65535))
-                if len(rows) == 10000:
-                    db.executemany("INSERT INTO terms VALUES (?, ?, ?)", rows)
-                    rows = []
-            db.executemany("INSERT INTO terms VALUES (?, ?, ?)", rows)
             db.commit()
             db.execute("DROP TABLE temp.vocabulary")
             db.execute("DETACH DATABASE scratch")
@@ -302,28 +296,29 @@ class QueryMatches:
         ceiling, weight x (k1 + 1). The rarest terms' documents, scored exactly, give a floor for the COUNT-th best
         score; the commonest terms whose ceilings add up to less than the floor (the skipped terms) cannot lift a
         document holding none of the other terms that far, so only the others' postings give candidates. A
-        candidate's partial score (those terms alone) plus the skipped terms' ceilings bounds its score: only
-        candidates whose bound reaches the COUNT-th best partial score are scored exactly, and only they touch the
-        long postings of the commonest terms."""
+        candidate's partial score (those terms alone) plus the skipped terms' ceilings bounds its score; the best
+        partial scores, scored exactly, raise the floor to a threshold, and the skipped terms, the rarest first,
+        replace their ceilings by what they add to the candidates still in reach. Only the candidates left are
+        scored exactly, and only they touch the long postings of the commonest terms."""
         if not self.terms:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
         first, held = [], 0
-        for term in sorted(self.terms, key=lambda term: term.length):  # the rarest terms, COUNT documents or more
+        for term in sorted(self.terms, key=lambda term: term.length):
+            # The rarest terms: COUNT documents or more, and more while they stay few (a higher floor skips more).
+            if held >= count and held + term.length > FLOOR_DOCUMENTS * count:
+                break
             first.append(term)
             held += term.length
-            if held >= count:
-                break
         floor = self._scored(*self._holding(first))[2]
         floor = np.partition(floor, len(floor) - count)[len(floor) - count] if len(floor) >= count else 0.0
         # Each ceiling a little high, and a float32 step of the floor to spare: the scores are float32 sums of
         # float32 contributions, so rounding must never let a skipped document reach the floor.
         ceilings = [float(term.weight) * (self.scorer.k1 + 1) * (1 + 1e-5) for term in self.terms]
-        skipped, bound = set(), 0.0
+        skipped = []
         for number in np.argsort(ceilings, kind="stable"):  # the commonest (lowest ceiling) first
-            if bound + ceilings[number] + _steps(floor) >= floor:
+            if sum(ceilings[n] for n in skipped) + ceilings[number] + _steps(floor) >= floor:
                 break
-            bound += ceilings[number]
-            skipped.add(int(number))
+            skipped.append(int(number))
         kept = [term for number, term in enumerate(self.terms) if number not in skipped]
         if not skipped:
             return self._scored(*self._holding(kept))
@@ -333,9 +328,23 @@ class QueryMatches:
             best = np.argpartition(-partial, min(4 * count, len(partial) - 1))[: 4 * count]
             exact = self._scored(segments[best], positions[best])[2]
             threshold = max(floor, np.partition(exact, len(exact) - count)[len(exact) - count])
-            reach = partial + bound + _steps(threshold) >= threshold  # rounding: never too few
-            segments, positions = segments[reach], positions[reach]
+            for done in range(len(skipped) + 1):
+                if done:  # the next skipped term, rarest first: its contributions instead of its ceiling
+                    partial = partial + self._across(self.terms[skipped[-done]], segments, positions)
+                bound = sum(ceilings[n] for n in skipped[: len(skipped) - done])
+                reach = partial + bound + _steps(threshold) >= threshold  # rounding: never too few
+                segments, positions, partial = segments[reach], positions[reach], partial[reach]
+                if len(positions) <= count:
+                    break
         return self._scored(segments, positions)
+
+    def _across(self, term: TermPostings, segments: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """What TERM adds to each document at (SEGMENTS, POSITIONS), float64 (0 where it does not occur)."""
+        total = np.zeros(len(positions), np.float64)
+        for number in np.unique(segments).tolist():
+            mine = segments == number
+            total[mine] = self._sum([term], number, positions[mine])
+        return total
 
     def _partial(self, terms: list[TermPostings]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, partial scores) of the live documents holding any of TERMS: those terms'
@@ -467,6 +476,34 @@ class KeywordScorer:
                 weight = np.float32(count * np.log1p((n - frequency + 0.5) / (frequency + 0.5)))
                 found.append(TermPostings(term, weight, [held.get(term) for held in postings]))
         return QueryMatches(self, found)
+
+
+def _next_chunk(cursor: sqlite3.Cursor) -> list[tuple[str, int, str]]:
+    """The next (term, occurrences, documents) rows of `_OCCURRENCES`, about _OCCURRENCES_PER_CHUNK occurrences."""
+    chunk, occurrences = [], 0
+    while occurrences < _OCCURRENCES_PER_CHUNK and (row := cursor.fetchone()) is not None:
+        chunk.append(row)
+        occurrences += row[1]
+    return chunk
+
+
+def _postings_of(chunk: list[tuple[str, int, str]]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Terms' occurrence rows -> (terms, positions int32, counts int64, postings per term): for each term, the
+    documents holding it, ascending, and how often."""
+    terms = [term for term, _, _ in chunk]
+    occurrences = np.array([number for _, number, _ in chunk], np.int64)
+    documents = np.array(",".join(text for _, _, text in chunk).split(","), dtype=np.int64)
+    if len(documents) != occurrences.sum():
+        raise RetrieverError("FTS5 listed a term's documents inconsistently")  # never seen; checked, not assumed
+    term_of = np.repeat(np.arange(len(chunk)), occurrences)
+    key = term_of * (int(documents.max(initial=0)) + 1) + documents
+    if np.any(np.diff(key) < 0):  # group_concat's order within a term is SQLite's choice: sorted if not ascending
+        order = np.argsort(key, kind="stable")
+        key, term_of, documents = key[order], term_of[order], documents[order]
+    starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    counts = np.diff(np.append(starts, len(key)))
+    held = np.bincount(term_of[starts], minlength=len(chunk))
+    return terms, documents[starts].astype(np.int32), counts, held
 
 
 def _steps(score: float) -> float:
