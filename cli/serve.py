@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from cli import options
+from retriever.errors import RetrieverError
 
 
 def serve(
@@ -39,6 +40,14 @@ def serve(
     no_key: Annotated[bool, typer.Option(
         "--no-key", help="serve on a non-loopback address without an API key (anyone who reaches it may read and "
         "write)")] = False,
+    engine: Annotated[str, typer.Option(
+        "--engine", **options.choice(("local", "ray")),
+        help="local: one process; ray: shards on Ray Serve, each searching a share of every index's segments, "
+        "behind a front that encodes and merges (same API and answers)")] = "local",
+    shards: Annotated[int, typer.Option("--shards", min=1, help="ray: how many shards")] = 2,
+    replicas: Annotated[int, typer.Option("--replicas", min=1, help="ray: replicas per shard")] = 1,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", help="ray: 'auto' or HOST:PORT of a running cluster [default: start one on 127.0.0.1]")] = None,
 ) -> None:
     """Serve every index over HTTP: a JSON API (docs at /docs) and a search page at /.
 
@@ -62,5 +71,8 @@ def serve(
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from retriever.server import serve as run
 
+    if engine == "local" and ray_address is not None:
+        raise RetrieverError("--ray-address is for --engine ray")
     run(index_dir, host=host, port=port, device=device, max_batch=max_batch, access_log=access_log, runtime=runtime,
-        access=access, allow_without_key=no_key)
+        access=access, allow_without_key=no_key, engine=engine, shards=shards, replicas=replicas,
+        ray_address=ray_address)

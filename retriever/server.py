@@ -61,6 +61,7 @@ from retriever.fusion import CANDIDATES
 from retriever.index import Index, SearchHit, at_least, check_min_score, search_record
 from retriever.text import check_queries, check_text
 from retriever.runtimes import resolve_runtime
+from retriever.shards import RayShards, ShardServer
 from retriever.index_folder import check_name, describe_indexes, list_indexes, resolve_index_dir
 
 try:
@@ -120,11 +121,12 @@ class OpenIndexes:
     open descriptors of pruned versions."""
 
     def __init__(self, index_dir: Path, device: str = "auto", runtime: str = "auto",
-                 metrics: ServerMetrics | None = None):
+                 metrics: ServerMetrics | None = None, remote: RayShards | None = None):
         self.index_dir = index_dir
         self.device = device
         self.runtime = runtime
         self.metrics = metrics
+        self.remote = remote  # a distributed server's shards: every version opened searches its vectors there
         self._held: dict[str, Index] = {}
         self._encoders: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -162,6 +164,8 @@ class OpenIndexes:
                     index.close()
                     raise UnavailableError(str(error), parameter=error.parameter) from None
             index.use_encoder(self._encoders[key])
+            if self.remote is not None:
+                index.use_remote_segments(self.remote)
             previous = self._held.get(name)
             self._held[name] = index
             self._retire(previous)
@@ -390,14 +394,15 @@ class CreateRequest(BaseModel):
 
 def create_app(index_dir: str | Path | None = None, device: str = "auto", preload: bool = False,
                max_batch: int = MAX_BATCH_QUERIES, runtime: str = "auto",
-               access: AccessPolicy | None = None) -> FastAPI:
+               access: AccessPolicy | None = None, remote: RayShards | None = None) -> FastAPI:
     """The application: INDEX_DIR as `resolve_index_dir` finds it; PRELOAD opens every index (and loads its
     model) at start-up rather than on its first request; RUNTIME runs the encoder on PyTorch or ONNX Runtime
     (auto: ONNX Runtime on CPU when installed, `retriever.onnx_runtime`); ACCESS, the Host names answered and
-    the API keys (default: loopback names, no key)."""
+    the API keys (default: loopback names, no key); REMOTE: the shards of a distributed server
+    (`ray_application`), which then search every index's vectors."""
     resolve_runtime(runtime, "cpu")  # validates the name before anything loads
     metrics = ServerMetrics()
-    indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime, metrics)
+    indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime, metrics, remote)
     private = _private_paths(indexes.index_dir)
     state: dict = {}
 
@@ -499,8 +504,9 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     @app.get("/indexes/{name}")
     async def one_index(name: str):
         async with indexes.using(name) as index:
+            shards = {} if indexes.remote is None else {"shards": indexes.remote.assignment(index)}
             return {**_describe_index(index), "segments": [entry.to_record() for entry in index.manifest.segments],
-                    "search_settings": index.spec.search_settings(), "fit": index.manifest.fit}
+                    "search_settings": index.spec.search_settings(), "fit": index.manifest.fit, **shards}
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None], k: int, space: str,
                          options: tuple, mode: str | None, min_score: float | None = None,
@@ -752,12 +758,52 @@ def serving_in_thread(app: FastAPI, timeout: float = 60.0) -> Iterator[str]:
         listener.close()
 
 
+def ray_application(index_dir: str | Path | None, shards: int, replicas: int = 1, device: str = "cpu",
+                    runtime: str = "auto", access: AccessPolicy | None = None, max_batch: int = MAX_BATCH_QUERIES,
+                    cpus_per_replica: float = 0.5):
+    """The distributed server as a Ray Serve application (`retriever.shards`): SHARDS shard deployments of REPLICAS
+    replicas each, and the front (this module's app, one replica) whose vectors the shards search."""
+    serve = import_serve()
+    index_dir = str(resolve_index_dir(index_dir))
+    if shards < 1:
+        raise RetrieverError(f"--shards must be at least 1 (got {shards})", parameter="shards")
+    if replicas < 1:
+        raise RetrieverError(f"--replicas must be at least 1 (got {replicas})", parameter="replicas")
+    shard_deployments = [
+        serve.deployment(ShardServer, name=f"shard-{number}", num_replicas=replicas,
+                         ray_actor_options={"num_cpus": cpus_per_replica}).bind(index_dir, number, shards, device)
+        for number in range(shards)]
+
+    @serve.deployment(name="front", num_replicas=1, ray_actor_options={"num_cpus": cpus_per_replica})
+    @serve.ingress()
+    class Front:
+        def __init__(self, *handles):
+            self.app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime,
+                                  access=access, remote=RayShards(handles))
+
+        def __serve_build_asgi_app__(self):
+            return self.app
+
+    return Front.bind(*shard_deployments)
+
+
+def import_serve():
+    """Ray Serve, or one line saying how to get it (an optional extra)."""
+    try:
+        from ray import serve
+    except ImportError:
+        raise RetrieverError("--engine ray needs Ray Serve: pip install 'retriever[ray]' (or 'ray[serve]')") from None
+    return serve
+
+
 def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
           max_batch: int = MAX_BATCH_QUERIES, access_log: bool = False, runtime: str = "auto",
-          access: AccessPolicy | None = None, allow_without_key: bool = False) -> None:
+          access: AccessPolicy | None = None, allow_without_key: bool = False, engine: str = "local",
+          shards: int = 2, replicas: int = 1, ray_address: str | None = None) -> None:
     """Run the server until interrupted (the CLI's `retriever serve`). ACCESS: the Host names answered and the
     keys (default: `serving_hosts(host)`, no key); listening beyond loopback without a key is refused unless
-    ALLOW_WITHOUT_KEY."""
+    ALLOW_WITHOUT_KEY. ENGINE "ray": the distributed server (`ray_application`) on the Ray cluster at RAY_ADDRESS
+    (default: a local one on 127.0.0.1), SHARDS shards of REPLICAS replicas each."""
     import uvicorn
 
     from retriever.access import check_exposure, serving_hosts
@@ -766,8 +812,34 @@ def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: in
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     access = access or AccessPolicy.create(serving_hosts(host))
     check_exposure(host, access, allow_without_key)
+    if engine == "ray":
+        serve_on_ray(index_dir, host, port, device, max_batch, runtime, access, shards, replicas, ray_address)
+        return
+    if engine != "local":
+        raise RetrieverError(f"unknown --engine {engine!r}; known: local, ray", parameter="engine")
     app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime, access=access)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log, http=BoundedHttpProtocol)
+
+
+def serve_on_ray(index_dir: str | Path | None, host: str, port: int, device: str, max_batch: int, runtime: str,
+                 access: AccessPolicy, shards: int, replicas: int, ray_address: str | None,
+                 until: threading.Event | None = None) -> None:
+    """`ray_application` on Ray Serve, HTTP on HOST:PORT, until interrupted (or UNTIL is set)."""
+    from retriever.engines.ray_build import ray_cluster
+
+    serve = import_serve()
+    application = ray_application(index_dir, shards, replicas, "cpu" if device == "auto" else device, runtime,
+                                  access, max_batch)
+    with ray_cluster(ray_address):
+        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.run(application, name="retriever", route_prefix="/")
+            log.info("serving on http://%s:%d with %d shards x %d replicas (Ray Serve)", host, port, shards, replicas)
+            (until or threading.Event()).wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            serve.shutdown()
 
 
 __all__ = ["create_app", "serve", "serving_in_thread", "OpenIndexes", "SearchBatcher", "SearchHit"]

@@ -12,17 +12,14 @@ the index, in one line.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -87,6 +84,30 @@ class Ranked:
     keyword_rank: int | None = None
 
 
+def merge_top_lists(lists: Iterable[tuple[int, np.ndarray, np.ndarray]], k: int,
+                    queries: int) -> tuple[np.ndarray, np.ndarray]:
+    """Segments' top lists (number, scores, ids) merged into each query's top-k, in segment order (so ties fall
+    the same way wherever the segments were searched)."""
+    lists = sorted(lists, key=lambda found: found[0])
+    if not lists:
+        return np.full((queries, k), -np.inf, np.float32), np.full((queries, k), -1, np.int64)
+    scores = np.concatenate([found[1] for found in lists], axis=1)
+    ids = np.concatenate([found[2] for found in lists], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+
+class RemoteSegments(Protocol):
+    """Where a version's vectors are searched when not in this process: a distributed server's shards
+    (`retriever.shards`). Each answers with `Snapshot.segment_top_lists` / `space_vectors` of the same version."""
+
+    def top_lists(self, snapshot: Snapshot, queries: np.ndarray, k: int, rerank: int, nprobe: int | None,
+                  ef_search: int | None, includes: dict[int, np.ndarray] | None,
+                  exact: bool) -> list[tuple[int, np.ndarray, np.ndarray]]: ...
+
+    def space_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> np.ndarray: ...
+
+
 @dataclass
 class KeywordList:
     """One query's keyword side: its BM25 matches (to score any document) and its top list, best first."""
@@ -94,12 +115,6 @@ class KeywordList:
     matches: QueryMatches
     rowids: np.ndarray
     scores: np.ndarray
-
-
-@functools.cache
-def _keyword_pool() -> ThreadPoolExecutor:
-    """Threads for hybrid search's keyword side, one per core: it overlaps the query's encoding."""
-    return ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="keyword-side")
 
 
 def _member(rowids: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -198,6 +213,7 @@ class Snapshot:
         self._lazy_lock = threading.Lock()  # what searches build on first use, built once
         self._calibrator_lock = threading.Lock()  # its own: what is built under _lazy_lock may need the calibrator
         self._calibrator: Calibrator | None = None
+        self._remote: RemoteSegments | None = None  # `use_remote_segments`
         if device != "cpu":  # a device this machine lacks is the caller's error, not damage: refused before the guard
             from retriever.device import resolve_device
 
@@ -374,23 +390,9 @@ class Snapshot:
             return at_least(self.search_raw(self.encoder.encode(queries, progress=progress), k, where), min_score)
         mode = self.resolve_mode(mode)
         check_min_score(min_score, mode)
-        if mode != "hybrid":
-            vectors = self.embed(queries, progress=progress) if mode == "dense" else None
-            return at_least(self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
-                                                stop_words, where), min_score)
-        if k < 1:
-            raise RetrieverError(f"-k must be at least 1 (got {k})")
-        fuser, weight = make_fusion(fusion or DEFAULT_FUSION), check_weight(DEFAULT_WEIGHT if weight is None else weight)
-        allowed = self.matching(where) if where is not None else None
-        # The keyword side needs only the texts: it runs while they are encoded.
-        keyword_side = self._start_keyword_side(queries, max(k, CANDIDATES), stop_words, allowed)
-        try:
-            vectors = self.embed(queries, progress=progress)
-        except BaseException:
-            keyword_side.cancel()
-            raise
-        return at_least(self._hybrid(queries, vectors, k, fuser, weight, nprobe, ef_search, rerank, allowed,
-                                     keyword_side), min_score)
+        vectors = self.embed(queries, progress=progress) if mode != "keyword" else None
+        return at_least(self.search_encoded(queries, vectors, k, mode, fusion, weight, nprobe, ef_search, rerank,
+                                            stop_words, where), min_score)
 
     @staticmethod
     def raw_space(space: str, mode: str | None) -> bool:
@@ -419,9 +421,8 @@ class Snapshot:
                        fusion: str | None = None, weight: float | None = None, nprobe: int | None = None,
                        ef_search: int | None = None, rerank: int | None = None,
                        stop_words: bool | None = None, where: Filter | None = None) -> list[list[SearchHit]]:
-        """The search path for texts already encoded (the server's batches, the benchmarks; `search` shares it, and
-        in hybrid mode starts the keyword side before encoding): TEXTS with their VECTORS in the index's space
-        (`embed` or `calibrate`; None for keyword search), WHERE a compiled filter."""
+        """The one search path (`search`, the server's batches, the benchmarks): TEXTS with their VECTORS already
+        in the index's space (`embed` or `calibrate`; None for keyword search), WHERE a compiled filter."""
         if k < 1:
             raise RetrieverError(f"-k must be at least 1 (got {k})")
         mode = self.resolve_mode(mode)
@@ -433,9 +434,9 @@ class Snapshot:
                                        for rank, (r, s) in enumerate(zip(side.rowids.tolist(), side.scores.tolist()),
                                                                      start=1)]
                                       for side in self._keyword_side(texts, k, stop_words, allowed)])
-        fuser, weight = make_fusion(fusion or DEFAULT_FUSION), check_weight(DEFAULT_WEIGHT if weight is None else weight)
-        keyword_side = self._start_keyword_side(texts, max(k, CANDIDATES), stop_words, allowed)
-        return self._hybrid(texts, vectors, k, fuser, weight, nprobe, ef_search, rerank, allowed, keyword_side)
+        fuser = make_fusion(fusion or DEFAULT_FUSION)
+        weight = check_weight(DEFAULT_WEIGHT if weight is None else weight)
+        return self._hybrid(texts, vectors, k, fuser, weight, nprobe, ef_search, rerank, stop_words, allowed)
 
     def matching(self, where: Filter) -> np.ndarray:
         """The live row ids (int64, ascending) WHERE selects, over every segment; remembered for the version's
@@ -491,26 +492,17 @@ class Snapshot:
             sides.append(KeywordList(matches, *self._keyword_top(matches, depth, allowed)))
         return sides
 
-    def _start_keyword_side(self, texts: Sequence[str], depth: int, stop_words: bool | None,
-                            allowed: np.ndarray | None) -> Future:
-        """`_keyword_side` on a worker thread: hybrid search runs it beside the encoder and the dense search (both
-        release the interpreter lock in their kernels, as NumPy and SQLite do in the keyword side's)."""
-        return _keyword_pool().submit(self._keyword_side, texts, depth, stop_words, allowed)
-
     def _hybrid(self, texts: Sequence[str], vectors: np.ndarray, k: int, fuser: Fusion, weight: float,
-                nprobe: int | None, ef_search: int | None, rerank: int | None, allowed: np.ndarray | None,
-                keyword_side: Future) -> list[list[SearchHit]]:
-        """Fuse the dense top lists of VECTORS with KEYWORD_SIDE (`_start_keyword_side`, begun by the caller) by
-        FUSER, the dense side weighing WEIGHT."""
-        try:
-            depth = max(k, CANDIDATES)
-            dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank, allowed)
-            null = self._dense_null(vectors) if fuser.needs_null else [(0.0, 1.0)] * len(texts)
-        except BaseException:
-            keyword_side.cancel()
-            raise
+                nprobe: int | None, ef_search: int | None, rerank: int | None, stop_words: bool | None,
+                allowed: np.ndarray | None) -> list[list[SearchHit]]:
+        """Fuse each query's dense top list (of VECTORS) with its keyword top list by FUSER, the dense side weighing
+        WEIGHT. The two sides run one after the other: measured on 2 cores, a thread for the keyword side made
+        hybrid search slower (its NumPy work and FAISS's threads compete for the cores and the interpreter lock)."""
+        depth = max(k, CANDIDATES)
+        dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank, allowed)
+        null = self._dense_null(vectors) if fuser.needs_null else [(0.0, 1.0)] * len(texts)
         found = []
-        for number, side in enumerate(keyword_side.result()):
+        for number, side in enumerate(self._keyword_side(texts, depth, stop_words, allowed)):
             candidates = self._candidates(vectors[number], dense_scores[number], dense_ids[number], side,
                                           null[number], fuser.needs_null)
             fused = fuser.scores(candidates, weight)
@@ -580,10 +572,19 @@ class Snapshot:
         return self._space_vectors(rowids) @ query if len(rowids) else np.zeros(0, np.float32)
 
     def _space_vectors(self, rowids: np.ndarray) -> np.ndarray:
+        if self._remote is not None:
+            return self._remote.space_vectors(self, rowids)
+        return self.space_vectors(rowids)
+
+    def space_vectors(self, rowids: np.ndarray, numbers: Iterable[int] | None = None) -> np.ndarray:
         """ROWIDS' vectors in the index's space: the stored vectors a search scores (flat, hnsw), else their raw
-        vectors calibrated as at build (IVF types keep no float vectors)."""
+        vectors calibrated as at build (IVF types keep no float vectors). NUMBERS: only those segments are read
+        (rows of the others stay zero)."""
         vectors = np.zeros((len(rowids), self.manifest.dim), np.float32)
-        for segment in self.segments:
+        wanted = None if numbers is None else set(numbers)
+        for number, segment in enumerate(self.segments):
+            if wanted is not None and number not in wanted:
+                continue
             mine = segment.contains(rowids)
             if mine.any():
                 with self._reading(f"{SEGMENTS}/{segment.name}"):
@@ -690,11 +691,25 @@ class Snapshot:
                          ef_search: int | None, includes: list[np.ndarray] | None = None,
                          exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Each segment's top-k (INCLUDES: only those row ids, per segment; EXACT: every one scored, or for IVF
-        types every bucket probed), re-ranked where compressed, merged."""
+        types every bucket probed), re-ranked where compressed, merged; by the remote segments where some are set."""
+        by_number = None if includes is None else dict(enumerate(includes))
+        if self._remote is not None:
+            lists = self._remote.top_lists(self, queries, k, rerank, nprobe, ef_search, by_number, exact)
+        else:
+            lists = self.segment_top_lists(range(len(self.segments)), queries, k, rerank, nprobe, ef_search, by_number,
+                                           exact)
+        return merge_top_lists(lists, k, len(queries))
+
+    def segment_top_lists(self, numbers: Iterable[int], queries: np.ndarray, k: int, rerank: int,
+                          nprobe: int | None, ef_search: int | None, includes: dict[int, np.ndarray] | None = None,
+                          exact: bool = False) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """(segment number, scores, row ids) of the top-k of each segment of NUMBERS, as `_search_segments` merges
+        them (a shard of a distributed server answers for its own segments with it)."""
         candidates = k * rerank if self.spec.kind.compressed else k
-        all_scores, all_ids = [], []
-        for number, segment in enumerate(self.segments):
-            include = None if includes is None else includes[number]
+        lists = []
+        for number in numbers:
+            segment = self.segments[number]
+            include = None if includes is None else includes.get(number, np.empty(0, np.int64))
             if include is not None and not len(include):
                 continue
             with self._reading(f"{SEGMENTS}/{segment.name}"):
@@ -703,13 +718,13 @@ class Snapshot:
                                                      nprobe, ef_search, include, exact)
                 if candidates > k:
                     scores, ids = self._rerank(segment, queries, ids, k)
-            all_scores.append(scores)
-            all_ids.append(ids)
-        if not all_scores:
-            return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
-        scores, ids = np.concatenate(all_scores, axis=1), np.concatenate(all_ids, axis=1)
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+            lists.append((number, scores, ids))
+        return lists
+
+    def use_remote_segments(self, remote: RemoteSegments) -> None:
+        """Search this version's vectors through REMOTE (a distributed server's shards) instead of in this
+        process; keyword search, documents and fusion stay here."""
+        self._remote = remote
 
     def _rerank(self, segment: Segment, queries: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact scores for approximate candidates: their raw vectors, calibrated as at build, against the query."""

@@ -278,7 +278,8 @@ class VectorStore:
         # cannot clash and skips the O(ntotal) membership check: adding in many batches stays linear.
         self._id_bound: int | None = None
         self._sorted_ids: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # `_id_order`
-        self._position_bitmap: tuple[np.ndarray, list[np.ndarray]] | None = None  # `_scan_included`: the last filter's
+        # `_scan_included`: the last filter's positions, split by thread
+        self._position_parts: tuple[np.ndarray, list[np.ndarray]] | None = None
 
     @classmethod
     def create(cls, dim: int, index_type: IndexSpec | str = "flat", template: faiss.Index | None = None,
@@ -381,7 +382,7 @@ class VectorStore:
             self._index.ntotal = self._ivf.ntotal  # a pre-transform wrapper does not track its inner index
         self._id_bound = max(self._id_bound, int(ids.max()))
         self._searcher = None
-        self._sorted_ids = self._position_bitmap = None
+        self._sorted_ids = self._position_parts = None
 
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None, nprobe: int | None = None,
                ef_search: int | None = None, include: np.ndarray | None = None,
@@ -420,26 +421,28 @@ class VectorStore:
         return scores, ids
 
     def _scan_included(self, queries: np.ndarray, k: int, include: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k among INCLUDE in an hnsw store: its flat storage searched with a bitmap of their positions
-        (each included vector scored where it lies: no copy, no graph)."""
-        cached = self._position_bitmap
+        """Exact top-k among INCLUDE in an hnsw store: its flat storage searched at the positions of INCLUDE only
+        (each included vector scored where it lies: no copy, no graph, no pass over the others)."""
+        cached = self._position_parts
         if cached is None or cached[0] is not include:
-            # Few queries: faiss scans one query on one thread, so the matches are split into one bitmap per
-            # thread (positions in order: each part a contiguous stretch of the storage), scanned side by side.
-            positions = np.sort(self._positions(include))
+            # Few queries: faiss scans one query on one thread, so the positions are split into one part per
+            # thread (in order: each part a contiguous stretch of the storage), scanned side by side. A position
+            # list (IDSelectorArray) is scored row by row; a bitmap would be tested at every row of the storage.
+            positions = np.sort(self._positions(include)).astype(np.int64)
             parts = max(1, min(faiss.omp_get_max_threads(), len(positions) // SCAN_PART_ROWS))
-            cached = self._position_bitmap = (include, [bitmap_of(part) for part in np.array_split(positions, parts)])
+            cached = self._position_parts = (include, [np.ascontiguousarray(part)
+                                                       for part in np.array_split(positions, parts)])
         storage = faiss.downcast_index(faiss.downcast_index(self._index.index).storage)
 
-        def scan(bitmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
+        def scan(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            selector = faiss.IDSelectorArray(len(part), faiss.swig_ptr(part))
             return storage.search(queries, k, params=faiss.SearchParameters(sel=selector))
 
-        bitmaps = cached[1]
-        if len(bitmaps) == 1 or len(queries) >= len(bitmaps):  # many queries: faiss spreads them over threads
-            found = [scan(bitmap) for bitmap in bitmaps]
+        parts = cached[1]
+        if len(parts) == 1 or len(queries) >= len(parts):  # many queries: faiss spreads them over threads
+            found = [scan(part) for part in parts]
         else:
-            found = list(_scan_pool().map(scan, bitmaps))  # faiss releases the GIL while it scans
+            found = list(_scan_pool().map(scan, parts))  # faiss releases the GIL while it scans
         scores, positions = (np.concatenate(column, axis=1) for column in zip(*found))
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         scores, positions = np.take_along_axis(scores, order, axis=1), np.take_along_axis(positions, order, axis=1)

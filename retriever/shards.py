@@ -1,0 +1,150 @@
+"""Distributed search on Ray Serve: shards that hold a share of every index's segments, and a front that encodes,
+fans out, merges and answers the same HTTP API as the local server (`retriever serve --engine ray --shards N`).
+
+    HTTP (Ray Serve's proxy, 127.0.0.1) -> Front (the `retriever.server` app: encoder, keyword index, documents)
+                                            |-- Shard 0 (replicas) : vectors of its segments
+                                            `-- Shard N-1 (replicas)
+
+- Each version's segments are assigned to shards by `assign_segments` (largest first, to the least loaded shard):
+  a shard searches only its segments' vectors, so a shard's memory is its share of the vectors (segments are
+  memory-mapped, and a process touches only the pages it searches). The assignment is a function of the manifest,
+  the same in every process, and `GET /indexes/{name}` shows it.
+- The front resolves the version to answer from once per request (as the local server does) and names its folder
+  in every shard call; a shard opens exactly that version (kept open for the next calls). A version committed
+  meanwhile is searched by the next request, on every shard at once: no answer mixes versions, and each names
+  the version it comes from.
+- The front merges the shards' per-segment top lists in segment order, as one process merges its segments, so
+  the answers equal the local server's. Keyword search, fusion and documents stay at the front (BM25 reads the
+  whole version's statistics; the keyword index is a small part of an index).
+- A shard that fails or does not answer within `SHARD_TIMEOUT_S` fails the request with a 503 naming it: never a
+  partial merge, never a hang. Ray Serve replaces a dead replica; requests meanwhile go to the shard's other
+  replicas or fail fast.
+
+The deployments are put together by `retriever.server.ray_application`; this module holds what runs in them and
+imports no Ray itself (the handles it calls are given to it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from retriever.errors import RetrieverError, UnavailableError
+from retriever.manifest import SegmentEntry
+from retriever.snapshot import Snapshot
+
+log = logging.getLogger("retriever.shards")
+
+SHARD_TIMEOUT_S = 10.0  # a shard's answer; past it the request is a 503 (replicas are being replaced, or overloaded)
+VERSIONS_HELD = 4  # versions a shard keeps open: the current one and those requests in flight may still name
+
+
+def assign_segments(segments: Sequence[SegmentEntry], shards: int) -> dict[str, int]:
+    """Segment name -> shard number: the largest segment first, each to the shard holding the fewest rows so far
+    (ties: the lower number). Deterministic: every process derives the same assignment from the manifest."""
+    if shards < 1:
+        raise RetrieverError(f"a distributed server needs at least 1 shard (got {shards})", parameter="shards")
+    load = [0] * shards
+    assignment = {}
+    for entry in sorted(segments, key=lambda entry: (-entry.rows, entry.name)):
+        shard = min(range(shards), key=lambda number: (load[number], number))
+        assignment[entry.name] = shard
+        load[shard] += entry.rows
+    return assignment
+
+
+class ShardServer:
+    """One shard (a Ray Serve deployment's replica): answers for its segments of whichever version it is asked."""
+
+    def __init__(self, index_dir: str, shard: int, shards: int, device: str = "cpu"):
+        self.index_dir, self.shard, self.shards, self.device = index_dir, shard, shards, device
+        self._open: OrderedDict[str, Snapshot] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _version(self, name: str, folder: str) -> tuple[Snapshot, list[int]]:
+        with self._lock:
+            snapshot = self._open.get(folder)
+            if snapshot is None:
+                snapshot = Snapshot.open_version(Path(folder), name, self.index_dir, device=self.device)
+                self._open[folder] = snapshot
+                while len(self._open) > VERSIONS_HELD:
+                    self._open.popitem(last=False)[1].close()
+            self._open.move_to_end(folder)
+        assignment = assign_segments(snapshot.manifest.segments, self.shards)
+        return snapshot, [number for number, segment in enumerate(snapshot.segments)
+                          if assignment[segment.name] == self.shard]
+
+    def top_lists(self, name: str, folder: str, queries: np.ndarray, k: int, rerank: int, nprobe: int | None,
+                  ef_search: int | None, includes: dict[int, np.ndarray] | None,
+                  exact: bool) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        snapshot, mine = self._version(name, folder)
+        return snapshot.segment_top_lists(mine, queries, k, rerank, nprobe, ef_search, includes, exact)
+
+    def space_vectors(self, name: str, folder: str, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(which of ROWIDS this shard holds, their vectors in the index's space)."""
+        snapshot, mine = self._version(name, folder)
+        held = np.zeros(len(rowids), bool)
+        for number in mine:
+            held |= snapshot.segments[number].contains(rowids)
+        return held, snapshot.space_vectors(rowids[held], mine)
+
+    def describe(self) -> dict:
+        import os
+
+        return {"shard": self.shard, "pid": os.getpid(), "versions_open": list(self._open)}
+
+
+class RayShards:
+    """The front's view of the shards (`Snapshot.use_remote_segments`): calls each shard that holds segments of the
+    version, waits for all, and merges nothing partial."""
+
+    def __init__(self, handles: Sequence, timeout: float = SHARD_TIMEOUT_S):
+        self.handles, self.timeout = list(handles), timeout
+
+    def assignment(self, snapshot: Snapshot) -> dict[str, int]:
+        return assign_segments(snapshot.manifest.segments, len(self.handles))
+
+    def _gather(self, calls: dict[int, object]) -> dict[int, object]:
+        answers = {}
+        for shard, call in calls.items():
+            try:
+                answers[shard] = call.result(timeout_s=self.timeout)
+            except Exception as error:  # noqa: BLE001 - Ray's errors vary (actor died, timeout, replica restarting)
+                for pending in calls.values():
+                    pending.cancel()
+                reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+                raise UnavailableError(f"shard {shard} did not answer ({type(error).__name__}: {reason}); nothing "
+                                       "was merged: try again") from None
+        return answers
+
+    def top_lists(self, snapshot: Snapshot, queries: np.ndarray, k: int, rerank: int, nprobe: int | None,
+                  ef_search: int | None, includes: dict[int, np.ndarray] | None,
+                  exact: bool) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        assignment = self.assignment(snapshot)
+        calls = {}
+        for shard, handle in enumerate(self.handles):
+            numbers = [n for n, segment in enumerate(snapshot.segments) if assignment[segment.name] == shard]
+            if includes is not None:
+                numbers = [n for n in numbers if n in includes]
+            if not numbers:
+                continue
+            mine = None if includes is None else {n: includes[n] for n in numbers}
+            calls[shard] = handle.top_lists.remote(snapshot.name, str(snapshot.folder), queries, k, rerank, nprobe,
+                                                   ef_search, mine, exact)
+        return [found for lists in self._gather(calls).values() for found in lists]
+
+    def space_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> np.ndarray:
+        vectors = np.zeros((len(rowids), snapshot.manifest.dim), np.float32)
+        calls = {shard: handle.space_vectors.remote(snapshot.name, str(snapshot.folder), rowids)
+                 for shard, handle in enumerate(self.handles)}
+        for held, found in self._gather(calls).values():
+            vectors[held] = found
+        return vectors
+
+
+__all__ = ["assign_segments", "RayShards", "ShardServer", "SHARD_TIMEOUT_S"]

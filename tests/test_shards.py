@@ -1,0 +1,203 @@
+"""Distributed search (retriever.shards, `retriever serve --engine ray`): segments assigned to shards, a front
+whose answers equal the local server's, a failing shard answered by a fast 503, and the whole on Ray Serve."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from retriever.index import Index
+from retriever.manifest import SegmentEntry
+from retriever.server import create_app
+from retriever.shards import RayShards, ShardServer, assign_segments
+from tests.helpers import build_notes, documents, write_corpus
+
+QUERIES = [record["text"] for record in documents(120)[::4]]  # 30 queries
+
+
+class InProcessCall:
+    """What a Ray Serve handle's `.remote()` returns, for a shard run in this process."""
+
+    def __init__(self, function, *args, fail: Exception | None = None):
+        self._function, self._args, self._fail = function, args, fail
+
+    def result(self, timeout_s: float | None = None):
+        if self._fail is not None:
+            raise self._fail
+        return self._function(*self._args)
+
+    def cancel(self) -> None:
+        pass
+
+
+class InProcessHandle:
+    """A shard deployment's handle, its methods called in this process (FAIL: every call raises it)."""
+
+    def __init__(self, shard: ShardServer, fail: Exception | None = None):
+        self.shard, self.fail = shard, fail
+        self.calls = 0
+
+    def __getattr__(self, method: str):
+        handle = self
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                handle.calls += 1
+                return InProcessCall(getattr(handle.shard, method), *args, fail=handle.fail)
+        return Method
+
+
+@pytest.fixture()
+def index_dir(tmp_path, tiny_bert) -> Path:
+    """The notes index in three segments (a build and two adds), with one deletion."""
+    folder = build_notes(tmp_path / "indexes", tiny_bert, 120)
+    index = Index.open("notes", folder, device="cpu")
+    for part in range(2):
+        extra = [{"_id": f"x{part}-{i}", "text": f"Extra note {i} of batch {part} about sailing and storms."}
+                 for i in range(15)]
+        index = index.add(write_corpus(tmp_path / f"extra{part}.jsonl", extra)).snapshot()
+    index.delete(["d3"])
+    assert len(Index.open("notes", folder, device="cpu").segments) == 3
+    return folder
+
+
+def results(client: TestClient, params: dict) -> list[list[tuple[str, float]]]:
+    answer = client.post("/search", json={"queries": QUERIES, "k": 10, **params})
+    assert answer.status_code == 200, answer.text
+    return [[(hit["doc_id"], round(hit["score"], 4)) for hit in record["results"]] for record in answer.json()["queries"]]
+
+
+def test_segments_are_assigned_largest_first_to_the_least_loaded_shard():
+    entries = [SegmentEntry("a", 100), SegmentEntry("b", 60), SegmentEntry("c", 50), SegmentEntry("d", 10)]
+    assert assign_segments(entries, 2) == {"a": 0, "b": 1, "c": 1, "d": 0}
+    assert assign_segments(list(reversed(entries)), 2) == assign_segments(entries, 2)  # order-free
+    assert set(assign_segments(entries, 8).values()) == {0, 1, 2, 3}  # more shards than segments: some hold none
+
+
+def test_two_shards_answer_exactly_as_the_local_server_in_every_mode(index_dir):
+    handles = [InProcessHandle(ShardServer(str(index_dir), number, 2)) for number in range(2)]
+    with TestClient(create_app(index_dir, device="cpu", runtime="torch"), base_url="http://127.0.0.1") as local, \
+            TestClient(create_app(index_dir, device="cpu", runtime="torch", remote=RayShards(handles)),
+                       base_url="http://127.0.0.1") as sharded:
+        for params in ({"mode": "dense"}, {"mode": "hybrid"}, {"mode": "keyword"}, {},
+                       {"mode": "dense", "where": {"title": {"$ne": "note 5"}}}):
+            assert results(sharded, params) == results(local, params), params
+        info = sharded.get("/indexes/notes").json()
+        assert sorted(info["shards"].values()) == [0, 0, 1] or sorted(info["shards"].values()) == [0, 1, 1]
+        assert set(info["shards"]) == {segment["name"] for segment in info["segments"]}
+    assert all(handle.calls for handle in handles)  # both shards searched
+
+
+def test_a_failing_shard_fails_the_request_with_a_503_never_a_partial_answer(index_dir):
+    handles = [InProcessHandle(ShardServer(str(index_dir), 0, 2)),
+               InProcessHandle(ShardServer(str(index_dir), 1, 2), fail=TimeoutError("no answer in 10 s"))]
+    with TestClient(create_app(index_dir, device="cpu", runtime="torch", remote=RayShards(handles)),
+                    base_url="http://127.0.0.1") as sharded:
+        started = time.perf_counter()
+        answer = sharded.get("/search", params={"q": QUERIES[0], "mode": "dense"})
+        assert answer.status_code == 503 and time.perf_counter() - started < 5
+        assert "shard 1 did not answer (TimeoutError: no answer in 10 s); nothing was merged" in answer.json()["detail"]
+        handles[1].fail = None  # the replica replaced: service resumes
+        assert sharded.get("/search", params={"q": QUERIES[0], "mode": "dense"}).status_code == 200
+
+
+def test_a_shard_searches_the_version_it_is_asked_for(index_dir, tmp_path):
+    """A write committed meanwhile does not change what a shard answers for the version the front names."""
+    before = Index.open("notes", index_dir, device="cpu")
+    shard = ShardServer(str(index_dir), 0, 1)
+    query = before.embed([QUERIES[1]])
+    first = shard.top_lists("notes", str(before.folder), query, 5, 1, None, None, None, False)
+    before.add(write_corpus(tmp_path / "more.jsonl", [{"_id": "new", "text": QUERIES[1]}]))
+    again = shard.top_lists("notes", str(before.folder), query, 5, 1, None, None, None, False)
+    assert [found[2].tolist() for found in again] == [found[2].tolist() for found in first]
+
+
+# ------------------------------------------------------------------------------------------------ on Ray Serve
+
+@pytest.mark.timeout(420)
+def test_ray_serve_two_shards_match_the_local_server_hold_the_keys_and_survive_a_killed_replica(index_dir):
+    """The distributed server on a local Ray cluster (loopback only): the same top-10 as the local server for 30
+    queries; the API keys hold; /metrics parses; a shard replica killed under a bounded load gives 503s and no
+    hang, and service resumes once Ray Serve has replaced it."""
+    import socket
+
+    import httpx
+    import ray
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from retriever.access import AccessPolicy
+    from retriever.server import serve_on_ray
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    access = AccessPolicy.create(["127.0.0.1"], api_key="write-key", read_only_api_key="read-key")
+    stop = threading.Event()
+    server = threading.Thread(target=serve_on_ray, args=(index_dir, "127.0.0.1", port, "cpu", 64, "torch", access,
+                                                         2, 1, None, stop), daemon=True)
+    server.start()
+    base = f"http://127.0.0.1:{port}"
+    read = {"Authorization": "Bearer read-key"}
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # the cluster, the deployments and the front's model start
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and server.is_alive(), "the distributed server did not start"
+            time.sleep(1)
+        with TestClient(create_app(index_dir, device="cpu", runtime="torch"), base_url="http://127.0.0.1") as local:
+            for params in ({"mode": "dense"}, {}):
+                answer = httpx.post(f"{base}/search", json={"queries": QUERIES, "k": 10, **params}, headers=read,
+                                    timeout=60)
+                assert answer.status_code == 200, answer.text
+                distributed = [[hit["doc_id"] for hit in record["results"]] for record in answer.json()["queries"]]
+                assert distributed == [[doc for doc, _ in found] for found in results(local, params)]
+        assert httpx.get(f"{base}/search", params={"q": "storm"}, timeout=10).status_code == 401
+        assert httpx.post(f"{base}/indexes/notes/documents", json={"documents": [{"_id": "z", "text": "z"}]},
+                          headers=read, timeout=10).status_code == 403
+        metrics = httpx.get(f"{base}/metrics", headers=read, timeout=10)
+        names = {family.name for family in text_string_to_metric_families(metrics.text)}
+        assert "retriever_requests" in names or "retriever_requests_total" in names, sorted(names)[:20]
+
+        # A shard replica killed under load: every answer is 200 or 503, none hangs, and service resumes.
+        shard_actor = next(actor for actor in ray.util.list_named_actors(all_namespaces=True)
+                           if "shard-1" in actor["name"] and "REPLICA" in actor["name"].upper())
+        codes: list[int] = []
+        times: list[float] = []
+
+        def one(number: int) -> None:
+            started = time.perf_counter()
+            try:
+                code = httpx.get(f"{base}/search", params={"q": QUERIES[number % 30], "mode": "dense"}, headers=read,
+                                 timeout=30).status_code
+            except httpx.TimeoutException:
+                code = -1
+            codes.append(code)
+            times.append(time.perf_counter() - started)
+
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(one, number) for number in range(20)]
+            ray.kill(ray.get_actor(shard_actor["name"], namespace=shard_actor["namespace"]), no_restart=True)
+            futures += [pool.submit(one, number) for number in range(20, 80)]
+            for future in futures:
+                future.result()
+        assert set(codes) <= {200, 503}, codes  # never a hang, never a 500 or a partial answer
+        assert max(times) < 25
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{base}/search", params={"q": QUERIES[0], "mode": "dense"}, headers=read,
+                        timeout=30).status_code != 200:
+            assert time.monotonic() < deadline, "service did not resume after the replica was replaced"
+            time.sleep(1)
+    finally:
+        stop.set()
+        server.join(timeout=60)
+    assert not server.is_alive()
