@@ -322,7 +322,7 @@ class SearchBatcher:
             try:
                 self._search(same)
             except Exception as error:  # noqa: BLE001
-                if len(same) == 1:
+                if len(same) == 1 or isinstance(error, UnavailableError):  # the server's failure: no request to blame
                     _fail(same, error)
                     continue
                 for job in same:
@@ -778,11 +778,11 @@ def ray_application(index_dir: str | Path | None, shards: int, replicas: int = 1
     @serve.ingress()
     class Front:
         def __init__(self, *handles):
-            self.app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime,
+            self.api = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime,
                                   access=access, remote=RayShards(handles))
 
         def __serve_build_asgi_app__(self):
-            return self.app
+            return self.api
 
     return Front.bind(*shard_deployments)
 

@@ -40,7 +40,7 @@ from retriever.snapshot import Snapshot
 
 log = logging.getLogger("retriever.shards")
 
-SHARD_TIMEOUT_S = 10.0  # a shard's answer; past it the request is a 503 (replicas are being replaced, or overloaded)
+SHARD_TIMEOUT_S = 2.0  # a shard's answer (milliseconds when healthy); past it the request is a 503, not a wait
 VERSIONS_HELD = 4  # versions a shard keeps open: the current one and those requests in flight may still name
 
 

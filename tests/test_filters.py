@@ -5,6 +5,7 @@ is exact), delete by filter, and an index of before metadata."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -224,10 +225,11 @@ def test_keyword_hybrid_and_raw_searches_filter_too(filtered_index):
 def test_the_plan_scans_few_matches_and_widens_the_ann_for_many():
     hnsw, ivfpq = IndexSpec(type="hnsw"), IndexSpec(type="ivfpq", nlist=1024)
     assert plan_filtered_search(500, 1_000_000, 10, hnsw).exact
-    wide = plan_filtered_search(500_000, 1_000_000, 10, hnsw)  # half match: a beam twice as wide meets as many
-    assert not wide.exact and wide.ef_search == 2 * hnsw.search_ef
-    narrower = plan_filtered_search(100_000, 1_000_000, 10, hnsw)
-    assert narrower.exact or narrower.ef_search >= hnsw.search_ef
+    wide = plan_filtered_search(500_000, 1_000_000, 10, hnsw)  # half match: a beam sqrt(2) times as wide
+    assert not wide.exact and wide.ef_search == math.ceil(hnsw.search_ef * math.sqrt(2))
+    narrower = plan_filtered_search(100_000, 1_000_000, 10, hnsw)  # a tenth: sqrt(10) times, cheaper than the scan
+    assert not narrower.exact and narrower.ef_search == math.ceil(hnsw.search_ef * math.sqrt(10))
+    assert plan_filtered_search(20_000, 200_000, 10, hnsw).exact  # the same share of fewer: the scan is cheaper
     probe = plan_filtered_search(500_000, 1_000_000, 10, ivfpq)
     assert not probe.exact and ivfpq.search_nprobe < probe.nprobe < 1024
     few = plan_filtered_search(20_000, 1_000_000, 10, ivfpq)  # every bucket probed: every match's code scored
