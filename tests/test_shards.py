@@ -201,3 +201,12 @@ def test_ray_serve_two_shards_match_the_local_server_hold_the_keys_and_survive_a
         stop.set()
         server.join(timeout=60)
     assert not server.is_alive()
+
+
+def test_serve_s_distributed_options_are_checked_in_one_line(cli):
+    result = cli("serve", "--ray-address", "127.0.0.1:6379")
+    assert result.returncode == 1 and result.stderr.strip() == "error: --ray-address is for --engine ray"
+    result = cli("serve", "--engine", "ray", "--shards", "0")
+    assert result.returncode == 2 and "--shards" in result.stderr
+    result = cli("serve", "--engine", "ray", "--host", "0.0.0.0")  # beyond loopback without a key: refused first
+    assert result.returncode == 1 and "key" in result.stderr and "Traceback" not in result.stderr
