@@ -26,7 +26,6 @@ imports no Ray itself (the handles it calls are given to it).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -37,8 +36,6 @@ import numpy as np
 from retriever.errors import RetrieverError, UnavailableError
 from retriever.manifest import SegmentEntry
 from retriever.snapshot import Snapshot
-
-log = logging.getLogger("retriever.shards")
 
 SHARD_TIMEOUT_S = 2.0  # a shard's answer (milliseconds when healthy); past it the request is a 503, not a wait
 VERSIONS_HELD = 4  # versions a shard keeps open: the current one and those requests in flight may still name
@@ -92,11 +89,6 @@ class ShardServer:
         for number in mine:
             held |= snapshot.segments[number].contains(rowids)
         return held, snapshot.space_vectors(rowids[held], mine)
-
-    def describe(self) -> dict:
-        import os
-
-        return {"shard": self.shard, "pid": os.getpid(), "versions_open": list(self._open)}
 
 
 class RayShards:
