@@ -256,7 +256,9 @@ def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
         description = f"IVF{spec.nlist},Flat"
     else:
         spec.for_dim(dim)
-        description = f"{'OPQ%d,' % spec.pq_m if spec.opq else ''}IVF{spec.nlist},PQ{spec.pq_m}"
+        # "np": no polysemous training. It reorders the codes so that Hamming distances between them mean
+        # something, for a polysemous search this store never runs; it took 13 of 14 s of a 5,000-vector training.
+        description = f"{'OPQ%d,' % spec.pq_m if spec.opq else ''}IVF{spec.nlist},PQ{spec.pq_m}np"
     index = faiss.index_factory(dim, description, faiss.METRIC_INNER_PRODUCT)
     index.train(sample)
     return index
