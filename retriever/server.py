@@ -54,6 +54,7 @@ from retriever.errors import (
     NotFoundError,
     RetrieverError,
     UnavailableError,
+    param,
 )
 from retriever.filters import Filter, FilterError, parse_where
 from retriever.metrics import RequestMetrics, ServerMetrics
@@ -766,9 +767,9 @@ def ray_application(index_dir: str | Path | None, shards: int, replicas: int = 1
     serve = import_serve()
     index_dir = str(resolve_index_dir(index_dir))
     if shards < 1:
-        raise RetrieverError(f"--shards must be at least 1 (got {shards})", parameter="shards")
+        raise RetrieverError(f"{param('shards')} must be at least 1 (got {shards})", parameter="shards")
     if replicas < 1:
-        raise RetrieverError(f"--replicas must be at least 1 (got {replicas})", parameter="replicas")
+        raise RetrieverError(f"{param('replicas')} must be at least 1 (got {replicas})", parameter="replicas")
     shard_deployments = [
         serve.deployment(ShardServer, name=f"shard-{number}", num_replicas=replicas,
                          ray_actor_options={"num_cpus": cpus_per_replica}).bind(index_dir, number, shards, device)
@@ -792,7 +793,8 @@ def import_serve():
     try:
         from ray import serve
     except ImportError:
-        raise RetrieverError("--engine ray needs Ray Serve: pip install 'retriever[ray]' (or 'ray[serve]')") from None
+        raise RetrieverError(f"{param('engine', 'ray')} needs Ray Serve: pip install 'retriever[ray]' "
+                             "(or 'ray[serve]')") from None
     return serve
 
 
@@ -816,7 +818,7 @@ def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: in
         serve_on_ray(index_dir, host, port, device, max_batch, runtime, access, shards, replicas, ray_address)
         return
     if engine != "local":
-        raise RetrieverError(f"unknown --engine {engine!r}; known: local, ray", parameter="engine")
+        raise RetrieverError(f"unknown {param('engine')} {engine!r}; known: local, ray", parameter="engine")
     app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime, access=access)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log, http=BoundedHttpProtocol)
 

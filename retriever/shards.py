@@ -132,8 +132,10 @@ class RayShards:
 
     def space_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> np.ndarray:
         vectors = np.zeros((len(rowids), snapshot.manifest.dim), np.float32)
-        calls = {shard: handle.space_vectors.remote(snapshot.name, str(snapshot.folder), rowids)
-                 for shard, handle in enumerate(self.handles)}
+        assignment = self.assignment(snapshot)
+        holding = {assignment[segment.name] for segment in snapshot.segments if segment.contains(rowids).any()}
+        calls = {shard: self.handles[shard].space_vectors.remote(snapshot.name, str(snapshot.folder), rowids)
+                 for shard in sorted(holding)}  # only the shards holding some of them
         for held, found in self._gather(calls).values():
             vectors[held] = found
         return vectors

@@ -616,7 +616,7 @@ class _TorchSearcher:
         self.vectors = torch.tensor(vectors, dtype=self.dtype, device=self.device)
         self._excluded: tuple | None = None  # (the exclude array, its position mask, how many it hides)
         self._filter: tuple | None = None  # (the last include array, what `_included` made of it)
-        self._order: np.ndarray | None = None  # positions that sort the ids (filters look ids up by it)
+        self._sorted: tuple | None = None  # (positions that sort the ids, the ids sorted): filters look ids up
 
     def search(self, queries: np.ndarray, k: int, options: _SearchOptions) -> tuple[np.ndarray, np.ndarray]:
         import torch
@@ -668,11 +668,12 @@ class _TorchSearcher:
 
         if self._filter is not None and self._filter[0] is include:
             return self._filter[1]
-        if self._order is None:
-            self._order = np.argsort(self.ids, kind="stable")
-        sorted_ids = self.ids[self._order]
+        if self._sorted is None:
+            order = np.argsort(self.ids, kind="stable")
+            self._sorted = (order, self.ids[order])
+        order, sorted_ids = self._sorted
         at = np.minimum(np.searchsorted(sorted_ids, include), len(sorted_ids) - 1)
-        positions = np.sort(self._order[at[sorted_ids[at] == include]])
+        positions = np.sort(order[at[sorted_ids[at] == include]])
         if len(positions) * 2 <= len(self.ids):
             gathered = self.vectors.index_select(0, torch.from_numpy(positions).to(self.device))
             selection = (gathered, positions, None, len(positions))
