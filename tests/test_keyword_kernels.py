@@ -44,22 +44,33 @@ def test_looked_up_contributions_match_a_search_in_the_postings(segment, order):
     np.testing.assert_array_equal(by_count, expected)
 
 
-def test_summed_postings_touch_each_live_document_once_and_keep_those_in_reach(segment):
-    generator, documents, norm, held, counts = segment
-    other = np.sort(generator.choice(documents, 800, replace=False)).astype(np.int32)
-    other_counts = generator.integers(1, 4, len(other)).astype(np.uint16)
-    dead = np.array([held[0], other[-1]], np.int32)
-    sums = np.zeros(documents)
-    sums[dead] = -np.inf
-    touched = np.empty(len(held) + len(other), np.int32)
-    count = kernels.add_postings(sums, touched, 0, held, counts, WEIGHT, K1_PLUS_1, norm)
-    count = kernels.add_postings(sums, touched, count, other, other_counts, WEIGHT, K1_PLUS_1, norm)
-    expected = np.zeros(documents)
-    expected[held] += contribution(counts, norm[held])
-    expected[other] += contribution(other_counts, norm[other])
-    live = np.setdiff1d(np.union1d(held, other), dead)
-    assert np.array_equal(np.sort(touched[:count]), live)
-    minimum = float(np.median(expected[live]))
-    chosen, values = kernels.in_reach(touched[:count], sums, minimum)
-    assert np.array_equal(np.sort(chosen), live[expected[live] >= minimum])
-    np.testing.assert_array_equal(values, expected[chosen])
+@pytest.mark.parametrize("count", [1, 10, 60])
+def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower_position(count):
+    generator = np.random.default_rng(count)
+    documents, terms = 4000, 6
+    norm = np.round(0.3 + 0.9 * generator.random(documents), 1).astype(np.float32)  # few lengths: many ties
+    lists = [np.sort(generator.choice(documents, size, replace=False)).astype(np.int32)
+             for size in (40, 150, 600, 1500, 3000, 3900)]
+    counts = [generator.integers(1, 4, len(held)).astype(np.uint16) for held in lists]
+    weights = np.array([3.1, 2.4, 1.5, 0.9, 0.2, 0.05], np.float32)[generator.permutation(terms)]
+    dead = np.sort(generator.choice(documents, 300, replace=False)).astype(np.int32)
+    exact = np.zeros(documents)  # the query's terms in their own order, float32 each into a float64 sum
+    for held, found, weight in zip(lists, counts, weights):
+        tf = found.astype(np.float32)
+        exact[held] += weight * tf * K1_PLUS_1 / (tf + norm[held])
+    exact = exact.astype(np.float32)
+    live = np.setdiff1d(np.arange(documents), dead)
+    live = live[exact[live] > 0]
+    best = live[np.lexsort((live, -exact[live]))][:count]
+    assert len(np.unique(exact[live])) < len(live)  # ties exist
+    ceilings = weights.astype(np.float64) * float(K1_PLUS_1) * (1 + 1e-5)
+    order = np.argsort(ceilings, kind="stable")
+    starts = np.cumsum([0] + [len(held) for held in lists])[:-1][order]
+    ends = starts + np.array([len(held) for held in lists])[order]
+    for floor in (0.0, float(exact[best[-1]])):  # none, and the exact COUNT-th best score
+        found, scores = kernels.max_score(np.concatenate(lists), np.concatenate(counts), starts, ends,
+                                          weights[order], ceilings[order], order.astype(np.int64), K1_PLUS_1, norm,
+                                          dead, count, floor)
+        ranked = np.lexsort((found, -scores))
+        assert found[ranked].tolist() == best.tolist()
+        np.testing.assert_array_equal(scores, exact[found])

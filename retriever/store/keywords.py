@@ -16,7 +16,8 @@ documents once in a scratch table, and its term-by-document counts (`fts5vocab`)
 FTS5's `bm25()` is not used to rank: it takes its statistics from its own table, one segment, while a version's
 ranking must read every term's document frequency and the average length from all of the version's live
 documents (an index of three segments ranks exactly as the same documents in one), and it scores every match in
-SQL, row by row. Postings as arrays are scored with global statistics in NumPy (`KeywordScorer`).
+SQL, row by row. Postings as arrays are scored with global statistics (`KeywordScorer`), the per-posting loops
+compiled (`retriever.store.keyword_kernels`).
 
 Scoring is Okapi BM25 (k1 1.2, b 0.75, the defaults of Lucene and FTS5; not tuned here) with Lucene's idf,
 log(1 + (N - df + 0.5) / (df + 0.5)), which stays positive for terms in most documents.
@@ -35,7 +36,6 @@ import numpy as np
 
 from retriever.errors import DamagedIndexError, RetrieverError
 from retriever.layout import COUNTS, KEYWORDS, POSTINGS
-from retriever.store import keyword_kernels as kernels
 from retriever.store.arrays import NpyAppender, load_npy
 
 DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"
@@ -44,9 +44,6 @@ K1, B = 1.2, 0.75
 # than 1 in DENSE_SHARE of a segment's documents) in an array of counts by position, kept for the DENSE_TERMS most
 # recently used of them per segment (2 bytes a document each); for the others by a search in the postings.
 DENSE_SHARE, DENSE_TERMS = 16, 32
-# MaxScore's first floor is the COUNT-th best exact score among the documents of a query's rarest terms: taken
-# from up to this many times COUNT documents where the rarest terms hold that few (`QueryMatches.candidates`).
-FLOOR_DOCUMENTS = 16
 # Lucene's English stop words (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET). Dropped from queries that hold other
 # words (`KeywordScorer.match`): the documents keep them, and a query of nothing else still finds them.
 STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or such that the their then there "
@@ -193,8 +190,9 @@ class KeywordSegment:
         if self.positions.dtype != np.int32 or self.counts.dtype != np.uint16 or len(self.positions) != len(self.counts):
             raise RetrieverError(f"{folder}: keyword postings and counts do not match")
 
-    def postings(self, terms: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """term -> (positions int32, counts uint16) for those of TERMS this segment holds (views of the maps)."""
+    def postings(self, terms: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+        """term -> (positions int32, counts uint16, where they start in the maps) for those of TERMS this segment
+        holds (views of the maps)."""
         if not terms:
             return {}
         cursor = self.db.execute("SELECT term, start, count FROM terms WHERE term IN "
@@ -207,7 +205,7 @@ class KeywordSegment:
             if start < 0 or count < 1 or start + count > len(self.positions) or not (
                     0 <= positions[0] <= positions[-1] < self.documents):
                 raise DamagedIndexError(f"{self.path}: the postings of {term!r} are out of range")
-            found[term] = (positions, self.counts[start : start + count])
+            found[term] = (positions, self.counts[start : start + count], start)
         return found
 
     def dense_counts(self, term: str, positions: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
@@ -239,10 +237,7 @@ class TermPostings:
     term: str
     weight: np.float32
     postings: list[tuple[np.ndarray, np.ndarray] | None]  # per segment: positions (int32), counts (uint16)
-
-    @property
-    def length(self) -> int:
-        return sum(len(found[0]) for found in self.postings if found is not None)
+    starts: list[int | None]  # per segment: where those start in the segment's maps
 
 
 class QueryMatches:
@@ -274,9 +269,9 @@ class QueryMatches:
             held, counts = found
             dense = keywords.dense_counts(term.term, held, counts)
             if dense is not None:
-                kernels.add_counted(total, positions, dense, term.weight, k1_plus_1, norm)
+                _kernels().add_counted(total, positions, dense, term.weight, k1_plus_1, norm)
             else:
-                kernels.add_looked_up(total, positions, held, counts, term.weight, k1_plus_1, norm)
+                _kernels().add_looked_up(total, positions, held, counts, term.weight, k1_plus_1, norm)
         return total
 
     def _contribution(self, term: TermPostings, segment: int, positions: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -286,93 +281,35 @@ class QueryMatches:
 
     def candidates(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of matching live documents, sure to hold the COUNT best
-        (and any tied with the COUNT-th), found by MaxScore (Turtle and Flood 1995). Each term adds less than its
-        ceiling, weight x (k1 + 1). The rarest terms' documents, scored exactly, give a floor for the COUNT-th best
-        score; the commonest terms whose ceilings add up to less than the floor (the skipped terms) cannot lift a
-        document holding none of the other terms that far, so only the others' postings give candidates. A
-        candidate's partial score (those terms alone) plus the skipped terms' ceilings bounds its score; the best
-        partial scores, scored exactly, raise the floor to a threshold, and the skipped terms, the rarest first,
-        replace their ceilings by what they add to the candidates still in reach. Only the candidates left are
-        scored exactly, and only they touch the long postings of the commonest terms."""
+        (ties: the lower position first), found by MaxScore document at a time in each segment
+        (`keyword_kernels.max_score`). A segment's COUNT-th best score is a floor for the next segments': a
+        document below it cannot be among the COUNT best of the version."""
         if not self.terms:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
-        first, held = [], 0
-        for term in sorted(self.terms, key=lambda term: term.length):
-            # The rarest terms: COUNT documents or more, and more while they stay few (a higher floor skips more).
-            if held >= count and held + term.length > FLOOR_DOCUMENTS * count:
-                break
-            first.append(term)
-            held += term.length
-        floor = self._scored(*self._holding(first))[2]
-        floor = np.partition(floor, len(floor) - count)[len(floor) - count] if len(floor) >= count else 0.0
-        # Each ceiling a little high, and a float32 step of the floor to spare: the scores are float32 sums of
-        # float32 contributions, so rounding must never let a skipped document reach the floor.
-        ceilings = [self._ceiling(term) for term in self.terms]
-        skipped = []
-        for number in np.argsort(ceilings, kind="stable"):  # the commonest (lowest ceiling) first
-            if sum(ceilings[n] for n in skipped) + ceilings[number] + _steps(floor) >= floor:
-                break
-            skipped.append(int(number))
-        kept = [term for number, term in enumerate(self.terms) if number not in skipped]
-        if not skipped:
-            return self._scored(*self._holding(kept))
-        # Out of reach already at the floor: dropped before the best are sought among the rest.
-        segments, positions, partial = self._partial(kept, floor - sum(ceilings[n] for n in skipped) - _steps(floor))
-        if len(positions) > count:
-            # A floor again, higher: the COUNT-th best exact score among the best partial scores.
-            best = np.argpartition(-partial, min(4 * count, len(partial) - 1))[: 4 * count]
-            exact = self._scored(segments[best], positions[best])[2]
-            threshold = max(floor, np.partition(exact, len(exact) - count)[len(exact) - count])
-            for done in range(len(skipped) + 1):
-                if done:  # the next skipped term, rarest first: its contributions instead of its ceiling
-                    partial = partial + self._across(self.terms[skipped[-done]], segments, positions)
-                bound = sum(ceilings[n] for n in skipped[: len(skipped) - done])
-                reach = partial + bound + _steps(threshold) >= threshold  # rounding: never too few
-                segments, positions, partial = segments[reach], positions[reach], partial[reach]
-                if len(positions) <= count:
-                    break
-        return self._scored(segments, positions)
-
-    def _ceiling(self, term: TermPostings) -> float:
-        return float(term.weight) * (self.scorer.k1 + 1) * (1 + 1e-5)
-
-    def _across(self, term: TermPostings, segments: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """What TERM adds to each document at (SEGMENTS, POSITIONS), float64 (0 where it does not occur)."""
-        total = np.zeros(len(positions), np.float64)
-        for number in np.unique(segments).tolist():
-            mine = segments == number
-            total[mine] = self._sum([term], number, positions[mine])
-        return total
-
-    def _partial(self, terms: list[TermPostings], minimum: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(segment numbers, positions, partial scores) of the live documents holding any of TERMS whose partial
-        score (those terms' contributions summed: a bound's part rather than a score) reaches MINIMUM. Summed in a
-        dense array where the postings are long, else looked up for the union of their documents."""
-        segments, positions, partial = [], [], []
-        for number, (norm, dead) in enumerate(zip(self.scorer.norms, self.scorer.dead)):
-            held_here = [term for term in terms if term.postings[number] is not None]
-            if not held_here:
+        floor = 0.0
+        segments, positions, scores = [], [], []
+        for number, (keywords, norm, dead) in enumerate(zip(self.scorer.segments, self.scorer.norms,
+                                                            self.scorer.dead)):
+            here = [term for term in self.terms if term.postings[number] is not None]  # in the query's order
+            if not here:
                 continue
-            postings = sum(len(term.postings[number][0]) for term in held_here)
-            if postings * 64 >= len(norm):
-                # Summed in place over the segment, each document's position kept on its first contribution:
-                # one pass over the postings, nothing over the whole segment.
-                sums, touched, count = np.zeros(len(norm), np.float64), np.empty(postings, np.int32), 0
-                sums[dead] = -np.inf
-                for term in held_here:
-                    count = kernels.add_postings(sums, touched, count, *term.postings[number], term.weight,
-                                                 self.scorer.k1_plus_1, norm)
-                here, sums = kernels.in_reach(touched[:count], sums, minimum)
-            else:
-                here = self._holding(held_here, only=number)[1]
-                sums = self._sum(held_here, number, here)
-                here, sums = here[sums >= minimum], sums[sums >= minimum]
-            segments.append(np.full(len(here), number, np.int32))
-            positions.append(here)
-            partial.append(sums)
+            weights = np.array([term.weight for term in here], np.float32)
+            # A term adds less than weight x (k1 + 1) to any document; a little more, for float32 rounding.
+            ceilings = weights.astype(np.float64) * float(self.scorer.k1_plus_1) * (1 + 1e-5)
+            order = np.argsort(ceilings, kind="stable")
+            starts = np.array([here[i].starts[number] for i in order], np.int64)
+            ends = starts + np.array([len(here[i].postings[number][0]) for i in order], np.int64)
+            found, exact = _kernels().max_score(keywords.positions, keywords.counts, starts, ends, weights[order],
+                                             ceilings[order], order.astype(np.int64), self.scorer.k1_plus_1, norm,
+                                             dead, count, floor)
+            segments.append(np.full(len(found), number, np.int32))
+            positions.append(found)
+            scores.append(exact)
+            if len(found) == count:
+                floor = max(floor, float(exact.min()))
         if not positions:
-            return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float64)
-        return np.concatenate(segments), np.concatenate(positions), np.concatenate(partial)
+            return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
+        return np.concatenate(segments), np.concatenate(positions), np.concatenate(scores)
 
     def every_match(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of every matching live document: each term's contributions
@@ -395,39 +332,6 @@ class QueryMatches:
         if not positions:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
         return np.concatenate(segments), np.concatenate(positions), np.concatenate(scores)
-
-    def _scored(self, segments: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        scores = np.empty(len(positions), np.float32)
-        for number in range(len(self.scorer.segments)):
-            mine = segments == number
-            if mine.any():
-                scores[mine] = self.scores(number, positions[mine])
-        return segments, positions, scores
-
-    def _holding(self, terms: list[TermPostings], only: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(segment numbers, positions) of the live documents holding any of TERMS, segment by segment, ascending
-        (ONLY: in that segment alone)."""
-        segments, positions = [], []
-        for number, (norm, dead) in enumerate(zip(self.scorer.norms, self.scorer.dead)):
-            if only is not None and number != only:
-                continue
-            lists = [term.postings[number][0] for term in terms if term.postings[number] is not None]
-            if not lists:
-                continue
-            if sum(len(found) for found in lists) * 64 >= len(norm):  # a mask costs less than sorting then
-                mask = np.zeros(len(norm), bool)
-                for found in lists:
-                    mask[found] = True
-                held = np.flatnonzero(mask).astype(np.int32)
-            else:
-                held = np.unique(np.concatenate(lists))
-            if len(dead):
-                held = held[~np.isin(held, dead)]
-            segments.append(np.full(len(held), number, np.int32))
-            positions.append(held)
-        if not positions:
-            return np.empty(0, np.int32), np.empty(0, np.int32)
-        return np.concatenate(segments), np.concatenate(positions)
 
     def null(self) -> tuple[float, float]:
         """The mean and standard deviation of this query's score over every live document (0 where no term
@@ -476,7 +380,8 @@ class KeywordScorer:
                             for dead, held in zip(self.dead, postings) if term in held)
             if frequency:
                 weight = np.float32(count * np.log1p((n - frequency + 0.5) / (frequency + 0.5)))
-                found.append(TermPostings(term, weight, [held.get(term) for held in postings]))
+                found.append(TermPostings(term, weight, [held[term][:2] if term in held else None for held in postings],
+                                          [held[term][2] if term in held else None for held in postings]))
         return QueryMatches(self, found)
 
 
@@ -508,9 +413,12 @@ def _postings_of(chunk: list[tuple[str, int, str]]) -> tuple[list[str], np.ndarr
     return terms, documents[starts].astype(np.int32), counts, held
 
 
-def _steps(score: float) -> float:
-    """Two float32 steps at SCORE: more than a float32 sum's rounding can move it."""
-    return 2.0 * float(np.spacing(np.float32(abs(score))))
+def _kernels():
+    """The compiled loops, imported at the first keyword search: Numba takes ~0.3 s to import, which commands that
+    never score keywords (`list`, `info`, a dense search) should not wait for."""
+    from retriever.store import keyword_kernels
+
+    return keyword_kernels
 
 
 def _count_in(sorted_items: np.ndarray, positions: np.ndarray) -> int:
