@@ -37,11 +37,6 @@ def test_looked_up_contributions_match_a_search_in_the_postings(segment, order):
     kernels.add_looked_up(total, positions, held, counts, WEIGHT, K1_PLUS_1, norm)
     assert hit.any() and not hit.all()
     np.testing.assert_array_equal(total, expected)
-    dense = np.zeros(documents, np.uint16)
-    dense[held] = counts
-    by_count = np.zeros(len(positions))
-    kernels.add_counted(by_count, positions, dense, WEIGHT, K1_PLUS_1, norm)
-    np.testing.assert_array_equal(by_count, expected)
 
 
 @pytest.mark.parametrize("count", [1, 10, 60])

@@ -45,17 +45,6 @@ def add_looked_up(total, positions, held, counts, weight, k1_plus_1, norm):
 
 
 @njit(cache=True, nogil=True)
-def add_counted(total, positions, dense_counts, weight, k1_plus_1, norm):
-    """The same from a term's count at every position (DENSE_COUNTS, 0 where absent)."""
-    for i in range(positions.shape[0]):
-        position = positions[i]
-        count = dense_counts[position]
-        if count > 0:
-            tf = np.float32(count)
-            total[i] += np.float64(weight * tf * k1_plus_1 / (tf + norm[position]))
-
-
-@njit(cache=True, nogil=True)
 def _gallop(held, low, end, position):
     """The first index in HELD[LOW:END] (ascending) whose value is at least POSITION (END if none)."""
     if low >= end or held[low] >= position:

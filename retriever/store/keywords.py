@@ -40,10 +40,6 @@ from retriever.store.arrays import NpyAppender, load_npy
 
 DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"
 K1, B = 1.2, 0.75
-# How a term's count in a given document is found (not how anything is scored): for the commonest terms (in more
-# than 1 in DENSE_SHARE of a segment's documents) in an array of counts by position, kept for the DENSE_TERMS most
-# recently used of them per segment (2 bytes a document each); for the others by a search in the postings.
-DENSE_SHARE, DENSE_TERMS = 16, 32
 # Lucene's English stop words (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET). Dropped from queries that hold other
 # words (`KeywordScorer.match`): the documents keep them, and a query of nothing else still finds them.
 STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or such that the their then there "
@@ -183,8 +179,6 @@ class KeywordSegment:
         self.lengths = np.frombuffer(info["lengths"], dtype=np.uint32)
         if len(self.lengths) != self.documents:
             raise RetrieverError(f"{path}: {len(self.lengths)} lengths for {self.documents} documents")
-        self._dense: dict[str, np.ndarray] = {}
-        self._dense_lock = threading.Lock()
         self.positions = load_npy(folder / POSTINGS, mmap_mode="r")
         self.counts = load_npy(folder / COUNTS, mmap_mode="r")
         if self.positions.dtype != np.int32 or self.counts.dtype != np.uint16 or len(self.positions) != len(self.counts):
@@ -208,26 +202,9 @@ class KeywordSegment:
             found[term] = (positions, self.counts[start : start + count], start)
         return found
 
-    def dense_counts(self, term: str, positions: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
-        """For a term held by more than 1 in DENSE_SHARE documents: its count at every position (0: absent), built
-        on first use and kept for the DENSE_TERMS most recently used such terms, so looking up many documents is
-        one read each instead of a search in a long list. None for rarer terms."""
-        if len(positions) * DENSE_SHARE <= self.documents:
-            return None
-        with self._dense_lock:
-            found = self._dense.pop(term, None)
-            if found is None:
-                found = np.zeros(self.documents, np.uint16)
-                found[positions] = np.maximum(counts, 1)
-            self._dense[term] = found  # most recently used last
-            while len(self._dense) > DENSE_TERMS:
-                self._dense.pop(next(iter(self._dense)))
-            return found
-
     def close(self) -> None:
         self.db.close()
         self.positions = self.counts = None
-        self._dense = {}
 
 
 @dataclass
@@ -254,25 +231,16 @@ class QueryMatches:
         """The exact scores of the documents at POSITIONS of segment number SEGMENT (0 where no term occurs): each
         term's contribution looked up in its postings and added in the terms' order (float64, then float32), the
         same numbers whichever way the documents were found."""
-        return self._sum(self.terms, segment, positions).astype(np.float32)
-
-    def _sum(self, terms: list[TermPostings], segment: int, positions: np.ndarray) -> np.ndarray:
-        positions = np.asarray(positions, dtype=np.int32)
-        total = np.zeros(len(positions), np.float64)
-        if not len(positions):
-            return total
-        keywords, norm, k1_plus_1 = self.scorer.segments[segment], self.scorer.norms[segment], self.scorer.k1_plus_1
-        for term in terms:
-            found = term.postings[segment]
-            if found is None:
-                continue
-            held, counts = found
-            dense = keywords.dense_counts(term.term, held, counts)
-            if dense is not None:
-                _kernels().add_counted(total, positions, dense, term.weight, k1_plus_1, norm)
-            else:
-                _kernels().add_looked_up(total, positions, held, counts, term.weight, k1_plus_1, norm)
-        return total
+        order = np.argsort(positions)  # ascending, each term's postings are searched from the last find on
+        ascending = np.asarray(positions, dtype=np.int32)[order]
+        total = np.zeros(len(ascending), np.float64)
+        norm, k1_plus_1 = self.scorer.norms[segment], self.scorer.k1_plus_1
+        for term in self.terms:
+            if term.postings[segment] is not None and len(ascending):
+                _kernels().add_looked_up(total, ascending, *term.postings[segment], term.weight, k1_plus_1, norm)
+        scores = np.empty(len(ascending), np.float32)
+        scores[order] = total
+        return scores
 
     def _contribution(self, term: TermPostings, segment: int, positions: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """What TERM adds to the documents at POSITIONS where it occurs COUNTS times (as the kernels compute it)."""
