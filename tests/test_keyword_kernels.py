@@ -39,16 +39,17 @@ def test_looked_up_contributions_match_a_search_in_the_postings(segment, order):
     np.testing.assert_array_equal(total, expected)
 
 
+@pytest.mark.parametrize("documents", [4000, 150_000])  # one window, and windows of growing width
 @pytest.mark.parametrize("count", [1, 10, 60])
-def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower_position(count):
+def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower_position(documents, count):
     generator = np.random.default_rng(count)
-    documents, terms = 4000, 6
+    terms = 6
     norm = np.round(0.3 + 0.9 * generator.random(documents), 1).astype(np.float32)  # few lengths: many ties
-    lists = [np.sort(generator.choice(documents, size, replace=False)).astype(np.int32)
-             for size in (40, 150, 600, 1500, 3000, 3900)]
+    lists = [np.sort(generator.choice(documents, int(share * documents), replace=False)).astype(np.int32)
+             for share in (0.01, 0.0375, 0.15, 0.375, 0.75, 0.975)]
     counts = [generator.integers(1, 4, len(held)).astype(np.uint16) for held in lists]
     weights = np.array([3.1, 2.4, 1.5, 0.9, 0.2, 0.05], np.float32)[generator.permutation(terms)]
-    dead = np.sort(generator.choice(documents, 300, replace=False)).astype(np.int32)
+    dead = np.sort(generator.choice(documents, documents // 13, replace=False)).astype(np.int32)
     exact = np.zeros(documents)  # the query's terms in their own order, float32 each into a float64 sum
     for held, found, weight in zip(lists, counts, weights):
         tf = found.astype(np.float32)

@@ -27,18 +27,7 @@ def add_looked_up(total, positions, held, counts, weight, k1_plus_1, norm):
         if position < previous:
             low = 0
         previous = position
-        if low < length and held[low] < position:  # gallop from the last find to a bound, then bisect below it
-            jump = 1
-            while low + jump < length and held[low + jump] < position:
-                jump *= 2
-            high = min(low + jump, length)
-            low += jump // 2 + 1
-            while low < high:
-                middle = (low + high) >> 1
-                if held[middle] < position:
-                    low = middle + 1
-                else:
-                    high = middle
+        low = _gallop(held, low, length, position)
         if low < length and held[low] == position:
             tf = np.float32(counts[low])
             total[i] += np.float64(weight * tf * k1_plus_1 / (tf + norm[position]))
@@ -64,100 +53,6 @@ def _gallop(held, low, end, position):
 
 
 @njit(cache=True, nogil=True)
-def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_plus_1, norm, dead, count, floor):
-    """The COUNT best documents of one segment, document at a time by MaxScore (Turtle and Flood 1995): (positions,
-    exact float32 scores), the best first in no particular order.
-
-    The query's terms are given by ascending CEILINGS (an upper bound of what each adds to a document): term i's
-    postings are POSITIONS[STARTS[i]:ENDS[i]] (ascending) with COUNTS, its BM25 weight WEIGHTS[i], and its place in
-    the query's term order CANONICAL[i] (a document's exact score adds the contributions in that order, float32
-    each into a float64 sum, so it equals `QueryMatches.scores`). The terms whose ceilings add up to less than the
-    threshold (FLOOR, or the COUNT-th best score found so far) cannot lift a document to it on their own: only the
-    other terms' postings are walked, and the low-ceiling terms are looked up, highest ceiling first, while the
-    document can still reach the threshold. DEAD: deleted positions, ascending. Documents are ordered by score,
-    then lower position: one holding an equal score later does not displace one found before."""
-    terms = len(starts)
-    cumulative = np.empty(terms, np.float64)
-    total = 0.0
-    for i in range(terms):
-        total += ceilings[i]
-        cumulative[i] = total
-    heads = starts.copy()
-    contribution = np.zeros(terms, np.float32)
-    best_positions = np.empty(count, np.int32)
-    best_scores = np.empty(count, np.float32)
-    held = 0
-    worst = 0  # the index in best_* of the lowest score (the latest found among equals)
-    threshold = floor
-    margin = abs(threshold) * 2.5e-7 + 1e-30  # more than float rounding can move a sum (two float32 steps)
-    essential = 0  # terms below this index are looked up only
-    while essential < terms and cumulative[essential] < threshold - margin:
-        essential += 1
-    dead_at = 0
-    past = np.iinfo(np.int32).max  # past every position
-    document = past
-    for i in range(essential, terms):
-        if heads[i] < ends[i] and positions[heads[i]] < document:
-            document = positions[heads[i]]
-    while document != past:
-        # The essential terms' contributions to DOCUMENT, and the next document any of them holds, in one pass.
-        partial = 0.0
-        following = past
-        for i in range(essential, terms):
-            at = heads[i]
-            if at < ends[i]:
-                position = positions[at]
-                if position == document:
-                    tf = np.float32(counts[at])
-                    contribution[canonical[i]] = weights[i] * tf * k1_plus_1 / (tf + norm[document])
-                    partial += contribution[canonical[i]]
-                    at += 1
-                    heads[i] = at
-                    position = positions[at] if at < ends[i] else past
-                if position < following:
-                    following = position
-        while dead_at < dead.shape[0] and dead[dead_at] < document:
-            dead_at += 1
-        reach = dead_at >= dead.shape[0] or dead[dead_at] != document
-        i = essential - 1
-        while reach and i >= 0:
-            if partial + cumulative[i] < threshold - margin:
-                reach = False
-                break
-            at = _gallop(positions, heads[i], ends[i], document)
-            heads[i] = at
-            if at < ends[i] and positions[at] == document:
-                tf = np.float32(counts[at])
-                contribution[canonical[i]] = weights[i] * tf * k1_plus_1 / (tf + norm[document])
-                partial += contribution[canonical[i]]
-            i -= 1
-        if reach and partial >= threshold - margin:
-            exact = 0.0
-            for j in range(terms):
-                exact += np.float64(contribution[j])
-            score = np.float32(exact)
-            if held < count:
-                best_positions[held] = document
-                best_scores[held] = score
-                held += 1
-                if held == count:
-                    worst = _worst(best_scores, best_positions, held)
-            elif score > best_scores[worst]:
-                best_positions[worst] = document
-                best_scores[worst] = score
-                worst = _worst(best_scores, best_positions, held)
-            if held == count and best_scores[worst] > threshold:
-                threshold = np.float64(best_scores[worst])
-                margin = abs(threshold) * 2.5e-7 + 1e-30
-                while essential < terms and cumulative[essential] < threshold - margin:
-                    essential += 1
-        for j in range(terms):
-            contribution[j] = 0.0
-        document = following
-    return best_positions[:held].copy(), best_scores[:held].copy()
-
-
-@njit(cache=True, nogil=True)
 def _worst(scores, positions, held):
     """The index of the lowest score among the first HELD, the highest position among equals."""
     worst = 0
@@ -165,3 +60,131 @@ def _worst(scores, positions, held):
         if scores[i] < scores[worst] or (scores[i] == scores[worst] and positions[i] > positions[worst]):
             worst = i
     return worst
+
+
+WINDOW = 1 << 16  # documents summed at a time: their partial scores (512 KB) stay in the core's cache
+FIRST_WINDOW = 1 << 12
+_DE_BRUIJN_MULTIPLIER = 0x03F79D71B4CA8B09  # a de Bruijn sequence: each power of two's top 6 bits after it differ
+_DE_BRUIJN = np.zeros(64, np.int64)
+for _bit in range(64):
+    _DE_BRUIJN[((1 << _bit) * _DE_BRUIJN_MULTIPLIER % 2**64) >> 58] = _bit
+
+
+@njit(cache=True, nogil=True)
+def _lowest_bit(word):
+    """The index of WORD's lowest set bit (WORD != 0)."""
+    low = word & (~word + np.uint64(1))
+    return _DE_BRUIJN[(low * np.uint64(_DE_BRUIJN_MULTIPLIER)) >> np.uint64(58)]
+
+
+@njit(cache=True, nogil=True)
+def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_plus_1, norm, dead, count, floor):
+    """The COUNT best documents of one segment by MaxScore (Turtle and Flood 1995), a window of documents at a time
+    as Lucene's MaxScoreBulkScorer does: (positions, exact float32 scores), the best first in no particular order.
+
+    The query's terms are given by ascending CEILINGS (an upper bound of what each adds to a document): term i's
+    postings are POSITIONS[STARTS[i]:ENDS[i]] (ascending) with COUNTS, its BM25 weight WEIGHTS[i], and its place in
+    the query's term order CANONICAL[i] (a document's exact score adds the contributions in that order, float32
+    each into a float64 sum, so it equals `QueryMatches.scores`). The terms whose ceilings add up to less than the
+    threshold (FLOOR, or the COUNT-th best score found so far) cannot lift a document to it on their own. In each
+    window the other terms' postings are summed into the window's partial scores, term at a time, and the window's
+    documents are then taken in order: the low-ceiling terms are looked up, highest ceiling first, while the
+    document can still reach the threshold, and a document that can is scored exactly. DEAD: deleted positions,
+    ascending. Documents are ordered by score, then lower position: one holding an equal score later does not
+    displace one found before."""
+    terms = len(starts)
+    cumulative = np.empty(terms + 1, np.float64)  # cumulative[i]: the ceilings of terms below i
+    cumulative[0] = 0.0
+    for i in range(terms):
+        cumulative[i + 1] = cumulative[i] + ceilings[i]
+    heads = starts.copy()  # the walked terms' next posting; the looked-up terms' last find
+    exact_heads = starts.copy()  # every term's last find, for the exact scores (documents ascend)
+    contribution = np.zeros(terms, np.float32)
+    documents = norm.shape[0]
+    width = min(WINDOW, documents)
+    partial = np.zeros(width, np.float64)
+    marks = np.zeros((width + 63) // 64, np.uint64)
+    best_positions = np.empty(count, np.int32)
+    best_scores = np.empty(count, np.float32)
+    held = 0
+    worst = 0
+    threshold = floor
+    margin = abs(threshold) * 2.5e-7 + 1e-30
+    essential = 0
+    while essential < terms and cumulative[essential + 1] < threshold - margin:
+        essential += 1
+    dead_at = 0
+    base = 0
+    while base < documents:
+        # Windows grow from a small first one: every document there is scored while the threshold is still low.
+        limit = min(documents, base + min(width, max(FIRST_WINDOW, base)))
+        walked = essential  # fixed for the window: its terms' contributions are in PARTIAL
+        for i in range(walked, terms):
+            at = heads[i]
+            end = ends[i]
+            weight = weights[i]
+            while at < end:
+                position = positions[at]
+                if position >= limit:
+                    break
+                offset = position - base
+                tf = np.float32(counts[at])
+                partial[offset] += np.float64(weight * tf * k1_plus_1 / (tf + norm[position]))
+                marks[offset >> 6] |= np.uint64(1) << np.uint64(offset & 63)
+                at += 1
+            heads[i] = at
+        for word_at in range(marks.shape[0]):
+            word = marks[word_at]
+            if word == 0:
+                continue
+            marks[word_at] = 0
+            while word != 0:
+                offset = (word_at << 6) + _lowest_bit(word)
+                word &= word - np.uint64(1)
+                document = base + offset
+                score = partial[offset]
+                partial[offset] = 0.0
+                while dead_at < dead.shape[0] and dead[dead_at] < document:
+                    dead_at += 1
+                if dead_at < dead.shape[0] and dead[dead_at] == document:
+                    continue
+                reach = score + cumulative[walked] >= threshold - margin
+                i = walked - 1
+                while reach and i >= 0:
+                    at = _gallop(positions, heads[i], ends[i], document)
+                    heads[i] = at
+                    if at < ends[i] and positions[at] == document:
+                        tf = np.float32(counts[at])
+                        score += np.float64(weights[i] * tf * k1_plus_1 / (tf + norm[document]))
+                    reach = score + cumulative[i] >= threshold - margin
+                    i -= 1
+                if not reach:
+                    continue
+                for i in range(terms):
+                    at = _gallop(positions, exact_heads[i], ends[i], document)
+                    exact_heads[i] = at
+                    contribution[canonical[i]] = 0.0
+                    if at < ends[i] and positions[at] == document:
+                        tf = np.float32(counts[at])
+                        contribution[canonical[i]] = weights[i] * tf * k1_plus_1 / (tf + norm[document])
+                exact = 0.0
+                for j in range(terms):
+                    exact += np.float64(contribution[j])
+                found = np.float32(exact)
+                if held < count:
+                    best_positions[held] = document
+                    best_scores[held] = found
+                    held += 1
+                    if held == count:
+                        worst = _worst(best_scores, best_positions, held)
+                elif found > best_scores[worst]:
+                    best_positions[worst] = document
+                    best_scores[worst] = found
+                    worst = _worst(best_scores, best_positions, held)
+                if held == count and best_scores[worst] > threshold:
+                    threshold = np.float64(best_scores[worst])
+                    margin = abs(threshold) * 2.5e-7 + 1e-30
+                    while essential < terms and cumulative[essential + 1] < threshold - margin:
+                        essential += 1
+        base = limit
+    return best_positions[:held].copy(), best_scores[:held].copy()
