@@ -519,14 +519,16 @@ class Snapshot:
         vector)."""
         listed = dense_ids[dense_ids >= 0]
         union = np.union1d(listed, side.rowids)
-        dense_rank = _ranks(union, listed)
+        dense_rank, keyword_rank = _ranks(union, listed), _ranks(union, side.rowids)
         dense = np.zeros(len(union), np.float32)
         dense[dense_rank > 0] = dense_scores[dense_rank[dense_rank > 0] - 1]
         dense[dense_rank == 0] = self._dense_scores(query, union[dense_rank == 0])
+        keyword = np.zeros(len(union), np.float32)
+        keyword[keyword_rank > 0] = side.scores[keyword_rank[keyword_rank > 0] - 1]
+        keyword[keyword_rank == 0] = self._keyword_scores(side.matches, union[keyword_rank == 0])
         with self._reading(SEGMENTS):
             keyword_null = side.matches.null() if with_null else (0.0, 1.0)
-        return Candidates(union, dense, self._keyword_scores(side.matches, union), dense_rank,
-                          _ranks(union, side.rowids), dense_null, keyword_null)
+        return Candidates(union, dense, keyword, dense_rank, keyword_rank, dense_null, keyword_null)
 
     def keyword_scorer(self) -> KeywordScorer:
         """BM25 over this version's live documents (built on first use, then kept: a version never changes)."""
