@@ -12,7 +12,8 @@ passages and their all-MiniLM-L6-v2 vectors). Steps, in this one process:
   turn (dense, keyword, hybrid: the same query back to back, so caches favour no mode; the index's files read
   once beforehand, so none of it waits on the disk): p50, p99 and queries per
   second by text (encoding included, PyTorch as `Index.search` runs it), and by vector (the query already
-  encoded: what the search itself costs). The first 20 queries warm up and are not counted.
+  encoded: what the search itself costs). The first 20 queries warm up and are not counted. `--runtime onnx`
+  encodes on ONNX Runtime, as the server does on a CPU (`Index.search` and the CLI use PyTorch).
 """
 
 from __future__ import annotations
@@ -61,12 +62,12 @@ def build(work: Path, name: str) -> dict:
             "bytes": parts, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
-def latency(work: Path, name: str, count: int) -> dict:
+def latency(work: Path, name: str, count: int, runtime: str) -> dict:
     from benchmarks.filtered_search import page_in
     from retriever.index import Index
 
     page_in(work / "indexes" / name)  # as a serving process has it after a while, whatever ran before
-    index = Index.open(name, work / "indexes", device="cpu")
+    index = Index.open(name, work / "indexes", device="cpu", runtime=runtime)
     texts = questions(count + WARM_UP)
     vectors = index.embed(texts)
     by_text = {mode: [] for mode in MODES}
@@ -88,7 +89,7 @@ def latency(work: Path, name: str, count: int) -> dict:
         return {"p50_ms": round(float(np.percentile(values, 50)), 2), "p99_ms": round(float(np.percentile(values, 99)), 2),
                 "queries_per_second": round(1000 / float(values.mean()), 1)}
 
-    result = {"queries": count, "k": 10, "index": index.manifest.index, "encoder_runtime": "torch",
+    result = {"queries": count, "k": 10, "index": index.manifest.index, "encoder_runtime": runtime,
               "by_text": {mode: summary(by_text[mode]) for mode in MODES},
               "by_vector": {mode: summary(by_vector[mode]) for mode in MODES}}
     for way in ("by_text", "by_vector"):
@@ -111,7 +112,9 @@ def markdown(report: dict) -> str:
               "| part | MB on disk |", "|---|---:|"]
     lines += [f"| {part} | {size / 2**20:,.1f} |" for part, size in sorted(built["bytes"].items(), key=lambda x: -x[1])]
     lines += ["", f"## Search: {searched['queries']:,} QNLI questions one at a time, k={searched['k']}", ""]
-    for way, caption in (("by_text", "by text (encoding included, PyTorch)"),
+    runtime = {"torch": "PyTorch, as `retriever search` runs it", "onnx": "ONNX Runtime, as the server runs it"}[
+        searched["encoder_runtime"]]
+    for way, caption in (("by_text", f"by text (encoding included: {runtime})"),
                          ("by_vector", "by vector (the query already encoded)")):
         lines += [f"{caption}:", "", "| mode | p50 ms | p99 ms | q/s | p50 / dense |", "|---|---:|---:|---:|---:|"]
         for mode in MODES:
@@ -128,6 +131,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--name", default="p1m-hybrid")
     parser.add_argument("--skip-build", action="store_true", help="search the index NAME already built in WORK")
+    parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
+                        help="the encoder's forward pass for the searches by text (the server's default is onnx)")
     parser.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md are written")
     args = parser.parse_args()
     report = {"benchmark": "hybrid_speed", "command": " ".join(["python", "benchmarks/hybrid_speed.py", *sys.argv[1:]]),
@@ -135,7 +140,7 @@ def main() -> None:
                          f"{__import__('os').cpu_count()} CPUs"}
     report["build"] = json.loads(args.out.with_suffix(".json").read_text())["build"] if args.skip_build else \
         build(args.work, args.name)
-    report["search"] = latency(args.work, args.name, args.queries)
+    report["search"] = latency(args.work, args.name, args.queries, args.runtime)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report) + "\n")
 
