@@ -12,7 +12,7 @@ import pytest
 
 from retriever.corpus import Document, read_corpus
 from retriever.errors import RetrieverError
-from retriever.filter_plan import plan_filtered_search
+from retriever.filter_plan import BEAM_EXPONENT, plan_filtered_search
 from retriever.filters import FilterError, parse_where
 from retriever.index import Index
 from retriever.store.documents import DocumentTable
@@ -225,10 +225,10 @@ def test_keyword_hybrid_and_raw_searches_filter_too(filtered_index):
 def test_the_plan_scans_few_matches_and_widens_the_ann_for_many():
     hnsw, ivfpq = IndexSpec(type="hnsw"), IndexSpec(type="ivfpq", nlist=1024)
     assert plan_filtered_search(500, 1_000_000, 10, hnsw).exact
-    wide = plan_filtered_search(500_000, 1_000_000, 10, hnsw)  # half match: a beam sqrt(2) times as wide
-    assert not wide.exact and wide.ef_search == math.ceil(hnsw.search_ef * math.sqrt(2))
-    narrower = plan_filtered_search(100_000, 1_000_000, 10, hnsw)  # a tenth: sqrt(10) times, cheaper than the scan
-    assert not narrower.exact and narrower.ef_search == math.ceil(hnsw.search_ef * math.sqrt(10))
+    wide = plan_filtered_search(500_000, 1_000_000, 10, hnsw)  # half match: a beam 2 ** 0.45 times as wide
+    assert not wide.exact and wide.ef_search == math.ceil(hnsw.search_ef / 0.5**BEAM_EXPONENT)
+    narrower = plan_filtered_search(100_000, 1_000_000, 10, hnsw)  # a tenth: wider still, cheaper than the scan
+    assert not narrower.exact and wide.ef_search < narrower.ef_search == math.ceil(hnsw.search_ef / 0.1**BEAM_EXPONENT)
     assert plan_filtered_search(20_000, 200_000, 10, hnsw).exact  # the same share of fewer: the scan is cheaper
     probe = plan_filtered_search(500_000, 1_000_000, 10, ivfpq)
     assert not probe.exact and ivfpq.search_nprobe < probe.nprobe < 1024

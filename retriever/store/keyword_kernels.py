@@ -1,11 +1,11 @@
-"""The keyword scorer's inner loops, compiled (Numba): a query's best documents found document at a time by
-MaxScore, and given documents' scores looked up, each a loop over postings where NumPy would take several passes.
+"""The keyword scorer's inner loops, compiled (Numba): a query's best documents found by MaxScore, and given
+documents' scores looked up, each a loop over postings where NumPy would take several passes over arrays.
 
 A BM25 contribution is computed in float32 in one fixed order, weight x tf x (k1 + 1) / (tf + norm), and added to
 a float64 sum in the query's term order, exactly as `retriever.store.keywords` does it in NumPy (`every_match`):
 whichever way a document's score is found, it is the same number. Numba compiles without fast-math, so nothing is
-reordered.
-Compiled once per machine and cached beside this file (`cache=True`); `nogil` lets searches in threads run at once.
+reordered. Compiled once per machine and cached beside this file (`cache=True`); `nogil` lets searches in threads
+run at once.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _worst(scores, positions, held):
 
 
 WINDOW = 1 << 16  # documents summed at a time: their partial scores (512 KB) stay in the core's cache
-FIRST_WINDOW = 1 << 12
+FIRST_WINDOW = 1 << 12  # then doubling: until COUNT documents are held, every document there is scored exactly
 _DE_BRUIJN_MULTIPLIER = 0x03F79D71B4CA8B09  # a de Bruijn sequence: each power of two's top 6 bits after it differ
 _DE_BRUIJN = np.zeros(64, np.int64)
 for _bit in range(64):
@@ -107,16 +107,15 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
     best_positions = np.empty(count, np.int32)
     best_scores = np.empty(count, np.float32)
     held = 0
-    worst = 0
+    worst = 0  # the index in best_* of the lowest score (the latest found among equals)
     threshold = floor
-    margin = abs(threshold) * 2.5e-7 + 1e-30
-    essential = 0
+    margin = abs(threshold) * 2.5e-7 + 1e-30  # more than float rounding can move a sum (two float32 steps)
+    essential = 0  # terms below this index are looked up only, not walked
     while essential < terms and cumulative[essential + 1] < threshold - margin:
         essential += 1
     dead_at = 0
     base = 0
     while base < documents:
-        # Windows grow from a small first one: every document there is scored while the threshold is still low.
         limit = min(documents, base + min(width, max(FIRST_WINDOW, base)))
         walked = essential  # fixed for the window: its terms' contributions are in PARTIAL
         for i in range(walked, terms):
