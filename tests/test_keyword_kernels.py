@@ -70,3 +70,20 @@ def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower
         ranked = np.lexsort((found, -scores))
         assert found[ranked].tolist() == best.tolist()
         np.testing.assert_array_equal(scores, exact[found])
+
+
+def test_the_kernels_compile_where_no_cache_folder_can_be_written(monkeypatch):
+    import importlib
+
+    from numba.core import caching
+
+    monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])  # what a read-only install without a home has
+    try:
+        fresh = importlib.reload(kernels)
+        total = np.zeros(2)
+        fresh.add_looked_up(total, np.array([3, 5], np.int32), np.array([1, 3, 4], np.int32),
+                            np.array([1, 2, 1], np.uint16), WEIGHT, K1_PLUS_1, np.ones(8, np.float32))
+        assert total[1] == 0 and total[0] == pytest.approx(1.7 * 2 * 2.2 / 3)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(kernels)

@@ -4,8 +4,8 @@ documents' scores looked up, each a loop over postings where NumPy would take se
 A BM25 contribution is computed in float32 in one fixed order, weight x tf x (k1 + 1) / (tf + norm), and added to
 a float64 sum in the query's term order, exactly as `retriever.store.keywords` does it in NumPy (`every_match`):
 whichever way a document's score is found, it is the same number. Numba compiles without fast-math, so nothing is
-reordered. Compiled once per machine and cached beside this file (`cache=True`); `nogil` lets searches in threads
-run at once.
+reordered. Compiled once per machine and cached beside this file (or in the user's cache folder); where neither can
+be written (a read-only install), compiled once per process instead. `nogil` lets searches in threads run at once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+def _compiled(function):
+    try:
+        return njit(cache=True, nogil=True)(function)
+    except RuntimeError:  # numba found no folder it may write its cache to
+        return njit(nogil=True)(function)
+
+
+@_compiled
 def add_looked_up(total, positions, held, counts, weight, k1_plus_1, norm):
     """Add a term's contribution to TOTAL[i] for each POSITIONS[i] that its postings (HELD, ascending) hold. Each
     position is searched for from where the previous one was found when they ascend (galloping: sorted positions
@@ -33,7 +40,7 @@ def add_looked_up(total, positions, held, counts, weight, k1_plus_1, norm):
             total[i] += np.float64(weight * tf * k1_plus_1 / (tf + norm[position]))
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def _gallop(held, low, end, position):
     """The first index in HELD[LOW:END] (ascending) whose value is at least POSITION (END if none)."""
     if low >= end or held[low] >= position:
@@ -52,7 +59,7 @@ def _gallop(held, low, end, position):
     return low
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def _worst(scores, positions, held):
     """The index of the lowest score among the first HELD, the highest position among equals."""
     worst = 0
@@ -70,14 +77,14 @@ for _bit in range(64):
     _DE_BRUIJN[((1 << _bit) * _DE_BRUIJN_MULTIPLIER % 2**64) >> 58] = _bit
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def _lowest_bit(word):
     """The index of WORD's lowest set bit (WORD != 0)."""
     low = word & (~word + np.uint64(1))
     return _DE_BRUIJN[(low * np.uint64(_DE_BRUIJN_MULTIPLIER)) >> np.uint64(58)]
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_plus_1, norm, dead, count, floor):
     """The COUNT best documents of one segment by MaxScore (Turtle and Flood 1995), a window of documents at a time
     as Lucene's MaxScoreBulkScorer does: (positions, exact float32 scores), the best first in no particular order.
