@@ -22,6 +22,13 @@ def _compiled(function):
 
 
 @_compiled
+def _bm25(weight, count, k1_plus_1, norm):
+    """What a term of WEIGHT occurring COUNT times adds to a document of length normalisation NORM, in float32."""
+    tf = np.float32(count)
+    return weight * tf * k1_plus_1 / (tf + norm)
+
+
+@_compiled
 def add_looked_up(total, positions, held, counts, weight, k1_plus_1, norm):
     """Add a term's contribution to TOTAL[i] for each POSITIONS[i] that its postings (HELD, ascending) hold. Each
     position is searched for from where the previous one was found when they ascend (galloping: sorted positions
@@ -36,8 +43,7 @@ def add_looked_up(total, positions, held, counts, weight, k1_plus_1, norm):
         previous = position
         low = _gallop(held, low, length, position)
         if low < length and held[low] == position:
-            tf = np.float32(counts[low])
-            total[i] += np.float64(weight * tf * k1_plus_1 / (tf + norm[position]))
+            total[i] += _bm25(weight, counts[low], k1_plus_1, norm[position])
 
 
 @_compiled
@@ -134,8 +140,7 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
                 if position >= limit:
                     break
                 offset = position - base
-                tf = np.float32(counts[at])
-                partial[offset] += np.float64(weight * tf * k1_plus_1 / (tf + norm[position]))
+                partial[offset] += _bm25(weight, counts[at], k1_plus_1, norm[position])
                 marks[offset >> 6] |= np.uint64(1) << np.uint64(offset & 63)
                 at += 1
             heads[i] = at
@@ -160,8 +165,7 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
                     at = _gallop(positions, heads[i], ends[i], document)
                     heads[i] = at
                     if at < ends[i] and positions[at] == document:
-                        tf = np.float32(counts[at])
-                        score += np.float64(weights[i] * tf * k1_plus_1 / (tf + norm[document]))
+                        score += _bm25(weights[i], counts[at], k1_plus_1, norm[document])
                     reach = score + cumulative[i] >= threshold - margin
                     i -= 1
                 if not reach:
@@ -171,8 +175,7 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
                     exact_heads[i] = at
                     contribution[canonical[i]] = 0.0
                     if at < ends[i] and positions[at] == document:
-                        tf = np.float32(counts[at])
-                        contribution[canonical[i]] = weights[i] * tf * k1_plus_1 / (tf + norm[document])
+                        contribution[canonical[i]] = _bm25(weights[i], counts[at], k1_plus_1, norm[document])
                 exact = 0.0
                 for j in range(terms):
                     exact += np.float64(contribution[j])
