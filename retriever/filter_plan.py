@@ -10,10 +10,10 @@ recall@10 at the unfiltered walk's own. Measured at a 10% filter with the defaul
 0.972), 643 only 0.970; 720 = 256 / 0.1 ** 0.45. Wider costs more for little: ef / share (2,560 at 500,000) cost 3x
 more than 800 for 0.989 against 0.976. Both cost more as the filter narrows; scoring the matches costs less.
 So each plan compares the two costs in one unit, vectors scored:
-- flat and hnsw keep float vectors: scoring every match (a flat scan of the stored vectors that skips the others,
-  by a bitmap) costs MATCHES; a walk costs GRAPH_VECTORS_PER_EF x ef. The measured flat/hnsw crossover gives the
-  constant: a walk at the default ef costs about as much as an exact scan of FLAT_MAX_DOCUMENTS vectors
-  (benchmarks/results/hnsw_crossover_cpu.md);
+- flat and hnsw keep float vectors: scoring every match (each stored vector scored where it lies, from a list of
+  the matches' positions) costs MATCHES; a walk costs GRAPH_VECTORS_PER_EF x ef. The measured flat/hnsw crossover
+  gives the constant: a walk at the default ef costs about as much as an exact scan of FLAT_MAX_DOCUMENTS
+  vectors (benchmarks/results/hnsw_crossover_cpu.md);
 - ivf/ivfpq keep codes: probing every bucket with the selector scores every match's code (then the re-rank) and
   only checks the others' bits; the raised probes score the codes in the buckets probed, LIVE x nprobe / nlist.
   Every bucket is probed when that scores no more codes than the raised probes would.

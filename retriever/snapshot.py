@@ -496,8 +496,8 @@ class Snapshot:
                 nprobe: int | None, ef_search: int | None, rerank: int | None, stop_words: bool | None,
                 allowed: np.ndarray | None) -> list[list[SearchHit]]:
         """Fuse each query's dense top list (of VECTORS) with its keyword top list by FUSER, the dense side weighing
-        WEIGHT. The two sides run one after the other: measured on 2 cores, a thread for the keyword side made
-        hybrid search slower (its NumPy work and FAISS's threads compete for the cores and the interpreter lock)."""
+        WEIGHT. The two sides run one after the other: measured on 2 cores, a thread for the keyword side gained
+        nothing beside the dense search and lost beside the encoder (`benchmarks/results/README.md`, hybrid at 1M)."""
         depth = max(k, CANDIDATES)
         dense_scores, dense_ids = self.search_vectors(vectors, depth, nprobe, ef_search, rerank, allowed)
         null = self._dense_null(vectors) if fuser.needs_null else [(0.0, 1.0)] * len(texts)

@@ -250,9 +250,9 @@ class QueryMatches:
 
     def candidates(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of matching live documents, sure to hold the COUNT best
-        (ties: the lower position first), found by MaxScore document at a time in each segment
-        (`keyword_kernels.max_score`). A segment's COUNT-th best score is a floor for the next segments': a
-        document below it cannot be among the COUNT best of the version."""
+        (ties: the lower position first), found by MaxScore in each segment (`keyword_kernels.max_score`). A
+        segment's COUNT-th best score is a floor for the next segments': a document below it cannot be among the
+        COUNT best of the version."""
         if not self.terms:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
         floor = 0.0
