@@ -9,7 +9,8 @@ import pytest
 import pytrec_eval
 
 from retriever.errors import RetrieverError
-from retriever.evaluation.retrieval import RetrievalSet, evaluate_run, evaluate_through_index, load_beir, ranked
+from retriever.evaluation.retrieval import (RetrievalSet, evaluate_run, evaluate_through_index, load_beir, per_query,
+                                            ranked)
 from retriever.evaluation.retrieval_tasks import duplicate_retrieval, qnli_retrieval
 
 
@@ -46,6 +47,17 @@ def test_metrics_equal_trec_eval_on_fixed_runs(seed):
     ours, theirs = evaluate_run(run, qrels, ignore_identical=False), reference(run, qrels)
     for metric in theirs:
         assert ours[metric] == pytest.approx(theirs[metric], abs=1e-9), metric
+
+
+def test_per_query_scores_follow_the_qrels_order_and_skip_queries_without_a_relevant_document():
+    run, qrels = random_case(0)
+    qrels["unjudged"] = {"d1": 0}  # no relevant document: not a query of the mean, nor of the per-query scores
+    scores = per_query(run, qrels, ignore_identical=False)
+    single = per_query({"q5": run["q5"]}, {"q5": qrels["q5"]}, ignore_identical=False)
+    assert len(scores["ndcg@10"]) == 40 and scores["ndcg@10"][5] == single["ndcg@10"][0]
+    assert scores["mrr@10"][-1] == 0.0  # q39 retrieves nothing
+    ours = evaluate_run(run, qrels, ignore_identical=False)
+    assert {metric: float(values.mean()) for metric, values in scores.items()} == ours
 
 
 def test_a_hit_identical_to_the_query_is_ignored():

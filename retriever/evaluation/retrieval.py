@@ -100,23 +100,27 @@ def ranked(run_for_query: dict[str, float], query_id: str, ignore_identical: boo
 
 def evaluate_run(run: Run, qrels: Qrels, ignore_identical: bool = True) -> dict[str, float]:
     """Mean nDCG@10, Recall@100 and MRR@10 (x100) over the queries of QRELS with a relevant document."""
-    totals = dict.fromkeys(METRICS, 0.0)
-    scored = 0
+    return {metric: float(values.mean()) for metric, values in per_query(run, qrels, ignore_identical).items()}
+
+
+def per_query(run: Run, qrels: Qrels, ignore_identical: bool = True) -> dict[str, np.ndarray]:
+    """Each of METRICS (x100) per query of QRELS with a relevant document, in QRELS' order: what a paired test
+    of two runs on the same queries compares."""
+    values: dict[str, list[float]] = {metric: [] for metric in METRICS}
     for query, relevant in qrels.items():
         relevant = {doc: grade for doc, grade in relevant.items() if grade > 0}
         if not relevant:
             continue
-        scored += 1
         order = ranked(run.get(query, {}), query, ignore_identical)
         dcg = sum(relevant.get(doc, 0) / math.log2(rank + 2) for rank, doc in enumerate(order[:10]))
         ideal = sum(grade / math.log2(rank + 2) for rank, grade in enumerate(sorted(relevant.values(), reverse=True)[:10]))
-        totals["ndcg@10"] += dcg / ideal
-        totals["recall@100"] += len(set(order[:100]) & set(relevant)) / len(relevant)
+        values["ndcg@10"].append(dcg / ideal)
+        values["recall@100"].append(len(set(order[:100]) & set(relevant)) / len(relevant))
         first = next((rank for rank, doc in enumerate(order[:10]) if doc in relevant), None)
-        totals["mrr@10"] += 0.0 if first is None else 1.0 / (first + 1)
-    if not scored:
+        values["mrr@10"].append(0.0 if first is None else 1.0 / (first + 1))
+    if not values["ndcg@10"]:
         raise RetrieverError("no query has a relevant document: nothing to score")
-    return {metric: 100.0 * total / scored for metric, total in totals.items()}
+    return {metric: 100.0 * np.asarray(scores) for metric, scores in values.items()}
 
 
 # --- through the index -----------------------------------------------------------------------------------
