@@ -37,7 +37,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from retriever.calibration.check import paired_bootstrap  # noqa: E402
+from retriever.calibration.auto import decide  # noqa: E402
+from retriever.calibration.check import CandidateResult, paired_bootstrap  # noqa: E402
 from retriever.evaluation.retrieval import per_query, search_runs  # noqa: E402
 from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS  # noqa: E402
 
@@ -230,7 +231,8 @@ def report(files: list[Path]) -> str:
 # Each variant decides from the check scores a run recorded (every candidate's interval against none and its score
 # per kind of pseudo-query); `current` is auto's rule and must reproduce what auto chose.
 VARIANTS = {
-    "current": "calibrate if a confident winner improves most voting kinds; then the best confident winner",
+    "current": "auto's rule (`decide`): calibrate if a confident winner improves most voting kinds; then the best "
+               "confident winner",
     "restricted": "the same, but choose only among the confident winners that improve most voting kinds",
     "no vote": "the best confident winner, whatever the kinds say (the rule of the first run)",
     "unanimous": "calibrate only if a confident winner improves every voting kind; then the best confident winner",
@@ -238,15 +240,25 @@ VARIANTS = {
 
 
 def replay(check: dict | None, variant: str) -> str:
+    """The calibrator VARIANT would choose from a recorded check; `current` runs auto's own rule (`decide`)."""
     if not check:
         return "none"
     voters = check["voting_kinds"]
+    if variant == "current":
+        best, agreed, _ = decide([_result(c) for c in check["candidates"]], _result(check["none"]), voters)
+        return best.name if agreed else "none"
     winners = [c for c in check["candidates"] if c["interval"][0] > 0]
     most = [c for c in winners if len(c["kinds_improved"]) > len(voters) / 2]
     every = [c for c in winners if len(c["kinds_improved"]) == len(voters)]
-    pool = {"current": winners if most else [], "restricted": most, "no vote": winners,
-            "unanimous": winners if every else []}[variant]
+    pool = {"restricted": most, "no vote": winners, "unanimous": winners if every else []}[variant]
     return max(pool, key=lambda c: c["ndcg@10"])["name"] if pool else "none"
+
+
+def _result(record: dict) -> CandidateResult:
+    """A recorded candidate (points, as `CandidateResult.record` writes it) as the rule reads it."""
+    low, high = record.get("interval") or (None, None)
+    return CandidateResult(record["name"], record["ndcg@10"], record["mrr@10"], record["ndcg@10_by_kind"],
+                           record.get("difference"), low, high)
 
 
 def variants(runs: list[dict]) -> list[str]:

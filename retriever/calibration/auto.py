@@ -86,10 +86,8 @@ class AutoCalibrator(Calibrator):
             results = compare(check, baseline, [(c.name, score_queries(check, c.transform)) for c in candidates],
                               seed=self.seed)
             none = baseline_result("none", check, baseline)
-            winners = [result for result in results if result.low > 0]
             voters = voting_kinds(check)
-            agreed = [result for result in winners if supported(result, none, voters)]
-            best = max((winners if agreed else []) or results, key=lambda result: result.ndcg)
+            best, agreed, winners = decide(results, none, voters)
             if agreed:
                 chosen = next(c for c in candidates if c.name == best.name)
             reason = _reason(best, agreed, winners, voters, check)
@@ -179,6 +177,16 @@ def spectrum_evidence(sample: np.ndarray, pairs: int = 20_000, seed: int = 0) ->
         "directions": {f"{share:.0%}": int(min(np.searchsorted(cumulative, share) + 1, len(variances)))
                        for share in VARIANCE_SHARES},
     }
+
+
+def decide(results: list, none, voters: list[str]) -> tuple:
+    """The rule on the check's results: (best, agreed, winners). Winners beat NONE with confidence; agreed are the
+    winners that improve more than half of VOTERS. Raw vectors stay unless some winner is agreed; then the choice
+    is BEST, the best-scoring winner. Without an agreed winner, BEST is only the best-scoring candidate, reported."""
+    winners = [result for result in results if result.low > 0]
+    agreed = [result for result in winners if supported(result, none, voters)]
+    best = max((winners if agreed else []) or results, key=lambda result: result.ndcg)
+    return best, agreed, winners
 
 
 def voting_kinds(check: CheckSet) -> list[str]:
