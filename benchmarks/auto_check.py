@@ -63,7 +63,7 @@ def model_path(model: str) -> str | None:
 
 
 def run(model: str, pooling: str, tasks: list[str], sts: bool, seed: int) -> dict:
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
     from retriever.evaluation.data import resolve_data_dir
 

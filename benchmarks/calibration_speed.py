@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from retriever.calibration import make_calibrator  # noqa: E402
-from retriever.calibration.flow import Glow  # noqa: E402
-from retriever.device import resolve_device  # noqa: E402
+from retriever.calibration.glow import Glow  # noqa: E402
+from retriever.encode.device import resolve_device  # noqa: E402
 
 
 def synthetic_vectors(n: int, dim: int, seed: int = 0, rank: int = 32) -> np.ndarray:

@@ -25,10 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from retriever.calibration import DEFAULT_FIT_SAMPLE, fit_on_sample, make_calibrator  # noqa: E402
-from retriever.encoder import Encoder  # noqa: E402
+from retriever.encode.encoder import Encoder  # noqa: E402
 from retriever.evaluation import get_task, resolve_data_dir  # noqa: E402
 from retriever.evaluation.evaluators import cosine_rows, spearman_x100  # noqa: E402
-from retriever.models import default_model_path  # noqa: E402
+from retriever.encode.models import default_model_path  # noqa: E402
 
 MAX_LENGTH = 64
 NATSV_K = 10  # the best K on layers 0 and 4 among 1-10 (natsv-5 gives 68.2 and 70.4)

@@ -40,7 +40,7 @@ from retriever.index import Index
 corpus, home, calibrator = sys.argv[1:4]
 summary = Index.build(corpus, "bench", home, calibrator=calibrator, device="cpu")
 from retriever.index import Index as Opened
-decision = Opened.open("bench", home, device="cpu").manifest.calibrator.get("decision")
+decision = Opened.open("bench", home, device="cpu").snapshot.manifest.calibrator.get("decision")
 print(json.dumps({"seconds": time.perf_counter() - started, "timings": summary.timings,
                   "chosen": decision["chosen"]["name"] if decision else calibrator,
                   "decision": decision}))

@@ -33,15 +33,18 @@ import json, sys, time
 t = [time.perf_counter()]
 from retriever.index import Index
 t.append(time.perf_counter())
+from retriever.index import load_encoder
+from retriever.search.options import SearchOptions
+from retriever.search.searcher import Searcher
 index = Index.open("notes", sys.argv[1], device="cpu")
 t.append(time.perf_counter())
-encoder = index.encoder
+encoder = load_encoder(index.snapshot)
 t.append(time.perf_counter())
-index.calibrator
+index.snapshot.calibrator
 t.append(time.perf_counter())
-vectors = index.embed(["a document about topic 3"])
+vectors = index.snapshot.calibrate(encoder.encode(["a document about topic 3"]))
 t.append(time.perf_counter())
-index.search_encoded(["a document about topic 3"], vectors, 10, "hybrid")
+Searcher(index.snapshot).search(["a document about topic 3"], vectors, SearchOptions(k=10, mode="hybrid"))
 t.append(time.perf_counter())
 print(json.dumps([b - a for a, b in zip(t, t[1:])]))
 """

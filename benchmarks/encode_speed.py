@@ -28,9 +28,9 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from retriever.encoder import DTYPES, Encoder  # noqa: E402
+from retriever.encode.encoder import DTYPES, Encoder  # noqa: E402
 from retriever.evaluation import get_task, resolve_data_dir  # noqa: E402
-from retriever.models import default_model_path  # noqa: E402
+from retriever.encode.models import default_model_path  # noqa: E402
 
 
 def random_model_folder(config_dir: Path) -> str:

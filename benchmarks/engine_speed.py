@@ -42,7 +42,8 @@ from retriever.engines.ray_build import RayOptions
 corpus, home, engine, device, workers, batch_rows, batch_size, model, dtype = sys.argv[1:10]
 options = RayOptions(workers=int(workers) if workers != "0" else None, batch_rows=int(batch_rows))
 summary = Index.build(corpus, "bench", home, engine=engine, ray_options=options if engine == "ray" else None,
-                      calibrator="none", device=device, batch_size=int(batch_size), model=model or None, dtype=dtype)
+                      calibrator="none", device=device, batch_size=int(batch_size), model=model or None, dtype=dtype,
+                      replace=True)
 print(json.dumps({"seconds": time.perf_counter() - started, "timings": summary.timings,
                   "documents": summary.documents}))
 """

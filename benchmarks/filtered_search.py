@@ -91,7 +91,10 @@ def latency(times: list[float]) -> dict:
 
 def run(work: Path, types: list[str]) -> dict:
     from retriever.filters import parse_where
-    from retriever.index import Index
+    from retriever.index import Index, load_encoder
+    from retriever.search.options import SearchOptions
+    from retriever.search.plan import plan_filtered_search
+    from retriever.search.searcher import Searcher
     from retriever.store.vectors import set_threads
 
     set_threads()
@@ -105,36 +108,39 @@ def run(work: Path, types: list[str]) -> dict:
                         index_type=index_type, device="cpu")
         built_seconds = time.perf_counter() - started
         index = Index.open(name, work / "indexes", device="cpu")
-        queries = index.embed(texts)
-        raw, rowids = index.raw_vectors()
+        snapshot, searcher = index.snapshot, Searcher(index.snapshot)  # the search layer under `Index.search`
+        queries = snapshot.calibrate(load_encoder(snapshot).encode(texts))
+        raw, rowids = snapshot.raw_vectors()
         order = np.argsort(rowids)
         raw, rowids = raw[order], rowids[order]
         page_in(work / "indexes" / name)  # an index opened cold would be timed reading its pages from disk
-        timed(lambda q: index.search_vectors(q, 10), queries[:WARM_UP])  # not counted
-        unfiltered_times, unfiltered_found = timed(lambda q: index.search_vectors(q, 10), queries)
-        everything = index.calibrate(np.asarray(raw, dtype=np.float32))
+        unfiltered = SearchOptions(k=10)
+        timed(lambda q: searcher.dense_top(q, unfiltered), queries[:WARM_UP])  # not counted
+        unfiltered_times, unfiltered_found = timed(lambda q: searcher.dense_top(q, unfiltered), queries)
+        everything = snapshot.calibrate(np.asarray(raw, dtype=np.float32))
         unfiltered_truth = rowids[np.argsort(-(queries @ everything.T), axis=1)[:, :10]]
         del everything
         unfiltered_recall = float(np.mean([len(set(ids.tolist()) & set(row)) / 10
                                            for ids, row in zip(unfiltered_found, unfiltered_truth.tolist())]))
         entry = {"index_type": index_type, "documents": len(index), "build_seconds": round(built_seconds, 1),
-                 "calibrator": index.manifest.calibrator.get("name"),
+                 "calibrator": snapshot.manifest.calibrator.get("name"),
                  "unfiltered": {**latency(unfiltered_times), "recall_at_10": round(unfiltered_recall, 4)},
                  "filters": []}
         for label, clause in FILTERS.items():
             where = parse_where(clause)
             clock = time.perf_counter()
-            allowed = index.matching(where)
+            allowed = searcher.matches.matches(where).rowids
             evaluate_seconds = time.perf_counter() - clock
             matching = np.isin(rowids, allowed)
             exact_ids = rowids[matching]
-            scores = queries @ index.calibrate(np.asarray(raw[matching], dtype=np.float32)).T
+            scores = queries @ snapshot.calibrate(np.asarray(raw[matching], dtype=np.float32)).T
             truth = exact_ids[np.argsort(-scores, axis=1)[:, :10]]
-            times, found = timed(lambda q: index.search_vectors(q, 10, allowed=index.matching(where)), queries)
+            filtered = SearchOptions(k=10, where=where)
+            times, found = timed(lambda q: searcher.dense_top(q, filtered), queries)
             violations = int(sum((~np.isin(ids[ids >= 0], allowed)).sum() for ids in found))
             short = int(sum((ids >= 0).sum() < min(10, len(allowed)) for ids in found))
             recall = float(np.mean([len(set(ids.tolist()) & set(row)) / 10 for ids, row in zip(found, truth.tolist())]))
-            plan = index.filter_plan(len(allowed), 10)
+            plan = plan_filtered_search(len(allowed), len(snapshot), 10, snapshot.spec)
             row = {"selectivity": label, "where": clause, "matches": int(len(allowed)), "plan": plan.describe(),
                    "recall_at_10": round(recall, 4), **latency(times),
                    "p50_vs_unfiltered": round(np.percentile(times, 50) / np.percentile(unfiltered_times, 50), 2),

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from retriever.calibration import DEFAULT_FIT_SAMPLE, fit_on_sample, make_calibrator  # noqa: E402
-from retriever.encoder import Encoder  # noqa: E402
+from retriever.encode.encoder import Encoder  # noqa: E402
 from retriever.evaluation import get_task, resolve_data_dir  # noqa: E402
 from retriever.evaluation.evaluators import cosine_rows, spearman_x100  # noqa: E402
 

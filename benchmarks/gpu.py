@@ -49,7 +49,7 @@ MODEL_LABELS = {STS_MODEL: "all-MiniLM-L6-v2 (384-d, 6 layers)", "bert-base-conf
 
 def prepare(assets: Path, shared: Path) -> None:
     from benchmarks.engine_speed import sample_passages
-    from retriever.models import default_model_path
+    from retriever.encode.models import default_model_path
 
     assets.mkdir(parents=True, exist_ok=True)
     wheels = assets / "whl"
@@ -83,7 +83,7 @@ def _sts_checkpoint(minilm: Path, target: Path, data: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
     from retriever.evaluation.runner import plan_benchmark, run_benchmark
 
     target.mkdir(parents=True, exist_ok=True)
@@ -177,7 +177,7 @@ def encode_stage(assets: Path, corpus: Path, model: str, max_length: int, batch_
     import torch
 
     from benchmarks.encode_speed import corpus_texts, random_model_folder
-    from retriever.encoder import TOKENIZE_CHUNK, Encoder
+    from retriever.encode.encoder import TOKENIZE_CHUNK, Encoder
     from retriever.index import Index
 
     folder = random_model_folder(assets / "models" / model)
@@ -206,7 +206,7 @@ def encode_stage(assets: Path, corpus: Path, model: str, max_length: int, batch_
             _synchronize()
             started = time.perf_counter()
             summary = Index.build(corpus, "bench", home, calibrator="none", encoder=encoder, device=DEVICE,
-                                  batch_size=batch_size, dtype=dtype, max_length=max_length)
+                                  batch_size=batch_size, dtype=dtype, max_length=max_length, replace=True)
             builds.append({"wall": time.perf_counter() - started, "timings": summary.timings})
             if repeat == 0 and batch_size == batch_sizes[0]:
                 result["index_home"] = str(home)
@@ -233,7 +233,7 @@ def encode_stage(assets: Path, corpus: Path, model: str, max_length: int, batch_
 
 def precision(assets: Path) -> dict:
     """STS-B test Spearman of the real MiniLM, raw and flow, in fp32, fp16 and bf16 on the GPU, through `bench`."""
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
     from retriever.evaluation.runner import plan_benchmark, run_benchmark
 
     folder = Path(tempfile.mkdtemp(prefix="minilm-sts-"))
@@ -428,19 +428,19 @@ def filtered_search() -> dict:
 def hybrid_search(home: str, queries: list[str]) -> dict:
     """Dense, keyword and hybrid search on the MiniLM build of the encode step (100k passages, random weights:
     speed only), the vectors searched on the GPU against the same on the CPU, queries one at a time."""
-    from retriever.snapshot import Snapshot
+    from retriever.index import Index
 
     result = {"queries": len(queries)}
     for device in ("cuda", "cpu"):
         if device == "cuda" and DEVICE != "cuda":
             device = DEVICE  # (smoke run: the CPU twice)
-        snapshot = Snapshot.open("bench", home, device=device)
+        index = Index.open("bench", home, device=device)
         for mode in ("dense", "keyword", "hybrid"):
-            snapshot.search(queries[:5], k=10, mode=mode)  # warm-up: the searcher, the encoder's kernels
+            index.search(queries[:5], k=10, mode=mode)  # warm-up: the searcher, the encoder's kernels
             times = []
             for query in queries:
                 started = time.perf_counter()
-                snapshot.search(query, k=10, mode=mode)
+                index.search(query, k=10, mode=mode)
                 times.append(time.perf_counter() - started)
             result[f"{mode} on {device}"] = {"p50_ms": float(np.median(times) * 1e3),
                                              "p95_ms": float(np.percentile(times, 95) * 1e3)}

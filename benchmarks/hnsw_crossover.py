@@ -37,8 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from retriever.calibration import make_calibrator  # noqa: E402
-from retriever.pipeline import l2_normalize  # noqa: E402
-from retriever.store.vectors import FLAT_MAX_DOCUMENTS, IndexSpec, VectorStore, set_threads  # noqa: E402
+from retriever.numeric import l2_normalize  # noqa: E402
+from retriever.store.vectors import VectorStore, set_threads
+from retriever.store.spec import FLAT_MAX_DOCUMENTS, IndexSpec  # noqa: E402
 
 SIZES = (5_000, 10_000, 20_000, 35_000, 50_000, 75_000, 100_000)
 QUERIES = 300

@@ -47,16 +47,16 @@ def build(work: Path, name: str) -> dict:
 
     started = time.perf_counter()
     summary = Index.build(work / "corpus-1m.jsonl.gz", name, work / "indexes", vectors=work / "vectors-1m.npy",
-                          device="cpu")
+                          device="cpu", replace=True)
     seconds = time.perf_counter() - started
     index = Index.open(name, work / "indexes", device="cpu")
     parts: dict[str, int] = {}
-    for path, entry in index.manifest.files.items():
+    for path, entry in index.snapshot.manifest.files.items():
         part = path.rsplit("/", 1)[-1]
         key = "keyword index" if part.startswith("keyword") else part
         parts[key] = parts.get(key, 0) + entry.bytes
     keywords = summary.timings.get("keywords", 0.0)
-    return {"documents": summary.documents, "index": index.manifest.index, "seconds": round(seconds, 1),
+    return {"documents": summary.documents, "index": index.snapshot.manifest.index, "seconds": round(seconds, 1),
             "timings": {key: round(value, 2) for key, value in summary.timings.items()},
             "keywords_share_of_the_rest": round(keywords / (seconds - keywords), 3),
             "bytes": parts, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
@@ -64,21 +64,25 @@ def build(work: Path, name: str) -> dict:
 
 def latency(work: Path, name: str, count: int, runtime: str) -> dict:
     from benchmarks.filtered_search import page_in
-    from retriever.index import Index
+    from retriever.index import Index, load_encoder
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
 
     page_in(work / "indexes" / name)  # as a serving process has it after a while, whatever ran before
     index = Index.open(name, work / "indexes", device="cpu", runtime=runtime)
     texts = questions(count + WARM_UP)
-    vectors = index.embed(texts)
+    searcher = Searcher(index.snapshot)  # the search layer `Index.search` runs, given the query vectors
+    vectors = index.snapshot.calibrate(load_encoder(index.snapshot, runtime).encode(texts))
+    options = {mode: SearchOptions(k=10, mode=mode) for mode in MODES}
     by_text = {mode: [] for mode in MODES}
     by_vector = {mode: [] for mode in MODES}
     for number, text in enumerate(texts):
         for mode in MODES:
             clock = time.perf_counter()
-            index.search(text, k=10, mode=mode)
+            index.search(text, options[mode])
             text_seconds = time.perf_counter() - clock
             clock = time.perf_counter()
-            index.search_encoded([text], None if mode == "keyword" else vectors[number : number + 1], 10, mode)
+            searcher.search([text], None if mode == "keyword" else vectors[number : number + 1], options[mode])
             vector_seconds = time.perf_counter() - clock
             if number >= WARM_UP:
                 by_text[mode].append(text_seconds)
@@ -89,7 +93,7 @@ def latency(work: Path, name: str, count: int, runtime: str) -> dict:
         return {"p50_ms": round(float(np.percentile(values, 50)), 2), "p99_ms": round(float(np.percentile(values, 99)), 2),
                 "queries_per_second": round(1000 / float(values.mean()), 1)}
 
-    result = {"queries": count, "k": 10, "index": index.manifest.index, "encoder_runtime": runtime,
+    result = {"queries": count, "k": 10, "index": index.snapshot.manifest.index, "encoder_runtime": runtime,
               "by_text": {mode: summary(by_text[mode]) for mode in MODES},
               "by_vector": {mode: summary(by_vector[mode]) for mode in MODES}}
     for way in ("by_text", "by_vector"):

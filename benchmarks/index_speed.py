@@ -39,8 +39,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from retriever.evaluation import TASKS, resolve_data_dir  # noqa: E402
-from retriever.index import Index, l2_normalize  # noqa: E402
-from retriever.models import resolve_model_path  # noqa: E402
+from retriever.index import Index, load_encoder  # noqa: E402
+from retriever.numeric import l2_normalize  # noqa: E402
+from retriever.encode.models import resolve_model_path  # noqa: E402
 from retriever.store.vectors import VectorStore, set_threads  # noqa: E402
 
 IMPORTED = time.perf_counter()
@@ -131,9 +132,9 @@ def main() -> None:
                 len(queries) / (time.perf_counter() - start), 1)
 
         # HNSW recall@k on the real calibrated vectors.
-        raw, ids = index.raw_vectors()
-        calibrated = l2_normalize(index.calibrator.transform(raw))
-        query_vectors = index.embed(queries)
+        raw, ids = index.snapshot.raw_vectors()
+        calibrated = l2_normalize(index.snapshot.calibrator.transform(raw))
+        query_vectors = index.snapshot.calibrate(load_encoder(index.snapshot).encode(queries))
         flat = VectorStore.create(calibrated.shape[1], "flat", device="cpu")
         flat.add(ids, calibrated)
         exact = flat.search(query_vectors, args.k)[1]

@@ -33,7 +33,7 @@ from retriever.corpus import Document, document_text  # noqa: E402
 from retriever.evaluation import resolve_data_dir  # noqa: E402
 from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir  # noqa: E402
 from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS  # noqa: E402
-from retriever.pipeline import l2_normalize  # noqa: E402
+from retriever.numeric import l2_normalize  # noqa: E402
 
 TASKS = ("qnli-retrieval", "stsb-dup", "debian-package", "python-doc-page", "linux-doc-page", "foldoc-term",
          "wordnet-define", "bible-parallel")
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="writes OUT.json and OUT.md")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     encoder = CachedEncoder(Encoder(max_length=256, device="cpu"), resolve_cache_dir())
     data = resolve_data_dir(None)

@@ -2,7 +2,7 @@
 
     python benchmarks/page_screenshot.py --index-dir DIR --index NAME --query "..." [--view modes] [--out FILE.png]
 
-Serves DIR in this process on 127.0.0.1 (`retriever.server.serving_in_thread`), opens the page with the query
+Serves DIR in this process on 127.0.0.1 (`retriever.serve.app.serving_in_thread`), opens the page with the query
 and the VIEW (modes: hybrid beside dense and keyword; raw: calibrated beside raw), waits for every column's
 ranking, and saves the window.
 """
@@ -41,7 +41,9 @@ def main() -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from retriever.server import create_app, serving_in_thread
+    from retriever.serve.app import create_app
+
+    from retriever.serve.run import serving_in_thread
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--index-dir", type=Path, required=True)

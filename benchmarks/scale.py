@@ -113,8 +113,8 @@ def step_build(work: Path, name: str, corpus: str, vectors: str, index_type: str
 
     started = time.perf_counter()
     summary = Index.build(work / corpus, name, work / "indexes", vectors=work / vectors, index_type=index_type,
-                          index_options=options, device="cpu")
-    index = Index.open(name, work / "indexes", device="cpu")
+                          index_options=options, device="cpu", replace=True)
+    index = Index.open(name, work / "indexes", device="cpu").snapshot
     index_bytes = sum(entry.bytes for path, entry in index.manifest.files.items() if path.endswith("vectors.faiss"))
     return {"documents": summary.documents, "seconds": round(time.perf_counter() - started, 1),
             "timings": {key: round(value, 2) for key, value in summary.timings.items()},
@@ -177,16 +177,26 @@ def timed_qps(search, queries: np.ndarray, batch: int, limit: int) -> float:
     return len(queries) / (time.perf_counter() - start)
 
 
+def embed(snapshot, texts: list[str]) -> np.ndarray:
+    """TEXTS in SNAPSHOT's space: its recorded encoder, its calibrator, L2 normalization (as `Index.search`)."""
+    from retriever.index import load_encoder
+
+    return snapshot.calibrate(load_encoder(snapshot).encode(texts))
+
+
 def step_search(work: Path) -> dict:
     import faiss
 
-    from retriever.index import Index, l2_normalize
+    from retriever.numeric import l2_normalize
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
     from retriever.store.vectors import set_threads
+    from retriever.versions.snapshot import Snapshot
 
     set_threads()
     indexes = work / "indexes"
-    reference = Index.open("p1m-ivfpq", indexes, device="cpu")
-    queries = reference.embed(qnli_questions(1000))
+    reference = Snapshot.open("p1m-ivfpq", indexes, device="cpu")
+    queries = embed(reference, qnli_questions(1000))
     # Exact search over the same calibrated vectors: the calibrator applied to every raw vector, in blocks.
     dim = reference.manifest.dim
     exact_index = faiss.IndexFlatIP(dim)
@@ -204,7 +214,8 @@ def step_search(work: Path) -> dict:
     report: dict = {"vectors": exact_index.ntotal, "queries": len(queries), "k": k,
                     "exact_qps": {key: round(value, 1) for key, value in exact_qps.items()}}
     for name in SEARCHED:
-        index = Index.open(name, indexes, device="cpu")
+        index = Snapshot.open(name, indexes, device="cpu")
+        searcher = Searcher(index)  # the search layer under `Index.search`: the dense side, given query vectors
         probe = reference.raw_sample(100)
         if not np.allclose(index.calibrator.transform(probe), reference.calibrator.transform(probe), atol=1e-5):
             raise SystemExit(f"{name} and p1m-ivfpq were calibrated differently; rebuild them from the same vectors")
@@ -213,20 +224,21 @@ def step_search(work: Path) -> dict:
             knob, default, values = "ef_search", spec.search_ef, (32, 64, 128, 256, 512)
         else:
             knob, default, values = "nprobe", spec.search_nprobe, (16, 32, 64, 128, 256, 512)
-        index.search_vectors(queries, k)  # page the mapped index in before anything is timed
+        searcher.dense_top(queries, SearchOptions(k=k))  # page the mapped index in before anything is timed
         sweep = {}
         for value in sorted({*values, default}):
             start = time.perf_counter()
-            found = index.search_vectors(queries, k, **{knob: value})[1]
+            found = searcher.dense_top(queries, SearchOptions(k=k, **{knob: value}))[1]
             qps = len(queries) / (time.perf_counter() - start)  # all queries in one batch
             recall = float(np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)]))
             sweep[value] = {"recall": round(recall, 4), "qps_one_batch": round(qps, 1)}
         if spec.type == "ivfpq":  # how many candidates the exact re-ranking needs, at the default nprobe
             by_rerank = {}
             for rerank in (1, 5, 10, 20, 40):
-                found = index.search_vectors(queries, k, rerank=rerank)[1]
+                found = searcher.dense_top(queries, SearchOptions(k=k, rerank=rerank))[1]
                 by_rerank[rerank] = round(float(np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact)])), 4)
-        search = lambda q: index.search_vectors(q, k)  # noqa: E731 - the defaults, as users get them
+        defaults = SearchOptions(k=k)
+        search = lambda q: searcher.dense_top(q, defaults)  # noqa: E731 - the defaults, as users get them
         qps = {"single": timed_qps(search, queries, 1, 1000), "batch_64": timed_qps(search, queries, 64, 1000)}
         report[name] = {"index": {**index.manifest.index, **spec.search_settings()},
                         f"recall_at_{k}": sweep[default]["recall"],
@@ -242,12 +254,16 @@ def step_search_10m(work: Path, exact_queries: int = 200) -> dict:
     """Recall@10 and q/s of the 10M ivfpq index at its defaults. Exact top-10 for EXACT_QUERIES queries is found
     by streaming every calibrated vector past them (a flat index of 10M float32 vectors would not fit beside
     everything else); q/s is the index's own, with no exact peer at this size."""
-    from retriever.index import Index, l2_normalize
+    from retriever.numeric import l2_normalize
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
     from retriever.store.vectors import set_threads
+    from retriever.versions.snapshot import Snapshot
 
     set_threads()
-    index = Index.open("p10m-ivfpq", work / "indexes", device="cpu")
-    queries = index.embed(qnli_questions(1000))
+    index = Snapshot.open("p10m-ivfpq", work / "indexes", device="cpu")
+    searcher, defaults = Searcher(index), SearchOptions(k=10)
+    queries = embed(index, qnli_questions(1000))
     probe, k = queries[:exact_queries], 10
     best_scores = np.full((len(probe), k), -np.inf, np.float32)
     best_ids = np.full((len(probe), k), -1, np.int64)
@@ -262,9 +278,9 @@ def step_search_10m(work: Path, exact_queries: int = 200) -> dict:
             best_scores = np.take_along_axis(scores, top, 1)
             best_ids = np.take_along_axis(candidates, top, 1)
     exact_seconds = time.perf_counter() - start
-    found = index.search_vectors(probe, k)[1]
+    found = searcher.dense_top(probe, defaults)[1]
     recall = float(np.mean([len(set(f) & set(e)) / k for f, e in zip(found, best_ids)]))
-    search = lambda q: index.search_vectors(q, k)  # noqa: E731
+    search = lambda q: searcher.dense_top(q, defaults)  # noqa: E731
     qps = {"single": timed_qps(search, queries, 1, 200), "batch_64": timed_qps(search, queries, 64, 1000)}
     return {"vectors": len(index), "index": {**index.manifest.index, **index.spec.search_settings()},
             "recall_queries": len(probe), f"recall_at_{k}": round(recall, 4),
@@ -281,7 +297,7 @@ def step_encode_build(work: Path) -> dict:
     if not corpus.exists():
         records = [json.loads(line) for line in gzip.open(PASSAGES, "rt", encoding="utf-8")]
         write_jsonl(corpus, (records[i] for i in np.linspace(0, len(records) - 1, 100_000).astype(int)))
-    summary = Index.build(corpus, "p100k-encoded", work / "indexes", device="cpu")
+    summary = Index.build(corpus, "p100k-encoded", work / "indexes", device="cpu", replace=True)
     encode = summary.timings["encode"]
     return {"documents": summary.documents, "seconds": round(summary.seconds, 1),
             "timings": {key: round(value, 2) for key, value in summary.timings.items()},

@@ -46,7 +46,8 @@ def prepare(work: Path) -> Path:
     half = len(lines) // 2
     (work / "dist-a.jsonl").write_text("".join(lines[:half]))
     (work / "dist-b.jsonl").write_text("".join(lines[half:]))
-    index = Index.build(work / "dist-a.jsonl", NAME, index_dir, vectors=vectors[:half], device="cpu").snapshot()
+    index = Index.build(work / "dist-a.jsonl", NAME, index_dir, vectors=vectors[:half], device="cpu",
+                        replace=True).open()
     index.add(work / "dist-b.jsonl", vectors=vectors[half:])
     return index_dir
 
@@ -91,8 +92,9 @@ def main() -> None:
 
     import uvicorn
 
-    from retriever.access import AccessPolicy
-    from retriever.server import create_app, serve_on_ray
+    from retriever.serve.access import AccessPolicy
+    from retriever.serve.app import create_app
+    from retriever.serve.run import serve_on_ray
 
     index_dir = prepare(args.work)
     queries = qnli_questions(args.queries + 20)

@@ -59,7 +59,7 @@ TARGETS = {"p50_ms_1_client": 15.0, "qps_16_clients": 150.0, "failed": 0}
 def prepare(work: Path, vectors_path: Path | None, documents: int = DOCUMENTS, name: str = NAME) -> Path:
     """The index of DOCUMENTS passages (built once) and the writer's passages; returns the index folder."""
     from retriever.index import Index
-    from retriever.index_folder import list_indexes
+    from retriever.versions.home import list_indexes
 
     index_dir = work / "indexes"
     writes = work / "writes.jsonl"
@@ -81,7 +81,7 @@ def prepare(work: Path, vectors_path: Path | None, documents: int = DOCUMENTS, n
         np.save(vectors, np.asarray(matrix[rows], dtype=np.float32))
     started = time.perf_counter()
     summary = Index.build(corpus, name, index_dir, vectors=vectors, max_length=MAX_LENGTH, index_type=INDEX_TYPE,
-                          device="cpu", progress=True)
+                          device="cpu", progress=True, replace=True)
     print(f"built {name}: {summary.documents:,} documents in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return index_dir
 

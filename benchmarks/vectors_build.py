@@ -2,7 +2,7 @@
 
 Three builds of the same N passages and their raw vectors, measured in the same run:
 - `ours`: `retriever build CORPUS --vectors V --calibrator C` as a user runs it; the encoder's record comes from the
-  model's files, so no model is loaded (`retriever.model_card`).
+  model's files, so no model is loaded (`retriever.encode.model_card`).
 - `ours, model loaded`: the same build handed an already loaded `Encoder` (what every build from vectors did before
   the model card: load the transformer to learn the dimension).
 - `raw faiss`: the floor a vector store can reach: read the .npy, L2-normalize, `IndexFlatIP.add`, `write_index`.
@@ -35,7 +35,7 @@ PASSAGES = REPO.parent / "shared" / "data" / "passages" / "passages.jsonl.gz"
 
 WITH_LOADED_MODEL = """
 import sys
-from retriever.encoder import Encoder
+from retriever.encode.encoder import Encoder
 from retriever.index import Index
 corpus, vectors, calibrator, home = sys.argv[1:5]
 Index.build(corpus, "v", vectors=vectors, calibrator=calibrator, index_type="flat", index_dir=home,

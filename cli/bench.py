@@ -110,7 +110,7 @@ def bench(
     started = time.perf_counter()
     plan = plan_benchmark(datasets, calibrator, data_dir, layout, fit_on, seed, limit, lexical, plot, fit_queries,
                           mode)
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
     from retriever.progress import stderr_console
 

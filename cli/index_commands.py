@@ -1,5 +1,5 @@
 """build, list, search, show, add, delete, compact, refit, check, info, verify, remove: option parsing and rendering
-around `retriever.index.Index` and `retriever.index_folder`.
+around `retriever.index.Index` and `retriever.versions.folder`.
 
 Every command finds its indexes through `resolve_index_dir` (--index-dir, else $RETRIEVER_HOME, else
 ~/.local/share/retriever/indexes), so it works the same from any folder, and names that folder absolutely."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -23,15 +24,11 @@ from cli.interrupts import on_interrupt
 from cli.options import default
 from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.errors import RetrieverError
-from retriever.index_folder import NAME_RULE, check_name, index_options, resolve_index_dir
+from retriever.versions.home import NAME_RULE, check_name, index_options, resolve_index_dir
 from retriever.progress import stderr_console
-from retriever.text import terminal_json, terminal_safe
+from retriever.text import counted, terminal_json, terminal_safe
 
 stdout = Console(soft_wrap=True)
-# The most results per query `search -k` gives: k x queries score and id arrays are allocated before anything is
-# found (-k 1000000000 asked for 7.45 GiB). Ten thousand covers recall@1000 evaluation ten times over.
-MAX_K = 10_000
-
 Calibrator = Annotated[str, typer.Option("--calibrator", "-c", help=options.CALIBRATORS)]
 FitQueries = Annotated[Optional[Path], typer.Option(
     "--fit-queries", help="example queries (.txt, one per line, or BEIR queries.jsonl), no labels: the calibrator "
@@ -39,17 +36,9 @@ FitQueries = Annotated[Optional[Path], typer.Option(
 Seed = Annotated[Optional[int], typer.Option(
     "--seed", help="seed for the flow's fit (deterministic per seed) " + default("0"))]
 Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
-Where = Annotated[Optional[str], typer.Option(
-    "--where", help='only documents this JSON filter selects, e.g. \'{"year": {"$gte": 2020}}\' (equality, $ne, $in, '
-    "$nin, $gt, $gte, $lt, $lte, $exists, $and, $or on metadata and doc_id, title, source, text) "
-    + default("none: every document"))]
 # What an interrupted write leaves: every write builds a new version and swaps it in only when complete.
 UNCHANGED = "index '{name}' is unchanged (the previous version is intact)"
 
-
-def count(number: int, noun: str) -> str:
-    """'1 document', '2 documents': every count the CLI prints goes through here."""
-    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def _say(line: str) -> None:
@@ -70,7 +59,7 @@ def _one_name(positional: str | None, name: str | None) -> str | None:
 
 
 def _pick(home: Path, name: str | None, writing: bool = False) -> str:
-    from retriever.index_folder import pick_index
+    from retriever.versions.home import pick_index
 
     chosen = pick_index(home, name, writing)
     if name is None:
@@ -102,7 +91,7 @@ def _snippet(text: str, width: int = 100) -> str:
 def _report(verb: str, summary, extra: str = "", notes: bool = True) -> None:
     for note in summary.notes if notes else ():
         _say(note)
-    _say(f"{verb} index '{summary.name}': {count(summary.documents, 'document')} ({summary.changed:,} "
+    _say(f"{verb} index '{summary.name}': {counted(summary.documents, 'document')} ({summary.changed:,} "
          f"{extra or 'changed'}) in {summary.seconds:.1f}s")
 
 
@@ -184,14 +173,15 @@ def build(
         replace=replace,
     )
     _report("built", summary, "encoded" if vectors is None else "indexed", notes=False)  # shown as they came
-    from retriever.index_folder import describe_calibrator, read_manifest
+    from retriever.versions.catalog import describe_calibrator
+    from retriever.versions.integrity import read_manifest
 
     _say(f"calibrator: {describe_calibrator(read_manifest(Path(summary.folder), name=name))}")
-    _say(f"written to {summary.folder}" + (" (the version it replaced is kept: retriever versions "
+    _say(f"version {summary.version} written to {summary.folder}" + (" (the version it replaced is kept: retriever versions "
                                             f"{index_options(home, name)})" if existed else ""))
     if vectors is None:
         share = summary.timings["encode"] / summary.seconds if summary.seconds else 0.0
-        _say(f"{count(summary.truncated, 'document')} truncated at the max length; "
+        _say(f"{counted(summary.truncated, 'document')} truncated at the max length; "
                              f"encoding took {share:.0%} of the time")
     _say(f"search it with: retriever search \"...\" {index_options(home, name)}")
 
@@ -214,7 +204,7 @@ def list_indexes(
     index_dir: options.IndexDir = None,
 ) -> None:
     """List the indexes in the index folder: documents, model, calibrator, index type, when last written."""
-    from retriever.index_folder import describe_indexes, interrupted_builds
+    from retriever.versions.catalog import describe_indexes, interrupted_builds
 
     home = _home(index_dir)
     records = describe_indexes(home)
@@ -223,7 +213,7 @@ def list_indexes(
         _print_json({"index_dir": str(home), "indexes": records, "interrupted_builds": interrupted})
         return
     for build in interrupted:
-        done = (f"{build['encoded']:,} of {count(build['documents'], 'document')} encoded"
+        done = (f"{build['encoded']:,} of {counted(build['documents'], 'document')} encoded"
                 if build["documents"] is not None else "reading the corpus")
         _say(f"interrupted build of '{build['name']}' ({done}, since {build['since'][:16].replace('T', ' ')} UTC): "
              f"run the same build command again to resume it, or remove {build['folder']} to drop it")
@@ -258,7 +248,7 @@ def list_indexes(
 def search(
     query: Annotated[Optional[str], typer.Argument(help="the query text", show_default=False)] = None,
     name: options.IndexName = None,
-    k: Annotated[int, typer.Option("-k", min=1, max=MAX_K, help="results per query")] = 10,
+    k: options.K = 10,
     queries: Annotated[Optional[Path], typer.Option(
         "--queries", help=".txt (one per line) or BEIR queries.jsonl " + default("none: search QUERY"))] = None,
     as_json: Annotated[bool, typer.Option(
@@ -267,24 +257,15 @@ def search(
         'QUERY; a side not searched: null)')] = False,
     full: Annotated[bool, typer.Option(
         "--full", help="show each result's whole text, wrapped (default: a one-line snippet)")] = False,
-    nprobe: Annotated[Optional[int], typer.Option(
-        "--nprobe",
-        help="ivf/ivfpq: buckets scanned per query " + default("the index's, set for recall@10 >= 0.95"))] = None,
-    ef_search: Annotated[Optional[int], typer.Option(
-        "--ef-search", help="hnsw: candidates kept per query " + default("the index's"))] = None,
-    rerank: Annotated[Optional[int], typer.Option(
-        "--rerank", help="ivfpq: re-score k x this many candidates exactly " + default("the index's"))] = None,
+    nprobe: options.NProbe = None,
+    ef_search: options.EfSearch = None,
+    rerank: options.Rerank = None,
     mode: options.Mode = None,
     fusion: options.Fusion = None,
     weight: options.Weight = None,
-    space: Annotated[str, typer.Option(
-        "--space", **options.choice(("calibrated", "raw")),
-        help="raw: rank by the uncalibrated vectors (exact, dense only), to compare with the calibrated ranking")]
-        = "calibrated",
-    where: Where = None,
-    min_score: Annotated[Optional[float], typer.Option(
-        "--min-score", help="leave out hits whose dense score (cosine) is below this; a query with no good match "
-        "then says so " + default("none"))] = None,
+    space: options.Space = "calibrated",
+    where: options.Where = None,
+    min_score: options.MinScore = None,
     device: options.Device = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
@@ -295,25 +276,28 @@ def search(
     Stored text is printed with control characters escaped (\\x1b, \\u202e): a document cannot drive the terminal.
     --json is exact JSON, with those characters as \\u escapes."""
     from retriever.corpus import read_queries
-    from retriever.index import Index, search_record
+    from retriever.index import Index
+    from retriever.search.options import SearchOptions
+    from retriever.search.results import search_record
     from retriever.text import check_queries
 
     if (query is None) == (queries is None):
         raise RetrieverError('give either a query ("...") or --queries FILE')
     if query is not None:
         check_queries([query])  # before an index is picked or opened
+    settings = SearchOptions(k=k, mode=mode, fusion=fusion, weight=weight, where=where, min_score=min_score,
+                             space=space, nprobe=nprobe, ef_search=ef_search, rerank=rerank)
     home = _home(index_dir)
     index = Index.open(_pick(home, name), home, device=device)
-    k = min(k, max(len(index), 1))  # more than the index holds would allocate room for nothing
-    mode = "dense" if index.raw_space(space, mode) else index.resolve_mode(mode)
-    settings = {"nprobe": nprobe, "ef_search": ef_search, "rerank": rerank, "mode": mode, "fusion": fusion,
-                "weight": weight, "space": space, "min_score": min_score, "where": where}
+    # More than the index holds would allocate room for nothing; the mode shown is the one the index searches in.
+    settings = replace(settings, k=min(k, max(len(index), 1)))
+    mode = settings.resolved(index.name, index.snapshot.has_keywords).mode
     if queries is None:
         batch = [(None, query)]
-        results = index.search(query, k, **settings)
+        results = index.search(query, settings)
     else:
         batch = read_queries(queries, encoding=encoding)
-        results = index.search([text for _, text in batch], k, progress=True, **settings)
+        results = index.search([text for _, text in batch], settings, progress=True)
     for (query_id, text), hits in zip(batch, results):
         if as_json:
             _print_json(search_record(query_id, text, hits, mode))
@@ -422,13 +406,15 @@ def add(
     summary = index.add(corpus, encoding, progress=True, vectors=vectors, upsert=upsert)
     _report("updated", summary, "added")
     if vectors is None:
-        _say(f"{count(summary.truncated, 'document')} truncated at the max length")
+        _say(f"{counted(summary.truncated, 'document')} truncated at the max length")
 
 
 def delete(
     doc_ids: Annotated[Optional[list[str]], typer.Argument(help="document ids to remove", show_default=False)] = None,
     name: options.IndexName = None,
-    where: Where = None,
+    where: Annotated[Optional[str], typer.Option(
+        "--where", help="delete every document this JSON filter selects (the filters of `search --where`) "
+        + default("none: the ids given"))] = None,
     index_dir: options.IndexDir = None,
 ) -> None:
     """Delete documents by id, all or nothing, or every document a --where filter selects (searches skip them at
@@ -456,9 +442,9 @@ def compact(
     home = _home(index_dir)
     index = Index.open(_pick(home, name, writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
-    before = len(index.segments)
+    before = len(index.snapshot.segments)
     summary = index.compact()
-    _report("compacted", summary, f"deleted dropped, {count(before, 'segment')} merged")
+    _report("compacted", summary, f"deleted dropped, {counted(before, 'segment')} merged")
 
 
 def refit(
@@ -514,7 +500,7 @@ def check(
         rows.append(current)
     scores = Table(title=_plain(
         f"retrieval check of index '{opened.name}': {record['pseudo_queries']:,} pseudo-quer"
-        f"{'y' if record['pseudo_queries'] == 1 else 'ies'} among {count(record['pool'], 'document')}; vs none with "
+        f"{'y' if record['pseudo_queries'] == 1 else 'ies'} among {counted(record['pool'], 'document')}; vs none with "
         f"its {record['confidence']:.0%} interval; kinds: of the kinds of pseudo-query, how many it improves"),
         title_justify="left")
     for column in ("calibrator", "nDCG@10", "vs none", "kinds", "note"):
@@ -550,13 +536,13 @@ def verify(
     Opening an index checks only the manifest's own checksum and every file's size."""
     import time
 
-    from retriever.index import verify_index
+    from retriever.versions.snapshot import verify_index
 
     started = time.perf_counter()
     home = _home(index_dir)
     name = _pick(home, _one_name(index, name))
     manifest, checked = verify_index(name, home)
-    _say(f"index '{name}' is intact: {count(len(manifest.files), 'file')}, {checked / 2**20:,.1f} MiB "
+    _say(f"index '{name}' is intact: {counted(len(manifest.files), 'file')}, {checked / 2**20:,.1f} MiB "
          f"re-hashed in {time.perf_counter() - started:.1f}s")
 
 
@@ -565,17 +551,17 @@ def versions(
     as_json: Json = False,
     index_dir: options.IndexDir = None,
 ) -> None:
-    """The kept versions of an index: the current one and the one it replaced (the last build, add, delete,
-    compact, refit or rollback). `retriever rollback VERSION` makes one current again."""
-    from retriever.index import Index
+    """The kept versions of an index, by number: the current one and the one it replaced (the last build, add,
+    delete, compact, refit or rollback). `retriever rollback VERSION` makes one current again."""
+    from retriever.versions.catalog import version_records
 
     home = _home(index_dir)
     name = _pick(home, name)
-    records = Index.versions(name, home)
+    records = version_records(home, name)
     if as_json:
         _print_json({"name": name, "versions": records})
         return
-    table = Table(title=_plain(f"index '{name}': {count(len(records), 'kept version')} (* current)"),
+    table = Table(title=_plain(f"index '{name}': {counted(len(records), 'kept version')} (* current)"),
                   title_justify="left")
     # The version is what a user copies: never wrapped. The calibrator column shows what it is (`info` has the
     # auto check's evidence), so the table fits 80 columns.
@@ -585,7 +571,8 @@ def versions(
     table.add_column("calibrator", overflow="fold")
     for record in records:
         calibrator = record.get("calibrator", record.get("problem", ""))
-        table.add_row(_plain(record["version"] + (" *" if record["current"] else "")),
+        shown = str(record["version"] or record["folder"])  # 0: written before versions were numbered
+        table.add_row(_plain(shown + (" *" if record["current"] else "")),
                       _plain(record.get("written", "")[:16].replace("T", " ")),
                       f"{record['documents']:,}" if "documents" in record else "",
                       _plain(calibrator.split(" (")[0] if "calibrator" in record else calibrator))
@@ -593,7 +580,7 @@ def versions(
 
 
 def rollback(
-    version: Annotated[str, typer.Argument(help="a kept version, as `retriever versions` lists it",
+    version: Annotated[str, typer.Argument(help="a kept version's number, as `retriever versions` lists it",
                                            show_default=False)],
     name: options.IndexName = None,
     index_dir: options.IndexDir = None,
@@ -606,7 +593,8 @@ def rollback(
     name = _pick(home, name, writing=True)
     on_interrupt(UNCHANGED.format(name=name))
     index = Index.rollback(name, version, home, device="cpu")
-    _say(f"index '{name}' is at version {version} again: {count(len(index), 'document')}; the version it "
+    number = index.snapshot.manifest.version or index.snapshot.folder.name
+    _say(f"index '{name}' is at version {number} again: {counted(len(index), 'document')}; the version it "
          f"replaced is kept (retriever versions {index_options(home, name)})")
 
 
@@ -620,7 +608,8 @@ def remove(
     """Remove an index: its name and every version of it, for good.
 
     Asks first (--yes does not). Refuses at once while another process writes the index."""
-    from retriever.index_folder import describe_indexes, remove_index
+    from retriever.versions.catalog import describe_indexes
+    from retriever.versions.folder import remove_index
 
     home = _home(index_dir)
     name = _one_name(index, name)
@@ -631,7 +620,7 @@ def remove(
     if record is None and not (home / ".versions" / name).is_dir():
         raise RetrieverError(f"no index named '{name}' in {home}")
     if not yes:
-        what = f" ({count(record['documents'], 'document')})" if record and "documents" in record else ""
+        what = f" ({counted(record['documents'], 'document')})" if record and "documents" in record else ""
         on_interrupt(UNCHANGED.format(name=name).replace(" (the previous version is intact)", ""))
         try:
             agreed = typer.confirm(f"remove index '{name}'{what} from {home}?", default=False, err=True)
@@ -682,7 +671,7 @@ def info(
     rows = [
         ("folder", details["folder"]),
         ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors in "
-                      f"{count(len(details['segments']), 'segment')}"
+                      f"{counted(len(details['segments']), 'segment')}"
                       + (f", {details['deleted']:,} of them deleted, until compaction drops them)"
                          if details["deleted"] else ")")),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
@@ -691,7 +680,7 @@ def info(
         *([("auto evidence", ", ".join(f"{key} {value}" for key, value in decision.get("evidence", {}).items()))]
           if decision else []),
         ("fitted on", "a calibrator fitted before the build" if fitted.get("prefitted") else
-                      f"{fitted.get('sample', 0):,} of {count(fitted.get('of', 0), 'vector')} "
+                      f"{fitted.get('sample', 0):,} of {counted(fitted.get('of', 0), 'vector')} "
                       f"(seed {fitted.get('seed', 0)})" + (f", plus {fitted['queries']:,} example quer{'y' if fitted['queries'] == 1 else 'ies'} from "
                                                            f"{fitted['queries_from']}" if "queries" in fitted else "")),
         ("index", f"{spec['type']} ({settings or 'exact'}), {manifest['dim']} dims, "
@@ -706,8 +695,8 @@ def info(
     for stage in ("raw", "calibrated"):
         values = details["isotropy"][stage]
         if values:
-            rows.append((f"isotropy ({stage})", f"mean cosine of random pairs {values['mean_cosine_random_pairs']:+.3f}, "
-                         f"top direction holds {values['top_direction_variance_share']:.1%} of the variance"))
+            rows.append((f"isotropy ({stage})", f"mean cosine of random pairs {values['mean_cosine']:+.3f}, "
+                         f"top direction holds {values['top_direction_share']:.1%} of the variance"))
     for key, value in rows:
         cell = _plain(str(value))
         cell.overflow = "fold"  # a long path folds whole: it is the one value users copy

@@ -12,7 +12,7 @@ import typer
 from cli import interrupts, options
 from retriever import __version__
 from retriever.errors import RetrieverError
-from retriever.text import check_argument, terminal_safe
+from retriever.text import check_argument, counted, terminal_safe
 
 app = typer.Typer(
     help="Vector search over a calibrated index (BERT-flow): encode, build, search, bench.",
@@ -55,9 +55,8 @@ def encode(
 
     Each document is encoded exactly as `build` encodes it (title and text), so OUT feeds `retriever build FILE
     --vectors OUT`; OUT.json records the encoder. Streamed in chunks: an interrupted run resumes when re-run."""
-    from cli.index_commands import count
-    from retriever.encoder import Encoder
-    from retriever.pipeline import count_documents, encode_corpus
+    from retriever.encode.encoder import Encoder
+    from retriever.engines.stages import count_documents, encode_corpus
     from retriever.progress import stderr_console
 
     if out.suffix != ".npy":
@@ -67,7 +66,7 @@ def encode(
     interrupts.on_interrupt(f"{out} is incomplete; re-run the same command to resume")
     result = encode_corpus(file, out, encoder, encoding=encoding, total=total, progress=True)
     stderr_console.print(
-        f"wrote {out} ({result.count:,} x {encoder.dim}), {count(result.truncated, 'text')} truncated at "
+        f"wrote {out} ({result.count:,} x {encoder.dim}), {counted(result.truncated, 'text')} truncated at "
         f"{encoder.max_length} tokens", markup=False, highlight=False,
     )
 

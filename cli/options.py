@@ -11,16 +11,16 @@ from typing import Annotated, Optional
 
 import typer
 
-# The library's own lists (retriever.pooling.POOLING_MODES, retriever.device.DEVICES, retriever.encoder.DTYPES,
-# retriever.store.vectors.INDEX_TYPES), repeated here so `--help` imports neither torch nor faiss; a test keeps
-# them equal.
+from retriever.search.options import FUSIONS, MODES, SPACES, described
+
+# The library's own lists (retriever.encode.pooling.POOLING_MODES, retriever.encode.device.DEVICES,
+# retriever.encode.encoder.DTYPES, retriever.store.vectors.INDEX_TYPES), repeated here so `--help` imports neither
+# torch nor faiss; a test keeps them equal. The search parameters come from the library itself
+# (`retriever.search.options`, light on purpose).
 POOLING_MODES = ("cls", "last-avg", "last2-avg", "first-last-avg")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
-# retriever.snapshot.MODES and retriever.fusion's registry, repeated for the same reason.
-MODES = ("dense", "keyword", "hybrid")
-FUSIONS = ("null", "rrf", "zscore")
 CALIBRATORS = "auto | flow | flow-K | flow+lu | whitening | whitening-K | sn | natsv-K | sn+natsv-K | none"
 
 
@@ -72,13 +72,26 @@ IndexDir = Annotated[
     typer.Option("--index-dir", show_default=False,
                  help="where indexes live " + default("$RETRIEVER_HOME, else ~/.local/share/retriever/indexes")),
 ]
-Mode = Annotated[Optional[str], typer.Option(
-    "--mode", **choice(MODES), help="dense (the calibrated vectors), keyword (BM25) or hybrid (both, fused) "
-    + default("hybrid where the index has a keyword index, else dense"))]
-Fusion = Annotated[Optional[str], typer.Option(
-    "--fusion", **choice(FUSIONS), help="hybrid: how the two rankings are fused " + default("zscore"))]
-Weight = Annotated[Optional[float], typer.Option(
-    "--weight", min=0.0, max=1.0, help="hybrid: the dense side's share, 0 to 1 " + default("0.7"))]
+def _search(name: str) -> str:
+    """The help of search parameter NAME, as `retriever.search.options.SearchOptions` declares it, with its default
+    in words where it has none of its own."""
+    about = described(name)
+    return about["help"] + (" " + default(about["unset"]) if about["unset"] else "")
+
+
+# The search parameters: SearchOptions declares them (meaning, choices, bounds); the CLI spells them as flags.
+K = Annotated[int, typer.Option("-k", min=1, max=described("k")["le"], help=_search("k"))]
+Mode = Annotated[Optional[str], typer.Option("--mode", **choice(MODES), help=_search("mode"))]
+Fusion = Annotated[Optional[str], typer.Option("--fusion", **choice(FUSIONS), help=_search("fusion"))]
+Weight = Annotated[Optional[float], typer.Option("--weight", min=described("weight")["ge"],
+                                                 max=described("weight")["le"], help=_search("weight"))]
+Where = Annotated[Optional[str], typer.Option("--where", help=_search("where").replace("{", "'{", 1).replace(
+    "}}", "}}'", 1))]
+MinScore = Annotated[Optional[float], typer.Option("--min-score", help=_search("min_score"))]
+Space = Annotated[str, typer.Option("--space", **choice(SPACES), help=_search("space"))]
+NProbe = Annotated[Optional[int], typer.Option("--nprobe", help=_search("nprobe"))]
+EfSearch = Annotated[Optional[int], typer.Option("--ef-search", help=_search("ef_search"))]
+Rerank = Annotated[Optional[int], typer.Option("--rerank", help=_search("rerank"))]
 Encoding = Annotated[str, typer.Option("--encoding", help="text encoding of the input file")]
 
 # Library parameters a command's options name otherwise: {command: {library spelling: the option's spelling}}, a

@@ -1,4 +1,4 @@
-"""`retriever serve`: option parsing around `retriever.server.serve`."""
+"""`retriever serve`: option parsing around `retriever.serve.run.serve`."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def serve(
     key may be given besides. Requests naming another Host than the server's are refused."""
     import os
 
-    from retriever.access import API_KEY_ENV, READ_ONLY_API_KEY_ENV, AccessPolicy, resolve_key, serving_hosts
+    from retriever.serve.access import API_KEY_ENV, READ_ONLY_API_KEY_ENV, AccessPolicy, resolve_key, serving_hosts
 
     access = AccessPolicy.create(
         serving_hosts(host, allowed_host or ()),
@@ -69,7 +69,7 @@ def serve(
     # Before torch and FAISS load: idle OpenMP workers then sleep instead of spinning. On a few cores spinning
     # workers take the CPU the HTTP loop needs between batches (measured: p90 518 ms -> 51 ms at 1 client).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from retriever.server import serve as run
+    from retriever.serve.run import serve as run
 
     if engine == "local" and ray_address is not None:
         raise RetrieverError("--ray-address is for --engine ray")

@@ -16,7 +16,7 @@ SQL text: the server takes filters from clients. A filter that cannot be compile
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from retriever.errors import RetrieverError, param
 from retriever.metadata import KEY, check_value
@@ -41,17 +41,18 @@ class FilterError(RetrieverError):
 @dataclass(frozen=True)
 class Filter:
     """A compiled filter: SQL for a WHERE clause over `documents d LEFT JOIN sources s`, its parameters, and the
-    filter as given (its canonical JSON keys caches and batches)."""
+    filter as given. Two filters are equal when their canonical JSON (KEY) is: it keys caches and batches."""
 
-    sql: str
-    parameters: tuple
-    source: dict
+    key: str
+    sql: str = field(compare=False)
+    parameters: tuple = field(compare=False)
+    source: dict = field(compare=False, repr=False)
 
 
-def parse_where(where: str | dict | None) -> Filter | None:
-    """WHERE (a JSON text or an already parsed object) compiled; None for no filter."""
-    if where is None:
-        return None
+def parse_where(where: str | dict | Filter | None) -> Filter | None:
+    """WHERE (a JSON text or an already parsed object) compiled; None for no filter (a Filter is already one)."""
+    if where is None or isinstance(where, Filter):
+        return where
     if isinstance(where, str):
         if len(where) > MAX_CHARS:
             raise FilterError(f"{len(where):,} characters; at most {MAX_CHARS:,}")
@@ -64,7 +65,7 @@ def parse_where(where: str | dict | None) -> Filter | None:
         raise FilterError(f"must be a JSON object such as {{\"lang\": \"en\"}}, got {_kind(where)}")
     compiler = _Compiler()
     sql = compiler.all_of(where, 1)
-    return Filter(sql, tuple(compiler.parameters), where)
+    return Filter(json.dumps(where, sort_keys=True), sql, tuple(compiler.parameters), where)
 
 
 class _Compiler:

@@ -1,32 +1,30 @@
-"""The calibrated index, as a library user meets it: `Index` is a read snapshot (`retriever.snapshot`) that can
-also build, add, delete, compact and refit. Each of those is one writer transaction (`retriever.writer`) that
-commits a new version and returns a `ChangeSummary`; the `Index` it went through stays on the version it was
-opened on (a server's requests rely on that), and `summary.snapshot()` opens the new one:
+"""The calibrated index, as a library user meets it: `Index`, a facade over one opened version of an index
+(`snapshot`, a `retriever.versions.snapshot.Snapshot`), the search layer (`retriever.search`) and the writer
+(`retriever.versions.writer`).
 
-    index = Index.build("corpus.jsonl", "notes").snapshot()
-    index = index.add(more_documents).snapshot()
+    index = Index.build("corpus.jsonl", "notes").open()
+    hits = index.search("how do I read a file", k=5, mode="hybrid")
+    index = index.add(more_documents).open()
 
-`build` streams a corpus through the pipeline stages (`retriever.pipeline`) and fits the calibrator unsupervised
-on a sample of the corpus's own embeddings; `add` writes one new segment calibrated with the saved calibrator;
+`build` streams a corpus through the pipeline stages (`retriever.engines`) and fits the calibrator unsupervised on
+a sample of the corpus's own embeddings; `add` writes one new segment calibrated with the saved calibrator;
 `delete` writes tombstones; `compact` merges every segment (writes also merge by themselves, by the writer's
 `MergePolicy`); `refit` fits a new calibrator on the stored raw vectors and rewrites the vector indexes, without
-re-encoding. A failed or killed write loses nothing (see `index_folder`).
+re-encoding. Each write is one transaction that commits a new, numbered version and returns a `ChangeSummary`;
+the `Index` it went through stays on the version it was opened on, and `summary.open()` opens the new one. A
+failed or killed write loses nothing (`retriever.versions.folder`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retriever.build_steps import (
-    ChangeSummary,
-    now_iso,
-    parse_fit_queries,
-)
 from retriever.calibration import (
     DEFAULT_CALIBRATOR,
     DEFAULT_FIT_SAMPLE,
@@ -35,15 +33,12 @@ from retriever.calibration import (
     make_calibrator,
     too_few_to_fit,
 )
-from retriever.corpus import Document, check_documents, corpus_format, document_text, iter_corpus
+from retriever.calibration.diagnostics import isotropy, retrieval_check
+from retriever.corpus import Document, check_documents, corpus_format, iter_corpus
 from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
 from retriever.engines.local import LocalEngine
-from retriever.errors import RetrieverError, param
-from retriever.filters import parse_where
-from retriever.index_folder import list_versions, resolve_index_dir, rollback
-from retriever.layout import CALIBRATOR, DOCUMENTS, ENCODED, RAW, ROWIDS, SEGMENTS
-from retriever.pipeline import (
+from retriever.engines.stages import (
     CHUNK_ROWS,
     BuildState,
     calibrated_blocks,
@@ -52,24 +47,158 @@ from retriever.pipeline import (
     encode_table,
     fitted_query_count,
     ingest,
-    l2_normalize,
     with_queries,
     write_segment_vectors,
 )
-from retriever.snapshot import SearchHit, Snapshot, at_least, check_min_score, isotropy, search_record, verify_index
+from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries
+from retriever.errors import RetrieverError, param
+from retriever.filters import parse_where
+from retriever.numeric import l2_normalize
+from retriever.search.options import MODES, SearchOptions
+from retriever.search.results import SearchHit, cut
+from retriever.search.searcher import Searcher
 from retriever.store.arrays import VectorSource, vector_source
 from retriever.store.documents import DocumentTable
+from retriever.store.layout import DOCUMENTS, RAW, ROWIDS, VECTORS
 from retriever.store.segment import finish_segment
-from retriever.store.vectors import IndexSpec, train_template
-from retriever.writer import IndexWriter, MergePolicy
+from retriever.store.vectors import train_template
+from retriever.store.spec import IndexSpec
+from retriever.text import check_queries, counted
+from retriever.versions.catalog import version_records
+from retriever.versions.folder import rollback
+from retriever.versions.home import resolve_index_dir
+from retriever.versions.layout import CALIBRATOR, ENCODED, SEGMENTS
+from retriever.versions.snapshot import Snapshot, verify_index
+from retriever.versions.writer import IndexWriter, MergePolicy
 
 if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
+
+# What every write of the library API merges by itself (`compact` merges everything).
+MERGE_POLICY = MergePolicy()
 
 
-class Index(Snapshot):
-    """An opened version of an index (read-only, as `Snapshot`), with the writes as methods: each commits a new
-    version through an `IndexWriter` and returns a `ChangeSummary` whose `snapshot()` opens it."""
+class Index:
+    """One opened version of an index, searched and written through.
+
+    Thread safety: `search`, `document`, `info` and `check` may run from any number of threads at once (the
+    version never changes; whatever is loaded on first use, the model or a filter's matches, is loaded once).
+    Writes may too: each takes the index's writer lock, so writes of one index (from any thread or process) take
+    turns. `close` must come after every other call has returned."""
+
+    def __init__(self, snapshot: Snapshot, *, encoder: Encoder | None = None, runtime: str = "torch",
+                 searcher: Searcher | None = None):
+        """SNAPSHOT searched with ENCODER, already loaded (a server holding one model for many indexes, and for
+        their versions; the caller vouches that it is the recorded encoder), else the recorded one loaded at the
+        first search by text, its forward pass on RUNTIME ("torch", or "auto"/"onnx": ONNX Runtime on a CPU,
+        about 3x less time per query after a one-off export). SEARCHER: the search layer over SNAPSHOT, where the
+        caller shares one (a server's batches; one searching its vectors on a distributed server's shards)."""
+        self.snapshot = snapshot
+        self._encoder = encoder
+        self._runtime = runtime
+        self._encoder_lock = threading.Lock()
+        self._searcher = searcher or Searcher(snapshot)
+
+    @classmethod
+    def open(cls, name: str, index_dir: str | Path | None = None, device: str = "auto", runtime: str = "torch",
+             **options: Any) -> Index:
+        """Open NAME's current version (its manifest's checksum and every file's size checked; `verify_index`
+        re-hashes). INDEX_DIR: where indexes live (default: the index home, `versions.home.resolve_index_dir`).
+        DEVICE and RUNTIME: where queries are encoded and searched. OPTIONS: as `Index(...)` takes them."""
+        return cls(Snapshot.open(name, index_dir, device=device), runtime=runtime, **options)
+
+    @property
+    def name(self) -> str:
+        return self.snapshot.name
+
+    def __len__(self) -> int:
+        return len(self.snapshot)
+
+    def __repr__(self) -> str:
+        return f"Index({self.name!r}, version {self.snapshot.manifest.version}, {counted(len(self), 'document')})"
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the version's files (`Snapshot.close`); using the index afterwards is refused."""
+        self.snapshot.close()
+
+    # --- reading -------------------------------------------------------------------------------------------
+
+    def search(self, queries: str | Sequence[str], options: SearchOptions | int | None = None, /, *,
+               progress: bool = False, **settings: Any) -> list[list[SearchHit]]:
+        """Top-k documents for each query (a single string gives a one-element list).
+
+        OPTIONS: a `SearchOptions` (or just k), and its fields as keywords (SETTINGS: k, mode, fusion, weight,
+        where, min_score, space, stop_words, nprobe, ef_search, rerank; over OPTIONS' where both are given):
+        `index.search("a query", 5, mode="hybrid")`.
+        Dense search runs through exactly the encode path the manifest records: the encoder, the saved
+        calibrator, L2 normalization (`retriever.search.searcher.Searcher` takes vectors already encoded)."""
+        queries = [queries] if isinstance(queries, str) else list(queries)
+        check_queries(queries)
+        if not isinstance(options, (SearchOptions, type(None))):
+            options, settings = None, {"k": options, **settings}
+        options = self._searcher.resolve(SearchOptions.of(options, **settings))
+        if options.mode == "keyword":
+            return cut(self._searcher.search(queries, None, options), options)
+        raw = self._encoder_for(self.snapshot).encode(queries, progress=progress)
+        if options.space == "raw":
+            return cut(self._searcher.search_raw(raw, options), options)
+        return cut(self._searcher.search(queries, self.snapshot.calibrate(raw), options), options)
+
+    def document(self, doc_id: str) -> dict | None:
+        """The stored document DOC_ID (doc_id, title, text, source, line, metadata), or None if it is not here."""
+        return self.snapshot.document(doc_id)
+
+    def info(self, sample: int = 5000, seed: int = 0) -> dict:
+        """The manifest, counts, search settings, and the isotropy of a sample of the stored vectors before and
+        after calibration (`calibration.diagnostics.isotropy`)."""
+        snapshot = self.snapshot
+        files = snapshot.manifest.files
+        segments = [{"name": s.name, "rows": len(s), "index_bytes": files[f"{SEGMENTS}/{s.name}/{VECTORS}"].bytes}
+                    for s in snapshot.segments]
+        default_mode = self._searcher.resolve(SearchOptions()).mode
+        return {
+            "manifest": snapshot.manifest.described(),
+            "version": snapshot.manifest.version,
+            "folder": str(snapshot.folder),
+            "documents": len(snapshot),
+            "vectors": sum(segment.vectors.ntotal for segment in snapshot.segments),
+            "deleted": len(snapshot.tombstones),
+            "segments": segments,
+            "search_backend": snapshot.segments[0].vectors.backend if snapshot.segments else "none",
+            "search_settings": snapshot.spec.search_settings(),
+            "metadata_fields": snapshot.manifest.metadata_fields,
+            "search_modes": list(MODES) if default_mode == "hybrid" else ["dense"],
+            "default_mode": default_mode,
+            "isotropy": isotropy(snapshot.raw_sample(sample, seed), snapshot.calibrator, seed),
+        }
+
+    def check(self, fit_sample: int | None = DEFAULT_FIT_SAMPLE, seed: int = 0, progress: bool = False) -> dict:
+        """Does calibration help this corpus? The retrieval check on the index's own documents, without labels
+        (`calibration.diagnostics.retrieval_check`): what auto would choose now, and how the index's own
+        calibrator does."""
+        snapshot = self.snapshot
+        return retrieval_check(self.name, len(snapshot), *snapshot.check_sources(), snapshot.raw_sample,
+                               self._encoder_for(snapshot), snapshot.calibrator, snapshot.manifest.calibrator["name"],
+                               fit_sample, seed, progress)
+
+    def _encoder_for(self, snapshot: Snapshot) -> Encoder:
+        """The encoder SNAPSHOT's manifest records: this index's own (loaded on first use, once), or for another
+        version built with another encoder, that one."""
+        if snapshot.manifest.encoder != self.snapshot.manifest.encoder:
+            return load_encoder(snapshot)
+        if self._encoder is None:
+            with self._encoder_lock:
+                if self._encoder is None:
+                    self._encoder = load_encoder(self.snapshot, self._runtime)
+        return self._encoder
+
+    # --- versions ------------------------------------------------------------------------------------------
 
     @classmethod
     def build(
@@ -99,22 +228,22 @@ class Index(Snapshot):
         fit_queries: str | Path | Sequence[str] | np.ndarray | None = None,
         engine: str = "local",
         ray_options=None,
-        replace: bool = True,
+        replace: bool = False,
     ) -> ChangeSummary:
         """Stream CORPUS (a corpus file, or a list of Documents) through the pipeline into a new index version
-        under NAME and swap it in.
+        under NAME and swap it in. A NAME that exists is refused unless REPLACE (then its current version is
+        kept, and `rollback` restores it), as the CLI and the HTTP API refuse it.
 
-        VECTORS: precomputed raw vectors (a .npy, a folder of .npy shards, or an array; row i = document i) made with the
-        encoder that MODEL/POOLING/LAYERS/MAX_LENGTH name; no encoding happens. CALIBRATOR may be a name or an
-        already fitted calibrator (then nothing is fitted). With RESUME, a killed build of the same corpus with
-        the same encoder settings continues from its last finished chunk. ENCODER: an already loaded encoder,
-        used instead of loading the one MODEL/POOLING/LAYERS/MAX_LENGTH/DTYPE name (many builds, one model).
-        FIT_QUERIES: a file of example queries (.txt, one per line, or BEIR queries.jsonl), a list of them, or their
-        raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled (ignored with a
-        prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster (`retriever.engines.ray_build`, set up
-        by RAY_OPTIONS, a `RayOptions`); CORPUS may then also be a folder of corpus files, and a failed build starts
-        over rather than resuming. REPLACE False: refuse a NAME that exists (the CLI's default; building over it
-        keeps its current version, which `rollback` restores)."""
+        VECTORS: precomputed raw vectors (a .npy, a folder of .npy shards, or an array; row i = document i) made
+        with the encoder that MODEL/POOLING/LAYERS/MAX_LENGTH name; no encoding happens. CALIBRATOR may be a name
+        or an already fitted calibrator (then nothing is fitted). With RESUME, a killed build of the same corpus
+        with the same encoder settings continues from its last finished chunk. ENCODER: an already loaded
+        encoder, used instead of loading the one MODEL/POOLING/LAYERS/MAX_LENGTH/DTYPE name (many builds, one
+        model). FIT_QUERIES: a file of example queries (.txt, one per line, or BEIR queries.jsonl), a list of
+        them, or their raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled
+        (ignored with a prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster
+        (`retriever.engines.ray_build`, set up by RAY_OPTIONS, a `RayOptions`); CORPUS may then also be a folder
+        of corpus files, and a failed build starts over rather than resuming."""
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
@@ -141,17 +270,21 @@ class Index(Snapshot):
 
     @staticmethod
     def versions(name: str, index_dir: str | Path | None = None) -> list[dict]:
-        """NAME's kept versions, newest first: the current one and the one it replaced (`index_folder.list_versions`:
-        version, current, written, documents, calibrator)."""
-        return list_versions(resolve_index_dir(index_dir), name)
+        """NAME's kept versions, newest first: the current one and the one it replaced
+        (`versions.catalog.version_records`: version, folder, current, written, documents, calibrator)."""
+        return version_records(resolve_index_dir(index_dir), name)
 
     @classmethod
-    def rollback(cls, name: str, version: str, index_dir: str | Path | None = None, device: str = "auto") -> Index:
-        """Make VERSION (from `versions`) NAME's current version again, after checking its files, and open it. The
-        version it replaces is kept: rolling back is undone the same way."""
+    def rollback(cls, name: str, version: int | str, index_dir: str | Path | None = None,
+                 device: str = "auto") -> Index:
+        """Make VERSION (a number from `versions`, or a kept version's folder name) NAME's current version again,
+        after checking its files, and open it. The version it replaces is kept: rolling back is undone the same
+        way."""
         index_dir = resolve_index_dir(index_dir)
         rollback(index_dir, name, version)
         return cls.open(name, index_dir, device=device)
+
+    # --- writing -------------------------------------------------------------------------------------------
 
     def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
             vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS,
@@ -193,8 +326,8 @@ class Index(Snapshot):
             table.close()
             timings["read"] = time.perf_counter() - clock
             if source is not None and source.rows != count:
-                raise RetrieverError(f"{source.path} holds {_count(source.rows, 'vector')} for {_documents(count)} in "
-                                     f"{corpus}")
+                raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
+                                     f"{counted(count, 'document')} in {corpus}")
             if source is not None and source.dim != dim:
                 raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; this index's encoder "
                                      f"gives {dim}")
@@ -203,7 +336,8 @@ class Index(Snapshot):
             state = BuildState(None, {}, documents=count)
             if source is None:
                 with DocumentTable.open(segment / DOCUMENTS) as table:
-                    encode_table(current.encoder, table, folder / ENCODED, state, first, progress, chunk_rows)
+                    encode_table(self._encoder_for(current), table, folder / ENCODED, state, first, progress,
+                                 chunk_rows)
                 source = VectorSource(folder / ENCODED)
                 timings["encode"] = time.perf_counter() - clock
             else:
@@ -221,10 +355,9 @@ class Index(Snapshot):
             writer.add_segment(segment, count)
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
-        notes = ([f"replaced {_documents(len(replaced))} whose ids were already in the index"] if replaced else [])
-        return ChangeSummary(self.name, str(final), writer.manifest.documents, count, state.truncated,
-                             time.perf_counter() - started, timings, notes + _merge_notes(writer),
-                             opener=self._opener(final))
+        notes = ([f"replaced {counted(len(replaced), 'document')} whose ids were already in the index"]
+                 if replaced else [])
+        return self._summary(writer, final, count, started, state.truncated, timings, notes + _merge_notes(writer))
 
     def delete(self, doc_ids: Sequence[str] | None = None, where: str | dict | None = None) -> ChangeSummary:
         """Delete documents by id, all or nothing, or every document the filter WHERE selects (`retriever.filters`):
@@ -238,9 +371,7 @@ class Index(Snapshot):
         with self._writer() as writer:
             removed = writer.delete(doc_ids) if compiled is None else writer.delete_where(compiled)
             final = writer.commit()
-        return ChangeSummary(self.name, str(final), writer.manifest.documents, removed,
-                             seconds=time.perf_counter() - started, notes=_merge_notes(writer),
-                             opener=self._opener(final))
+        return self._summary(writer, final, removed, started, notes=_merge_notes(writer))
 
     def compact(self) -> ChangeSummary:
         """Merge every segment into one and drop the deleted documents for good."""
@@ -249,8 +380,7 @@ class Index(Snapshot):
             dropped = len(writer.tombstones)
             writer.merge([entry.name for entry in writer.manifest.segments])
             final = writer.commit(merge=False)
-        return ChangeSummary(self.name, str(final), writer.manifest.documents, dropped,
-                             seconds=time.perf_counter() - started, opener=self._opener(final))
+        return self._summary(writer, final, dropped, started)
 
     def refit(self, calibrator: str | None = None, calibrator_options: dict | None = None,
               fit_sample: int | None = DEFAULT_FIT_SAMPLE,
@@ -260,13 +390,14 @@ class Index(Snapshot):
         segment's vector index with it; documents and raw vectors are reused as they are. FIT_QUERIES, as in
         `build`: example queries fitted on too (texts are encoded with the index's encoder)."""
         started = time.perf_counter()
-        dim = self.manifest.encoder["dim"]
-        name = calibrator or self.manifest.calibrator["name"]
+        dim = self.snapshot.manifest.encoder["dim"]
+        name = calibrator or self.snapshot.manifest.calibrator["name"]
         fitted = make_calibrator(name, **(calibrator_options or {}))
         fitted.check_dim(dim)  # before any query is encoded
         query_texts, query_vectors, queries_from = parse_fit_queries(fit_queries, "utf-8")
         if query_texts and name != "none":
-            query_vectors = self.load_encoder().encode(query_texts, progress=progress, description="Encoding queries")
+            query_vectors = load_encoder(self.snapshot).encode(query_texts, progress=progress,
+                                                               description="Encoding queries")
         if query_vectors is not None and query_vectors.shape[1] != dim:
             raise RetrieverError(f"fit_queries holds {query_vectors.shape[1]}-dimensional vectors; index "
                                  f"'{self.name}' stores {dim}")
@@ -282,12 +413,12 @@ class Index(Snapshot):
             shortfall = too_few_to_fit(fitted, rows, dim)
             if shortfall:  # refit is an explicit request: refused, never quietly replaced by another calibrator
                 have = (f"{param('fit_sample', fit_sample)} is" if rows < len(current) else
-                        f"index '{self.name}' holds only {_documents(len(current))}:")
+                        f"index '{self.name}' holds only {counted(len(current), 'document')}:")
                 raise RetrieverError(f"{have} {shortfall}")
             seed = getattr(fitted, "seed", 0)
             sample = current.raw_sample(fit_sample or len(current), seed=seed)
-            check = (check_set(fitted, len(current), *current.check_sources(), current.encoder, seed, progress)
-                     if fitted.uses_check else None)  # only auto needs the model here
+            check = (check_set(fitted, len(current), *current.check_sources(), self._encoder_for(current), seed,
+                               progress) if fitted.uses_check else None)  # only auto needs the model here
             fit_calibrator(fitted, with_queries(sample, query_vectors, fit_sample, seed), check)
             calibrated_sample = l2_normalize(fitted.transform(sample))
             spec_record = dict(current.manifest.index)
@@ -302,43 +433,48 @@ class Index(Snapshot):
                      **({"queries": fitted_query_count(query_vectors, fit_sample), "queries_from": queries_from}
                         if query_vectors is not None else {})})
             final = writer.commit(merge=False)
-        return ChangeSummary(self.name, str(final), len(current), len(current), 0, time.perf_counter() - started,
-                             opener=self._opener(final))
+        return self._summary(writer, final, len(current), started)
 
     def _writer(self) -> IndexWriter:
         """A write transaction on this index, based on this version if it is still the current one (its loaded
         model is kept), else on the current one."""
-        return IndexWriter(self.index_dir, self.name, current=self, device=self.device, merge_policy=MERGE_POLICY)
+        snapshot = self.snapshot
+        return IndexWriter(snapshot.index_dir, self.name, current=snapshot, device=snapshot.device,
+                           merge_policy=MERGE_POLICY)
 
-    def _opener(self, folder: Path):
-        return _version_opener(folder, self.name, self.index_dir, self.device)
+    def _summary(self, writer: IndexWriter, final: Path, changed: int, started: float, truncated: int = 0,
+                 timings: dict | None = None, notes: list[str] | None = None) -> ChangeSummary:
+        snapshot = self.snapshot
+        return ChangeSummary(self.name, str(final), writer.manifest.documents, changed, truncated,
+                             time.perf_counter() - started, timings or {}, notes or [], writer.manifest.version,
+                             opener=_version_opener(final, self.name, snapshot.index_dir, snapshot.device))
 
 
-# What every write of the library API merges by itself (`compact` merges everything).
-MERGE_POLICY = MergePolicy()
+def load_encoder(snapshot: Snapshot, runtime: str = "torch") -> Encoder:
+    """A new instance of the encoder SNAPSHOT's manifest records, on its device; RUNTIME picks PyTorch or ONNX
+    Runtime for its forward pass."""
+    from retriever.encode.encoder import Encoder
+
+    try:
+        return Encoder.from_config(snapshot.manifest.encoder, device=snapshot.device, runtime=runtime)
+    except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have
+        raise RetrieverError(
+            f"index '{snapshot.name}' cannot encode text with the model it was built with: {error}"
+        ) from None
 
 
 def _merge_notes(writer: IndexWriter) -> list[str]:
     rewritten = writer.merges.count(1)
     merged = sum(size for size in writer.merges if size > 1)
-    return ([f"rewrote {_count(rewritten, 'segment')} without {'its' if rewritten == 1 else 'their'} deleted "
+    return ([f"rewrote {counted(rewritten, 'segment')} without {'its' if rewritten == 1 else 'their'} deleted "
              "documents"] if rewritten else []) + ([f"merged {merged} segments into "
-                                                    f"{_count(len(writer.merges) - rewritten, 'segment')}"]
+                                                    f"{counted(len(writer.merges) - rewritten, 'segment')}"]
                                                    if merged else [])
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number:,} {noun}{'' if number == 1 else 's'}"
-
-
-def _documents(count: int) -> str:
-    return _count(count, "document")
-
-
 def _version_opener(folder: Path, name: str, index_dir: Path, device: str):
-    return lambda: Index.open_version(folder, name, index_dir, device)
+    return lambda: Index(Snapshot.open_version(folder, name, index_dir, device))
 
 
-__all__ = ["Index", "IndexWriter", "MergePolicy", "SearchHit", "ChangeSummary", "at_least", "check_min_score",
-           "search_record", "verify_index",
-           "document_text", "l2_normalize", "isotropy"]
+__all__ = ["Index", "IndexWriter", "MergePolicy", "SearchHit", "SearchOptions", "ChangeSummary", "load_encoder",
+           "verify_index"]

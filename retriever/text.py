@@ -106,3 +106,8 @@ def terminal_json(value: object, ascii: bool = False, **dumps) -> str:
 
 def _json_escape(found: re.Match) -> str:
     return f"\\u{ord(found.group()):04x}"
+
+
+def counted(number: int, noun: str) -> str:
+    """'1 document', '2,000 documents': every count a message shows goes through here (NOUN takes an s)."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"

@@ -47,7 +47,7 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_encoder():
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     return Encoder(device="cpu")
 
@@ -57,7 +57,7 @@ def tiny_bert(tmp_path_factory) -> Path:
     """A randomly initialised 3-layer BERT saved as a local folder, with the real MiniLM tokenizer."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from retriever.models import default_model_path
+    from retriever.encode.models import default_model_path
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny-bert")

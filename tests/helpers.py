@@ -90,3 +90,42 @@ def build_notes(index_dir: Path, model: Path, count: int, name: str = "notes", p
     corpus = write_corpus(index_dir.parent / f"{name}.jsonl", documents(count, prefix))
     Index.build(corpus, name, index_dir, model=str(model), calibrator=calibrator, device="cpu")
     return index_dir
+
+
+# --- searching an index by vector (the search layer under `Index.search`) ---------------------------------------
+
+
+def encoder_of(index):
+    """A new instance of the encoder INDEX records (what `Index.search` encodes queries with)."""
+    from retriever.index import load_encoder
+
+    return load_encoder(index.snapshot)
+
+
+def embed(index, texts: list[str]):
+    """TEXTS in INDEX's space: the recorded encoder, the saved calibrator, L2 normalization."""
+    return index.snapshot.calibrate(encoder_of(index).encode(texts))
+
+
+def search_vectors(index, vectors, k: int, **settings):
+    """The dense side's (scores, row ids) for calibrated VECTORS over INDEX, as `Index.search` plans it."""
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
+
+    return Searcher(index.snapshot).dense_top(vectors, SearchOptions(k=k, **settings))
+
+
+def vector_hits(index, vectors, k: int, **settings):
+    """Dense hits (with their documents) for calibrated VECTORS over INDEX."""
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
+
+    return Searcher(index.snapshot).search([""] * len(vectors), vectors, SearchOptions(k=k, mode="dense", **settings))
+
+
+def raw_hits(index, raw, k: int, **settings):
+    """The exact ranking in the raw space of encoder outputs RAW over INDEX (`space="raw"`)."""
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
+
+    return Searcher(index.snapshot).search_raw(raw, SearchOptions(k=k, space="raw", **settings))

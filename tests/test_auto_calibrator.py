@@ -231,7 +231,7 @@ def test_fit_queries_fits_the_calibrator_on_documents_and_queries(tiny_bert, cli
 
 
 def _tiny_vectors(model, queries):
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     return Encoder(str(model), device="cpu").encode(queries.read_text().splitlines()).astype(np.float64)
 
@@ -247,7 +247,7 @@ def test_fit_queries_that_do_not_exist_is_a_one_line_error(tiny_bert, cli, tmp_p
 
 def _sts_check(encoder, shared_data, sentences: int = 800):
     from retriever.evaluation import get_task
-    from retriever.pseudo_queries import make_check_set
+    from retriever.calibration.pseudo_queries import make_check_set
 
     texts = get_task("stsb").all_sentences(shared_data)[:sentences]
     vectors = encoder.encode(texts)
@@ -269,8 +269,8 @@ def test_the_default_models_embedding_layer_gets_calibrated(prose_corpus):
     # Its layer 0 (token embeddings, mean-pooled) is a narrow cone, where every kind of pseudo-query made from real
     # documents with titles finds its target better after calibration.
     from retriever.corpus import read_corpus, document_text
-    from retriever.encoder import Encoder
-    from retriever.pseudo_queries import make_check_set
+    from retriever.encode.encoder import Encoder
+    from retriever.calibration.pseudo_queries import make_check_set
 
     documents = read_corpus(prose_corpus)
     encoder = Encoder(layers=[0], device="cpu")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retriever.encoder import Encoder
+from retriever.encode.encoder import Encoder
 from retriever.errors import RetrieverError
 from retriever.evaluation.cache import CachedEncoder
 from retriever.evaluation.runner import plan_benchmark, run_benchmark, score_table

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from retriever.index_folder import NAME_RULE
-from retriever.layout import LOCK, VERSIONS
+from retriever.versions.home import NAME_RULE
+from retriever.versions.layout import LOCK, VERSIONS
 from tests.helpers import TEXTS, assert_one_line_error, assert_usage_error
 
 
@@ -265,10 +265,10 @@ def test_every_option_shows_its_default_and_choices():
                 assert all(name in param.help for name in ("flow", "whitening", "natsv-K", "none"))
     assert found == set(choices)
     # the library's own lists, which the CLI repeats so that --help imports neither torch nor faiss
-    from retriever.device import DEVICES as LIBRARY_DEVICES
-    from retriever.encoder import DTYPES as LIBRARY_DTYPES
-    from retriever.pooling import POOLING_MODES as LIBRARY_POOLING
-    from retriever.store.vectors import INDEX_TYPES as LIBRARY_INDEX_TYPES
+    from retriever.encode.device import DEVICES as LIBRARY_DEVICES
+    from retriever.encode.encoder import DTYPES as LIBRARY_DTYPES
+    from retriever.encode.pooling import POOLING_MODES as LIBRARY_POOLING
+    from retriever.store.spec import INDEX_TYPES as LIBRARY_INDEX_TYPES
 
     assert (POOLING_MODES, DEVICES, DTYPES, INDEX_TYPES) == (
         LIBRARY_POOLING, LIBRARY_DEVICES, tuple(LIBRARY_DTYPES), LIBRARY_INDEX_TYPES)
@@ -302,7 +302,7 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
         import os, signal, sys
         signal.signal(signal.SIGINT, signal.default_int_handler)
         import retriever.index as index
-        from retriever.encoder import Encoder
+        from retriever.encode.encoder import Encoder
         build = index.Index.build.__func__
         index.Index.build = classmethod(lambda cls, *a, **k: build(cls, *a, **{{**k, "chunk_rows": 8}}))
         encode, calls = Encoder.encode_tokenized, [0]
@@ -336,7 +336,7 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
 
 
 def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
     from retriever.index import Index
 
     def interrupt(*args, **kwargs):
@@ -353,7 +353,7 @@ def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
     done = cli("search", "q")
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (130, "interrupted")
     done = cli("encode", extra, "--out", tmp_path / "v.npy", "--model", Index.open("docs", built_home)
-               .manifest.encoder["model"])
+               .snapshot.manifest.encoder["model"])
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
         130, f"interrupted: {tmp_path / 'v.npy'} is incomplete; re-run the same command to resume")
 
@@ -380,7 +380,7 @@ def test_a_build_refuses_while_another_process_writes_that_index(cli, built_home
     holder = subprocess.Popen(  # another process holding the writer lock, as a running build does
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from retriever.index_folder import writer_lock
+            from retriever.versions.folder import writer_lock
             with writer_lock({str(built_home)!r}, "docs"):
                 print("locked", flush=True)
                 sys.stdin.readline()

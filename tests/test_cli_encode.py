@@ -52,7 +52,7 @@ def test_encode_streams_title_and_text_and_resumes_after_a_kill(tmp_path, tiny_b
     """What `encode` writes is what `build` encodes (title and text), so its output feeds `build --vectors`; a
     killed run resumes from its last finished chunk."""
     from retriever.corpus import read_corpus
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"_id": f"d{i}", "title": f"Title {i}", "text": f"text number {i}"}) + "\n"
@@ -60,8 +60,8 @@ def test_encode_streams_title_and_text_and_resumes_after_a_kill(tmp_path, tiny_b
     out = tmp_path / "vectors.npy"
     script = (  # encodes in chunks of 8 and dies once the third chunk is on disk, before it is on record
         "import os, signal\n"
-        "from retriever.encoder import Encoder\n"
-        "from retriever.pipeline import encode_corpus\n"
+        "from retriever.encode.encoder import Encoder\n"
+        "from retriever.engines.stages import encode_corpus\n"
         "from retriever.store.arrays import NpyAppender\n"
         "flush, calls = NpyAppender.flush, [0]\n"
         "def dying(self):\n"
@@ -106,8 +106,8 @@ def test_a_copied_corpus_with_a_new_modification_time_still_resumes(tmp_path, ti
     """Resuming keys on the corpus's bytes, not its modification time (a restored backup, a copy)."""
     import os
 
-    from retriever.encoder import Encoder
-    from retriever.pipeline import encode_corpus
+    from retriever.encode.encoder import Encoder
+    from retriever.engines.stages import encode_corpus
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Sentence number {i} about things.\n" for i in range(30)))

@@ -206,7 +206,7 @@ def test_k_out_of_bounds_is_a_usage_error(built, cli, k, fragments):
 
 
 def test_k_up_to_the_bound_is_cut_to_the_index_size(built, cli):
-    from cli.index_commands import MAX_K
+    from retriever.search.options import MAX_K
 
     done = cli("search", "q", "--name", "docs", "-k", MAX_K, "--json", "--index-dir", built)
     assert done.returncode == 0 and [hit["rank"] for hit in json.loads(done.stdout)["results"]] == [1, 2, 3, 4]
@@ -272,7 +272,7 @@ def test_tables_and_help_read_well_at_80_columns(built, cli):
     kept = [record["version"] for record in json.loads(cli("versions", "--name", "docs", "--json",
                                                              "--index-dir", built).stdout)["versions"]]
     assert max(len(line) for line in versions.stdout.splitlines()) <= 80, versions.stdout
-    assert all(version in versions.stdout for version in kept) and "whitening" in versions.stdout  # unwrapped
+    assert all(str(version) in versions.stdout for version in kept) and "whitening" in versions.stdout  # unwrapped
     for command in ("search", "build", "list"):
         assert "<bool>" not in cli(command, "--help").stdout  # on/off flags show bare
     assert "retriever[ray]" in cli("build", "--help").stdout.replace("\n", "").replace("│", "").replace(" ", "")
@@ -286,9 +286,11 @@ def test_info_on_an_uncalibrated_index_reads_the_same_before_and_after(built, cl
 def test_search_in_the_raw_space_compares_with_the_calibrated_ranking(built, cli):
     """--space raw: the uncalibrated ranking (exact), as the server's space=raw; dense only."""
     from retriever.index import Index
+    from tests.helpers import encoder_of, raw_hits
 
     index = Index.open("docs", built, device="cpu")
-    raw = index.search_raw(index.encoder.encode([TEXTS[1]]), 3)[0]
+    raw = raw_hits(index, encoder_of(index).encode([TEXTS[1]]), 3)[0]
+    assert [hit.doc_id for hit in index.search(TEXTS[1], 3, space="raw")[0]] == [hit.doc_id for hit in raw]
     done = cli("search", TEXTS[1], "--name", "docs", "-k", "3", "--space", "raw", "--json", "--index-dir", built)
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from retriever.index import Index, verify_index
-from retriever.pipeline import l2_normalize
+from tests.helpers import search_vectors, vector_hits
+from retriever.numeric import l2_normalize
 
 FIXTURE = Path(__file__).parent / "fixtures" / "index-38ad062"
 
@@ -30,14 +31,15 @@ def test_an_index_from_an_earlier_release_opens_verifies_and_searches(old_index)
     manifest, files = verify_index("notes", old_index)
     assert manifest.format_version == 2 and files > 0
     with Index.open("notes", old_index, device="cpu") as index:
-        assert len(index) == 44 and [entry.name for entry in index.manifest.segments] == ["000001", "000002"]
+        assert len(index) == 44 and [entry.name for entry in index.snapshot.manifest.segments] == ["000001", "000002"]
         assert index.document("d7")["text"].endswith("on day 7.") and index.document("m2") is not None
         assert index.document("d3") is None  # deleted before the fixture was saved
-        raw, rowids = index.raw_vectors()
+        raw, rowids = index.snapshot.raw_vectors()
         assert len(raw) == 44 and raw.shape[1] == 32
-        scores, ids = index.search_vectors(l2_normalize(index.calibrate(raw)), k=1)
+        scores, ids = search_vectors(index, l2_normalize(index.snapshot.calibrate(raw)), 1)
         assert np.array_equal(ids[:, 0], rowids)  # every stored document is its own nearest neighbour
-        assert [hit.doc_id for hit in index.hits(scores[:3], ids[:3])[0]] == [index.document("d0")["doc_id"]]
+        hits = vector_hits(index, l2_normalize(index.snapshot.calibrate(raw[:3])), 1)
+        assert [hit.doc_id for hit in hits[0]] == [index.document("d0")["doc_id"]]
 
 
 def test_today_s_writers_continue_an_index_from_an_earlier_release(old_index):
@@ -53,14 +55,14 @@ def test_an_index_from_before_keyword_search_searches_dense_and_compaction_adds_
     from retriever.errors import RetrieverError
 
     with Index.open("notes", old_index, device="cpu") as index:
-        assert index.resolve_mode(None) == "dense"  # the default where segments have no keyword index
+        assert index.info()["default_mode"] == "dense"  # the default where segments have no keyword index
         with pytest.raises(RetrieverError, match="index 'notes' has no keyword index .* compacting it adds one"):
             index.search("day 7", mode="keyword")
     Index.open("notes", old_index, device="cpu").refit("sn")  # a refit links what the segments have
     Index.open("notes", old_index, device="cpu").compact()
     verify_index("notes", old_index)
     with Index.open("notes", old_index, device="cpu") as index:
-        assert index.resolve_mode(None) == "hybrid"
+        assert index.info()["default_mode"] == "hybrid"
         hits = index.search("day 7", k=3, mode="keyword")[0]  # no model needed for keywords
         assert hits[0].doc_id == "d7" and hits[0].keyword_rank == 1 and hits[0].dense_score is None
 
@@ -71,19 +73,19 @@ def test_an_index_from_before_metadata_filters_on_its_own_fields_and_takes_docum
     from retriever.corpus import Document
 
     with Index.open("notes", old_index, device="cpu") as index:
-        assert index.document("d7")["metadata"] is None and index.manifest.metadata_fields == []
-        raw, _ = index.raw_vectors()
-        queries = l2_normalize(index.calibrate(raw[:2]))
-        assert index.search_vectors(queries, 5, allowed=index.matching(_where({"lang": "en"})))[1].max() == -1
-        found = index.search_vectors(queries, 5, allowed=index.matching(_where({"doc_id": {"$in": ["d1", "m2"]}})))
-        wanted = {index.live_rowids(["d1", "m2"])[doc][0] for doc in ("d1", "m2")}
+        assert index.document("d7")["metadata"] is None and index.snapshot.manifest.metadata_fields == []
+        raw, _ = index.snapshot.raw_vectors()
+        queries = l2_normalize(index.snapshot.calibrate(raw[:2]))
+        assert search_vectors(index, queries, 5, where={"lang": "en"})[1].max() == -1
+        found = search_vectors(index, queries, 5, where={"doc_id": {"$in": ["d1", "m2"]}})
+        wanted = {index.snapshot.live_rowids(["d1", "m2"])[doc][0] for doc in ("d1", "m2")}
         assert [set(row[row >= 0].tolist()) for row in found[1]] == [wanted, wanted]
         extra = np.random.default_rng(0).standard_normal((1, raw.shape[1])).astype(np.float32)
         added = index.add([Document("tagged", "a note with metadata", None, "new.jsonl", 1, {"lang": "en"})],
                           vectors=extra)
-    with added.snapshot() as index:
-        assert index.manifest.metadata_fields == ["lang"]
-        assert [int(rowid) for rowid in index.matching(_where({"lang": "en"}))] == [index.manifest.next_rowid - 1]
+    with added.open() as index:
+        assert index.snapshot.manifest.metadata_fields == ["lang"]
+        assert [int(rowid) for rowid in index.snapshot.matching(_where({"lang": "en"}))] == [index.snapshot.manifest.next_rowid - 1]
         assert index.document("tagged")["metadata"] == {"lang": "en"}
     verify_index("notes", old_index)
 

@@ -14,8 +14,8 @@ import pytest
 
 from retriever.errors import DamagedIndexError
 from retriever.index import Index, verify_index
-from retriever.manifest import record_checksum
-from retriever.layout import MANIFEST, VERSIONS
+from retriever.versions.manifest import record_checksum
+from retriever.versions.layout import MANIFEST, VERSIONS
 from tests.helpers import sentences, write_jsonl
 
 
@@ -197,6 +197,7 @@ def test_a_file_that_no_longer_parses_is_one_line_naming_the_index(home, damage)
         Index.open("tiny", home, device="cpu")
     assert_one_line(raised.value)
     assert str(current(home)) not in str(raised.value)  # the index's name and the file's place in it, no path
+    assert raised.value.__cause__ is not None  # what the parser said, for a traceback that wants it
 
 
 def test_damage_found_while_searching_or_reading_is_one_line(home):
@@ -256,3 +257,41 @@ def test_a_crafted_manifest_cannot_reach_outside_its_version(home, tmp_path):
     for check in (lambda: Index.open("tiny", home, device="cpu"), lambda: verify_index("tiny", home)):
         with pytest.raises(DamagedIndexError, match=re.escape(f"names a segment {escape!r}, which is not a")):
             check()
+
+
+# A bug is not damage: an exception raised by the search code itself propagates as it is, with its traceback (the
+# server answers 500 and logs it), where calling it "damaged" would send a user to rebuild a sound index.
+PLANTED = {
+    "a segment's vector search": ("retriever.store.vectors:VectorStore.search", "dense"),
+    "the keyword scoring": ("retriever.store.keywords:QueryMatches.candidates", "keyword"),
+    "the fusion": ("retriever.search.fusion:ListZScore.scores", "hybrid"),
+    "the plan": ("retriever.search.searcher:Searcher.plan", "dense"),
+}
+
+
+@pytest.mark.parametrize("where", list(PLANTED))
+def test_a_bug_in_the_search_path_is_not_reported_as_damage(home, monkeypatch, caplog, where):
+    import importlib
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from retriever.serve.app import create_app
+
+    target, mode = PLANTED[where]
+    module, _, attribute = target.partition(":")
+    owner, name = attribute.split(".")
+
+    def planted(*args, **kwargs):
+        raise ZeroDivisionError("a planted bug")
+
+    monkeypatch.setattr(getattr(importlib.import_module(module), owner), name, planted)
+    with pytest.raises(ZeroDivisionError, match="a planted bug"):
+        Index.open("tiny", home, device="cpu").search("the harbour on day 5", k=3, mode=mode)
+    with TestClient(create_app(home, device="cpu", runtime="torch"), base_url="http://127.0.0.1",
+                    raise_server_exceptions=False) as client, caplog.at_level(logging.ERROR, "retriever.serve"):
+        answer = client.get("/search", params={"q": "the harbour on day 5", "k": 3, "mode": mode})
+    assert answer.status_code == 500 and answer.json()["detail"] == (
+        "internal error (ZeroDivisionError); the server log has the details")
+    logged = [record for record in caplog.records if record.exc_info]
+    assert logged and logged[-1].exc_info[0] is ZeroDivisionError  # with its traceback

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from retriever.encoder import Encoder
+from retriever.encode.encoder import Encoder
 from retriever.errors import RetrieverError
 
 # Very different lengths, so length-sorted batches pad a lot and reorder the inputs.
@@ -131,7 +131,7 @@ def test_default_model_defaults(minilm_encoder):
 def test_matches_sentence_transformers_on_real_sentences(minilm_encoder, shared_data):
     from sentence_transformers import SentenceTransformer
 
-    from retriever.models import default_model_path
+    from retriever.encode.models import default_model_path
 
     from retriever.evaluation import get_task
 
@@ -146,7 +146,7 @@ def test_matches_sentence_transformers_on_real_sentences(minilm_encoder, shared_
 
 def test_layers_past_the_deepest_pooled_one_are_not_run(tiny_bert):
     """Later layers cannot change earlier hidden states: skipping them changes no number."""
-    from retriever.models import load_model
+    from retriever.encode.models import load_model
 
     texts = ["A man is playing a guitar.", "The cat sat on the mat and purred softly while it rained."]
     for layers, expected_run in (("0", 1), ("0,2", 2), ("1,3", 3)):
@@ -238,7 +238,7 @@ def test_chunks_encode_in_order_with_the_next_tokenized_ahead(tiny_bert, monkeyp
     assert [len(vectors) for vectors in got] == [3, 1, 2]
     # Other batches pad differently: equal up to float32 rounding.
     np.testing.assert_allclose(np.concatenate(got), whole, atol=1e-6)
-    monkeypatch.setattr("retriever.encoder.TOKENIZE_CHUNK", 2)  # the same through encode's own chunks
+    monkeypatch.setattr("retriever.encode.encoder.TOKENIZE_CHUNK", 2)  # the same through encode's own chunks
     np.testing.assert_allclose(encoder.encode(TEXTS), whole, atol=1e-6)
 
 
@@ -269,7 +269,7 @@ def test_an_error_while_tokenizing_ahead_reaches_the_caller_and_stops_the_thread
 
 def test_tokenizer_processes_give_the_vectors_one_thread_gives(tiny_bert, monkeypatch):
     """On a GPU, worker processes tokenize ahead (`tokenizer_workers`); forced on here, on the CPU."""
-    monkeypatch.setattr("retriever.encoder.TOKENIZE_CHUNK", 2)
+    monkeypatch.setattr("retriever.encode.encoder.TOKENIZE_CHUNK", 2)
     texts = TEXTS * 3
     encoder = Encoder(str(tiny_bert), device="cpu", max_length=8, batch_size=2)
     assert encoder.tokenizer_workers == 0  # none on a CPU

@@ -83,8 +83,8 @@ def assert_loopback(addresses: set[str]) -> None:
 
 
 def calibrated_by_rowid(index: Index) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.concatenate([segment.vectors.ids() for segment in index.segments])
-    vectors = np.concatenate([segment.vectors.stored_vectors() for segment in index.segments])
+    ids = np.concatenate([segment.vectors.ids() for segment in index.snapshot.segments])
+    vectors = np.concatenate([segment.vectors.stored_vectors() for segment in index.snapshot.segments])
     order = np.argsort(ids)
     return ids[order], vectors[order]
 
@@ -97,7 +97,7 @@ def assert_same_index(built: Index, reference: Index) -> None:
     for got, expected in zip(built.search(QUERIES, k=10, mode="dense"), reference.search(QUERIES, k=10, mode="dense")):
         assert [hit.doc_id for hit in got] == [hit.doc_id for hit in expected]
     # The workers' segments carry the same keyword index: keyword search ranks and scores alike.
-    assert all(segment.keywords is not None for segment in built.segments)
+    assert all(segment.keywords is not None for segment in built.snapshot.segments)
     assert built.search(QUERIES, k=10, mode="keyword") == reference.search(QUERIES, k=10, mode="keyword")
     # ... and the same metadata: filtered searches agree, and every hit has its document's own.
     filtered = built.search(QUERIES, k=10, mode="dense", where={"bucket": 3})
@@ -148,8 +148,8 @@ class TestInOneLocalCluster:
         assert (context.enable_progress_bars, logging.getLogger("ray.data").level) == settings
         built = Index.open("ray", tmp_path, device="cpu")
         assert summary.documents == len(built) == 1200
-        assert built.manifest.engine["workers"] == 2
-        assert built.manifest.engine["workers"] * built.manifest.engine["cpus_per_worker"] < resources["CPU"]
+        assert built.snapshot.manifest.engine["workers"] == 2
+        assert built.snapshot.manifest.engine["workers"] * built.snapshot.manifest.engine["cpus_per_worker"] < resources["CPU"]
         assert_same_index(built, Index.open("local", local_index, device="cpu"))
 
         # An ordinary version: add, delete and compact work on it unchanged.
@@ -169,27 +169,27 @@ class TestInOneLocalCluster:
                               fit_queries=QUERIES * 4, ray_options=RayOptions(batch_rows=100))
         built = Index.open("fq", tmp_path, device="cpu")
         assert summary.documents == 400
-        assert built.manifest.fit["queries"] == 20 and built.manifest.fit["queries_from"] == "given"
-        assert built.manifest.calibrator["name"] == "auto" and built.calibrator.fitted
+        assert built.snapshot.manifest.fit["queries"] == 20 and built.snapshot.manifest.fit["queries_from"] == "given"
+        assert built.snapshot.manifest.calibrator["name"] == "auto" and built.snapshot.calibrator.fitted
         assert [hit.doc_id for hit in built.search("kernel memory", k=3)[0]]
         # the driver read the sampled documents' texts from the corpus file: the pseudo-queries any build makes of
         # them
         from collections import Counter
 
         from retriever.corpus import read_corpus
-        from retriever.pseudo_queries import sample_pseudo_queries
+        from retriever.calibration.pseudo_queries import sample_pseudo_queries
 
         documents = read_corpus(small)
         made, _ = sample_pseudo_queries(400, lambda rows: [(documents[i].title, documents[i].text) for i in rows],
-                                        np.random.default_rng(built.calibrator.seed), built.calibrator.seed)
-        check = built.manifest.calibrator["decision"]["check"]
+                                        np.random.default_rng(built.snapshot.calibrator.seed), built.snapshot.calibrator.seed)
+        check = built.snapshot.manifest.calibrator["decision"]["check"]
         assert check["pseudo_queries"] == len(made) > 300 and check["pool"] == 400
         assert check["kinds"] == dict(sorted(Counter(query.kind for query in made).items()))
 
     @pytest.mark.timeout(180)
     def test_a_model_missing_on_a_node_fails_the_encode_stage_in_one_line(self, local_cluster, tmp_path, tiny_bert):
         """What a node without the model does: the actor's constructor fails there, the driver gets one line."""
-        from retriever.encoder import Encoder
+        from retriever.encode.encoder import Encoder
         from retriever.engines.ray_build import run_iter
         from retriever.engines.workers import EncodeWorker
 
@@ -226,7 +226,7 @@ def test_a_three_node_cluster_builds_the_same_index(passages, model, local_index
         cluster.shutdown()
     built = Index.open("ray3", tmp_path, device="cpu")
     assert summary.documents == 1200
-    assert built.manifest.engine["workers"] == 2  # 3 CPUs, one left to the read stage
+    assert built.snapshot.manifest.engine["workers"] == 2  # 3 CPUs, one left to the read stage
     assert_same_index(built, Index.open("local", local_index, device="cpu"))
 
 
@@ -239,7 +239,8 @@ def test_a_failed_ray_build_is_one_line_and_keeps_the_previous_index(passages, m
     lines[1000] = '{"_id": "broken", "text": "no closing brace"'
     bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(RetrieverError, match=r"^\S*bad.jsonl line 1001: not valid JSON"):
-        Index.build(bad, "kept", tmp_path, model=model, engine="ray", ray_options=RayOptions(batch_rows=300))
+        Index.build(bad, "kept", tmp_path, model=model, engine="ray", ray_options=RayOptions(batch_rows=300),
+                    replace=True)
     assert not ray.is_initialized()
     assert (tmp_path / "kept").resolve() == current and len(Index.open("kept", tmp_path)) == 1200
     assert not list((tmp_path / ".versions" / "kept").glob("*.partial"))  # the failed build's folder is gone
@@ -334,7 +335,7 @@ def test_a_worker_that_keeps_dying_fails_the_build_in_one_line_and_keeps_the_pre
             # Batches of 100 (12): enough work that no actor finishes the build between two of the killer's looks,
             # also on a loaded machine.
             Index.build(passages, "kept", tmp_path, model=model, engine="ray", calibrator="none",
-                        ray_options=RayOptions(batch_rows=100))
+                        ray_options=RayOptions(batch_rows=100), replace=True)
     assert len(killer.killed) == WORKER_RESTARTS + 1
     assert "\n" not in str(failure.value) and "previous index is unchanged" in str(failure.value)
     assert not ray.is_initialized()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from retriever.corpus import iter_corpus
-from retriever.encoder import Encoder
+from retriever.encode.encoder import Encoder
 from retriever.engines.ray_build import RayOptions, check_ids_across, plan_workers, segment_groups
 from retriever.engines.workers import (
     EncodeWorker,
@@ -140,7 +140,7 @@ def test_write_segment_builds_a_searchable_segment(tmp_path, tiny_bert):
     from retriever.calibration import make_calibrator
     from retriever.index import CALIBRATOR, SEGMENTS
     from retriever.store.segment import Segment
-    from retriever.store.vectors import IndexSpec
+    from retriever.store.spec import IndexSpec
 
     encoder = Encoder(str(tiny_bert), device="cpu")
     documents = list(iter_corpus(write_jsonl(tmp_path / "c.jsonl", 60)))

@@ -50,7 +50,7 @@ def test_quoted_text_cannot_pass_for_a_parameter():
 def test_a_library_mistake_names_the_python_parameter(tmp_path):
     from retriever.calibration import fit_sample_rows
     from retriever.evaluation.runner import plan_benchmark
-    from retriever.runtimes import resolve_runtime
+    from retriever.encode.runtimes import resolve_runtime
 
     with pytest.raises(RetrieverError) as caught:
         fit_sample_rows(1000, 1)
@@ -93,7 +93,7 @@ def test_the_server_body_carries_code_and_parameter(tmp_path):
     from fastapi.testclient import TestClient
 
     from retriever.calibration import fit_sample_rows
-    from retriever.server import create_app
+    from retriever.serve.app import create_app
 
     app = create_app(tmp_path, device="cpu")
     app.add_api_route("/fit", lambda: fit_sample_rows(1000, 1))  # a library mistake inside a request

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import threading
 
 import numpy as np
 import pytest
 
 from retriever.corpus import Document, read_corpus
 from retriever.errors import RetrieverError
-from retriever.filter_plan import BEAM_EXPONENT, plan_filtered_search
+from retriever.search.plan import BEAM_EXPONENT, plan_filtered_search
 from retriever.filters import FilterError, parse_where
 from retriever.index import Index
+from retriever.search.options import SearchOptions
+from retriever.search.searcher import Searcher
+from retriever.search.top_lists import space_vectors
+from retriever.versions.snapshot import Snapshot
 from retriever.store.documents import DocumentTable
-from retriever.store.vectors import IndexSpec
+from retriever.store.spec import IndexSpec
 from tests.helpers import write_corpus
 
 LANGS = ("en", "de", "fr")
@@ -177,7 +183,9 @@ def filtered_index(request, tmp_path_factory):
     options = {"nlist": 16, "pq_m": 8} if request.param == "ivfpq" else {}
     Index.build(documents, "f", folder, vectors=vectors, calibrator="none", index_type=request.param,
                 index_options=options, device="cpu", model=str(tiny_model(tmp_path_factory)))
-    return Index.open("f", folder, device="cpu"), documents, rng.standard_normal((12, 48)).astype(np.float32)
+    # Searched by vector: the model folder holds a config and no weights, so nothing encodes text here.
+    searcher = Searcher(Snapshot.open("f", folder, device="cpu"))
+    return searcher, documents, rng.standard_normal((12, 48)).astype(np.float32)
 
 
 def tiny_model(tmp_path_factory):
@@ -194,30 +202,69 @@ def tiny_model(tmp_path_factory):
 @pytest.mark.parametrize("where", [{"group": 7}, {"group": {"$lt": 3}}, {"lang": "en"}, {"even": True},
                                    {"group": {"$lt": 97}}])
 def test_filtered_dense_search_keeps_to_the_filter_and_returns_k(filtered_index, where):
-    index, documents, queries = filtered_index
+    searcher, documents, queries = filtered_index
     allowed = selected(documents, where)
-    vectors = index.calibrate(queries)
-    found = index.search_encoded(["q"] * len(queries), vectors, 10, "dense", where=parse_where(where))
+    vectors = searcher.snapshot.calibrate(queries)
+    options = SearchOptions(k=10, mode="dense", where=where)
+    found = searcher.search(["q"] * len(queries), vectors, options)
     assert all(len(hits) == min(10, len(allowed)) for hits in found)
     assert all(hit.doc_id in allowed for hits in found for hit in hits)
     # Against exact search over the matching documents' vectors: equal where the plan is exact, close otherwise.
-    ids = np.array(sorted(int(doc_id[1:]) + 1 for doc_id in allowed))
-    exact = ids[np.argsort(-(vectors @ index._space_vectors(ids).T), axis=1)[:, :10]]
-    recall = np.mean([len({int(h.doc_id[1:]) + 1 for h in hits} & set(row)) / 10
-                      for hits, row in zip(found, exact.tolist())])
-    plan = index.filter_plan(len(ids), 10)
-    assert recall == 1.0 if plan.exact else recall >= 0.8  # ivfpq: codes pick the candidates the re-rank scores
+    exact = exact_filtered(searcher.snapshot, vectors, allowed, 10)
+    recall = np.mean([len({h.doc_id for h in hits} & set(row)) / 10 for hits, row in zip(found, exact)])
+    assert recall == 1.0 if searcher.plan(options).dense.exact else recall >= 0.8  # ivfpq: codes pick the candidates
+
+
+def exact_filtered(snapshot, vectors: np.ndarray, allowed: set[str], k: int) -> list[list[str]]:
+    """Each query's top K among the ALLOWED documents, by every one's stored vector: exact filtered search."""
+    ids = np.array(sorted(int(doc_id[1:]) + 1 for doc_id in allowed))  # notes' row ids: n0 is row 1
+    best = ids[np.argsort(-(vectors @ space_vectors(snapshot, ids).T), axis=1, kind="stable")[:, :k]]
+    return [[f"n{rowid - 1}" for rowid in row] for row in best.tolist()]
+
+
+@pytest.mark.parametrize("filtered_index", ["flat"], indirect=True)
+def test_eight_threads_with_different_filters_each_get_their_own_filter_s_answer(filtered_index):
+    """One store searched from 8 threads at once, each with its own filter, switching threads as often as Python
+    can: every answer equals exact filtered search. (Each store caches its last filter's selection; a cache read
+    twice could hand one thread another's filter.)"""
+    searcher, documents, queries = filtered_index
+    vectors = searcher.snapshot.calibrate(queries)
+    filters = [{"group": {"$in": [g, g + 8, g + 16]}} for g in range(8)]
+    expected = [exact_filtered(searcher.snapshot, vectors, selected(documents, where), 10) for where in filters]
+    barrier, wrong = threading.Barrier(8), []
+
+    def run(number: int) -> None:
+        barrier.wait()
+        for _ in range(25):
+            found = searcher.search(["q"] * len(queries), vectors, SearchOptions(k=10, mode="dense",
+                                                                                 where=filters[number]))
+            if [[hit.doc_id for hit in hits] for hits in found] != expected[number]:
+                wrong.append(number)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(number,)) for number in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not wrong, f"{len(wrong)} answers of threads {sorted(set(wrong))} were not their filter's"
 
 
 def test_keyword_hybrid_and_raw_searches_filter_too(filtered_index):
-    index, documents, queries = filtered_index
+    searcher, documents, queries = filtered_index
     where = {"lang": "de", "group": {"$lt": 40}}
     allowed = selected(documents, where)
-    keyword = index.search_encoded(["tea rain"], None, 10, "keyword", where=parse_where(where))[0]
+    keyword = searcher.search(["tea rain"], None, SearchOptions(k=10, mode="keyword", where=where))[0]
     assert keyword and all(hit.doc_id in allowed for hit in keyword)
-    hybrid = index.search_encoded(["tea rain"], index.calibrate(queries[:1]), 10, "hybrid", where=parse_where(where))
+    hybrid = searcher.search(["tea rain"], searcher.snapshot.calibrate(queries[:1]),
+                             SearchOptions(k=10, mode="hybrid", where=where))
     assert len(hybrid[0]) == 10 and all(hit.doc_id in allowed for hit in hybrid[0])
-    raw = index.search_raw(queries[:2], 10, parse_where(where))
+    raw = searcher.search_raw(queries[:2], SearchOptions(k=10, space="raw", where=where))
     assert all(len(hits) == 10 and all(hit.doc_id in allowed for hit in hits) for hits in raw)
     assert all(hit.metadata["lang"] == "de" for hit in keyword + hybrid[0])
 
@@ -242,17 +289,17 @@ def test_delete_by_filter_and_fields_in_info_and_list(tmp_path, tmp_path_factory
     vectors = np.random.default_rng(1).standard_normal((200, 48)).astype(np.float32)
     summary = Index.build(documents, "d", tmp_path, vectors=vectors, calibrator="none", device="cpu",
                           model=str(tiny_model(tmp_path_factory)))
-    index = summary.snapshot()
+    index = summary.open()
     assert index.info()["metadata_fields"] == ["even", "group", "lang", "year"]
     removed = index.delete(where={"lang": "fr"})
     assert removed.changed == len(selected(documents, {"lang": "fr"})) == 66
-    after = removed.snapshot()
-    assert len(after) == 134 and not len(after.matching(parse_where({"lang": "fr"})))
+    after = removed.open()
+    assert len(after) == 134 and not len(after.snapshot.matching(parse_where({"lang": "fr"})))
     with pytest.raises(RetrieverError, match="matches the filter; nothing deleted"):
         after.delete(where={"lang": "fr"})
     with pytest.raises(RetrieverError, match="not both"):
         after.delete(["n1"], where={"lang": "en"})
-    from retriever.index_folder import describe_indexes
+    from retriever.versions.catalog import describe_indexes
 
     assert describe_indexes(tmp_path)[0]["fields"] == ["even", "group", "lang", "year"]
 
@@ -279,8 +326,8 @@ def test_csv_digits_a_number_would_change_stay_text():
 def test_a_filter_that_matches_k_gets_k_even_where_the_probes_find_fewer(filtered_index):
     """ivfpq probing 2 of 16 buckets meets about 190 of the 1,500 matches; asking for 300, the short queries
     score every match instead."""
-    index, documents, queries = filtered_index
-    allowed = index.matching(parse_where({"even": True}))
-    assert not index.filter_plan(len(allowed), 300, nprobe=1).exact
-    scores, ids = index.search_vectors(index.calibrate(queries), 300, nprobe=1, allowed=allowed)
-    assert (ids >= 0).sum(axis=1).tolist() == [300] * len(queries) and np.isin(ids, allowed).all()
+    searcher, documents, queries = filtered_index
+    plan = searcher.plan(SearchOptions(k=300, mode="dense", nprobe=1, where={"even": True}))
+    assert not plan.dense.exact
+    scores, ids = searcher.dense.top(searcher.snapshot.calibrate(queries), plan.dense, plan.matches)
+    assert (ids >= 0).sum(axis=1).tolist() == [300] * len(queries) and np.isin(ids, plan.matches.rowids).all()

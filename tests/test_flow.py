@@ -9,17 +9,8 @@ import torch
 from scipy.stats import norm
 
 from retriever.calibration import base, load_calibrator, make_calibrator
-from retriever.calibration.flow import (
-    ActNorm,
-    AdditiveCoupling,
-    FlowCalibrator,
-    Glow,
-    LUMixing,
-    Permutation,
-    Reduction,
-    Reverse,
-    share_one_buffer,
-)
+from retriever.calibration.flow import FlowCalibrator, share_one_buffer
+from retriever.calibration.glow import ActNorm, AdditiveCoupling, Glow, LUMixing, Permutation, Reduction, Reverse
 from retriever.errors import RetrieverError
 
 

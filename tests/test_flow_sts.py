@@ -29,7 +29,7 @@ def test_flow_lifts_layer0_cosine_similarity_on_stsb(shared_data):
 
 def stsb_scores(data_dir) -> tuple[float, float]:
     """Spearman x 100 of raw and flow-calibrated layer-0 cosine similarity on the first PAIRS test pairs."""
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     (test,) = get_task("stsb").load_split(data_dir, "test")
     first, second, gold = test.sent1[:PAIRS], test.sent2[:PAIRS], test.labels[:PAIRS]

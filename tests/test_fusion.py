@@ -1,4 +1,4 @@
-"""The fusions (retriever.fusion): each formula on hand-made candidates, the weight's two ends, and top lists that
+"""The fusions (retriever.search.fusion): each formula on hand-made candidates, the weight's two ends, and top lists that
 do not depend on the order documents arrive in."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from retriever.errors import RetrieverError
-from retriever.fusion import Candidates, Fusion, check_weight, make_fusion, top_list
+from retriever.search.fusion import Candidates, Fusion, make_fusion, top_list
 
 
 def candidates() -> Candidates:
@@ -61,12 +61,9 @@ def test_top_lists_break_ties_by_row_id_whatever_the_order():
     assert top_list(scores, keys, 10).tolist() == [4, 2, 1, 3, 0]
 
 
-def test_unknown_fusions_and_weights_out_of_range_are_refused():
+def test_unknown_fusions_are_refused():
     with pytest.raises(RetrieverError, match="unknown fusion 'max'; known: null, rrf, zscore"):
         make_fusion("max")
-    with pytest.raises(RetrieverError, match="from 0 to 1"):
-        check_weight(-0.1)
-    assert check_weight(1) == 1.0
 
 
 def test_zscore_with_one_keyword_match_keeps_the_scores_on_one_scale():

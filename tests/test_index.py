@@ -11,10 +11,11 @@ import pytest
 
 from retriever.calibration import make_calibrator
 from retriever.errors import RetrieverError
-from retriever.index import Index, l2_normalize
-from retriever.index_folder import KEEP_VERSIONS
-from retriever.layout import MANIFEST, VERSIONS
-from tests.helpers import DOCS, sentences, write_jsonl
+from retriever.index import Index
+from retriever.numeric import l2_normalize
+from retriever.versions.folder import KEEP_VERSIONS
+from retriever.versions.layout import MANIFEST, VERSIONS
+from tests.helpers import DOCS, embed, encoder_of, search_vectors, sentences, vector_hits, write_jsonl
 
 
 @pytest.fixture()
@@ -39,12 +40,23 @@ def test_each_document_finds_itself_through_the_recorded_encode_path(tiny_index)
     assert all(len(hits) == 3 and [h.rank for h in hits] == [1, 2, 3] for hits in results)
     # The query path is exactly: recorded encoder -> saved calibrator -> L2 normalization.
     query = "A man is playing a guitar on stage."
-    expected = l2_normalize(tiny_index.calibrator.transform(tiny_index.encoder.encode([query])))
-    np.testing.assert_allclose(tiny_index.embed([query]), expected, atol=1e-6)
+    expected = l2_normalize(tiny_index.snapshot.calibrator.transform(encoder_of(tiny_index).encode([query])))
+    np.testing.assert_allclose(embed(tiny_index, [query]), expected, atol=1e-6)
+    by_text, by_vector = tiny_index.search(query, k=3, mode="dense")[0], vector_hits(tiny_index, expected, 3)[0]
+    assert [hit.doc_id for hit in by_text] == [hit.doc_id for hit in by_vector]
+    assert [hit.score for hit in by_text] == pytest.approx([hit.score for hit in by_vector], abs=1e-6)
+
+
+def test_the_index_is_a_small_api(tiny_index):
+    """What a user's `Index` shows: the writes, the reads, the version store's two entry points, and the version
+    it reads (`snapshot`); the plumbing lives in the layers below it."""
+    names = {name for name in dir(tiny_index) if not name.startswith("_")}
+    assert names == {"name", "snapshot", "build", "open", "search", "add", "delete", "compact", "refit", "document",
+                     "info", "check", "versions", "rollback", "close"}
 
 
 def test_manifest_records_everything_needed_to_reproduce(tiny_index, tiny_bert):
-    manifest = tiny_index.manifest.to_record()  # as written to manifest.json
+    manifest = tiny_index.snapshot.manifest.to_record()  # as written to manifest.json
     assert manifest["encoder"] == {"model": str(tiny_bert), "pooling": "last-avg", "layers": None,
                                    "max_length": 512, "dtype": "fp32", "dim": 32}
     assert manifest["calibrator"]["name"] == "whitening"
@@ -65,23 +77,23 @@ def test_semantic_search_with_the_default_model_and_flow(tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", {**DOCS, **sentences(380)})
     Index.build(corpus, "real", tmp_path / "indexes", device="cpu", calibrator="flow")  # MiniLM, last-avg
     index = Index.open("real", tmp_path / "indexes", device="cpu")
-    assert index.manifest.calibrator["name"] == "flow" and index.manifest.calibrator_fallback is None
+    assert index.snapshot.manifest.calibrator["name"] == "flow" and index.snapshot.manifest.calibrator_fallback is None
     top = [hits[0].doc_id for hits in index.search(["someone plays music", "a kitten", "football match"], k=1,
                                                     mode="dense")]
     assert top == ["guitar", "cat", "soccer"]
 
 
 def test_add_writes_one_segment_and_links_the_rest(tiny_index, tmp_path):
-    before = tiny_index.calibrator.transform(tiny_index.raw_vectors()[0])
+    before = tiny_index.snapshot.calibrator.transform(tiny_index.snapshot.raw_vectors()[0])
     extra = write_jsonl(tmp_path / "extra.jsonl", {"kitten": "A kitten plays with a ball of yarn."})
     summary = tiny_index.add(extra)
     assert summary.documents == len(DOCS) + 1 and summary.changed == 1
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
-    assert [entry.name for entry in index.manifest.segments] == ["000001", "000002"]
-    for relative in tiny_index.manifest.files:  # the old version's files, shared, never copied
-        assert inode(index.folder / relative) == inode(tiny_index.folder / relative), relative
+    assert [entry.name for entry in index.snapshot.manifest.segments] == ["000001", "000002"]
+    for relative in tiny_index.snapshot.manifest.files:  # the old version's files, shared, never copied
+        assert inode(index.snapshot.folder / relative) == inode(tiny_index.snapshot.folder / relative), relative
     assert index.search("A kitten plays with a ball of yarn.", k=1)[0][0].doc_id == "kitten"
-    np.testing.assert_allclose(index.calibrator.transform(index.raw_vectors()[0][: len(DOCS)]), before, atol=1e-2)
+    np.testing.assert_allclose(index.snapshot.calibrator.transform(index.snapshot.raw_vectors()[0][: len(DOCS)]), before, atol=1e-2)
     clash = write_jsonl(tmp_path / "clash.jsonl", {"fresh": "new text", "dog": "another dog"})
     with pytest.raises(RetrieverError, match=r"clash.jsonl: 1 id is already in the index: 'dog' \(line 2\)"):
         index.add(clash)
@@ -91,13 +103,13 @@ def test_add_writes_one_segment_and_links_the_rest(tiny_index, tmp_path):
 def test_delete_writes_tombstones_and_searches_still_return_k(tiny_index, tmp_path):
     tiny_index.delete(["dog", "cat"])
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
-    assert len(index) == len(DOCS) - 2 and len(index.tombstones) == 2
-    for relative in tiny_index.manifest.files:  # nothing rewritten: the segment is shared
-        assert inode(index.folder / relative) == inode(tiny_index.folder / relative)
+    assert len(index) == len(DOCS) - 2 and len(index.snapshot.tombstones) == 2
+    for relative in tiny_index.snapshot.manifest.files:  # nothing rewritten: the segment is shared
+        assert inode(index.snapshot.folder / relative) == inode(tiny_index.snapshot.folder / relative)
     results = index.search(list(DOCS.values()), k=len(DOCS) - 2)
     assert all(len(hits) == len(DOCS) - 2 for hits in results)  # exactly k where k documents remain
     assert {hit.doc_id for hits in results for hit in hits} == set(DOCS) - {"dog", "cat"}
-    assert len(index.raw_vectors()[0]) == len(DOCS) - 2
+    assert len(index.snapshot.raw_vectors()[0]) == len(DOCS) - 2
     assert index.document("dog") is None and index.document("rain")["text"] == DOCS["rain"]
     with pytest.raises(RetrieverError, match="1 id is not in the index: 'nope'"):
         index.delete(["python", "nope"])  # all or nothing
@@ -117,7 +129,7 @@ def test_search_after_add_delete_compact_equals_a_fresh_build(tmp_path, tiny_ber
     calibrator = make_calibrator("flow", seed=1)
     Index.build(write_jsonl(tmp_path / "first.jsonl", first), "live", index_dir, model=str(tiny_bert),
                 calibrator=calibrator, device="cpu")
-    fitted = Index.open("live", index_dir, device="cpu").calibrator
+    fitted = Index.open("live", index_dir, device="cpu").snapshot.calibrator
     Index.open("live", index_dir, device="cpu").add(write_jsonl(tmp_path / "second.jsonl", second))
     removed = [f"d{i}" for i in range(0, 100, 9)]
     Index.open("live", index_dir, device="cpu").delete(removed)
@@ -139,38 +151,38 @@ def test_search_after_add_delete_compact_equals_a_fresh_build(tmp_path, tiny_ber
                 pytest.approx([score for _, score in hits], abs=1e-4) for hits in second[mode]]
 
     live = Index.open("live", index_dir, device="cpu")
-    assert len(live.segments) == 2 and len(live.tombstones) == len(removed)
+    assert len(live.snapshot.segments) == 2 and len(live.snapshot.tombstones) == len(removed)
     same(answers(live), answers(fresh))
     live.compact()
     compacted = Index.open("live", index_dir, device="cpu")
-    assert len(compacted.segments) == 1 and len(compacted.tombstones) == 0 and len(compacted) == len(remaining)
+    assert len(compacted.snapshot.segments) == 1 and len(compacted.snapshot.tombstones) == 0 and len(compacted) == len(remaining)
     same(answers(compacted), answers(fresh))
-    assert compacted.verify() > 0
+    assert compacted.snapshot.verify() > 0
 
 
 @pytest.mark.parametrize("index_type", ["hnsw", "ivf", "ivfpq"])
 def test_approximate_index_types_through_the_index(tmp_path, tiny_bert, index_type, monkeypatch):
     # hnsw segments under SMALL_SEGMENT_ROWS are flat: 400 documents make a graph, an add of 50 does not.
-    monkeypatch.setattr("retriever.store.vectors.SMALL_SEGMENT_ROWS", 100)
+    monkeypatch.setattr("retriever.store.spec.SMALL_SEGMENT_ROWS", 100)
     docs = sentences(400)
     Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "approx", tmp_path, model=str(tiny_bert),
                 calibrator="none", index_type=index_type, device="cpu")
     index = Index.open("approx", tmp_path, device="cpu")
-    assert index.spec.type == index_type and index.manifest.index["type"] == index_type
+    assert index.snapshot.spec.type == index_type and index.snapshot.manifest.index["type"] == index_type
     texts = list(docs.values())[::20]
     assert [hits[0].doc_id for hits in index.search(texts, k=1)] == list(docs)[::20]
     index.add(write_jsonl(tmp_path / "more.jsonl", sentences(50, start=400)))
     index = Index.open("approx", tmp_path, device="cpu")
     added = "flat" if index_type == "hnsw" else index_type
-    assert [segment.vectors.index_type for segment in index.segments] == [index_type, added]
+    assert [segment.vectors.index_type for segment in index.snapshot.segments] == [index_type, added]
     assert index.search(sentences(1, start=420)["d420"], k=1)[0][0].doc_id == "d420"
     index.delete(["d420"])
     index = Index.open("approx", tmp_path, device="cpu")
-    assert [entry.deleted for entry in index.manifest.segments] == [0, 1]
+    assert [entry.deleted for entry in index.snapshot.manifest.segments] == [0, 1]
     assert "d420" not in [hit.doc_id for hit in index.search(sentences(1, start=420)["d420"], k=5)[0]]
     index.compact()
     compacted = Index.open("approx", tmp_path, device="cpu")
-    assert len(compacted) == 449 and [segment.vectors.index_type for segment in compacted.segments] == [index_type]
+    assert len(compacted) == 449 and [segment.vectors.index_type for segment in compacted.snapshot.segments] == [index_type]
 
 
 def test_streamed_build_equals_a_one_shot_build(tmp_path, tiny_bert):
@@ -181,13 +193,13 @@ def test_streamed_build_equals_a_one_shot_build(tmp_path, tiny_bert):
     Index.build(corpus, "streamed", tmp_path, model=str(tiny_bert), calibrator="whitening", device="cpu",
                 chunk_rows=7)
     index = Index.open("streamed", tmp_path, device="cpu")
-    raw = index.encoder.encode(list(docs.values()))
+    raw = encoder_of(index).encode(list(docs.values()))
     expected = l2_normalize(make_calibrator("whitening").fit(raw).transform(raw))
-    segment = index.segments[0]
+    segment = index.snapshot.segments[0]
     assert segment.documents.doc_ids() == list(docs)
     np.testing.assert_allclose(segment.vectors.stored_vectors(), expected, atol=1e-6)
-    np.testing.assert_allclose(index.raw_vectors()[0], raw, rtol=1e-3, atol=1e-3)  # float16 on disk
-    scores, ids = index.search_vectors(expected, 5)
+    np.testing.assert_allclose(index.snapshot.raw_vectors()[0], raw, rtol=1e-3, atol=1e-3)  # float16 on disk
+    scores, ids = search_vectors(index, expected, 5)
     exact = np.argsort(-(expected @ expected.T), axis=1)[:, :5] + 1
     np.testing.assert_array_equal(ids, exact)
 
@@ -200,23 +212,23 @@ def test_fit_sample_bounds_the_fit_and_changes_nothing_below_it(tmp_path, tiny_b
     Index.build(corpus, "sampled", tmp_path, model=str(tiny_bert), calibrator="whitening", device="cpu",
                 fit_sample=40)
     every, bounded, sampled = (Index.open(name, tmp_path, device="cpu") for name in ("all", "bounded", "sampled"))
-    raw = every.raw_vectors()[0]
-    np.testing.assert_array_equal(bounded.calibrator.transform(raw), every.calibrator.transform(raw))
-    assert sampled.manifest.fit == {"sample": 40, "of": 120, "seed": 0}
-    assert not np.allclose(sampled.calibrator.transform(raw), every.calibrator.transform(raw), atol=1e-3)
+    raw = every.snapshot.raw_vectors()[0]
+    np.testing.assert_array_equal(bounded.snapshot.calibrator.transform(raw), every.snapshot.calibrator.transform(raw))
+    assert sampled.snapshot.manifest.fit == {"sample": 40, "of": 120, "seed": 0}
+    assert not np.allclose(sampled.snapshot.calibrator.transform(raw), every.snapshot.calibrator.transform(raw), atol=1e-3)
 
 
 def test_refit_changes_the_calibrator_without_reencoding(tiny_index, tmp_path, monkeypatch):
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     monkeypatch.setattr(Encoder, "encode_tokenized", lambda *a, **k: pytest.fail("refit re-encoded"))
     tiny_index.refit("sn")
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
-    assert index.manifest.calibrator["name"] == "sn" and index.manifest.refitted is not None
-    raw, ids = index.raw_vectors()
-    scores, found = index.search_vectors(l2_normalize(index.calibrator.transform(raw)), 1)
+    assert index.snapshot.manifest.calibrator["name"] == "sn" and index.snapshot.manifest.refitted is not None
+    raw, ids = index.snapshot.raw_vectors()
+    scores, found = search_vectors(index, l2_normalize(index.snapshot.calibrator.transform(raw)), 1)
     np.testing.assert_array_equal(found[:, 0], ids)
-    old, new = tiny_index.segments[0].folder, index.segments[0].folder
+    old, new = tiny_index.snapshot.segments[0].folder, index.snapshot.segments[0].folder
     assert inode(old / "documents.db") == inode(new / "documents.db")  # documents and raw vectors reused
 
 
@@ -225,9 +237,9 @@ def test_info_reports_isotropy_before_and_after(tiny_index):
     raw, calibrated = details["isotropy"]["raw"], details["isotropy"]["calibrated"]
     assert details["documents"] == details["vectors"] == len(DOCS) and details["deleted"] == 0
     # A random BERT's vectors share a direction; whitening removes it.
-    assert raw["mean_cosine_random_pairs"] > 0.5
-    assert abs(calibrated["mean_cosine_random_pairs"]) < 0.2
-    assert calibrated["top_direction_variance_share"] < raw["top_direction_variance_share"]
+    assert raw["mean_cosine"] > 0.5
+    assert abs(calibrated["mean_cosine"]) < 0.2
+    assert calibrated["top_direction_share"] < raw["top_direction_share"]
 
 
 def test_automatic_compaction_bounds_segments_and_drops_heavy_deletions(tmp_path, tiny_bert):
@@ -241,31 +253,31 @@ def test_automatic_compaction_bounds_segments_and_drops_heavy_deletions(tmp_path
         extra = write_jsonl(tmp_path / f"add{number}.jsonl", sentences(3, start=100 + 3 * number))
         Index.open("many", tmp_path, device="cpu").add(extra)
     index = Index.open("many", tmp_path, device="cpu")
-    assert len(index.segments) <= COMPACT_MAX_SEGMENTS and len(index) == 30 + 3 * (COMPACT_MAX_SEGMENTS + 2)
-    assert index.segments[0].name == "000001"  # the big segment is left alone; small ones were merged
+    assert len(index.snapshot.segments) <= COMPACT_MAX_SEGMENTS and len(index) == 30 + 3 * (COMPACT_MAX_SEGMENTS + 2)
+    assert index.snapshot.segments[0].name == "000001"  # the big segment is left alone; small ones were merged
     index.delete([f"d{i}" for i in range(10)])  # a third of the first segment
     index = Index.open("many", tmp_path, device="cpu")
-    assert index.segments[0].name != "000001" and len(index.tombstones) == 0  # rewritten without them
+    assert index.snapshot.segments[0].name != "000001" and len(index.snapshot.tombstones) == 0  # rewritten without them
     assert len(index) == 30 - 10 + 3 * (COMPACT_MAX_SEGMENTS + 2)
 
 
 def test_open_checks_sizes_and_verify_rehashes(tiny_index, tmp_path, monkeypatch):
-    import retriever.index_folder
+    import retriever.versions.integrity
 
     with monkeypatch.context() as patched:  # opening never hashes a file
-        patched.setattr(retriever.index_folder, "sha256_file", lambda path: pytest.fail("open re-hashed"))
+        patched.setattr(retriever.versions.integrity, "sha256_file", lambda path: pytest.fail("open re-hashed"))
         Index.open("tiny", tmp_path / "indexes", device="cpu")
-    vectors = tiny_index.folder / "segments" / "000001" / "vectors.faiss"
+    vectors = tiny_index.snapshot.folder / "segments" / "000001" / "vectors.faiss"
     data = bytearray(vectors.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only a re-hash can tell
     vectors.write_bytes(bytes(data))
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
     with pytest.raises(RetrieverError, match="segments/000001/vectors.faiss does not match its manifest checksum"):
-        index.verify()
+        index.snapshot.verify()
     vectors.write_bytes(bytes(data[:-10]))
     with pytest.raises(RetrieverError, match=r"vectors.faiss has \d+ bytes, its manifest says \d+"):
         Index.open("tiny", tmp_path / "indexes", device="cpu")
-    (tiny_index.folder / MANIFEST).write_text('{"name": "tiny", "fil')
+    (tiny_index.snapshot.folder / MANIFEST).write_text('{"name": "tiny", "fil')
     with pytest.raises(RetrieverError, match="index 'tiny' is damaged: .* is not valid JSON"):
         Index.open("tiny", tmp_path / "indexes", device="cpu")
 
@@ -282,7 +294,7 @@ def drop(mapping: dict, *path: str) -> dict:
 
 def resealed(manifest: dict) -> dict:
     """MANIFEST with a checksum that matches it: damage written by a tool, not by a bit flip."""
-    from retriever.manifest import record_checksum
+    from retriever.versions.manifest import record_checksum
 
     return {**manifest, "checksum": record_checksum(manifest)} if isinstance(manifest, dict) else manifest
 
@@ -303,14 +315,14 @@ def resealed(manifest: dict) -> dict:
     ],
 )
 def test_a_manifest_that_parses_but_is_damaged_is_refused(tiny_index, tmp_path, damage, message):
-    manifest = json.loads((tiny_index.folder / MANIFEST).read_text())
-    (tiny_index.folder / MANIFEST).write_text(json.dumps(damage(manifest)))
+    manifest = json.loads((tiny_index.snapshot.folder / MANIFEST).read_text())
+    (tiny_index.snapshot.folder / MANIFEST).write_text(json.dumps(damage(manifest)))
     with pytest.raises(RetrieverError, match=f"index 'tiny' is damaged: .*{message}.*; rebuild the index"):
         Index.open("tiny", tmp_path / "indexes", device="cpu")
 
 
 def test_an_index_of_the_old_format_says_to_rebuild(tiny_index, tmp_path):
-    (tiny_index.folder / MANIFEST).write_text(json.dumps({"format_version": 1, "files": {"a": "b"}}))
+    (tiny_index.snapshot.folder / MANIFEST).write_text(json.dumps({"format_version": 1, "files": {"a": "b"}}))
     with pytest.raises(RetrieverError, match=r"built by an older retriever \(index format 1\); rebuild it"):
         Index.open("tiny", tmp_path / "indexes", device="cpu")
 
@@ -327,9 +339,9 @@ def test_an_opened_index_keeps_its_version_after_later_writes_prune_it(tiny_inde
         extra = write_jsonl(tmp_path / f"extra{number}.jsonl", {f"new{number}": f"Brand new document {number}."})
         Index.open("tiny", tmp_path / "indexes", device="cpu").add(extra)
     Index.open("tiny", tmp_path / "indexes", device="cpu").delete(["rain"])
-    assert not tiny_index.folder.exists()  # pruned
+    assert not tiny_index.snapshot.folder.exists()  # pruned
     assert tiny_index.search(query, k=3) == before
-    assert tiny_index.info()["documents"] == len(DOCS) and len(tiny_index.raw_vectors()[0]) == len(DOCS)
+    assert tiny_index.info()["documents"] == len(DOCS) and len(tiny_index.snapshot.raw_vectors()[0]) == len(DOCS)
 
 
 def test_txt_documents_from_two_files_keep_apart(tmp_path, tiny_bert):
@@ -344,7 +356,7 @@ def test_txt_documents_from_two_files_keep_apart(tmp_path, tiny_bert):
 
 
 def test_a_plain_folder_in_the_way_is_refused_before_encoding(tmp_path, corpus, monkeypatch):
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     monkeypatch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("encoded before refusing"))
     (tmp_path / "mine").mkdir()
@@ -356,7 +368,7 @@ def test_a_plain_folder_in_the_way_is_refused_before_encoding(tmp_path, corpus, 
 
 
 def test_duplicate_ids_in_a_corpus_fail_before_the_model_loads(tmp_path, monkeypatch):
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     monkeypatch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("loaded the model before refusing"))
     corpus = tmp_path / "dups.jsonl"
@@ -378,10 +390,11 @@ def test_a_failed_build_leaves_the_previous_index_intact(tiny_index, tmp_path, t
 
     monkeypatch.setattr(VectorStore, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        Index.build(other, "tiny", tmp_path / "indexes", model=str(tiny_bert), calibrator="whitening", device="cpu")
+        Index.build(other, "tiny", tmp_path / "indexes", model=str(tiny_bert), calibrator="whitening", device="cpu",
+                    replace=True)
     monkeypatch.undo()
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
-    assert index.verify() > 0
+    assert index.snapshot.verify() > 0
     assert index.search("A dog runs through the grass chasing a ball.", k=len(DOCS)) == before
     assert not list((tmp_path / "indexes" / VERSIONS / "tiny").glob("*.partial"))
 
@@ -396,15 +409,15 @@ def test_build_from_vectors_equals_build_with_encoding(tmp_path, tiny_bert):
     encoded = Index.open("encoded", tmp_path, device="cpu")
     shards = tmp_path / "shards"
     shards.mkdir()
-    raw = encoded.encoder.encode(list(docs.values()))
+    raw = encoder_of(encoded).encode(list(docs.values()))
     np.save(shards / "part-000.npy", raw[:16])
     np.save(shards / "part-001.npy", raw[16:])
     Index.build(corpus, "given", tmp_path, vectors=shards, model=str(tiny_bert), calibrator="whitening",
                 device="cpu")
     given = Index.open("given", tmp_path, device="cpu")
-    assert given.manifest.encoder == encoded.manifest.encoder  # queries go through the same path
-    np.testing.assert_allclose(given.segments[0].vectors.stored_vectors(),
-                               encoded.segments[0].vectors.stored_vectors(), atol=1e-5)
+    assert given.snapshot.manifest.encoder == encoded.snapshot.manifest.encoder  # queries go through the same path
+    np.testing.assert_allclose(given.snapshot.segments[0].vectors.stored_vectors(),
+                               encoded.snapshot.segments[0].vectors.stored_vectors(), atol=1e-5)
     assert [h.doc_id for h in given.search(docs["d3"], k=3)[0]] == [h.doc_id for h in encoded.search(docs["d3"], k=3)[0]]
 
 
@@ -428,7 +441,7 @@ def test_bad_vectors_are_one_line_and_write_nothing(tiny_index, tmp_path, tiny_b
     for name, message in cases.items():
         with pytest.raises(RetrieverError, match=message):
             Index.build(corpus, "tiny", tmp_path / "indexes", vectors=tmp_path / name, model=str(tiny_bert),
-                        device="cpu")
+                        device="cpu", replace=True)
     assert sorted((tmp_path / "indexes" / VERSIONS / "tiny").iterdir()) == versions  # nothing written
     assert Index.open("tiny", tmp_path / "indexes", device="cpu").search(list(DOCS.values()), k=2) == before
 
@@ -439,16 +452,15 @@ def open_descriptors() -> int:
 
 def test_close_releases_a_versions_files(tiny_index, tmp_path):
     tiny_index.add(write_jsonl(tmp_path / "extra.jsonl", {"kitten": "A kitten plays with a ball of yarn."}))
-    queries = l2_normalize(np.random.default_rng(0).normal(size=(2, tiny_index.manifest.dim)))
+    queries = l2_normalize(np.random.default_rng(0).normal(size=(2, tiny_index.snapshot.manifest.dim)))
     baseline = open_descriptors()
     with Index.open("tiny", tmp_path / "indexes", device="cpu") as index:
-        scores, ids = index.search_vectors(queries, k=3)
-        assert len(index.hits(scores, ids)[0]) == 3
-        assert open_descriptors() >= baseline + 2 * len(index.segments)  # a connection and maps per segment
+        assert len(vector_hits(index, queries, 3)[0]) == 3
+        assert open_descriptors() >= baseline + 2 * len(index.snapshot.segments)  # a connection and maps per segment
     assert open_descriptors() == baseline
     index.close()  # again: nothing to do
     with pytest.raises(RetrieverError, match="^index 'tiny' was closed; open it again to use it$"):
-        index.search_vectors(queries, k=3)
+        index.search("a query", k=3)
 
 
 def test_threads_reading_and_writing_at_once_never_fail(tmp_path, tiny_bert, monkeypatch):
@@ -493,8 +505,8 @@ def test_threads_reading_and_writing_at_once_never_fail(tmp_path, tiny_bert, mon
 
     def search(number: int) -> None:
         with Index.open("busy", index_dir, device="cpu") as index:
-            queries = l2_normalize(np.random.default_rng(number).normal(size=(2, index.manifest.dim)))
-            assert all(len(hits) == 5 for hits in index.hits(*index.search_vectors(queries, k=5)))
+            queries = l2_normalize(np.random.default_rng(number).normal(size=(2, index.snapshot.manifest.dim)))
+            assert all(len(hits) == 5 for hits in vector_hits(index, queries, 5))
             assert index.document("d39")["text"] == sentences(40)["d39"]
 
     tasks = [(add, n) for n in range(6)] + [(delete, n) for n in range(6)] + [(search, n) for n in range(24)]
@@ -506,21 +518,21 @@ def test_threads_reading_and_writing_at_once_never_fail(tmp_path, tiny_bert, mon
 
 
 def test_a_write_never_fails_after_its_commit(tiny_index, tmp_path, monkeypatch):
-    from retriever.index_folder import IndexWriter
+    from retriever.versions.folder import PartialVersion
 
     def failing(self, keep):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(IndexWriter, "_prune", failing)
+    monkeypatch.setattr(PartialVersion, "_prune", failing)
     with pytest.warns(UserWarning, match="index 'tiny' was written, but tidying up after it failed"):
         summary = tiny_index.delete(["dog"])
     assert summary.documents == len(DOCS) - 1 == len(Index.open("tiny", tmp_path / "indexes", device="cpu"))
 
 
 def test_every_folder_of_a_new_version_is_fsynced(tiny_index, tmp_path, monkeypatch):
-    import retriever.index_folder as index_folder
+    import retriever.versions.folder as version_folder
 
-    synced, original = [], index_folder._fsync_dir
+    synced, original = [], version_folder._fsync_dir
 
     def recording(folder):
         parts = Path(folder).parts
@@ -529,7 +541,7 @@ def test_every_folder_of_a_new_version_is_fsynced(tiny_index, tmp_path, monkeypa
             synced.append(str(Path(*parts[partial[0] + 1 :]) if len(parts) > partial[0] + 1 else "."))
         original(folder)
 
-    monkeypatch.setattr(index_folder, "_fsync_dir", recording)
+    monkeypatch.setattr(version_folder, "_fsync_dir", recording)
     tiny_index.add(write_jsonl(tmp_path / "extra.jsonl", {"kitten": "A kitten plays with a ball of yarn."}))
     version = (tmp_path / "indexes" / "tiny").resolve()
     folders = {"."} | {str(path.relative_to(version)) for path in version.rglob("*") if path.is_dir()}
@@ -539,7 +551,7 @@ def test_every_folder_of_a_new_version_is_fsynced(tiny_index, tmp_path, monkeypa
 
 
 def test_an_open_raced_by_two_writes_opens_the_newer_version(tiny_index, tmp_path, monkeypatch):
-    import retriever.snapshot as snapshot_module  # where opening reads the manifest
+    import retriever.versions.snapshot as snapshot_module  # where opening reads the manifest
 
     original, raced = snapshot_module.read_manifest, []
 
@@ -553,42 +565,42 @@ def test_an_open_raced_by_two_writes_opens_the_newer_version(tiny_index, tmp_pat
 
     monkeypatch.setattr(snapshot_module, "read_manifest", racing)
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
-    assert not raced[0].exists() and index.folder != raced[0] and len(index) == len(DOCS) - 2
+    assert not raced[0].exists() and index.snapshot.folder != raced[0] and len(index) == len(DOCS) - 2
 
 
 def test_a_write_returns_the_version_it_committed_and_leaves_its_index_on_the_old_one(tmp_path, tiny_bert):
-    """The API's contract: an `Index` is a snapshot of one version; `summary.snapshot()` is the version a write
+    """The API's contract: an `Index` is a snapshot of one version; `summary.open()` is the version a write
     committed, so a caller goes on from its own write."""
     from retriever.corpus import Document
 
     docs = sentences(30)
     built = Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "snap", tmp_path / "ix", model=str(tiny_bert),
                         calibrator="sn", device="cpu")
-    index = built.snapshot()
-    assert len(index) == len(docs) and index.folder == Path(built.folder)
+    index = built.open()
+    assert len(index) == len(docs) and index.snapshot.folder == Path(built.folder)
     added = index.add([Document("new", "a brand new sentence about lighthouses", None, "api", 1)])
     assert len(index) == len(docs) and index.document("new") is None  # still the version it was opened on
-    newer = added.snapshot()
+    newer = added.open()
     assert len(newer) == len(docs) + 1 and newer.document("new")["text"].startswith("a brand new")
-    newest = newer.delete(["d0"]).snapshot()
+    newest = newer.delete(["d0"]).open()
     assert newest.document("d0") is None and newer.document("d0") is not None
-    assert newest.compact().snapshot().folder == Index.open("snap", tmp_path / "ix", device="cpu").folder
+    assert newest.compact().open().snapshot.folder == Index.open("snap", tmp_path / "ix", device="cpu").snapshot.folder
 
 
 def test_build_takes_documents_and_vectors_from_memory(tmp_path, tiny_bert):
     """The Python API builds from what a program holds: Documents and a vector array, no file written."""
     from retriever.corpus import Document
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     docs = sentences(40)
     documents = [Document(doc_id, text, None, "api", n) for n, (doc_id, text) in enumerate(docs.items(), start=1)]
     encoder = Encoder(str(tiny_bert), device="cpu")
     vectors = encoder.encode(list(docs.values()))
     from_memory = Index.build(documents, "mem", tmp_path / "ix", vectors=vectors, encoder=encoder, calibrator="sn",
-                              device="cpu").snapshot()
+                              device="cpu").open()
     from_file = Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "file", tmp_path / "ix", model=str(tiny_bert),
-                            calibrator="sn", device="cpu").snapshot()
-    assert from_memory.manifest.source is None and len(from_memory) == 40
+                            calibrator="sn", device="cpu").open()
+    assert from_memory.snapshot.manifest.source is None and len(from_memory) == 40
     query = docs["d17"]
     assert [h.doc_id for h in from_memory.search(query, k=3)[0]] == [h.doc_id for h in from_file.search(query, k=3)[0]]
     for bad, message in ((["not a document"], "not a retriever.corpus.Document"),

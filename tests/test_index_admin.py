@@ -17,8 +17,9 @@ from retriever.calibration import make_calibrator, too_few_to_fit
 from retriever.calibration.flow import FlowCalibrator
 from retriever.errors import RetrieverError
 from retriever.index import Index
-from retriever.index_folder import describe_indexes, remove_index
-from retriever.layout import LOCK, VERSIONS
+from retriever.versions.catalog import describe_indexes
+from retriever.versions.folder import remove_index
+from retriever.versions.layout import LAST_VERSION, LOCK, VERSIONS
 from tests.helpers import DOCS, sentences, write_jsonl
 
 
@@ -46,8 +47,8 @@ def test_a_corpus_too_small_for_the_flow_builds_uncalibrated_and_says_so(tmp_pat
                f"--name one --index-dir {tmp_path} --calibrator flow")
     assert summary.notes == [warning]
     index = Index.open("one", tmp_path, device="cpu")
-    assert index.manifest.calibrator == {"name": "none"}
-    assert index.manifest.calibrator_fallback == {
+    assert index.snapshot.manifest.calibrator == {"name": "none"}
+    assert index.snapshot.manifest.calibrator_fallback == {
         "asked": "flow", "reason": "only 1 document: too few to fit the flow (it needs at least 33 for 32 dimensions)"}
     hits = index.search("the only document", k=5)[0]
     assert [hit.doc_id for hit in hits] == ["one.txt:1"]
@@ -59,7 +60,7 @@ def test_a_corpus_too_small_for_the_flow_builds_uncalibrated_and_says_so(tmp_pat
     index.add(write_jsonl(tmp_path / "more.jsonl", sentences(40)))
     Index.open("one", tmp_path, device="cpu").refit("flow")
     refitted = Index.open("one", tmp_path, device="cpu")
-    assert refitted.manifest.calibrator["name"] == "flow" and refitted.manifest.calibrator_fallback is None
+    assert refitted.snapshot.manifest.calibrator["name"] == "flow" and refitted.snapshot.manifest.calibrator_fallback is None
     assert refitted.search("The only document there is.", k=1)[0][0].doc_id == "one.txt:1"
 
 
@@ -68,7 +69,7 @@ def test_enough_documents_but_a_fit_sample_too_small_is_refused(tmp_path, tiny_b
     with pytest.raises(RetrieverError, match=r"^fit_sample=10 is too few to fit the flow \(it needs at least 33 "):
         Index.build(corpus, "c", tmp_path, model=str(tiny_bert), calibrator="flow", fit_sample=10, device="cpu")
     summary = Index.build(corpus, "c", tmp_path, model=str(tiny_bert), calibrator="flow", device="cpu")
-    assert summary.notes == [] and Index.open("c", tmp_path).manifest.calibrator["name"] == "flow"
+    assert summary.notes == [] and Index.open("c", tmp_path).snapshot.manifest.calibrator["name"] == "flow"
 
 
 @pytest.fixture()
@@ -85,7 +86,7 @@ def held_lock(tmp_path):
 
 def test_a_build_refuses_at_once_while_another_process_writes_the_index(tmp_path, tiny_bert, held_lock,
                                                                          monkeypatch):
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     corpus = write_jsonl(tmp_path / "c.jsonl", DOCS)
     monkeypatch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("loaded the model before refusing"))
@@ -178,7 +179,7 @@ def test_a_full_disk_is_one_line_and_the_previous_version_stays(tmp_path, tiny_b
     attempts = {
         "refit": lambda: index.refit(),
         "build": lambda: Index.build(corpus, "full", tmp_path, model=str(tiny_bert), calibrator="whitening",
-                                     device="cpu"),
+                                     device="cpu", replace=True),
         "add": lambda: index.add(write_jsonl(tmp_path / "more.jsonl", sentences(3, start=100))),
     }
     with pytest.raises(RetrieverError) as refused:
@@ -187,7 +188,7 @@ def test_a_full_disk_is_one_line_and_the_previous_version_stays(tmp_path, tiny_b
                         r"disk is full)\); the previous version is intact; free some space and run it again",
                         str(refused.value)), str(refused.value)
     assert (tmp_path / "full").resolve() == before  # and no partial folder is left taking space
-    assert sorted(os.listdir(tmp_path / VERSIONS / "full")) == sorted([before.name, LOCK])
+    assert sorted(os.listdir(tmp_path / VERSIONS / "full")) == sorted([before.name, LAST_VERSION, LOCK])
     if write == "build":  # a new name: nothing of it is left
         with pytest.raises(RetrieverError, match="the disk is full .*; no index was made;"):
             Index.build(corpus, "new", tmp_path, model=str(tiny_bert), calibrator="whitening", device="cpu")
@@ -211,13 +212,11 @@ def test_failed_and_killed_writers_leave_nothing_behind(tmp_path, tiny_bert, hel
     busy_stray = tmp_path / ".busy.20260101T000000000000-abcdef.link"
     busy_stray.symlink_to(".versions/busy/20260101T000000000000-abcdef")
     assert [record["name"] for record in describe_indexes(tmp_path)] == ["kept"]  # `retriever list`
+    assert stray.is_symlink() and (tmp_path / VERSIONS / "ghost").exists()  # reading deletes nothing
+    assert len(Index.open("kept", tmp_path)) == len(DOCS)
+    Index.open("kept", tmp_path).delete(["dog"])  # a write tidies: its own name's leftovers and the others'
     assert not stray.is_symlink() and not (tmp_path / VERSIONS / "ghost").exists()
     assert busy_stray.is_symlink() and (tmp_path / VERSIONS / "busy" / LOCK).is_file()  # its writer is at work
-    assert len(Index.open("kept", tmp_path)) == len(DOCS)
-
-    stray.symlink_to(".versions/kept/20260101T000000000000-abcdef")
-    Index.open("kept", tmp_path).delete(["dog"])  # the next write of the name tidies it too
-    assert not stray.is_symlink()
 
 
 def test_add_with_upsert_replaces_the_documents_whose_ids_are_taken(tmp_path, tiny_bert):
@@ -235,7 +234,7 @@ def test_add_with_upsert_replaces_the_documents_whose_ids_are_taken(tmp_path, ti
     summary = index.add(notes(["b", "d"], "ships"), upsert=True)
     assert summary.changed == 2 and summary.documents == 4
     assert any("replaced 1 document" in note for note in summary.notes)
-    after = summary.snapshot()
+    after = summary.open()
     assert len(after) == 4 and "ships" in after.document("b")["text"] and "cats" in after.document("a")["text"]
     found = [hit.doc_id for hit in after.search("a note about ships number b", k=4, mode="keyword")[0]]
     assert found.count("b") == 1  # the old document of that id is gone from every search
@@ -250,7 +249,7 @@ def test_a_write_says_what_its_merges_did_in_words(tmp_path, tiny_bert):
 
 
 def test_list_says_why_auto_kept_the_raw_vectors_when_it_could_not_check():
-    from retriever.index_folder import calibrator_label
+    from retriever.versions.catalog import calibrator_label
 
     record = {"name": "auto", "decision": {"chosen": {"name": "none"}, "reason": (
         "only 20 pseudo-queries could be made from the corpus (its documents are too short or too few; at least 50 "

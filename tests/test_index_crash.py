@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from retriever.index import Index
-from retriever.layout import VERSIONS
+from retriever.versions.integrity import read_manifest
+from retriever.versions.layout import VERSIONS
 from tests.helpers import sentences, write_corpus, write_jsonl
 
 # One process imports the library once, then forks a child for each write; the child SIGKILLs itself at a chosen
@@ -45,7 +46,8 @@ FORKING_WRITER = textwrap.dedent(
 
         setattr(owner, name, dying)
         if operation == "build":
-            Index.build(argument, "crash", index_dir, model=model, calibrator="whitening", device="cpu", chunk_rows=10)
+            Index.build(argument, "crash", index_dir, model=model, calibrator="whitening", device="cpu", chunk_rows=10,
+                        replace=True)
         else:
             index = Index.open("crash", index_dir, device="cpu")
             if operation == "add":
@@ -107,18 +109,18 @@ MOMENTS = {
     "build while fitting": ("build", "retriever.engines.base:fit", 1, "before"),
     "build while writing the segment": ("build", "retriever.store.segment:RawWriter.append", 1, "after"),
     "build while indexing keywords": ("build", "retriever.store.keywords:KeywordIndex.build", 1, "before"),
-    "build between rename and link swap": ("build", "retriever.index_folder:IndexWriter._link", 1, "before"),
-    "build with its new link beside the old": ("build", "retriever.index_folder:_swap", 1, "before"),
+    "build between rename and link swap": ("build", "retriever.versions.folder:PartialVersion._link", 1, "before"),
+    "build with its new link beside the old": ("build", "retriever.versions.folder:_swap", 1, "before"),
     "add while writing its segment": ("add", "retriever.store.segment:RawWriter.append", 1, "after"),
     "add while indexing its keywords": ("add", "retriever.store.keywords:KeywordIndex.build", 1, "before"),
     "add with its keywords indexed": ("add", "retriever.store.keywords:KeywordIndex.build", 1, "after"),
-    "add before its manifest": ("add", "retriever.writer:write_manifest", 1, "before"),
-    "delete before its manifest": ("delete", "retriever.writer:write_manifest", 1, "before"),
-    "delete between rename and link swap": ("delete", "retriever.index_folder:IndexWriter._link", 1, "before"),
-    "delete with its new link beside the old": ("delete", "retriever.index_folder:_swap", 1, "before"),
+    "add before its manifest": ("add", "retriever.versions.writer:write_manifest", 1, "before"),
+    "delete before its manifest": ("delete", "retriever.versions.writer:write_manifest", 1, "before"),
+    "delete between rename and link swap": ("delete", "retriever.versions.folder:PartialVersion._link", 1, "before"),
+    "delete with its new link beside the old": ("delete", "retriever.versions.folder:_swap", 1, "before"),
     "compact after merging": ("compact", "retriever.store.vectors:VectorStore.merged", 1, "after"),
     "compact while indexing keywords": ("compact", "retriever.store.keywords:KeywordIndex.build", 1, "before"),
-    "compact before its manifest": ("compact", "retriever.writer:write_manifest", 1, "before"),
+    "compact before its manifest": ("compact", "retriever.versions.writer:write_manifest", 1, "before"),
 }
 
 
@@ -142,12 +144,12 @@ def with_metadata(path, docs: dict[str, str]):
 
 def snapshot(index_dir):
     index = Index.open("crash", index_dir, device="cpu")
-    index.verify()  # every file re-hashed against the manifest
+    index.snapshot.verify()  # every file re-hashed against the manifest
     queries = list(sentences(45).values())[::4]
     filtered = index.search(queries, k=5, mode="dense", where={"even": True, "number": {"$lt": 30}})
     assert all(hit.metadata["even"] and hit.metadata["number"] < 30 for hits in filtered for hit in hits)
     return (len(index), *(index.search(queries, k=5, mode=mode) for mode in ("dense", "keyword", "hybrid")),
-            filtered, index.manifest.metadata_fields)
+            filtered, index.snapshot.manifest.metadata_fields)
 
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
@@ -168,7 +170,9 @@ def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_b
     Index.open("crash", crash_index, device="cpu").add(write_jsonl(tmp_path / "after.jsonl", sentences(2, 300)))
     versions = crash_index / VERSIONS / "crash"
     current = (crash_index / "crash").resolve().name
-    assert sorted(folder.name for folder in versions.iterdir() if folder.is_dir()) == [previous, current]
+    assert sorted(folder.name for folder in versions.iterdir() if folder.is_dir()) == sorted([previous, current])
+    numbers = [read_manifest(versions / folder, "crash").version for folder in (previous, current)]
+    assert numbers[1] > numbers[0] > 0  # versions are numbered, never ordered by their folders' names
     assert [path.name for path in crash_index.iterdir() if path.name != VERSIONS] == ["crash"]
     assert len(Index.open("crash", crash_index, device="cpu")) == before[0] + 2
     assert snapshot(crash_index)[-1] == ["even", "number"]  # the merges and copies kept every document's metadata
@@ -179,9 +183,9 @@ def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_b
 BUILD_STEPS = {
     "reading, a chunk in": ("retriever.store.documents:DocumentTable.insert", 2, "after"),
     "read, not yet on record": ("retriever.engines.local:ingest", 1, "after"),
-    "read and on record": ("retriever.pipeline:BuildState.save", 1, "after"),
+    "read and on record": ("retriever.engines.stages:BuildState.save", 1, "after"),
     "encoding, a chunk flushed but not on record": ("retriever.store.arrays:NpyAppender.flush", 2, "after"),
-    "encoded and on record": ("retriever.pipeline:BuildState.save", 6, "after"),
+    "encoded and on record": ("retriever.engines.stages:BuildState.save", 6, "after"),
     "fitting": ("retriever.engines.base:fit", 1, "before"),
     "training the index": ("retriever.engines.base:train_index", 1, "after"),
     "calibrator saved": ("retriever.engines.base:save_fitted", 1, "after"),
@@ -189,11 +193,11 @@ BUILD_STEPS = {
     "indexing keywords": ("retriever.store.keywords:KeywordIndex.build", 1, "before"),
     "keywords indexed": ("retriever.store.keywords:KeywordIndex.build", 1, "after"),
     "segment written, encoded vectors deleted": ("retriever.engines.base:fit_summary", 1, "before"),
-    "manifest written": ("retriever.writer:write_manifest", 1, "after"),
-    "committing, build state gone": ("retriever.index_folder:_fsync_tree", 1, "before"),
-    "renamed, not linked": ("retriever.index_folder:IndexWriter._link", 1, "before"),
-    "linked beside, not swapped": ("retriever.index_folder:_swap", 1, "before"),
-    "swapped, not tidied": ("retriever.index_folder:IndexWriter._after_commit", 1, "before"),
+    "manifest written": ("retriever.versions.writer:write_manifest", 1, "after"),
+    "committing, build state gone": ("retriever.versions.folder:_fsync_tree", 1, "before"),
+    "renamed, not linked": ("retriever.versions.folder:PartialVersion._link", 1, "before"),
+    "linked beside, not swapped": ("retriever.versions.folder:_swap", 1, "before"),
+    "swapped, not tidied": ("retriever.versions.folder:PartialVersion._after_commit", 1, "before"),
 }
 
 
@@ -213,12 +217,12 @@ def test_a_build_killed_at_any_step_finishes_when_run_again(tmp_path, tiny_bert,
     index_dir = tmp_path / "indexes"
     dying_write(*BUILD_STEPS[step], "build", index_dir, corpus, tiny_bert)
     summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening", device="cpu",
-                          chunk_rows=10)
+                          chunk_rows=10, replace=True)  # a build killed after its swap made the index: replaced
     resumed = Index.open("crash", index_dir, device="cpu")
-    resumed.verify()
+    resumed.snapshot.verify()
     assert summary.documents == len(resumed) == 50
-    np.testing.assert_allclose(resumed.segments[0].vectors.stored_vectors(),
-                               fresh.segments[0].vectors.stored_vectors(), atol=1e-6)
+    np.testing.assert_allclose(resumed.snapshot.segments[0].vectors.stored_vectors(),
+                               fresh.snapshot.segments[0].vectors.stored_vectors(), atol=1e-6)
     queries = list(sentences(50).values())[::7]
     assert resumed.search(queries, k=5, mode="keyword") == fresh.search(queries, k=5, mode="keyword")
     assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
@@ -228,7 +232,7 @@ def test_a_build_killed_at_any_step_finishes_when_run_again(tmp_path, tiny_bert,
 @pytest.fixture()
 def encoded_texts(monkeypatch) -> list[str]:
     """Every text the encoder is given from now on, in order."""
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     texts: list[str] = []
     original = Encoder.encode_tokenized
@@ -263,8 +267,8 @@ def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, ti
                 chunk_rows=10)
     assert len(encoded_texts) == 50  # nothing left to resume: a whole build
     fresh = Index.open("fresh", index_dir, device="cpu")
-    np.testing.assert_allclose(resumed.segments[0].vectors.stored_vectors(),
-                               fresh.segments[0].vectors.stored_vectors(), atol=1e-6)
+    np.testing.assert_allclose(resumed.snapshot.segments[0].vectors.stored_vectors(),
+                               fresh.snapshot.segments[0].vectors.stored_vectors(), atol=1e-6)
     assert [h.doc_id for h in resumed.search(docs["d7"], k=5)[0]] == [h.doc_id for h in fresh.search(docs["d7"], k=5)[0]]
 
 
@@ -277,11 +281,11 @@ def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tm
         encoded_texts.clear()
         if change == "resume=False":
             summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening",
-                                  device="cpu", chunk_rows=10, resume=False)
+                                  device="cpu", chunk_rows=10, resume=False, replace=True)
         else:
             other = write_jsonl(tmp_path / "big.jsonl", sentences(50, start=1))  # same path, new content
             summary = Index.build(other, "crash", index_dir, model=str(tiny_bert), calibrator="whitening",
-                                  device="cpu", chunk_rows=10)
+                                  device="cpu", chunk_rows=10, replace=True)
         assert len(encoded_texts) == 50 and not summary.notes
         assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
 
@@ -291,19 +295,23 @@ READER_SCRIPT = textwrap.dedent(
     import sys, time
     import numpy as np
     from retriever.index import Index
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
     index_dir, seconds = sys.argv[1], float(sys.argv[2])
     opened, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
         index = Index.open("swap", index_dir, device="cpu")
-        live = [doc_id for segment in index.segments for rowid, doc_id in
-                zip(segment.documents.rowids(), segment.documents.doc_ids()) if rowid not in set(index.tombstones)]
-        assert len(live) == len(set(live)) == len(index) == index.manifest.documents, (len(live), len(index))
+        searcher = Searcher(index.snapshot)
+        live = [doc_id for segment in index.snapshot.segments for rowid, doc_id in
+                zip(segment.documents.rowids(), segment.documents.doc_ids()) if rowid not in set(index.snapshot.tombstones)]
+        assert len(live) == len(set(live)) == len(index) == index.snapshot.manifest.documents, (len(live), len(index))
         assert len({doc_id[0] for doc_id in live}) == 1, "documents of two builds in one version"
-        for segment in index.segments:
+        for segment in index.snapshot.segments:
             assert sorted(segment.vectors.ids()) == segment.documents.rowids().tolist() == list(segment.rowids)
-        hits = index.search_vectors(np.eye(1, index.manifest.dim, dtype=np.float32), len(index))[1][0]
-        assert sorted(hits[hits >= 0].tolist()) == sorted(set(np.concatenate([s.rowids for s in index.segments]))
-                                                         - set(index.tombstones.tolist()))
+        plan = searcher.plan(SearchOptions(k=len(index), mode="dense"))
+        hits = searcher.dense.top(np.eye(1, index.snapshot.manifest.dim, dtype=np.float32), plan.dense)[1][0]
+        assert sorted(hits[hits >= 0].tolist()) == sorted(set(np.concatenate([s.rowids for s in index.snapshot.segments]))
+                                                         - set(index.snapshot.tombstones.tolist()))
         opened += 1
     print(opened)
     """
@@ -322,9 +330,9 @@ def test_readers_during_writes_see_one_version_never_a_mix(tmp_path, tiny_bert):
         cycle = writes % 4
         if cycle == 0:
             Index.build(corpora[(writes // 4) % 2], "swap", index_dir, model=str(tiny_bert), calibrator="none",
-                        device="cpu")
+                        device="cpu", replace=True)
         index = Index.open("swap", index_dir, device="cpu")
-        prefix = index.segments[0].documents.doc_ids()[0][0]
+        prefix = index.snapshot.segments[0].documents.doc_ids()[0][0]
         if cycle == 1:
             extra = {f"{prefix}x{writes}-{i}": f"extra {prefix} text {writes} {i}" for i in range(20)}
             index.add(write_jsonl(tmp_path / f"extra{writes}.jsonl", extra))

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.index_folder import check_name, read_manifest, verify_files, write_manifest, writer_lock
-from retriever.layout import MANIFEST
-from retriever.manifest import EncoderRecord, Manifest
+from retriever.versions.home import check_name
+from retriever.versions.integrity import read_manifest, verify_files, write_manifest
+from retriever.versions.folder import writer_lock
+from retriever.versions.layout import MANIFEST
+from retriever.versions.manifest import EncoderRecord, Manifest
 
 
 @pytest.mark.parametrize("name", ["docs", "a", "A-1.2_b", "9" * 64])

@@ -13,7 +13,8 @@ import pytest
 from retriever.corpus import Document
 from retriever.errors import RetrieverError
 from retriever.index import Index
-from retriever.layout import KEYWORDS, SEGMENTS
+from retriever.versions.layout import SEGMENTS
+from retriever.store.layout import KEYWORDS
 from retriever.store.keywords import Tokenizer
 from tests.helpers import write_corpus
 
@@ -63,7 +64,7 @@ def test_the_tokenizer_is_fts5_unicode61_with_porter_stemming():
 def test_keyword_scores_are_bm25_over_the_whole_version(tmp_path, tiny_bert):
     records = corpus(60)
     index = Index.build(write_corpus(tmp_path / "c.jsonl", records), "k", tmp_path / "ix", model=str(tiny_bert),
-                        calibrator="none", device="cpu").snapshot()
+                        calibrator="none", device="cpu").open()
     for query in ("lighthouse keeper", "storm storm fog", "anchor rope gull cliff", "tide"):
         expected = reference_bm25(records, query)
         got = keyword_scores(index, query)
@@ -80,7 +81,7 @@ def test_the_best_few_found_by_maxscore_are_the_best_of_every_match(tmp_path, ti
     records = [{"_id": f"d{i}", "text": " ".join([*rng.choice(common, int(rng.integers(3, 12))),
                                                   *rng.choice(rare, int(rng.integers(0, 3)))])} for i in range(400)]
     index = Index.build(write_corpus(tmp_path / "c.jsonl", records), "m", tmp_path / "ix", model=str(tiny_bert),
-                        calibrator="none", device="cpu").snapshot()
+                        calibrator="none", device="cpu").open()
     order = {record["_id"]: number for number, record in enumerate(records)}
     for query in ("harbour lighthouse storm", "harbour lighthouse keeper rocks", "keeper tide", "harbour"):
         expected = sorted(reference_bm25(records, query).items(), key=lambda item: (-item[1], order[item[0]]))
@@ -92,12 +93,12 @@ def test_the_best_few_found_by_maxscore_are_the_best_of_every_match(tmp_path, ti
 def test_three_segments_rank_exactly_as_the_same_documents_in_one_in_every_mode(tmp_path, tiny_bert):
     records = corpus(90, seed=1)
     whole = Index.build(write_corpus(tmp_path / "all.jsonl", records), "one", tmp_path / "ix", model=str(tiny_bert),
-                        calibrator="none", index_type="flat", device="cpu").snapshot()
+                        calibrator="none", index_type="flat", device="cpu").open()
     split = Index.build(write_corpus(tmp_path / "a.jsonl", records[:40]), "three", tmp_path / "ix",
-                        model=str(tiny_bert), calibrator="none", index_type="flat", device="cpu").snapshot()
-    split = split.add(write_corpus(tmp_path / "b.jsonl", records[40:70])).snapshot()
-    split = split.add(write_corpus(tmp_path / "c.jsonl", records[70:])).snapshot()
-    assert len(split.segments) == 3 and len(whole.segments) == 1
+                        model=str(tiny_bert), calibrator="none", index_type="flat", device="cpu").open()
+    split = split.add(write_corpus(tmp_path / "b.jsonl", records[40:70])).open()
+    split = split.add(write_corpus(tmp_path / "c.jsonl", records[70:])).open()
+    assert len(split.snapshot.segments) == 3 and len(whole.snapshot.segments) == 1
 
     def same(first: Index, second: Index) -> None:
         for query in ("lighthouse keeper at night", "storm fog bell", "a boat near the island coast"):
@@ -109,11 +110,11 @@ def test_three_segments_rank_exactly_as_the_same_documents_in_one_in_every_mode(
     same(whole, split)
     # Deleted documents leave the statistics too: the split index after deletions ranks as the rest in one.
     gone = ["d3", "d45", "d46", "d80"]
-    split = split.delete(gone).snapshot()
+    split = split.delete(gone).open()
     rest = Index.build(write_corpus(tmp_path / "rest.jsonl", [r for r in records if r["_id"] not in gone]), "rest",
                        tmp_path / "ix", model=str(tiny_bert), calibrator="none", index_type="flat",
-                       device="cpu").snapshot()
-    assert len(split.tombstones) == 4
+                       device="cpu").open()
+    assert len(split.snapshot.tombstones) == 4
     same(rest, split)
 
 
@@ -121,12 +122,12 @@ def test_every_write_keeps_the_keyword_index_consistent_with_the_documents(tmp_p
     records = corpus(50, seed=2)
     live = {r["_id"]: r for r in records}
     index = Index.build(write_corpus(tmp_path / "a.jsonl", records), "w", tmp_path / "ix", model=str(tiny_bert),
-                        calibrator="whitening", device="cpu").snapshot()
+                        calibrator="whitening", device="cpu").open()
 
     def consistent(index: Index) -> None:
-        for segment in index.segments:
+        for segment in index.snapshot.segments:
             assert (segment.folder / KEYWORDS).is_file()
-            assert f"{SEGMENTS}/{segment.name}/{KEYWORDS}" in index.manifest.files
+            assert f"{SEGMENTS}/{segment.name}/{KEYWORDS}" in index.snapshot.manifest.files
         for query in ("lighthouse keeper", "rope anchor", "wave"):
             expected = reference_bm25(list(live.values()), query)
             got = keyword_scores(index, query)
@@ -136,33 +137,33 @@ def test_every_write_keeps_the_keyword_index_consistent_with_the_documents(tmp_p
     consistent(index)
     added = corpus(20, seed=3, prefix="n")
     live.update((r["_id"], r) for r in added)
-    index = index.add(write_corpus(tmp_path / "b.jsonl", added)).snapshot()
+    index = index.add(write_corpus(tmp_path / "b.jsonl", added)).open()
     consistent(index)
     for doc in ("n0", "n1", "n2", "n3", "n4", "n5", "n6", "d1"):  # 30% of the new segment: merged away
         del live[doc]
-    index = index.delete(["n0", "n1", "n2", "n3", "n4", "n5", "n6", "d1"]).snapshot()
-    assert [len(segment) for segment in index.segments] == [50, 13]
+    index = index.delete(["n0", "n1", "n2", "n3", "n4", "n5", "n6", "d1"]).open()
+    assert [len(segment) for segment in index.snapshot.segments] == [50, 13]
     consistent(index)
-    index = index.refit("sn").snapshot()
+    index = index.refit("sn").open()
     consistent(index)
-    index = index.compact().snapshot()
-    assert len(index.segments) == 1
+    index = index.compact().open()
+    assert len(index.snapshot.segments) == 1
     consistent(index)
-    assert index.verify() > 0
+    assert index.snapshot.verify() > 0
 
 
 def test_documents_given_in_python_get_a_keyword_index_too(tmp_path, tiny_bert):
     documents = [Document(f"p{i}", text, None, "memory", i) for i, text in
                  enumerate(["the lighthouse keeper lit the lamp", "a ship hit the rocks in fog", "gulls over cliffs"])]
     index = Index.build(documents, "py", tmp_path / "ix", model=str(tiny_bert), calibrator="none",
-                        device="cpu").snapshot()
+                        device="cpu").open()
     assert [hit.doc_id for hit in index.search("lamp", k=3, mode="keyword")[0]] == ["p0"]
 
 
 def test_modes_fusions_and_weights_are_checked(tmp_path, tiny_bert):
     index = Index.build(write_corpus(tmp_path / "a.jsonl", corpus(20)), "m", tmp_path / "ix", model=str(tiny_bert),
-                        calibrator="none", device="cpu").snapshot()
-    assert index.resolve_mode(None) == "hybrid"
+                        calibrator="none", device="cpu").open()
+    assert index.info()["default_mode"] == "hybrid"
     with pytest.raises(RetrieverError, match="unknown mode 'fuzzy'; known: dense, keyword, hybrid"):
         index.search("storm", mode="fuzzy")
     with pytest.raises(RetrieverError, match="unknown fusion 'max'"):
@@ -175,7 +176,7 @@ def test_stop_words_leave_a_query_that_has_other_words(tmp_path, tiny_bert):
     records = [{"_id": "a", "text": "the storm and the fog"}, {"_id": "b", "text": "to be or not to be"},
                {"_id": "c", "text": "storm warning"}]
     index = Index.build(write_corpus(tmp_path / "s.jsonl", records), "s", tmp_path / "ix", model=str(tiny_bert),
-                        calibrator="none", device="cpu").snapshot()
+                        calibrator="none", device="cpu").open()
     def scores(query: str, stop_words: bool) -> dict[str, float]:
         return {hit.doc_id: hit.score for hit in index.search(query, k=3, mode="keyword", stop_words=stop_words)[0]}
 
@@ -189,7 +190,7 @@ def test_maxscore_keeps_its_best_where_float32_rounding_exceeds_a_common_term_s_
     below a float32 step there: the bound must leave room for rounding, or the true best is dropped."""
     from types import SimpleNamespace
 
-    from retriever.fusion import top_list
+    from retriever.search.fusion import top_list
     from retriever.store.keywords import KeywordIndex, KeywordScorer, KeywordSegment
 
     rng = np.random.default_rng(0)
@@ -220,7 +221,7 @@ def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(t
     skipped, then replacing their ceilings one by one) are the best of every match, scores included."""
     from types import SimpleNamespace
 
-    from retriever.fusion import top_list
+    from retriever.search.fusion import top_list
     from retriever.store.keywords import KeywordIndex, KeywordScorer, KeywordSegment
 
     rng = np.random.default_rng(7)

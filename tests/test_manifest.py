@@ -8,7 +8,7 @@ import json
 import pytest
 
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.manifest import EncoderRecord, FileEntry, Manifest, SegmentEntry, record_checksum
+from retriever.versions.manifest import EncoderRecord, FileEntry, Manifest, SegmentEntry, record_checksum
 
 
 def manifest(**changes) -> Manifest:

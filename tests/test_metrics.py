@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from retriever.index import Index
-from retriever.server import create_app
+from retriever.serve.app import create_app
 from tests.helpers import build_notes, documents
 
 
@@ -39,7 +39,7 @@ def test_metrics_count_requests_batches_versions_and_writer_waits(tmp_path, tiny
         assert value(first["retriever_request_seconds"], "retriever_request_seconds_count", endpoint="/search") == 7
         batches = first["retriever_search_batch_queries"]
         assert value(batches, "retriever_search_batch_queries_sum") == 10  # every query went through a batch
-        served = Index.open("notes", index_dir, device="cpu").folder.name
+        served = str(Index.open("notes", index_dir, device="cpu").snapshot.manifest.version)
         assert value(first["retriever_index_version"], "retriever_index_version", index="notes", version=served) == 1
         assert value(first["retriever_index_documents"], "retriever_index_documents", index="notes") == 40
 
@@ -48,6 +48,6 @@ def test_metrics_count_requests_batches_versions_and_writer_waits(tmp_path, tiny
         client.get("/search", params={"q": "a new note", "k": 1})  # the next request serves the new version
         second = scrape(client)
         versions = [s for s in second["retriever_index_version"] if s.labels["index"] == "notes"]
-        assert [(s.labels["version"], s.value) for s in versions] == [(added.json()["version"], 1.0)]
+        assert [(s.labels["version"], s.value) for s in versions] == [(str(added.json()["version"]), 1.0)]
         assert value(second["retriever_index_documents"], "retriever_index_documents", index="notes") == 41
         assert value(second["retriever_writer_wait_seconds"], "retriever_writer_wait_seconds_count", index="notes") == 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from retriever.errors import RetrieverError
-from retriever.model_card import DeferredEncoder, ModelCard
+from retriever.encode.model_card import DeferredEncoder, ModelCard
 from tests.helpers import write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
     {"pooling": "cls", "layers": None, "max_length": 300},
 ])
 def test_the_default_models_card_gives_the_loaded_encoders_record(settings):
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     card = ModelCard.read(None)
     expected = Encoder(None, settings["pooling"], settings["layers"], settings["max_length"], device="cpu").config()
@@ -47,7 +47,7 @@ def test_positions_read_from_config_match_the_loaded_models(model_type, tmp_path
     """RoBERTa-style models lose padding_idx + 1 positions; BERT-style none: the card must know which is which."""
     from transformers import AutoConfig, AutoModel
 
-    from retriever.encoder import model_positions
+    from retriever.encode.encoder import model_positions
 
     config = AutoConfig.for_model(model_type, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=37, vocab_size=99, embedding_size=32,

@@ -8,7 +8,7 @@ import pytest
 
 from retriever.calibration import make_calibrator
 from retriever.errors import RetrieverError
-from retriever.pipeline import (
+from retriever.engines.stages import (
     calibrated_blocks,
     chunked,
     fitted_query_count,
@@ -17,8 +17,8 @@ from retriever.pipeline import (
     write_segment_vectors,
 )
 from retriever.store.arrays import ArraySource, VectorSource, vector_source
-from retriever.layout import RAW, ROWIDS
-from retriever.store.vectors import IndexSpec
+from retriever.store.layout import RAW, ROWIDS
+from retriever.store.spec import IndexSpec
 
 RNG = np.random.default_rng(0)
 

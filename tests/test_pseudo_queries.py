@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retriever.pseudo_queries import KINDS, make_check_set, make_pseudo_queries, split_sentences
+from retriever.calibration.pseudo_queries import KINDS, make_check_set, make_pseudo_queries, split_sentences
 
 PROSE = ("Heaps are binary trees. Every parent is smaller than its children. The smallest element is the root, "
          "so it can be read in constant time.")

@@ -93,7 +93,7 @@ def test_built_in_sets_from_the_shared_data(shared_data):
 
 
 def test_evaluation_through_the_index_finds_exact_duplicates(tiny_bert):
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
     texts = [f"Sentence number {i} talks about {topic}." for i, topic in
              enumerate(["boats", "trains", "bread", "music", "rain", "chess", "gardens", "maps"] * 6)]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import retriever.runtimes as runtimes
-from retriever.encoder import Encoder
+import retriever.encode.runtimes as runtimes
+from retriever.encode.encoder import Encoder
 from retriever.errors import RetrieverError
 
 

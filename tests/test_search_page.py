@@ -13,7 +13,8 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from benchmarks.page_screenshot import chromium
 from retriever.index import Index
-from retriever.server import create_app, serving_in_thread
+from retriever.serve.app import create_app
+from retriever.serve.run import serving_in_thread
 from tests.helpers import documents, write_corpus
 
 
@@ -131,7 +132,7 @@ def test_a_blank_query_and_a_server_error_are_shown_not_thrown(browser, served):
 
 
 def test_a_server_with_a_key_asks_for_it_and_then_searches(browser, tmp_path, tiny_bert):
-    from retriever.access import AccessPolicy
+    from retriever.serve.access import AccessPolicy
 
     folder = tmp_path / "keyed"
     Index.build(write_corpus(tmp_path / "notes.jsonl", documents(40)), "notes", folder, model=str(tiny_bert),

@@ -8,11 +8,12 @@ import pytest
 
 from retriever.corpus import Document
 from retriever.errors import RetrieverError
-from retriever.pipeline import l2_normalize
+from retriever.numeric import l2_normalize
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import RawWriter, Segment
-from retriever.layout import DOCUMENTS, RAW, VECTORS
-from retriever.store.vectors import IndexSpec, VectorStore
+from retriever.store.layout import DOCUMENTS, RAW, VECTORS
+from retriever.store.vectors import VectorStore
+from retriever.store.spec import IndexSpec
 
 
 def _segment(folder, raw: np.ndarray, first: int = 10) -> Segment:

@@ -10,7 +10,7 @@ import pytest
 
 import retriever.store.segment as segment_module
 from retriever.index import Index
-from retriever.layout import SEGMENTS
+from retriever.versions.layout import SEGMENTS
 from tests.helpers import sentences, write_jsonl
 
 
@@ -32,9 +32,9 @@ def registered(monkeypatch):
 
 def carried(index: Index) -> None:
     """Every segment of INDEX has the structure, listed in the manifest, holding exactly its documents."""
-    for segment in index.segments:
-        path = index.folder / SEGMENTS / segment.name / "doc-ids.json"
-        assert f"{SEGMENTS}/{segment.name}/doc-ids.json" in index.manifest.files
+    for segment in index.snapshot.segments:
+        path = index.snapshot.folder / SEGMENTS / segment.name / "doc-ids.json"
+        assert f"{SEGMENTS}/{segment.name}/doc-ids.json" in index.snapshot.manifest.files
         expected = [document.doc_id for _, document in segment.documents.documents()]
         assert json.loads(path.read_text()) == expected
 
@@ -42,20 +42,20 @@ def carried(index: Index) -> None:
 def test_every_write_carries_the_registered_structure(registered, tmp_path, tiny_bert):
     index_dir = tmp_path / "indexes"
     index = Index.build(write_jsonl(tmp_path / "a.jsonl", sentences(30)), "s", index_dir, model=str(tiny_bert),
-                        calibrator="whitening", device="cpu").snapshot()
+                        calibrator="whitening", device="cpu").open()
     carried(index)
-    index = index.add(write_jsonl(tmp_path / "b.jsonl", sentences(10, start=30))).snapshot()
-    assert len(index.segments) == 2
+    index = index.add(write_jsonl(tmp_path / "b.jsonl", sentences(10, start=30))).open()
+    assert len(index.snapshot.segments) == 2
     carried(index)
-    index = index.delete([f"d{number}" for number in range(30, 34)]).snapshot()  # 40% of the new segment: merged
-    assert [len(segment) for segment in index.segments] == [30, 6]
+    index = index.delete([f"d{number}" for number in range(30, 34)]).open()  # 40% of the new segment: merged
+    assert [len(segment) for segment in index.snapshot.segments] == [30, 6]
     carried(index)
-    index = index.refit("sn").snapshot()
+    index = index.refit("sn").open()
     carried(index)
-    index = index.delete(["d0"]).snapshot().compact().snapshot()
-    assert len(index.segments) == 1 and len(index) == 35
+    index = index.delete(["d0"]).open().compact().open()
+    assert len(index.snapshot.segments) == 1 and len(index) == 35
     carried(index)
-    assert index.verify() > 0  # every file, the structure's included, matches the manifest
+    assert index.snapshot.verify() > 0  # every file, the structure's included, matches the manifest
 
 
 def test_a_ray_worker_segment_carries_it_too(registered, tmp_path, tiny_bert):
@@ -63,9 +63,9 @@ def test_a_ray_worker_segment_carries_it_too(registered, tmp_path, tiny_bert):
 
     from retriever.calibration import make_calibrator
     from retriever.corpus import iter_corpus
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
     from retriever.engines.workers import EncodeWorker, document_columns, read_shard, write_segment
-    from retriever.layout import CALIBRATOR
+    from retriever.versions.layout import CALIBRATOR
 
     documents = list(iter_corpus(write_jsonl(tmp_path / "c.jsonl", sentences(12))))
     folder, shard_dir = tmp_path / "version", tmp_path / "version" / "shards"

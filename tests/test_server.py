@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from retriever.errors import RetrieverError
 from retriever.index import Index
-from retriever.server import MAX_BODY_BYTES, MAX_DOCUMENTS, MAX_K, MAX_QUERIES, create_app
+from retriever.serve.protocol import MAX_BODY_BYTES, MAX_DOCUMENTS, HTTP_MAX_K as MAX_K, MAX_QUERIES
+from retriever.serve.app import create_app
 from tests.helpers import build_notes, documents, one_line_error, write_corpus
 
 
@@ -54,7 +55,7 @@ def test_get_search_answers_in_the_cli_schema_with_the_version(client, index_dir
     text = documents(120)[7]["text"]
     answer = client.get("/search", params={"q": text, "k": 3, "index": "notes"}).json()
     index = Index.open("notes", index_dir, device="cpu")
-    assert answer["index"] == "notes" and answer["version"] == index.folder.name and answer["k"] == 3
+    assert answer["index"] == "notes" and answer["version"] == index.snapshot.manifest.version and answer["k"] == 3
     [record] = answer["queries"]
     assert record["query_id"] is None and record["query"] == text
     assert [hit["rank"] for hit in record["results"]] == [1, 2, 3]
@@ -104,7 +105,7 @@ def test_a_version_committed_by_another_writer_is_served_by_the_next_request(cli
     extra = write_corpus(tmp_path / "extra.jsonl", [{"_id": "zebra", "text": "Zebras graze on the open savanna."}])
     Index.open("notes", index_dir, device="cpu").add(extra)  # what `retriever add` does, outside the server
     answer = client.get("/search", params={"q": "Zebras graze on the open savanna.", "k": 1}).json()
-    assert answer["version"] != before and answer["version"] == Index.open("notes", index_dir).folder.name
+    assert answer["version"] != before and answer["version"] == Index.open("notes", index_dir).snapshot.manifest.version
     assert answer["queries"][0]["results"][0]["doc_id"] == "zebra"
 
 
@@ -247,7 +248,7 @@ def test_the_search_page_is_served(client):
 
 
 def test_an_index_removed_while_served_answers_404_and_others_go_on(client, index_dir, tmp_path, tiny_bert):
-    from retriever.index_folder import remove_index
+    from retriever.versions.folder import remove_index
 
     Index.build(write_corpus(tmp_path / "other.jsonl", documents(80)), "other", index_dir, model=str(tiny_bert),
                 calibrator="none", device="cpu")
@@ -307,25 +308,32 @@ def test_an_index_without_a_keyword_index_searches_dense_and_refuses_keyword_mod
 def test_a_hybrid_answer_never_depends_on_what_was_batched_with_it(index_dir):
     """A k=5 hybrid query batched with a k=500 one is searched with its own candidate lists: hybrid fusion reads
     each side's whole top list, so a longer list would change its scores."""
-    from retriever.server import SearchBatcher
+    from retriever.index import load_encoder
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
+    from retriever.serve.batcher import SearchBatcher
+    from retriever.serve.open_indexes import Served
 
     index = Index.open("notes", index_dir, device="cpu")
     texts = [record["text"] for record in documents(120)[:3]]
-    options = (None, None, None, "hybrid", None, None, None)  # ..., mode, fusion, weight, filter
-    alone = index.search(texts[1], k=5, mode="hybrid")[0]
-    encode, holding, release = index.encoder.encode, threading.Event(), threading.Event()
+    options = SearchOptions(k=5, mode="hybrid")
+    alone = index.search(texts[1], options)[0]
+    encoder = load_encoder(index.snapshot)
+    encode, holding, release = encoder.encode, threading.Event(), threading.Event()
 
     def held_encode(batch, *args, **kwargs):
         holding.set()
         release.wait(10)  # the first batch waits here while the next two requests queue up together
         return encode(batch, *args, **kwargs)
 
-    index.encoder.encode = held_encode
+    encoder.encode = held_encode
+    served = Served(index, Searcher(index.snapshot), encoder)
     batcher = SearchBatcher()
     try:
-        first = batcher.submit(index, [texts[0]], 5, options)
+        first = batcher.submit(served, [texts[0]], options)
         assert holding.wait(10)
-        short, long = batcher.submit(index, [texts[1]], 5, options), batcher.submit(index, [texts[2]], 500, options)
+        short = batcher.submit(served, [texts[1]], options)
+        long = batcher.submit(served, [texts[2]], SearchOptions(k=500, mode="hybrid"))
         release.set()
         first.result(30)
         found = short.result(30)[0]
@@ -426,3 +434,15 @@ def test_filters_over_http_get_and_post_and_bad_ones_are_422(tmp_path, tiny_bert
         french = client.get("/search", params={"q": "note", "k": 5, "where": '{"lang": "fr"}'}).json()
         assert [h["doc_id"] for h in french["queries"][0]["results"]] == ["new"]
         assert client.get("/indexes/meta").json()["documents"] == 61
+
+
+def test_answering_never_deletes_a_file_and_the_server_tidies_as_it_starts(index_dir):
+    """What killed writers leave (a temporary link never swapped in) is tidied by writes and at start-up; listing
+    the indexes, or any other read, leaves every file where it is."""
+    stray = index_dir / ".notes.0123456789ab.link"
+    stray.symlink_to(".versions/notes/0123456789ab")
+    with TestClient(create_app(index_dir, device="cpu"), base_url="http://127.0.0.1") as client:
+        assert not stray.is_symlink()  # the server's start tidied it
+        stray.symlink_to(".versions/notes/0123456789ab")
+        assert client.get("/indexes").status_code == 200 and client.get("/indexes/notes").status_code == 200
+        assert stray.is_symlink()

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retriever.server import create_app
+from retriever.serve.app import create_app
 from tests.helpers import build_notes, documents
 
 

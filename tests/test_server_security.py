@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from retriever.access import AccessPolicy, check_exposure, host_name, resolve_key, serving_hosts
+from retriever.serve.access import AccessPolicy, check_exposure, host_name, resolve_key, serving_hosts
 from retriever.errors import RetrieverError
 from retriever.index import Index
-from retriever.server import MAX_HITS, create_app, serving_in_thread
+from retriever.serve.protocol import MAX_HITS
+from retriever.serve.app import create_app
+from retriever.serve.run import serving_in_thread
 from tests.helpers import build_notes, one_line_error
 
 
@@ -165,7 +167,7 @@ def test_serving_beyond_loopback_needs_a_key_or_an_explicit_flag(caplog):
         check_exposure("0.0.0.0", AccessPolicy.create(serving_hosts("0.0.0.0")), allow_without_key=False)
     check_exposure("0.0.0.0", AccessPolicy.create(api_key=WRITE_KEY), allow_without_key=False)
     check_exposure("127.0.0.1", AccessPolicy.create(), allow_without_key=False)
-    with caplog.at_level(logging.WARNING, logger="retriever.server"):
+    with caplog.at_level(logging.WARNING, logger="retriever.serve.app"):
         check_exposure("0.0.0.0", AccessPolicy.create(), allow_without_key=True)
     assert "WITHOUT AN API KEY" in caplog.text
 
@@ -239,7 +241,7 @@ def test_results_per_request_are_bounded(client):
 
 
 def test_the_text_in_one_answer_is_bounded(client, monkeypatch):
-    import retriever.server as server
+    import retriever.serve.app as server
 
     monkeypatch.setattr(server, "MAX_ANSWER_CHARS", 2_000)
     detail = one_line_error(client.post("/search", json={"queries": ["dog"] * 20, "k": 10}), 413)
@@ -248,7 +250,7 @@ def test_the_text_in_one_answer_is_bounded(client, monkeypatch):
 
 
 def test_answers_are_rendered_off_the_event_loop(client, monkeypatch):
-    import retriever.server as server
+    import retriever.serve.app as server
 
     threads = []
     original = server.render_answer

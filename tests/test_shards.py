@@ -1,4 +1,4 @@
-"""Distributed search (retriever.shards, `retriever serve --engine ray`): segments assigned to shards, a front
+"""Distributed search (retriever.serve.shards, `retriever serve --engine ray`): segments assigned to shards, a front
 whose answers equal the local server's, a failing shard answered by a fast 503, and the whole on Ray Serve."""
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from retriever.index import Index
-from retriever.manifest import SegmentEntry
-from retriever.server import create_app
-from retriever.shards import SHARD_TIMEOUT_S, RayShards, ShardServer, assign_segments
-from tests.helpers import build_notes, documents, write_corpus
+from retriever.versions.manifest import SegmentEntry
+from retriever.serve.app import create_app
+from retriever.errors import RetrieverError
+from retriever.search.plan import DensePlan
+from retriever.search.top_lists import segment_top_lists
+from retriever.serve.shards import SHARD_TIMEOUT_S, VERSIONS_HELD, RayShards, ShardServer, assign_segments
+from tests.helpers import build_notes, documents, embed, write_corpus
 
 QUERIES = [record["text"] for record in documents(120)[::4]]  # 30 queries
 
@@ -61,9 +64,9 @@ def index_dir(tmp_path, tiny_bert) -> Path:
     for part in range(2):
         extra = [{"_id": f"x{part}-{i}", "text": f"Extra note {i} of batch {part} about sailing and storms."}
                  for i in range(15)]
-        index = index.add(write_corpus(tmp_path / f"extra{part}.jsonl", extra)).snapshot()
+        index = index.add(write_corpus(tmp_path / f"extra{part}.jsonl", extra)).open()
     index.delete(["d3"])
-    assert len(Index.open("notes", folder, device="cpu").segments) == 3
+    assert len(Index.open("notes", folder, device="cpu").snapshot.segments) == 3
     return folder
 
 
@@ -111,11 +114,28 @@ def test_a_shard_searches_the_version_it_is_asked_for(index_dir, tmp_path):
     """A write committed meanwhile does not change what a shard answers for the version the front names."""
     before = Index.open("notes", index_dir, device="cpu")
     shard = ShardServer(str(index_dir), 0, 1)
-    query = before.embed([QUERIES[1]])
-    first = shard.top_lists("notes", str(before.folder), query, 5, 1, None, None, None, False)
+    query = embed(before, [QUERIES[1]])
+    first = shard.top_lists("notes", str(before.snapshot.folder), query, DensePlan(5), None)
     before.add(write_corpus(tmp_path / "more.jsonl", [{"_id": "new", "text": QUERIES[1]}]))
-    again = shard.top_lists("notes", str(before.folder), query, 5, 1, None, None, None, False)
+    again = shard.top_lists("notes", str(before.snapshot.folder), query, DensePlan(5), None)
     assert [found[2].tolist() for found in again] == [found[2].tolist() for found in first]
+
+
+def test_a_version_a_call_still_reads_is_closed_only_once_that_call_is_done(index_dir, tmp_path):
+    """A shard keeps its VERSIONS_HELD most recent versions open; one pushed out while a call still searches it
+    stays open until that call is answered."""
+    shard = ShardServer(str(index_dir), 0, 1)
+    index = Index.open("notes", index_dir, device="cpu")
+    query = embed(index, [QUERIES[1]])
+    with shard.holding("notes", str(index.snapshot.folder)) as (held, mine):  # a call in flight
+        for number in range(VERSIONS_HELD):
+            extra = write_corpus(tmp_path / f"new{number}.jsonl", [{"_id": f"new{number}", "text": QUERIES[0]}])
+            index = index.add(extra).open()
+            shard.top_lists("notes", str(index.snapshot.folder), query, DensePlan(5), None)  # pushes the first out
+        found = segment_top_lists(held, mine, query, DensePlan(5))  # still readable: the call holds it
+        assert found and all((ids >= 0).all() for _, _, ids in found)
+    with pytest.raises(RetrieverError, match="was closed"):
+        held.segments  # closed once the call let go
 
 
 # ------------------------------------------------------------------------------------------------ on Ray Serve
@@ -131,8 +151,8 @@ def test_ray_serve_two_shards_match_the_local_server_hold_the_keys_and_survive_a
     import ray
     from prometheus_client.parser import text_string_to_metric_families
 
-    from retriever.access import AccessPolicy
-    from retriever.server import serve_on_ray
+    from retriever.serve.access import AccessPolicy
+    from retriever.serve.run import serve_on_ray
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from retriever.errors import RetrieverError
-from retriever.store.vectors import IndexSpec, VectorStore, choose_spec, default_nlist, train_template
+from retriever.store.vectors import VectorStore, train_template
+from retriever.store.spec import IndexSpec, choose_spec, default_nlist
 
 
 def normalized(rng, n, dim):

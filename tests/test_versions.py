@@ -54,8 +54,8 @@ def test_the_library_keeps_the_current_version_and_the_one_it_replaced(tmp_path,
     home = tmp_path / "home"
     notes = [Document(f"n{i}", f"Note {i} about cats.", None, "mem", i + 1) for i in range(12)]
     Index.build(notes, "notes", home, model=str(tiny_bert), calibrator="none")
-    with pytest.raises(ConflictError, match="replace=True"):
-        Index.build(notes[:5], "notes", home, model=str(tiny_bert), calibrator="none", replace=False)
+    with pytest.raises(ConflictError, match="replace=True"):  # the library refuses as the CLI and the API do
+        Index.build(notes[:5], "notes", home, model=str(tiny_bert), calibrator="none")
     index = Index.open("notes", home, device="cpu")
     index.delete(["n0"])  # a second version
     versions = Index.versions("notes", home)
@@ -67,3 +67,41 @@ def test_the_library_keeps_the_current_version_and_the_one_it_replaced(tmp_path,
     assert [v["documents"] for v in Index.versions("notes", home)] == [10, 12]
     with pytest.raises(NotFoundError, match="has no kept version"):
         Index.rollback("notes", versions[0]["version"], home)
+
+
+def test_versions_are_numbered_and_numbers_only_grow(tmp_path, tiny_bert, monkeypatch):
+    """Each commit records one more than any number committed for the name: a rollback and the write after it never
+    bring a number back; and the order is the numbers', whatever the folders are called (they used to be named by
+    the clock, which can step back)."""
+    from retriever import Document, Index
+    from retriever.errors import RetrieverError
+
+    names = iter(f"{letter * 12}" for letter in "fedcba9876543210")  # each name sorts before the one before
+    monkeypatch.setattr("retriever.versions.folder._new_folder_name", lambda: next(names))
+    home = tmp_path / "home"
+    notes = [Document(f"n{i}", f"Note {i} about cats.", None, "mem", i + 1) for i in range(12)]
+    assert Index.build(notes, "notes", home, model=str(tiny_bert), calibrator="none").version == 1
+    assert Index.open("notes", home, device="cpu").delete(["n0"]).version == 2
+    assert [(v["version"], v["current"]) for v in Index.versions("notes", home)] == [(2, True), (1, False)]
+    assert len(Index.rollback("notes", 1, home, device="cpu")) == 12
+    third = Index.open("notes", home, device="cpu").delete(["n1"])
+    assert third.version == 3 and [v["version"] for v in Index.versions("notes", home)] == [3, 1]
+    with pytest.raises(RetrieverError):
+        Index.open("notes", home, device="cpu").delete(["nobody"])  # fails: no version, no number
+    assert Index.open("notes", home, device="cpu").delete(["n2"]).version == 4
+    assert Index.open("notes", home, device="cpu").snapshot.manifest.version == 4
+    with pytest.raises(NotFoundError, match="has no kept version '2'; kept: 4, 3"):
+        Index.rollback("notes", 2, home)
+
+
+def test_rollback_takes_a_version_s_number_on_the_command_line(cli, tmp_path, tiny_bert):
+    first = tmp_path / "first.txt"
+    first.write_text(FIRST)
+    assert cli("build", first, "--name", "notes", "--model", tiny_bert, "--calibrator", "none").returncode == 0
+    assert cli("delete", "first.txt:1", "--name", "notes").returncode == 0
+    assert [(v["version"], v["documents"]) for v in kept(cli)] == [(2, 11), (1, 12)]
+    table = cli("versions", "--name", "notes").stdout
+    assert "2 *" in table and " 1 " in table
+    back = cli("rollback", "1", "--name", "notes")
+    assert back.returncode == 0 and "index 'notes' is at version 1 again: 12 documents" in back.stderr
+    assert [(v["version"], v["current"]) for v in kept(cli)] == [(2, False), (1, True)]

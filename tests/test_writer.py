@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from retriever.manifest import SegmentEntry
-from retriever.writer import MergePolicy
+from retriever.versions.manifest import SegmentEntry
+from retriever.versions.writer import MergePolicy
 
 
 def segments(*rows_deleted: tuple[int, int]) -> tuple[SegmentEntry, ...]:

@@ -2,7 +2,7 @@
 
 No statistic of the vectors alone says whether calibration helps retrieval: a tuned encoder whose random pairs
 have a mean cosine of 0.13 can still lose 4 nDCG@10 points to a flow. So `auto` asks retrieval itself, without
-labels. A `CheckSet` (pseudo-queries cut from the corpus's own documents, `retriever.pseudo_queries`) is searched
+labels. A `CheckSet` (pseudo-queries cut from the corpus's own documents, `retriever.calibration.pseudo_queries`) is searched
 through each candidate calibrator, fitted on the same vectors as the final one, and through the raw vectors:
 
 - candidates: the flow, and flow-K and whitening-K for the K principal directions that hold 95% and 99% of the
@@ -28,6 +28,7 @@ from retriever.calibration.check import CONFIDENCE, CheckSet, baseline_result, c
 from retriever.calibration.linear import Identity, Whitening
 from retriever.calibration.names import make_fixed
 from retriever.errors import RetrieverError
+from retriever.numeric import anisotropy
 
 # Candidates keep the principal directions that hold these shares of the variance.
 VARIANCE_SHARES = (0.95, 0.99)
@@ -110,7 +111,7 @@ class AutoCalibrator(Calibrator):
             return [], (f"only {len(check)} pseudo-queries could be made from the corpus (its documents are too "
                         f"short or too few; at least {MIN_PSEUDO_QUERIES} are needed to tell calibrators apart): "
                         "raw vectors kept")
-        if not evidence.get("top_direction_share"):
+        if not evidence.get("directions"):
             return [], "all vectors are identical: there is no spread to calibrate"
         if dim < MIN_FLOW_DIM:
             return [], f"{dim}-dimensional vectors are too few dimensions for a flow (it needs {MIN_FLOW_DIM})"
@@ -157,26 +158,20 @@ def describe_decision(decision: dict) -> str:
 
 
 def spectrum_evidence(sample: np.ndarray, pairs: int = 20_000, seed: int = 0) -> dict:
-    """Anisotropy and spectrum of a sample: mean cosine of random pairs, the top direction's variance share, the
-    participation ratio (effective number of directions) and how many directions hold each of VARIANCE_SHARES."""
-    rng = np.random.default_rng(seed)
-    unit = sample / np.maximum(np.linalg.norm(sample, axis=1, keepdims=True), 1e-12)
-    first, second = rng.integers(0, len(unit), (2, pairs))
-    distinct = first != second
-    mean_cosine = float((unit[first[distinct]] * unit[second[distinct]]).sum(1).mean()) if distinct.any() else 0.0
+    """How anisotropic a sample is (`numeric.anisotropy`: the mean cosine of random pairs, the top direction's
+    share of the unit vectors' variance) and its spectrum: the participation ratio (effective number of
+    directions) and how many directions hold each of VARIANCE_SHARES of the variance (the K of flow-K and
+    whitening-K). No spectrum (no "directions") where the sample has no spread."""
+    evidence = {"rows": int(len(sample)), **anisotropy(sample, seed=seed, pairs=pairs)}
     variances = np.clip(np.linalg.eigvalsh(centered_gram(sample, column_mean(sample)))[::-1], 0, None)
     total = float(variances.sum())
     if total <= 0:
-        return {"rows": int(len(sample)), "mean_cosine": round(mean_cosine, 4), "top_direction_share": 0.0}
+        return evidence
     cumulative = np.cumsum(variances) / total
-    return {
-        "rows": int(len(sample)),
-        "mean_cosine": round(mean_cosine, 4),
-        "top_direction_share": round(float(variances[0]) / total, 4),
-        "participation_ratio": round(total**2 / float(np.square(variances).sum() or 1.0), 1),
-        "directions": {f"{share:.0%}": int(min(np.searchsorted(cumulative, share) + 1, len(variances)))
-                       for share in VARIANCE_SHARES},
-    }
+    return {**evidence,
+            "participation_ratio": round(total**2 / float(np.square(variances).sum() or 1.0), 1),
+            "directions": {f"{share:.0%}": int(min(np.searchsorted(cumulative, share) + 1, len(variances)))
+                           for share in VARIANCE_SHARES}}
 
 
 def decide(results: list, none, voters: list[str]) -> tuple:

@@ -1,6 +1,6 @@
 """The retrieval check: how well each calibrator lets pseudo-queries find their targets, measured without labels.
 
-A `CheckSet` is pseudo-queries cut out of corpus documents (`retriever.pseudo_queries`), as raw vectors: each
+A `CheckSet` is pseudo-queries cut out of corpus documents (`retriever.calibration.pseudo_queries`), as raw vectors: each
 query, its target (the source document without the query, encoded again, or for a known-item query the document
 as stored), and distractors (other documents of the corpus, as stored). A calibrator is scored exactly as search
 would use it: pool = targets + distractors, calibrated, L2-normalized and added to a flat FAISS inner-product index;
@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from retriever.numeric import l2_normalize
 
 DEPTH = 10
 # Bootstrap resamples: the intervals' ends are tail quantiles (0.5% and 99.5% with five candidates), which need
@@ -67,10 +69,10 @@ def score_queries(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]
     TRANSFORM (a calibrator's) and L2-normalized as the index does."""
     from retriever.store.vectors import VectorStore
 
-    pool = _unit(transform(np.concatenate([check.targets, check.distractors])))
+    pool = l2_normalize(transform(np.concatenate([check.targets, check.distractors])))
     store = VectorStore.create(pool.shape[1], "flat", device="cpu")
     store.add(np.arange(len(pool), dtype=np.int64), pool)
-    _, ids = store.search(_unit(transform(check.queries)), min(DEPTH, len(pool)))
+    _, ids = store.search(l2_normalize(transform(check.queries)), min(DEPTH, len(pool)))
     found = ids == np.arange(len(check))[:, None]
     rank = np.where(found.any(1), found.argmax(1) + 1, 0)  # 0: not in the top DEPTH
     hit = rank > 0
@@ -139,9 +141,3 @@ def _result(name: str, scores: QueryScores, kinds: np.ndarray, difference: float
 
 def _points(value: float | None) -> float | None:
     return None if value is None else round(100.0 * value, 2)
-
-
-def _unit(vectors: np.ndarray) -> np.ndarray:
-    # pipeline.l2_normalize, which this package cannot import (the pipeline imports the calibrators)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)

@@ -3,7 +3,7 @@
 An engine decides where the documents are read and encoded and where the segments are written; everything
 between is the same for all of them and lives here, once: checking the arguments, deciding what can be fitted on
 this many documents, the retrieval check's pseudo-queries, fitting the calibrator, training the index template,
-saving both, and committing the manifest through the writer (`retriever.writer.IndexWriter`).
+saving both, and committing the manifest through the writer (`retriever.versions.writer.IndexWriter`).
 
     run_build(engine, name, index_dir, spec)
       engine.check()                                  cheap refusals, before anything is read or loaded
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from retriever.build_steps import (
+from retriever.engines.steps import (
     ChangeSummary,
     check_build_arguments,
     enough_to_fit,
@@ -42,14 +42,14 @@ from retriever.build_steps import (
 )
 from retriever.calibration import DEFAULT_CALIBRATOR, DEFAULT_FIT_SAMPLE, Calibrator
 from retriever.errors import RetrieverError
-from retriever.index_folder import refuse_replacing
-from retriever.pipeline import check_set, fit
+from retriever.versions.catalog import refuse_replacing
+from retriever.engines.stages import check_set, fit
 from retriever.store.arrays import VectorSource
-from retriever.store.vectors import IndexSpec
-from retriever.writer import IndexWriter
+from retriever.store.spec import IndexSpec
+from retriever.versions.writer import IndexWriter
 
 if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
 
 @dataclass
@@ -184,5 +184,5 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         final = writer.commit(manifest)
         timings["write"] = time.perf_counter() - clock
     return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
-                         notes)
+                         notes, version=writer.manifest.version)
 

@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from retriever.build_steps import fitted_out_dim, note
+from retriever.engines.steps import fitted_out_dim, note
 from retriever.calibration import Calibrator
 from retriever.corpus import Document, check_documents, corpus_format, iter_corpus
 from retriever.engines.base import BuildEngine
+from retriever.text import counted
 from retriever.errors import RetrieverError, param
-from retriever.layout import BUILD_STATE, DOCUMENTS, ENCODED
-from retriever.model_card import DeferredEncoder, ModelCard
-from retriever.pipeline import (
+from retriever.versions.layout import BUILD_STATE, ENCODED
+from retriever.store.layout import DOCUMENTS
+from retriever.encode.model_card import DeferredEncoder, ModelCard
+from retriever.engines.stages import (
     CHUNK_ROWS,
     BuildState,
     calibrated_blocks,
@@ -38,11 +40,11 @@ from retriever.pipeline import (
 from retriever.store.arrays import VectorSource, npy_layout, vector_source
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import finish_segment
-from retriever.store.vectors import IndexSpec
-from retriever.writer import IndexWriter
+from retriever.store.spec import IndexSpec
+from retriever.versions.writer import IndexWriter
 
 if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
 
 @dataclass
@@ -114,8 +116,8 @@ class LocalEngine(BuildEngine):
             state.save()
         source = self._source
         if source is not None and source.rows != state.documents:
-            raise RetrieverError(f"{source.path} holds {_count(source.rows, 'vector')} for "
-                                 f"{_count(state.documents, 'document')} in {self._label()}; row i must be document i")
+            raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
+                                 f"{counted(state.documents, 'document')} in {self._label()}; row i must be document i")
         return state.documents
 
     def load_encoder(self) -> Encoder | DeferredEncoder:
@@ -135,7 +137,7 @@ class LocalEngine(BuildEngine):
         return encoder
 
     def _new_encoder(self) -> Encoder:
-        from retriever.encoder import Encoder
+        from retriever.encode.encoder import Encoder
 
         spec = self.spec
         return Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, spec.device, spec.dtype,
@@ -208,7 +210,3 @@ def _encoded_rows(path: Path) -> int:
         return min(int(rows), (path.stat().st_size - offset) // max(1, dim * dtype.itemsize))
     except (RetrieverError, OSError, ValueError):
         return 0
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number:,} {noun}{'' if number == 1 else 's'}"

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from retriever.calibration import Calibrator
 from retriever.corpus import iter_corpus
-from retriever.encoder import Encoder
+from retriever.encode.encoder import Encoder
 from retriever.engines.base import BuildEngine
 from retriever.engines.workers import (
     SHARDS,
@@ -49,12 +49,12 @@ from retriever.engines.workers import (
     write_segment,
 )
 from retriever.errors import RetrieverError, param
-from retriever.layout import segment_name
-from retriever.pipeline import CHUNK_ROWS, stream_texts
+from retriever.store.layout import segment_name
+from retriever.engines.stages import CHUNK_ROWS, stream_texts
 from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import VectorSource
-from retriever.store.vectors import IndexSpec
-from retriever.writer import IndexWriter
+from retriever.store.spec import IndexSpec
+from retriever.versions.writer import IndexWriter
 
 # Documents per piece and per encode call of an actor: the local engine's chunk. The encoder sorts each call's
 # texts by length before batching, so a larger call pads less (on real passages, 2,048 texts per call encoded 8%
@@ -375,9 +375,9 @@ def segment_groups(shards: Sequence[tuple[int, int]], workers: int) -> list[list
 def check_ids_across(folder: Path, segments: Sequence[str]) -> None:
     """Refuse a doc_id that two segments both hold (each segment checked its own): the segments' sorted ids are
     merged as streams, so memory stays flat however large the corpus."""
-    from retriever.layout import SEGMENTS
+    from retriever.versions.layout import SEGMENTS
     from retriever.store.documents import DocumentTable
-    from retriever.layout import DOCUMENTS
+    from retriever.store.layout import DOCUMENTS
 
     if len(segments) < 2:
         return

@@ -139,7 +139,7 @@ class EncodeWorker:
             import torch
 
             torch.set_num_threads(threads)
-        from retriever.encoder import Encoder
+        from retriever.encode.encoder import Encoder
 
         try:
             self.encoder = Encoder.from_config(config, device=device, batch_size=batch_size)
@@ -200,14 +200,16 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     in FOLDER, calibrated with the calibrator saved there and indexed into a copy of its trained template (so every
     segment shares one IVF quantizer and segments can be merged). Returns the segment's row count."""
     from retriever.calibration import load_calibrator
-    from retriever.build_steps import fitted_out_dim
-    from retriever.layout import CALIBRATOR, SEGMENTS, TEMPLATE
-    from retriever.pipeline import l2_normalize, write_segment_vectors
+    from retriever.engines.steps import fitted_out_dim
+    from retriever.versions.layout import CALIBRATOR, SEGMENTS, TEMPLATE
+    from retriever.engines.stages import write_segment_vectors
+    from retriever.numeric import l2_normalize
     from retriever.store.arrays import load_npy
     from retriever.store.documents import DocumentTable
     from retriever.store.segment import finish_segment
-    from retriever.layout import DOCUMENTS
-    from retriever.store.vectors import IndexSpec, load_template, set_threads
+    from retriever.store.layout import DOCUMENTS
+    from retriever.store.vectors import load_template, set_threads
+    from retriever.store.spec import IndexSpec
 
     if threads:
         set_threads(threads)

@@ -47,7 +47,7 @@ def text_key(text: str) -> str:
 
 def model_identity(encoder) -> dict:
     """What distinguishes this model's weights and tokenizer from any other model's."""
-    from retriever.models import resolve_model_path
+    from retriever.encode.models import resolve_model_path
 
     path = Path(resolve_model_path(encoder.model_name))
     if not path.is_dir():  # a hub id, loaded through the transformers cache

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retriever.numeric import unit_rows
 from retriever.errors import RetrieverError, UnavailableError, param
 from retriever.evaluation.evaluators import spearman_x100
 
@@ -92,7 +93,6 @@ def plot_lexical_and_spectrum(
 
 def singular_spectrum(vectors: np.ndarray) -> np.ndarray:
     """Singular values of the L2-normalized rows, divided by the largest: what cosine similarity sees."""
-    vectors = np.asarray(vectors, dtype=np.float64)
-    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    unit = unit_rows(np.asarray(vectors, dtype=np.float64))
     values = np.linalg.svd(unit, compute_uv=False)
     return values / values[0]

@@ -141,7 +141,7 @@ def evaluate_searches(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.nd
     """Build an index of RSET's corpus from its raw vectors (EMBED: ENCODER's output, possibly cached), fitting
     CALIBRATOR on the corpus as `retriever build` does (FIT_QUERIES: on the corpus plus the queries, unlabeled, as
     `retriever build --fit-queries` does); search every query through it once per entry of SEARCHES (label ->
-    `Snapshot.search_encoded` settings: mode, fusion, weight), exactly as `retriever search` and the server do;
+    `SearchOptions` settings: mode, fusion, weight), exactly as `retriever search` and the server do;
     score each. Returns label -> metrics. ON_FITTED, when given, is called with the index's fitted calibrator
     (the benchmark records what `auto` decided)."""
     return {label: evaluate_run(run, rset.qrels) for label, run in
@@ -154,6 +154,9 @@ def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray]
     """`evaluate_searches`' runs (label -> query id -> {doc id: score}), before scoring."""
     from retriever.corpus import Document, document_text
     from retriever.index import Index
+    from retriever.search.options import SearchOptions
+    from retriever.search.searcher import Searcher
+    from retriever.versions.snapshot import Snapshot
 
     doc_ids = list(rset.corpus)
     documents = [Document(doc, text, title, "corpus", number) for number, (doc, (title, text))
@@ -167,16 +170,17 @@ def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray]
         Index.build(documents, "bench", Path(folder) / "indexes", vectors=raw_documents, encoder=encoder,
                     calibrator=calibrator, calibrator_options={"seed": seed}, index_type="flat", device="cpu",
                     fit_queries=raw_queries if fit_queries else None)
-        with Index.open("bench", Path(folder) / "indexes", device="cpu") as index:
+        with Snapshot.open("bench", Path(folder) / "indexes", device="cpu") as snapshot:
             if on_fitted is not None:
-                on_fitted(index.calibrator)
-            vectors = index.calibrate(raw_queries)
+                on_fitted(snapshot.calibrator)
+            searcher = Searcher(snapshot)  # the search path of `Index.search` and the server's batches
+            vectors = snapshot.calibrate(raw_queries)
             for label, settings in searches.items():
+                options = SearchOptions(k=min(depth + 1, len(doc_ids)), **settings)
                 run: Run = {}
                 for start in range(0, len(query_ids), 256):
                     batch = slice(start, start + 256)
-                    found = index.search_encoded(texts[batch], vectors[batch], min(depth + 1, len(doc_ids)),
-                                                 **settings)
+                    found = searcher.search(texts[batch], vectors[batch], options)
                     for query, hits in zip(query_ids[batch], found):
                         run[query] = {hit.doc_id: hit.score for hit in hits}
                 runs[label] = run

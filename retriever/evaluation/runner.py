@@ -32,7 +32,7 @@ from retriever.evaluation.data import PairSubset, Task, resolve_data_dir
 from retriever.evaluation.evaluators import cosine_rows, evaluate, spearman_x100
 from retriever.evaluation.retrieval import RetrievalSet, RetrievalTask, evaluate_searches
 from retriever.evaluation.registry import TASKS, resolve_tasks
-from retriever.index_folder import sha256_file
+from retriever.versions.integrity import sha256_file
 
 DEFAULT_CALIBRATORS = ("none", "auto")
 FIT_ON_SPLITS = ("target", "train")
@@ -111,7 +111,7 @@ def plan_benchmark(
                              "beir PATH); none was asked for")
     if limit is not None and limit < 2:
         raise RetrieverError(f"{param('limit')} must be at least 2 pairs (got {limit})")
-    from retriever.snapshot import MODES
+    from retriever.search.options import MODES
 
     modes = [part.strip().lower() for part in (modes.split(",") if isinstance(modes, str) else modes) if part.strip()]
     unknown = [mode for mode in modes if mode not in MODES]
@@ -338,7 +338,7 @@ class _Run:
         """Calibrator ``name`` fitted on ``task``'s fit set, once per run (a file fit set is shared by all), as the
         index fits: on at most the default fit sample of its vectors."""
         from retriever.calibration import DEFAULT_FIT_SAMPLE, fit_on_sample, make_calibrator
-        from retriever.pipeline import check_set
+        from retriever.engines.stages import check_set
 
         sentences = self.fit_sentences(task)
         fit_set = "file" if self.plan.fit_on not in FIT_ON_SPLITS else task.name

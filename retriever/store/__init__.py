@@ -2,6 +2,7 @@
 
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import Segment
-from retriever.store.vectors import IndexSpec, VectorStore
+from retriever.store.vectors import VectorStore
+from retriever.store.spec import IndexSpec
 
 __all__ = ["DocumentTable", "IndexSpec", "Segment", "VectorStore"]

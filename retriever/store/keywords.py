@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.layout import COUNTS, KEYWORDS, POSTINGS
+from retriever.store.layout import COUNTS, KEYWORDS, POSTINGS
 from retriever.store.arrays import NpyAppender, load_npy
 
 DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"

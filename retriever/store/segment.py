@@ -29,11 +29,12 @@ from typing import Protocol
 import numpy as np
 
 from retriever.errors import RetrieverError
-from retriever.layout import DOCUMENTS, KEYWORDS, RAW, ROWIDS, VECTORS
+from retriever.store.layout import DOCUMENTS, KEYWORDS, RAW, ROWIDS, VECTORS
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
 from retriever.store.keywords import KeywordIndex, KeywordSegment
-from retriever.store.vectors import IndexSpec, VectorStore
+from retriever.store.vectors import VectorStore
+from retriever.store.spec import IndexSpec
 
 
 class SegmentStructure(Protocol):

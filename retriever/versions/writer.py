@@ -1,14 +1,14 @@
 """Writing an index: one transaction per write, over the version that was current when it began.
 
 `IndexWriter` holds the index's writer lock (writers of one name take turns; readers never wait), gives a
-partial version folder (`index_folder.writing`) and, for a write to an existing index, hard-links the current
+partial version folder (`folder.writing`) and, for a write to an existing index, hard-links the current
 version's files into it (`link_tree`) and keeps a working copy of its manifest and tombstones. The write's steps
 change that copy: a new segment, tombstones, merges, a new calibrator with every segment's vectors rewritten.
 `commit` applies the merge policy, writes the tombstones and the manifest and swaps the version in; leaving the
 block without it discards everything, so a failed or killed write loses nothing.
 
 A write re-hashes what it reads from the previous version into the new one (`Snapshot.check_read`), so damage is
-refused rather than carried on; what it only links keeps its old manifest entry (`index_folder.write_manifest`).
+refused rather than carried on; what it only links keeps its old manifest entry (`integrity.write_manifest`).
 """
 
 from __future__ import annotations
@@ -20,19 +20,22 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.build_steps import segment_entry
 from retriever.calibration import Calibrator
 from retriever.errors import ConflictError, NotFoundError, RetrieverError, param
 from retriever.filters import Filter
-from retriever.index_folder import link_tree, resolve_existing, write_manifest, writing
-from retriever.layout import CALIBRATOR, DOCUMENTS, RAW, ROWIDS, SEGMENTS, TEMPLATE, TOMBSTONES, VECTORS, segment_name
-from retriever.manifest import Manifest, SegmentEntry
-from retriever.pipeline import l2_normalize
-from retriever.snapshot import Snapshot, segment_spec
+from retriever.versions.folder import link_tree, writing
+from retriever.versions.home import resolve_existing
+from retriever.versions.integrity import write_manifest
+from retriever.versions.layout import CALIBRATOR, SEGMENTS, TEMPLATE, TOMBSTONES
+from retriever.store.layout import DOCUMENTS, RAW, ROWIDS, VECTORS, segment_name
+from retriever.versions.manifest import Manifest, SegmentEntry
+from retriever.numeric import l2_normalize
+from retriever.versions.snapshot import Snapshot, segment_spec
 from retriever.store.arrays import load_npy
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import RawWriter, Segment, document_files, finish_segment
-from retriever.store.vectors import IndexSpec, VectorStore
+from retriever.store.vectors import VectorStore
+from retriever.store.spec import IndexSpec
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,11 @@ class IndexWriter:
         return self._stack.__exit__(*exc_info)
 
     @property
+    def number(self) -> int:
+        """The number the committed version gets (one more than any kept version's)."""
+        return self._version.number
+
+    @property
     def resumed(self) -> bool:
         """A build that took over a killed build's partial folder (its finished work is in `folder`)."""
         return self._version.resumed
@@ -137,7 +145,7 @@ class IndexWriter:
     def add_segment(self, folder: Path, rows: int) -> None:
         """Record the written segment FOLDER of ROWS new documents, row ids from `manifest.next_rowid`."""
         manifest = self.manifest
-        self.manifest = manifest.replace(segments=(*manifest.segments, segment_entry(folder.name, rows, self.base.spec)),
+        self.manifest = manifest.replace(segments=(*manifest.segments, SegmentEntry.written(folder.name, rows, self.base.spec)),
                                          documents=manifest.documents + rows, next_rowid=manifest.next_rowid + rows)
 
     def template(self):
@@ -244,7 +252,7 @@ class IndexWriter:
         segments = []
         for entry in self.manifest.segments:
             if entry.name == names[0] and rows:
-                segments.append(segment_entry(new.name, rows, base.spec))
+                segments.append(SegmentEntry.written(new.name, rows, base.spec))
             elif entry.name not in names:
                 segments.append(entry)
         self.manifest = self.manifest.replace(segments=tuple(segments))
@@ -275,7 +283,7 @@ class IndexWriter:
                 dim = int(calibrator.transform(np.zeros((1, base.manifest.encoder["dim"]), np.float32)).shape[1])
                 store = VectorStore.create(dim, spec.for_segment(len(old)), template, device="cpu")
             store.save(new / VECTORS)
-            segments.append(replace(segment_entry(new.name, len(old), spec, entry.deleted), fields=entry.fields))
+            segments.append(replace(SegmentEntry.written(new.name, len(old), spec, entry.deleted), fields=entry.fields))
         calibrator.save(self.folder / CALIBRATOR)
         if template is not None:
             VectorStore(template, spec).save(self.folder / TEMPLATE)
@@ -300,6 +308,7 @@ class IndexWriter:
         self.manifest = self.manifest.replace(segments=tuple(
             entry if entry.fields is not None else replace(entry, fields=_fields(self.folder, entry))
             for entry in self.manifest.segments))
+        self.manifest = self.manifest.replace(version=self._version.number)
         if self._base is not None:
             path = self.folder / TOMBSTONES
             path.unlink(missing_ok=True)  # a hard link to the previous version's file must not be written through

@@ -2,7 +2,7 @@
 to pooled sentence vectors, and says where it cannot run.
 
 - ``torch``: PyTorch, on any device and precision.
-- ``onnx`` (`retriever.onnx_runtime`): the same graph exported to ONNX Runtime; float32 on the CPU only, with
+- ``onnx`` (`retriever.encode.onnx_runtime`): the same graph exported to ONNX Runtime; float32 on the CPU only, with
   less overhead per call (the server's choice for single queries).
 
 ``auto`` takes the first of `AUTO_ORDER` that can run on the device and precision asked for. A new runtime is a
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from retriever.errors import RetrieverError
-from retriever.onnx_runtime import OnnxForward
-from retriever.pooling import Pooling, pool
+from retriever.encode.onnx_runtime import OnnxForward
+from retriever.encode.pooling import Pooling, pool
 
 
 class Forward(Protocol):

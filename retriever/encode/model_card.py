@@ -20,17 +20,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from retriever.errors import RetrieverError, param
-from retriever.models import DEFAULT_MODEL, MAX_LENGTH_CAP, resolve_model_path
-from retriever.pooling import Pooling
+from retriever.encode.models import DEFAULT_MODEL, MAX_LENGTH_CAP, resolve_model_path
+from retriever.encode.pooling import Pooling
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
 # Model types whose usable positions are known from config.json alone: how many of max_position_embeddings the
 # model's own embeddings leave usable (RoBERTa-style models count positions from padding_idx + 1, BERT's from 0;
-# `retriever.encoder.model_positions` reads the same off a loaded model).
+# `retriever.encode.encoder.model_positions` reads the same off a loaded model).
 _POSITIONS_OFFSET: dict[str, Callable[[dict], int]] = {
     "bert": lambda config: 0,
     "electra": lambda config: 0,
@@ -151,7 +151,7 @@ def _model_folder(name: str | None) -> Path | None:
 
 
 def _default_max_length(folder: Path, local: bool) -> int:
-    """`retriever.models.model_max_length` from the files: sentence-transformers' max_seq_length for a LOCAL
+    """`retriever.encode.models.model_max_length` from the files: sentence-transformers' max_seq_length for a LOCAL
     folder, else the tokenizer's limit, its config's model_max_length (transformers' default when absent is
     unbounded, so the cap applies)."""
     st_config = folder / "sentence_bert_config.json"

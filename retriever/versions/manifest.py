@@ -1,5 +1,5 @@
-"""A version's manifest, typed: what a version holds (its segments, counts, encoder, calibrator, index settings)
-and every file with its size and hash.
+"""A version's manifest, typed: what a version holds (its number, segments, counts, encoder, calibrator, index
+settings) and every file with its size and hash.
 
 `Manifest.from_record` is the one place that reads a manifest's JSON: it checks every field's type against the
 annotations below (a manifest edited by hand or written by a buggy tool fails with one line, not a KeyError
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, Union
 
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.layout import SEGMENT_NAME
+from retriever.store.layout import SEGMENT_NAME
 
 FORMAT_VERSION = 2
 # Formats this release reads; 1 had no segments (one FAISS file per index) and must be rebuilt.
@@ -60,6 +60,12 @@ class SegmentEntry:
     index: str | None = None  # None: the version's index type
     fields: tuple[str, ...] | None = None  # its documents' metadata keys; None: not recorded yet (set at commit)
 
+    @classmethod
+    def written(cls, name: str, rows: int, spec, deleted: int = 0) -> SegmentEntry:
+        """A new segment's record: its index type is the one SPEC (the version's `IndexSpec`) gives its size (small
+        hnsw segments are flat)."""
+        return cls(name, int(rows), int(deleted), spec.for_segment(rows).type)
+
     def to_record(self) -> dict:
         return {"name": self.name, "rows": self.rows,
                 **({"deleted": self.deleted} if self.deleted is not None else {}),
@@ -81,6 +87,9 @@ class Manifest:
     next_segment: int
     versions: dict  # library versions that wrote it
     format_version: int = FORMAT_VERSION
+    # The version's number: one more than any kept version of the index when it was committed, so numbers only
+    # grow (`retriever.versions.folder`); 0: written before versions were numbered.
+    version: int = 0
     source: str | None = None  # the corpus file; None: documents given in Python
     vectors_from: str | None = None
     fit: dict = field(default_factory=dict)

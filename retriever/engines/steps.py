@@ -18,16 +18,17 @@ import numpy as np
 from retriever import __version__
 from retriever.calibration import Calibrator, fit_sample_rows, make_calibrator, too_few_to_fit
 from retriever.errors import RetrieverError, param
-from retriever.index_folder import check_target, index_options as options_hint
-from retriever.layout import CALIBRATOR, TEMPLATE
-from retriever.manifest import Manifest, SegmentEntry
-from retriever.pipeline import fitted_query_count
+from retriever.versions.home import check_target, index_options as options_hint
+from retriever.versions.layout import CALIBRATOR, TEMPLATE
+from retriever.versions.manifest import Manifest, SegmentEntry
+from retriever.engines.stages import fitted_query_count
 from retriever.progress import stderr_console
-from retriever.store.vectors import INDEX_TYPES, IndexSpec, VectorStore, choose_spec, train_template
-from retriever.text import check_queries
+from retriever.store.vectors import VectorStore, train_template
+from retriever.store.spec import INDEX_TYPES, IndexSpec, choose_spec
+from retriever.text import check_queries, counted
 
 if TYPE_CHECKING:
-    from retriever.encoder import Encoder
+    from retriever.encode.encoder import Encoder
 
 
 @dataclass
@@ -42,15 +43,17 @@ class ChangeSummary:
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. "resumed after 32,768 encoded documents"
+    version: int = 0  # the committed version's number
     opener: Callable[[], object] | None = field(default=None, repr=False, compare=False)
 
-    def snapshot(self):
-        """The version this change committed, opened as a new `Index`. The `Index` a write went through stays a
-        snapshot of the version it was opened on (a server's requests rely on that), so this is how a caller
-        goes on from its own write: `index = index.add(documents).snapshot()`."""
+    def open(self):
+        """The version this change committed, opened as a new `Index`. The `Index` a write went through stays on
+        the version it was opened on (a server's requests rely on that), so this is how a caller goes on from its
+        own write: `index = index.add(documents).open()`."""
         if self.opener is None:
             raise RetrieverError(f"this change of index '{self.name}' has no version to open")
         return self.opener()
+
 
 def check_build_arguments(calibrator: str | Calibrator, calibrator_options: dict | None, index_type: str,
                           fit_sample: int | None, fit_queries, encoding: str, index_dir: Path,
@@ -112,7 +115,7 @@ def enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_s
         return calibrator, None
     if rows < documents:
         raise RetrieverError(f"{param('fit_sample', fit_sample)} is {shortfall}")
-    return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {_documents(documents)}: {shortfall}"}
+    return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {counted(documents, 'document')}: {shortfall}"}
 
 def train_index(documents: int, calibrated_sample: np.ndarray, index_type: str,
                 index_options: dict | None) -> tuple[IndexSpec, object]:
@@ -156,7 +159,7 @@ def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, cal
         index_type=spec.type,
         dim=fitted_out_dim(calibrator, encoder_config["dim"]),
         documents=documents,
-        segments=tuple(segment_entry(segment, rows, spec) for segment, rows in segments),
+        segments=tuple(SegmentEntry.written(segment, rows, spec) for segment, rows in segments),
         next_rowid=documents + 1,
         next_segment=len(segments) + 1,
         truncated_at_build=truncated,
@@ -164,11 +167,6 @@ def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, cal
         engine=engine or None,
         calibrator_fallback=fallback or None,
     )
-
-
-def segment_entry(name: str, rows: int, spec: IndexSpec, deleted: int = 0) -> SegmentEntry:
-    """A new segment's record: its index type is the one SPEC gives its size (small hnsw segments are flat)."""
-    return SegmentEntry(name, int(rows), int(deleted), spec.for_segment(rows).type)
 
 
 def fitted_out_dim(calibrator: Calibrator, dim: int) -> int:
@@ -191,7 +189,3 @@ def library_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return versions
-
-
-def _documents(count: int) -> str:
-    return f"{count:,} document{'' if count == 1 else 's'}"

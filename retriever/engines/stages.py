@@ -27,15 +27,17 @@ import numpy as np
 from retriever.calibration import Calibrator, fit_calibrator, fit_sample_rows
 from retriever.calibration.check import CheckSet
 from retriever.corpus import Document, document_text, iter_corpus
-from retriever.pseudo_queries import make_check_set
+from retriever.calibration.pseudo_queries import make_check_set
 from retriever.errors import RetrieverError
-from retriever.index_folder import sha256_file
+from retriever.numeric import l2_normalize
+from retriever.versions.integrity import sha256_file
 from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import NpyAppender, VectorSource
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import RawWriter
-from retriever.layout import VECTORS
-from retriever.store.vectors import IndexSpec, VectorStore
+from retriever.store.layout import VECTORS
+from retriever.store.vectors import VectorStore
+from retriever.store.spec import IndexSpec
 
 # Documents per chunk: the encoder sorts a chunk by length, so larger chunks pad less; 16,384 texts of a few
 # hundred characters each are a few MB, and their vectors 25 MB at 384 dimensions.
@@ -295,8 +297,3 @@ def write_segment_vectors(folder: Path, blocks: Iterable[tuple[np.ndarray, np.nd
     raw.close()
     store.save(folder / VECTORS)
     return store
-
-
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)

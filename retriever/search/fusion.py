@@ -1,8 +1,8 @@
 """Fusing a dense and a keyword ranking into one: hybrid search.
 
-Each side gives its top candidates (`CANDIDATES`, or k when larger); for every candidate in the union both scores
-are known exactly (a dense score is the cosine of its stored vector; a keyword score, BM25, is 0 where no query
-term occurs), so a fusion never has to guess a missing score. A `Fusion` maps one query's `Candidates` and the
+Each side gives its top candidates (`options.HYBRID_CANDIDATES`, or k when larger: `retriever.search.hybrid`);
+for every candidate in the union both scores are known exactly (a dense score is the cosine of its stored vector;
+a keyword score, BM25, is 0 where no query term occurs), so a fusion never has to guess a missing score. A `Fusion` maps one query's `Candidates` and the
 dense side's WEIGHT (the keyword side gets 1 - WEIGHT) to one fused score per candidate:
 
 - `rrf`: reciprocal rank fusion (Cormack et al. 2009), WEIGHT / (60 + dense rank) + (1 - WEIGHT) / (60 + keyword
@@ -26,7 +26,6 @@ import numpy as np
 
 from retriever.errors import RetrieverError, param
 
-CANDIDATES = 100  # each side's top list: at least this many, or k
 RRF_K = 60
 
 
@@ -45,7 +44,7 @@ class Candidates:
 
 class Fusion(ABC):
     name: str
-    needs_null = False  # reads Candidates.dense_null (an estimate the snapshot makes only when asked)
+    needs_null = False  # reads Candidates.dense_null (an estimate the dense side makes only when asked)
     registry: dict[str, type[Fusion]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -97,12 +96,6 @@ def make_fusion(name: str) -> Fusion:
         return Fusion.registry[name]()
     except KeyError:
         raise RetrieverError(f"unknown {param('fusion')} {name!r}; known: {', '.join(sorted(Fusion.registry))}") from None
-
-
-def check_weight(weight: float) -> float:
-    if not 0.0 <= weight <= 1.0:
-        raise RetrieverError(f"{param('weight')} is the dense side's share, from 0 to 1 (got {weight})")
-    return float(weight)
 
 
 def top_list(scores: np.ndarray, keys: np.ndarray, count: int) -> np.ndarray:

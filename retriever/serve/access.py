@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse
 
 from retriever.errors import RetrieverError, param
 
-log = logging.getLogger("retriever.server")
+log = logging.getLogger("retriever.serve.app")
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")

@@ -1,7 +1,7 @@
 """Distributed search on Ray Serve: shards that hold a share of every index's segments, and a front that encodes,
 fans out, merges and answers the same HTTP API as the local server (`retriever serve --engine ray --shards N`).
 
-    HTTP (Ray Serve's proxy, 127.0.0.1) -> Front (the `retriever.server` app: encoder, keyword index, documents)
+    HTTP (Ray Serve's proxy, 127.0.0.1) -> Front (the `retriever.serve.app` app: encoder, keyword index, documents)
                                             |-- Shard 0 (replicas) : vectors of its segments
                                             `-- Shard N-1 (replicas)
 
@@ -20,22 +20,25 @@ fans out, merges and answers the same HTTP API as the local server (`retriever s
   partial merge, never a hang. Ray Serve replaces a dead replica; requests meanwhile go to the shard's other
   replicas or fail fast.
 
-The deployments are put together by `retriever.server.ray_application`; this module holds what runs in them and
+The deployments are put together by `retriever.serve.run.ray_application`; this module holds what runs in them and
 imports no Ray itself (the handles it calls are given to it).
 """
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from retriever.errors import RetrieverError, UnavailableError
-from retriever.manifest import SegmentEntry
-from retriever.snapshot import Snapshot
+from retriever.search.plan import DensePlan
+from retriever.search.top_lists import TopList, segment_top_lists, space_vectors
+from retriever.serve.leases import Leases
+from retriever.versions.manifest import SegmentEntry
+from retriever.versions.snapshot import Snapshot
 
 SHARD_TIMEOUT_S = 2.0  # a shard's answer (milliseconds when healthy); past it the request is a 503, not a wait
 VERSIONS_HELD = 4  # versions a shard keeps open: the current one and those requests in flight may still name
@@ -56,44 +59,53 @@ def assign_segments(segments: Sequence[SegmentEntry], shards: int) -> dict[str, 
 
 
 class ShardServer:
-    """One shard (a Ray Serve deployment's replica): answers for its segments of whichever version it is asked."""
+    """One shard (a Ray Serve deployment's replica): answers for its segments of whichever version it is asked.
+
+    Versions are kept open for the next calls, the most recent VERSIONS_HELD of them; an evicted version is closed
+    once no call in flight still reads it (`Leases`)."""
 
     def __init__(self, index_dir: str, shard: int, shards: int, device: str = "cpu"):
         self.index_dir, self.shard, self.shards, self.device = index_dir, shard, shards, device
         self._open: OrderedDict[str, Snapshot] = OrderedDict()
-        self._lock = threading.Lock()
+        self._leases: Leases[Snapshot] = Leases(lambda snapshot: snapshot.close())
 
-    def _version(self, name: str, folder: str) -> tuple[Snapshot, list[int]]:
-        with self._lock:
+    @contextmanager
+    def holding(self, name: str, folder: str) -> Iterator[tuple[Snapshot, list[int]]]:
+        """The version in FOLDER of index NAME, opened or kept open, held until the block ends; with the numbers of
+        its segments this shard answers for."""
+        with self._leases.lock:
             snapshot = self._open.get(folder)
             if snapshot is None:
                 snapshot = Snapshot.open_version(Path(folder), name, self.index_dir, device=self.device)
                 self._open[folder] = snapshot
                 while len(self._open) > VERSIONS_HELD:
-                    self._open.popitem(last=False)[1].close()
+                    self._leases.retire(self._open.popitem(last=False)[1])
             self._open.move_to_end(folder)
-        assignment = assign_segments(snapshot.manifest.segments, self.shards)
-        return snapshot, [number for number, segment in enumerate(snapshot.segments)
-                          if assignment[segment.name] == self.shard]
+            self._leases.hold(snapshot)
+        try:
+            assignment = assign_segments(snapshot.manifest.segments, self.shards)
+            yield snapshot, [number for number, segment in enumerate(snapshot.segments)
+                             if assignment[segment.name] == self.shard]
+        finally:
+            self._leases.release(snapshot)
 
-    def top_lists(self, name: str, folder: str, queries: np.ndarray, k: int, rerank: int, nprobe: int | None,
-                  ef_search: int | None, includes: dict[int, np.ndarray] | None,
-                  exact: bool) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        snapshot, mine = self._version(name, folder)
-        return snapshot.segment_top_lists(mine, queries, k, rerank, nprobe, ef_search, includes, exact)
+    def top_lists(self, name: str, folder: str, queries: np.ndarray, plan: DensePlan,
+                  includes: dict[int, np.ndarray] | None) -> list[TopList]:
+        with self.holding(name, folder) as (snapshot, mine):
+            return segment_top_lists(snapshot, mine, queries, plan, includes)
 
     def space_vectors(self, name: str, folder: str, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(which of ROWIDS this shard holds, their vectors in the index's space)."""
-        snapshot, mine = self._version(name, folder)
-        held = np.zeros(len(rowids), bool)
-        for number in mine:
-            held |= snapshot.segments[number].contains(rowids)
-        return held, snapshot.space_vectors(rowids[held], mine)
+        with self.holding(name, folder) as (snapshot, mine):
+            held = np.zeros(len(rowids), bool)
+            for number in mine:
+                held |= snapshot.segments[number].contains(rowids)
+            return held, space_vectors(snapshot, rowids[held], mine)
 
 
 class RayShards:
-    """The front's view of the shards (`Snapshot.use_remote_segments`): calls each shard that holds segments of the
-    version, waits for all, and merges nothing partial."""
+    """The front's view of the shards (a `search.dense.RemoteSegments`): calls each shard that holds segments of
+    the version, waits for all, and merges nothing partial."""
 
     def __init__(self, handles: Sequence, timeout: float = SHARD_TIMEOUT_S):
         self.handles, self.timeout = list(handles), timeout
@@ -114,9 +126,8 @@ class RayShards:
                                        "was merged: try again") from None
         return answers
 
-    def top_lists(self, snapshot: Snapshot, queries: np.ndarray, k: int, rerank: int, nprobe: int | None,
-                  ef_search: int | None, includes: dict[int, np.ndarray] | None,
-                  exact: bool) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    def top_lists(self, snapshot: Snapshot, queries: np.ndarray, plan: DensePlan,
+                  includes: dict[int, np.ndarray] | None) -> list[TopList]:
         assignment = self.assignment(snapshot)
         calls = {}
         for shard, handle in enumerate(self.handles):
@@ -126,8 +137,7 @@ class RayShards:
             if not numbers:
                 continue
             mine = None if includes is None else {n: includes[n] for n in numbers}
-            calls[shard] = handle.top_lists.remote(snapshot.name, str(snapshot.folder), queries, k, rerank, nprobe,
-                                                   ef_search, mine, exact)
+            calls[shard] = handle.top_lists.remote(snapshot.name, str(snapshot.folder), queries, plan, mine)
         return [found for lists in self._gather(calls).values() for found in lists]
 
     def space_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> np.ndarray:

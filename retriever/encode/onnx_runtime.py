@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from retriever.errors import RetrieverError, UnavailableError, param
-from retriever.pooling import Pooling, pool
+from retriever.encode.pooling import Pooling, pool
 
 
 def onnx_runtime_available() -> bool:
@@ -46,7 +46,7 @@ class _Pooled(torch.nn.Module):
 
 
 class OnnxForward:
-    """The `onnx` runtime (`retriever.runtimes`): an ONNX Runtime session computing `pool(model(...))` for int64
+    """The `onnx` runtime (`retriever.encode.runtimes`): an ONNX Runtime session computing `pool(model(...))` for int64
     token arrays."""
 
     name: ClassVar[str] = "onnx"

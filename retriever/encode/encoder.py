@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from retriever.device import resolve_device
+from retriever.encode.device import resolve_device
 from retriever.errors import RetrieverError, param
-from retriever.models import load_model
-from retriever.pooling import Pooling
+from retriever.encode.models import load_model
+from retriever.encode.pooling import Pooling
 from retriever.progress import progress_bar
-from retriever.runtimes import RUNTIMES, resolve_runtime
-from retriever.tokenizing import (
+from retriever.encode.runtimes import RUNTIMES, resolve_runtime
+from retriever.encode.tokenizing import (
     ENCODING_FIELDS,
     TokenizedTexts,
     TokenizerPool,
@@ -82,7 +82,7 @@ class Encoder:
         # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"); the model's forward
         # pass is. The server encodes searches and writes on different threads, so tokenizing takes turns.
         self._tokenizer_lock = threading.Lock()
-        # Where the forward pass runs (`retriever.runtimes`): ONNX Runtime (float32, CPU) where asked for gives
+        # Where the forward pass runs (`retriever.encode.runtimes`): ONNX Runtime (float32, CPU) where asked for gives
         # the same numbers with less overhead per call.
         self.runtime = resolve_runtime(runtime, str(self.device), dtype)
         self._forward = RUNTIMES[self.runtime](self.model, self.pooling, self.num_hidden_layers, self._input_names,

@@ -16,7 +16,7 @@ import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from retriever import index_folder
+from retriever.versions import folder as version_folder
 
 # Latency buckets from a cached search (~1 ms) to a large write (a minute).
 SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -40,8 +40,9 @@ class ServerMetrics:
                                      ("index",), buckets=SECONDS, registry=self.registry)
         self._served: dict[str, str] = {}
 
-    def serving(self, name: str, version: str, documents: int) -> None:
-        """Index NAME now serves VERSION."""
+    def serving(self, name: str, version: int, documents: int) -> None:
+        """Index NAME now serves VERSION (its number)."""
+        version = str(version)
         previous = self._served.get(name)
         if previous != version:
             if previous is not None:
@@ -61,11 +62,11 @@ class ServerMetrics:
         self.writer_wait.labels(name).observe(seconds)
 
     def start(self) -> None:
-        index_folder.LOCK_WAIT_OBSERVERS.append(self.observe_lock_wait)
+        version_folder.LOCK_WAIT_OBSERVERS.append(self.observe_lock_wait)
 
     def stop(self) -> None:
-        if self.observe_lock_wait in index_folder.LOCK_WAIT_OBSERVERS:
-            index_folder.LOCK_WAIT_OBSERVERS.remove(self.observe_lock_wait)
+        if self.observe_lock_wait in version_folder.LOCK_WAIT_OBSERVERS:
+            version_folder.LOCK_WAIT_OBSERVERS.remove(self.observe_lock_wait)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,115 @@
+"""The dense side: top lists by cosine in the index's space, over every segment of one version, with or without
+a filter; the exact ranking in the raw space (to compare); and what hybrid search needs of this side (a
+candidate's score, a query's score distribution over the whole index)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+import numpy as np
+
+from retriever.search.plan import DensePlan, Matches, exhaustive
+from retriever.search.top_lists import TopList, merge_top_lists, segment_top_lists, space_vectors
+from retriever.numeric import l2_normalize
+from retriever.versions.snapshot import Snapshot
+
+NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
+RAW_BLOCK = 65536  # raw vectors scored at a time by the raw-space ranking
+
+
+class RemoteSegments(Protocol):
+    """Where a version's vectors are searched when not in this process: a distributed server's shards
+    (`retriever.serve.shards`). Each answers with `top_lists.segment_top_lists` / `space_vectors` of the same
+    version."""
+
+    def top_lists(self, snapshot: Snapshot, queries: np.ndarray, plan: DensePlan,
+                  includes: dict[int, np.ndarray] | None) -> list[TopList]: ...
+
+    def space_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> np.ndarray: ...
+
+
+class DenseSearcher:
+    """The dense side over SNAPSHOT's segments, searched here or by REMOTE. Safe to share between threads: what it
+    estimates once (the null's moments) is estimated under a lock."""
+
+    def __init__(self, snapshot: Snapshot, remote: RemoteSegments | None = None):
+        self.snapshot, self.remote = snapshot, remote
+        self._moments: tuple[np.ndarray, np.ndarray] | None = None
+        self._lock = threading.Lock()
+
+    def top(self, queries: np.ndarray, plan: DensePlan,
+            matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Each query's top plan.k (scores, row ids) for calibrated, L2-normalized QUERIES, deleted documents
+        excluded (with MATCHES, among those only); rows padded with id -1 where fewer exist. A filter that matches
+        k documents gets k: where the walk found fewer among the matches (they lay outside the buckets probed or
+        the beam), those queries score every match."""
+        includes = None if matches is None else dict(enumerate(matches.by_segment))
+        scores, ids = self._search(queries, plan, includes)
+        if matches is not None and not plan.exact:
+            short = (ids >= 0).sum(axis=1) < min(plan.k, len(matches))
+            if short.any():
+                scores[short], ids[short] = self._search(queries[short], exhaustive(plan, self.snapshot.spec),
+                                                         includes)
+        return scores, ids
+
+    def _search(self, queries: np.ndarray, plan: DensePlan,
+                includes: dict[int, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+        if self.remote is not None:
+            lists = self.remote.top_lists(self.snapshot, queries, plan, includes)
+        else:
+            lists = segment_top_lists(self.snapshot, range(len(self.snapshot.segments)), queries, plan, includes)
+        return merge_top_lists(lists, plan.k, len(queries))
+
+    def scores_of(self, query: np.ndarray, rowids: np.ndarray) -> np.ndarray:
+        """Cosines of ROWIDS' vectors with QUERY (in the index's space)."""
+        if not len(rowids):
+            return np.zeros(0, np.float32)
+        vectors = (self.remote.space_vectors(self.snapshot, rowids) if self.remote is not None
+                   else space_vectors(self.snapshot, rowids))
+        return vectors @ query
+
+    def null(self, queries: np.ndarray) -> list[tuple[float, float]]:
+        """Each query's dense score over every document: mean and standard deviation, from the mean and covariance
+        of a sample of the stored vectors in the index's space (estimated once per version)."""
+        moments = self._moments
+        if moments is None:
+            with self._lock:
+                if self._moments is None:
+                    sample = self.snapshot.calibrate(self.snapshot.raw_sample(NULL_SAMPLE, seed=0))
+                    if len(sample) < 2:
+                        sample = (np.vstack([sample, -sample]) if len(sample) else
+                                  np.eye(2, queries.shape[1], dtype=np.float32))
+                    self._moments = (sample.mean(0), np.cov(sample, rowvar=False).astype(np.float32))
+                moments = self._moments
+        mean, covariance = moments
+        means = queries @ mean
+        spreads = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", queries, covariance, queries), 0.0))
+        return list(zip(means.tolist(), spreads.tolist()))
+
+
+def search_raw(snapshot: Snapshot, raw: np.ndarray, k: int,
+               matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact cosine ranking in the uncalibrated space: RAW encoder outputs of queries against every stored raw
+    vector (deleted documents excluded; with MATCHES, only those). What the index would return without
+    calibration, to compare with."""
+    queries = l2_normalize(np.asarray(raw, dtype=np.float32))
+    best_scores = np.full((len(queries), k), -np.inf, np.float32)
+    best_ids = np.full((len(queries), k), -1, np.int64)
+    for segment in snapshot.segments:
+        # From the mapping, not the file path: a server may still answer from a version since pruned.
+        for start in range(0, len(segment), RAW_BLOCK):
+            rowids = np.asarray(segment.rowids[start : start + RAW_BLOCK])
+            block = np.asarray(segment.raw[start : start + RAW_BLOCK], dtype=np.float32)
+            keep = ~np.isin(rowids, snapshot.tombstones) if matches is None else matches.contains(rowids)
+            if not keep.any():
+                continue
+            scores = queries @ l2_normalize(block[keep]).T
+            merged_scores = np.concatenate([best_scores, scores], axis=1)
+            merged_ids = np.concatenate([best_ids, np.broadcast_to(rowids[keep], scores.shape)], axis=1)
+            order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
+            best_scores = np.take_along_axis(merged_scores, order, axis=1)
+            best_ids = np.take_along_axis(merged_ids, order, axis=1)
+    best_ids[np.isneginf(best_scores)] = -1
+    return best_scores, best_ids
+

@@ -1,0 +1,63 @@
+"""Hybrid search: each query's dense and keyword top lists fused into one ranking (`retriever.search.fusion`).
+
+The candidates are the union of both lists, each scored on both sides (a dense score as the dense search gave
+it, or from the stored vector; a keyword score from the query's postings), so a fusion never guesses a missing
+score; the fused top k is taken with ties broken by row id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from retriever.search.dense import DenseSearcher
+from retriever.search.fusion import Candidates, make_fusion, top_list
+from retriever.search.keyword import KeywordList, KeywordSearcher
+from retriever.search.options import SearchOptions
+from retriever.search.results import Ranked
+
+
+def fuse(queries: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, sides: list[KeywordList],
+         options: SearchOptions, dense: DenseSearcher, keyword: KeywordSearcher) -> list[list[Ranked]]:
+    """Each query's top options.k by OPTIONS' fusion of its dense top list (DENSE_SCORES, DENSE_IDS for the
+    calibrated QUERIES) and its keyword top list (SIDES), the dense side weighing options' weight."""
+    fusion = make_fusion(options.fusion_name)
+    null = dense.null(queries) if fusion.needs_null else [(0.0, 1.0)] * len(sides)
+    found = []
+    for number, side in enumerate(sides):
+        candidates = _candidates(queries[number], dense_scores[number], dense_ids[number], side, null[number],
+                                 fusion.needs_null, dense, keyword)
+        fused = fusion.scores(candidates, options.dense_weight)
+        found.append([Ranked(int(candidates.rowids[i]), float(fused[i]), float(candidates.dense[i]),
+                             float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
+                             int(candidates.keyword_rank[i]) or None)
+                      for i in top_list(fused, candidates.rowids, options.k).tolist()])
+    return found
+
+
+def _candidates(query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, side: KeywordList,
+                dense_null: tuple[float, float], with_null: bool, dense: DenseSearcher,
+                keyword: KeywordSearcher) -> Candidates:
+    """One query's candidates: the union of the dense top list (DENSE_IDS, DENSE_SCORES) and the keyword top list
+    (SIDE), each scored on both sides."""
+    listed = dense_ids[dense_ids >= 0]
+    union = np.union1d(listed, side.rowids)
+    dense_rank, keyword_rank = ranks(union, listed), ranks(union, side.rowids)
+    dense_part = np.zeros(len(union), np.float32)
+    dense_part[dense_rank > 0] = dense_scores[dense_rank[dense_rank > 0] - 1]
+    dense_part[dense_rank == 0] = dense.scores_of(query, union[dense_rank == 0])
+    keyword_part = np.zeros(len(union), np.float32)
+    keyword_part[keyword_rank > 0] = side.scores[keyword_rank[keyword_rank > 0] - 1]
+    keyword_part[keyword_rank == 0] = keyword.scores_of(side.matches, union[keyword_rank == 0])
+    keyword_null = side.matches.null() if with_null else (0.0, 1.0)
+    return Candidates(union, dense_part, keyword_part, dense_rank, keyword_rank, dense_null, keyword_null)
+
+
+def ranks(rowids: np.ndarray, listed: np.ndarray) -> np.ndarray:
+    """The 1-based position of each of ROWIDS in LISTED (best first), 0 where it is not there."""
+    found_ranks = np.zeros(len(rowids), np.int64)
+    if len(listed):
+        order = np.argsort(listed)
+        at = np.minimum(np.searchsorted(listed, rowids, sorter=order), len(listed) - 1)
+        found = listed[order[at]] == rowids
+        found_ranks[found] = order[at[found]] + 1
+    return found_ranks

@@ -1,0 +1,93 @@
+"""Search results: a ranked row id (`Ranked`), a hit with its document (`SearchHit`), and the one JSON shape of a
+query's results (`search_record`) that `retriever search --json` and the server both give."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from retriever.search.options import SearchOptions
+from retriever.versions.snapshot import Snapshot
+
+
+@dataclass
+class Ranked:
+    """A ranked row id before its document is read: the fields of a SearchHit."""
+
+    rowid: int
+    score: float
+    dense_score: float | None = None
+    keyword_score: float | None = None
+    dense_rank: int | None = None
+    keyword_rank: int | None = None
+
+
+@dataclass
+class SearchHit:
+    """One result. SCORE is what the search mode ranked by (the fused score in hybrid search); DENSE_SCORE (cosine
+    in the index's space) and KEYWORD_SCORE (BM25) are each side's own score where that side was searched, and
+    DENSE_RANK / KEYWORD_RANK the result's 1-based rank in that side's own top list (None: not in it)."""
+
+    rank: int
+    doc_id: str
+    score: float
+    title: str | None
+    text: str
+    dense_score: float | None = None
+    keyword_score: float | None = None
+    dense_rank: int | None = None
+    keyword_rank: int | None = None
+    metadata: dict | None = None
+
+
+def ranked_hits(snapshot: Snapshot, found: list[list[Ranked]]) -> list[list[SearchHit]]:
+    """SearchHits with their documents (read from SNAPSHOT) for each query's ranked row ids."""
+    rows = snapshot.rows(np.array([r.rowid for ranked in found for r in ranked], dtype=np.int64))
+    return [[SearchHit(rank, rows[r.rowid]["doc_id"], r.score, rows[r.rowid]["title"], rows[r.rowid]["text"],
+                       r.dense_score, r.keyword_score, r.dense_rank, r.keyword_rank, rows[r.rowid]["metadata"])
+             for rank, r in enumerate(ranked, start=1)] for ranked in found]
+
+
+def dense_hits(snapshot: Snapshot, scores: np.ndarray, ids: np.ndarray) -> list[list[SearchHit]]:
+    """SearchHits for a dense search's scores and row ids (padding ids, -1, end a query's list)."""
+    found = []
+    for query_scores, query_ids in zip(scores, ids):
+        ranked = []
+        for score, rowid in zip(query_scores.tolist(), query_ids.tolist()):
+            if rowid < 0:
+                break
+            ranked.append(Ranked(rowid, score, dense_score=score, dense_rank=len(ranked) + 1))
+        found.append(ranked)
+    return ranked_hits(snapshot, found)
+
+
+def at_least(found: list[list[SearchHit]], min_score: float | None) -> list[list[SearchHit]]:
+    """FOUND without the hits whose dense score (cosine in the space searched) is below MIN_SCORE: "no good match"
+    is an empty list. Hybrid hits are held to their dense side: the fused score has no fixed scale."""
+    if min_score is None:
+        return found
+    return [[replace(hit, rank=rank) for rank, hit in enumerate(
+        (hit for hit in hits if hit.dense_score is not None and hit.dense_score >= min_score), start=1)]
+        for hits in found]
+
+
+def cut(found: list[list[SearchHit]], options: SearchOptions) -> list[list[SearchHit]]:
+    """What OPTIONS ask of a search's answer: its first k hits, held to min_score (a batch searched with the
+    largest k of its requests hands each request its own)."""
+    return at_least([hits[: options.k] for hits in found], options.min_score)
+
+
+def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], mode: str | None = None) -> dict:
+    """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
+    server: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", "dense_score", "keyword_score",
+    "dense_rank", "keyword_rank", "title", "text", "metadata"}]}; a side that was not searched has null scores and
+    ranks, a document without metadata null metadata."""
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(float(value), 6)
+    return {"query_id": query_id, "query": query, "mode": mode,
+            "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": rounded(h.score),
+                         "dense_score": rounded(h.dense_score), "keyword_score": rounded(h.keyword_score),
+                         "dense_rank": h.dense_rank, "keyword_rank": h.keyword_rank, "title": h.title,
+                         "text": h.text, "metadata": h.metadata} for h in hits]}

@@ -1,0 +1,394 @@
+"""`retriever serve`: the library's search and writes over HTTP (FastAPI + uvicorn), and the search page.
+
+One process holds the model and the open indexes, so a query costs milliseconds instead of a CLI start-up:
+
+- `OpenIndexes` (`retriever.serve.open_indexes`) opens each index once and, when a newer version has been
+  committed (by the CLI, another process, or this server), opens that one for the requests that follow; a request
+  holds the version it started with until it is answered, so every response comes from exactly one version (and
+  says which, by number).
+- `SearchBatcher` (`retriever.serve.batcher`) answers searches on one thread: whatever queries have queued while
+  it worked go through one encoder call (one per encoder), then one search per index version and options.
+- The requests are `retriever.serve.protocol`'s models, derived from the library's `SearchOptions`.
+- Bad input is a JSON error with its status (400 bad value, 401/403 no key or a read-only one, 404 no such index
+  or document, 409 an id already there, 413 too large, 421 a Host name not served, 422 malformed request, 503 a
+  damaged index or a missing model: that index alone), never a traceback and never a server path; sizes, k and
+  the results and bytes of one answer are bounded. A bug is a 500 whose traceback goes to the server's log.
+  Answers are rendered off the event loop. Writes take turns with every other writer of the index (the CLI's
+  included), as `retriever add` does, and a committed write is reported as committed.
+- `retriever.serve.access` checks the Host header (DNS rebinding) and API keys before any of this runs.
+
+Endpoints (the contract clients rely on; answers use `retriever.search.results.search_record` for each query, the
+same JSON as `retriever search --json`): GET /health, GET /indexes, GET /indexes/{name},
+GET /search?q=...&k=10&index=NAME&mode=hybrid, POST /search {"queries": [...], "k": 10, "index": NAME, "mode": ...},
+GET|DELETE /indexes/{name}/documents/{doc_id},
+POST /indexes/{name}/documents {"documents": [BEIR records], "upsert": false}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated
+
+from retriever.corpus import documents_from_records
+from retriever.errors import NO_VALUE, ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
+from retriever.filters import FilterError
+from retriever.index import Index
+from retriever.search.options import SearchOptions
+from retriever.search.results import SearchHit, search_record
+from retriever.serve.access import AccessGuard, AccessPolicy
+from retriever.serve.batcher import MAX_BATCH_QUERIES, SearchBatcher
+from retriever.serve.metrics import RequestMetrics, ServerMetrics
+from retriever.serve.open_indexes import OpenIndexes, Served
+from retriever.serve.protocol import (
+    MAX_ANSWER_CHARS,
+    MAX_BODY_BYTES,
+    MAX_DOCUMENTS,
+    AddRequest,
+    ApiError,
+    CreateRequest,
+    SearchQuery,
+    SearchRequest,
+    check_search,
+    search_options,
+)
+from retriever.encode.runtimes import resolve_runtime
+from retriever.search.dense import RemoteSegments
+from retriever.text import check_text
+from retriever.versions.catalog import describe_indexes
+from retriever.versions.folder import sweep_leftovers
+from retriever.versions.home import check_name, resolve_index_dir
+
+try:
+    from fastapi import Body, FastAPI, Query, Request
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import FileResponse, JSONResponse, Response
+    from fastapi.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
+    from starlette.exceptions import HTTPException
+except ImportError as error:  # a dependency of the package; a broken install should still say what to do
+    raise UnavailableError(f"serving needs FastAPI, uvicorn and swagger-ui-bundle ({error}); reinstall: "
+                           "pip install -e .") from None
+
+log = logging.getLogger("retriever.serve")
+
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the swagger-ui-bundle package
+STATIC = Path(__file__).with_name("static")
+
+
+def status_of(error: RetrieverError) -> int:
+    if isinstance(error, (DamagedIndexError, UnavailableError)):
+        return 503  # the server's data or machine, not the client's request: the other indexes go on
+    if isinstance(error, NotFoundError):
+        return 404
+    if isinstance(error, ConflictError):
+        return 409
+    if isinstance(error, FilterError):
+        return 422  # a well-formed request whose filter cannot be compiled, like any other invalid field
+    return 400
+
+
+def create_app(index_dir: str | Path | None = None, device: str = "auto", preload: bool = False,
+               max_batch: int = MAX_BATCH_QUERIES, runtime: str = "auto",
+               access: AccessPolicy | None = None, remote: RemoteSegments | None = None) -> FastAPI:
+    """The application: INDEX_DIR as `resolve_index_dir` finds it; PRELOAD opens every index (and loads its
+    model) at start-up rather than on its first request; RUNTIME runs the encoder on PyTorch or ONNX Runtime
+    (auto: ONNX Runtime on CPU when installed, `retriever.encode.onnx_runtime`); ACCESS, the Host names answered and
+    the API keys (default: loopback names, no key); REMOTE: the shards of a distributed server
+    (`retriever.serve.run.ray_application`), which then search every index's vectors."""
+    resolve_runtime(runtime, "cpu")  # validates the name before anything loads
+    metrics = ServerMetrics()
+    indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime, metrics, remote)
+    private = _private_paths(indexes.index_dir)
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # What killed writers left is tidied here and by writes; answering a request never deletes a file.
+        sweep_leftovers(indexes.index_dir)
+        state["batcher"] = SearchBatcher(max_batch, metrics)
+        metrics.start()
+        if preload:
+            for name in indexes.names():
+                try:
+                    opened = indexes.get(name)
+                    log.info("index '%s': %s documents, version %d, encoder on %s", name, f"{len(opened.index):,}",
+                             opened.snapshot.manifest.version, opened.encoder.runtime)
+                except Exception as error:  # noqa: BLE001 - one bad index must not keep the others from being served
+                    log.warning("index '%s' not served: %s", name, _one_line(error))
+            log.info("serving %d indexes from %s", len(indexes.names()), indexes.index_dir)
+        yield
+        metrics.stop()
+        state["batcher"].close()
+        indexes.close()
+
+    # The API docs from local assets: FastAPI's default /docs loads Swagger UI from a CDN, a blank page offline.
+    app = FastAPI(title="retriever", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description="Search calibrated (BERT-flow) indexes; every answer names the index version it "
+                              "comes from.")
+    app.state.indexes = indexes
+    app.state.server_state = state
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(AccessGuard, policy=access or AccessPolicy())  # before anything is read
+    app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: refusals are counted too
+
+    def error(status: int, message: str, **fields) -> JSONResponse:
+        return _error(status, _scrub(message, private), **fields)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, problem: ApiError):
+        return error(problem.status, str(problem))
+
+    @app.exception_handler(RetrieverError)
+    async def retriever_error(request: Request, problem: RetrieverError):
+        if isinstance(problem, DamagedIndexError):  # with what the parser said, where there is a cause
+            log.error("%s", problem, exc_info=problem if problem.__cause__ is not None else None)
+        # Parameters spelled as in Python, which are the JSON fields' names (k, nprobe, index, ...).
+        return error(status_of(problem), _as_json_reads_it(problem), code=problem.code, parameter=problem.parameter)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, problem: HTTPException):
+        return error(problem.status_code, str(problem.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, problem: RequestValidationError):
+        problems = problem.errors()
+        if any(item.get("type") == "json_invalid" for item in problems):
+            return error(400, "the request body is not valid JSON")
+        return error(422, "; ".join(_describe(item) for item in problems[:3]))
+
+    @app.exception_handler(OSError)
+    async def storage_error(request: Request, problem: OSError):
+        # The server's disk, not the request: full, read-only, or not ours to write.
+        log.error("%s %s: %s", request.method, request.url.path, problem)
+        reason = {errno.ENOSPC: "the disk is full", errno.EROFS: "the index folder is on a read-only file system",
+                  errno.EACCES: "the server may not write the index folder",
+                  errno.EPERM: "the server may not write the index folder"}.get(problem.errno)
+        return error(503, f"{reason or 'a storage error'}; the index is unchanged")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, problem: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=problem)
+        return error(500, f"internal error ({type(problem).__name__}); the server log has the details")
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title="retriever API",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics():
+        """Prometheus' text format (`retriever.serve.metrics`); a read like any other under the API keys."""
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}  # open to anyone who can reach the server: says nothing about the indexes
+
+    @app.get("/indexes")
+    async def all_indexes():
+        listed = await run_in_threadpool(describe_indexes, indexes.index_dir)  # `retriever list --json`'s records
+        return {"indexes": [_public_record(record, private) for record in listed]}
+
+    @app.get("/indexes/{name}")
+    async def one_index(name: str):
+        async with indexes.using(name) as served:
+            snapshot = served.snapshot
+            shards = {} if indexes.remote is None else {"shards": indexes.remote.assignment(snapshot)}
+            return {**_describe_index(served.index), "segments": [entry.to_record() for entry in snapshot.manifest.segments],
+                    "search_settings": snapshot.spec.search_settings(), "fit": snapshot.manifest.fit, **shards}
+
+    async def run_search(name: str | None, texts: list[str], ids: list[str | None],
+                         options: SearchOptions) -> Response:
+        check_search(texts, ids, options.k)
+        async with indexes.using(name) as served:
+            options = served.searcher.resolve(options)
+            if options.space == "raw":
+                hits = await run_in_threadpool(served.index.search, texts, options)
+            else:
+                if options.where is not None:
+                    # Its matches are found here, on a worker thread: the batcher's one thread finds them remembered.
+                    await run_in_threadpool(served.searcher.matches.matches, options.where)
+                hits = await asyncio.wrap_future(state["batcher"].submit(served, texts, options))
+            # Rendered on a worker thread: a large answer must not stall every other request on the event loop.
+            return await run_in_threadpool(render_answer, served, texts, ids, hits, options)
+
+    @app.get("/search")
+    async def search_get(query: Annotated[SearchQuery, Query()]):
+        return await run_search(query.index, [query.q], [None], search_options(query))
+
+    @app.post("/search")
+    async def search_post(request: SearchRequest):
+        texts = [item if isinstance(item, str) else item.text for item in request.queries]
+        ids = [None if isinstance(item, str) else item.id for item in request.queries]
+        return await run_search(request.index, texts, ids, search_options(request))
+
+    @app.get("/indexes/{name}/documents/{doc_id:path}")
+    async def get_document(name: str, doc_id: str):
+        check_text(doc_id, "the document id")
+        async with indexes.using(name) as served:
+            document = await run_in_threadpool(served.index.document, doc_id)
+            if document is None:
+                raise NotFoundError(f"no document '{doc_id}' in index '{name}'")
+            return await run_in_threadpool(render, {
+                "index": name, "version": served.snapshot.manifest.version,
+                "document": {key: document.get(key) for key in ("doc_id", "title", "text", "source", "line",
+                                                                "metadata")}})
+
+    @app.post("/indexes", status_code=201)
+    async def create_index(request: CreateRequest = Body(...)):
+        """Build an index from the documents in the request, with the default model, as `retriever build` does."""
+        check_name(request.name)
+        if len(request.documents) > MAX_DOCUMENTS:
+            raise ApiError(413, f"{len(request.documents):,} documents in one request; at most {MAX_DOCUMENTS:,}: "
+                                "create the index with some and add the rest")
+        documents = await run_in_threadpool(documents_from_records, request.documents)
+        summary = await run_in_threadpool(lambda: Index.build(
+            documents, request.name, indexes.index_dir, calibrator=request.calibrator,
+            index_type=request.index_type, device=indexes.device, replace=request.replace))
+        return JSONResponse({"index": request.name, "version": summary.version,
+                             "documents": summary.documents}, status_code=201)
+
+    @app.post("/indexes/{name}/documents", status_code=201)
+    async def add_documents(name: str, request: AddRequest = Body(...)):
+        if len(request.documents) > MAX_DOCUMENTS:
+            raise ApiError(413, f"{len(request.documents):,} documents in one request; at most {MAX_DOCUMENTS:,}")
+        documents = await run_in_threadpool(documents_from_records, request.documents)
+        async with indexes.using(name) as served:
+            summary = await run_in_threadpool(lambda: served.index.add(documents, upsert=request.upsert))
+        # The version the write committed, as written: nothing after the commit may turn it into a failure.
+        return JSONResponse({"index": name, "version": summary.version, "added": summary.changed,
+                             "documents": summary.documents}, status_code=201)
+
+    @app.delete("/indexes/{name}/documents/{doc_id:path}")
+    async def delete_document(name: str, doc_id: str):
+        check_text(doc_id, "the document id")
+        async with indexes.using(name) as served:
+            summary = await run_in_threadpool(served.index.delete, [doc_id])
+        return {"index": name, "version": summary.version, "deleted": summary.changed,
+                "documents": summary.documents}
+
+    return app
+
+
+def render_answer(served: Served, texts: list[str], ids: list[str | None], hits: list[list[SearchHit]],
+                  options: SearchOptions) -> Response:
+    """The search answer as JSON bytes, refused (413) when the documents' text in it would exceed
+    MAX_ANSWER_CHARS (a few very long documents times many queries)."""
+    chars = sum(len(hit.text) + len(hit.title or "") for found in hits for hit in found)
+    if chars > MAX_ANSWER_CHARS:
+        raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
+                            f"{MAX_ANSWER_CHARS // 2**20} M per request (lower k or send fewer queries at once)")
+    return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
+                   "mode": options.mode, "k": options.k,
+                   "queries": [search_record(query_id, text, found, options.mode)
+                               for query_id, text, found in zip(ids, texts, hits)]})
+
+
+def render(payload: dict, status: int = 200) -> Response:
+    """JSON bytes, built once (FastAPI's generic encoder would walk every hit again). Text stored before inputs
+    were checked may hold lone surrogates: they go out as JSON \\uDXXX escapes instead of failing the answer."""
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _as_json_reads_it(problem: RetrieverError) -> str:
+    """PROBLEM's message for a client that sends JSON: a suggested setting spelled as the field to send
+    ('"replace": true'), a parameter by its field name."""
+    return "".join(part if isinstance(part, str) else part.name if part.value is NO_VALUE
+                   else f'"{part.name}": {json.dumps(part.value)}' for part in problem.parts)
+
+
+def _error(status: int, message: str, **fields) -> Response:
+    """An error body: DETAIL, the message on one line; STATUS; and FIELDS (a RetrieverError's code, parameter)."""
+    body = json.dumps({"detail": " ".join(message.split()), "status": status, **fields})  # ASCII: any text whole
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _describe(problem: dict) -> str:
+    where = ".".join(str(part) for part in problem.get("loc", ()) if part not in ("body", "query"))
+    return f"{where}: {problem.get('msg', 'invalid')}" if where else problem.get("msg", "invalid request")
+
+
+def _describe_index(index: Index) -> dict:
+    manifest = index.snapshot.manifest
+    return {"name": index.name, "version": manifest.version, "documents": manifest.documents,
+            "model": _public_model(manifest.encoder["model"]), "dim": manifest.dim,
+            "calibrator": manifest.calibrator["name"], "index_type": manifest.index["type"],
+            "created": manifest.created, "refitted": manifest.refitted}
+
+
+def _public_model(model: str) -> str:
+    """A model named by a local folder is shown by the folder's name: no server path in any answer."""
+    return Path(model).name if os.path.isabs(model) else model
+
+
+def _public_record(record: dict, private: tuple[str, ...]) -> dict:
+    """A `describe_indexes` record without server paths (no folder; the version by its number)."""
+    public = {key: value for key, value in record.items() if key != "folder"}
+    public.setdefault("version", None)  # an index whose manifest fails its checks: "problem" says why
+    if "model" in public:
+        public["model"] = _public_model(public["model"])
+    if "problem" in public:
+        public["problem"] = _scrub(public["problem"], private)
+    return public
+
+
+def _private_paths(index_dir: Path) -> tuple[str, ...]:
+    """Server paths that must not reach a client, longest first: the index home (as given and resolved) and the
+    user's home folder."""
+    paths = {str(index_dir), os.path.realpath(index_dir), str(Path.home())}
+    return tuple(sorted((path for path in paths if len(path) > 1), key=len, reverse=True))
+
+
+def _scrub(message: str, private: tuple[str, ...]) -> str:
+    """MESSAGE with server paths replaced by what they are (the index home, ~)."""
+    for path in private:
+        message = message.replace(path, "~" if path == str(Path.home()) else "<index home>")
+    return message
+
+
+def _one_line(error: Exception) -> str:
+    return str(error) if isinstance(error, RetrieverError) else f"{type(error).__name__}: {error}"
+
+
+class BodyLimit:
+    """Refuses request bodies over LIMIT bytes with 413, whether or not the client declared a length."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await _error(413, f"request body over {self.limit // 2**20} MiB")(scope, receive, send)
+        received = 0
+
+        async def limited():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise HTTPException(413, f"request body over {self.limit // 2**20} MiB")
+            return message
+
+        return await self.app(scope, limited, send)

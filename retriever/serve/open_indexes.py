@@ -1,0 +1,150 @@
+"""The server's open indexes: each opened once, swapped for its newer version when one is committed (by the CLI,
+another process, or this server), one encoder per model for the server's life.
+
+A request holds the version it started with until it is answered (`OpenIndexes.using`), so every response comes
+from exactly one version (and says which); a replaced version is closed (its files, SQLite connections and mapped
+vectors released) once the last request holding it is answered (`Leases`), so write storms do not pile up open
+descriptors of pruned versions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi.concurrency import run_in_threadpool
+
+from retriever.errors import NotFoundError, RetrieverError, UnavailableError
+from retriever.index import Index, load_encoder
+from retriever.search.dense import RemoteSegments
+from retriever.search.searcher import Searcher
+from retriever.serve.leases import Leases
+from retriever.serve.metrics import ServerMetrics
+from retriever.versions.home import check_name, list_indexes
+from retriever.versions.snapshot import Snapshot
+
+log = logging.getLogger("retriever.serve")
+
+
+@dataclass(frozen=True)
+class Served:
+    """One open version as the server uses it: the INDEX (documents, writes), its SEARCHER (the batched search
+    path, shared with the index) and the ENCODER its model's requests go through together."""
+
+    index: Index
+    searcher: Searcher
+    encoder: object
+
+    @property
+    def name(self) -> str:
+        return self.index.name
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.index.snapshot
+
+
+class OpenIndexes:
+    """Each index of INDEX_DIR opened once, swapped for its newer version when one is committed; one encoder per
+    model (RUNTIME: its forward pass); REMOTE: a distributed server's shards, which search every version's vectors."""
+
+    def __init__(self, index_dir: Path, device: str = "auto", runtime: str = "auto",
+                 metrics: ServerMetrics | None = None, remote: RemoteSegments | None = None):
+        self.index_dir = index_dir
+        self.device = device
+        self.runtime = runtime
+        self.metrics = metrics
+        self.remote = remote
+        self._held: dict[str, Served] = {}
+        self._encoders: dict[str, object] = {}
+        self._opening = threading.Lock()  # one opener at a time; the others wait for the same new version
+        self._leases: Leases[Served] = Leases(lambda served: served.index.close())
+
+    def names(self) -> list[str]:
+        return list_indexes(self.index_dir)
+
+    def held(self, name: str) -> Served | None:
+        """The open version of NAME if it is still the current one (one path resolution), else None."""
+        held = self._held.get(check_name(name))
+        current = os.path.realpath(self.index_dir / name)
+        return held if held is not None and str(held.snapshot.folder) == current else None
+
+    def get(self, name: str) -> Served:
+        """The current version of NAME, opened now if a newer one was committed since it was last asked for."""
+        held = self.held(name)
+        if held is not None:
+            return held
+        with self._opening:
+            held = self.held(name)
+            if held is not None:  # opened by the thread that held the lock before
+                return held
+            try:
+                snapshot = Snapshot.open(name, self.index_dir, device=self.device)
+            except NotFoundError:  # removed: forget the version held
+                with self._leases.lock:
+                    self._leases.retire(self._held.pop(name, None))
+                if self.metrics is not None:
+                    self.metrics.forget(name)
+                raise
+            key = json.dumps(snapshot.manifest.encoder, sort_keys=True)
+            if key not in self._encoders:  # loads the model: once per model for the server's life
+                try:
+                    self._encoders[key] = load_encoder(snapshot, self.runtime)
+                except RetrieverError as error:  # this machine lacks the model: the server's problem, not the request's
+                    snapshot.close()
+                    raise UnavailableError(str(error), parameter=error.parameter) from None
+            searcher = Searcher(snapshot, self.remote)
+            served = Served(Index(snapshot, encoder=self._encoders[key], searcher=searcher), searcher,
+                            self._encoders[key])
+            with self._leases.lock:
+                previous = self._held.get(name)
+                self._held[name] = served
+                self._leases.retire(previous)
+            if self.metrics is not None:
+                self.metrics.serving(name, snapshot.manifest.version, len(snapshot))
+            if previous is not None:
+                log.info("index '%s': now serving version %d (was %d)", name, snapshot.manifest.version,
+                         previous.snapshot.manifest.version)
+            return served
+
+    def _hold(self, served: Served) -> bool:
+        with self._leases.lock:
+            if self._held.get(served.name) is not served and not self._leases.is_retired(served):
+                return False  # replaced (and closed) between the look-up and now: look again
+            self._leases.hold(served)
+            return True
+
+    @asynccontextmanager
+    async def using(self, name: str | None):
+        """NAME's current version (the most recently written index when NAME is empty), held open until the block
+        ends."""
+        while True:
+            served = await self.current(name)
+            if self._hold(served):
+                break
+        try:
+            yield served
+        finally:
+            self._leases.release(served)
+
+    async def current(self, name: str | None) -> Served:
+        """NAME, current version; when none is named, the most recently written index (the CLI's rule for reading,
+        `versions.home.pick_index`; the answer names it). An open, when one is needed, runs off the event loop so
+        other requests go on meanwhile."""
+        if not name:
+            names = self.names()
+            if not names:
+                raise NotFoundError("no index is served yet; build one with: retriever build CORPUS")
+            name = names[0]
+        return self.held(name) or await run_in_threadpool(self.get, name)
+
+    def close(self) -> None:
+        with self._leases.lock:
+            held = list(self._held.values())
+            self._held.clear()
+        self._leases.close_all(held)

@@ -1,0 +1,112 @@
+"""The HTTP API's requests: their models, derived from the library's declarations, and the API's own bounds.
+
+The search parameters are `retriever.search.options.SearchOptions`' fields: each becomes a field of the POST body
+(`SearchRequest`, strict JSON types) and of the GET query (`SearchQuery`, parsed from strings), with its meaning,
+its choices and its bounds from the field's metadata, so a parameter added to the library reaches the API, its
+docs and its validation at once. What the API bounds further (results per query, queries per request, the size of
+an answer) is declared here, under names of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, create_model
+
+from retriever.search.options import SearchOptions
+from retriever.text import check_queries, check_text
+
+HTTP_MAX_K = 1000  # results per query over HTTP (the library allows `options.MAX_K`)
+MAX_QUERIES = 256  # queries per POST /search
+MAX_QUERY_CHARS = 10_000  # the encoder keeps at most max_length tokens anyway
+MAX_DOCUMENTS = 10_000  # documents per POST /indexes/{name}/documents
+MAX_BODY_BYTES = 16 * 2**20
+MAX_HITS = 10_000  # results per request (queries x k)
+MAX_ANSWER_CHARS = 32 * 2**20  # document text in one answer: a few huge documents x many queries stays bounded
+
+
+class ApiError(Exception):
+    """A request the API refuses with STATUS, for a reason that is the API's own (a bound), not the library's."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _search_fields(strict: bool) -> dict[str, Any]:
+    """SearchOptions' fields as pydantic fields: STRICT for JSON (`true` is not a number of results), else as a
+    query string's values are parsed."""
+    found: dict[str, Any] = {}
+    for spec in fields(SearchOptions):
+        meta = spec.metadata
+        kind = meta["kind"]
+        if kind == "filter":
+            annotation: Any = Union[dict, StrictStr] if strict else str
+        elif "choices" in meta:
+            annotation = Literal[tuple(meta["choices"])]
+        else:
+            annotation = {int: StrictInt if strict else int, float: float, bool: StrictBool if strict else bool,
+                          str: StrictStr if strict else str}[kind]
+        limits = {key: meta[key] for key in ("ge", "le") if key in meta}
+        if spec.name == "k":
+            limits["le"] = HTTP_MAX_K
+        default = spec.default if spec.default is not MISSING else ...
+        if default is None:
+            annotation = Optional[annotation]
+        words = f"{meta['help']}; default: {meta['unset']}" if meta["unset"] else meta["help"]
+        found[spec.name] = (annotation, Field(default, description=words, **limits))
+    return found
+
+
+class QueryItem(BaseModel):
+    id: Optional[StrictStr] = Field(None, description="echoed back as query_id")
+    text: StrictStr
+
+
+_INDEX = (Optional[StrictStr], Field(None, description="the index's name (optional when there is only one)"))
+SearchRequest = create_model(
+    "SearchRequest",
+    queries=(list[Union[StrictStr, QueryItem]], Field(..., description=f"at most {MAX_QUERIES}: texts, or {{id, text}}")),
+    index=_INDEX, **_search_fields(strict=True))
+SearchQuery = create_model(
+    "SearchQuery", q=(str, Field(..., description="the query text")),
+    index=(Optional[str], _INDEX[1]), **_search_fields(strict=False))
+
+
+def search_options(request: BaseModel) -> SearchOptions:
+    """The SearchOptions a SearchRequest or SearchQuery asks for (checked again by the library: one declaration)."""
+    return SearchOptions(**{spec.name: getattr(request, spec.name) for spec in fields(SearchOptions)})
+
+
+class AddRequest(BaseModel):
+    documents: list[dict] = Field(..., description=f"BEIR records: _id (or id), text, optional title; at most "
+                                                   f"{MAX_DOCUMENTS}")
+    upsert: bool = Field(False, description="replace documents whose ids are already in the index (else 409)")
+
+
+class CreateRequest(BaseModel):
+    name: StrictStr = Field(..., description="the new index's name")
+    documents: list[dict] = Field(..., description=f"BEIR records: _id (or id), text, optional title; at most "
+                                                   f"{MAX_DOCUMENTS} (add more with POST /indexes/NAME/documents)")
+    calibrator: StrictStr = Field("auto", description="as `retriever build --calibrator`")
+    index_type: StrictStr = Field("auto", description="as `retriever build --index-type`")
+    replace: bool = Field(False, description="build over an index of that name (else 409); its current version "
+                                             "is kept for `retriever rollback`")
+
+
+def check_search(texts: list[str], ids: list[str | None], k: int) -> None:
+    """Every query of a request checked on its own, before it can join anyone else's batch."""
+    if len(texts) > MAX_QUERIES:
+        raise ApiError(413, f"{len(texts)} queries in one request; at most {MAX_QUERIES}")
+    if len(texts) * k > MAX_HITS:
+        raise ApiError(422, f"{len(texts)} queries x k={k} asks for {len(texts) * k:,} results; at most "
+                            f"{MAX_HITS:,} per request (lower k or split the queries)")
+    for number, (text, query_id) in enumerate(zip(texts, ids), start=1):
+        which = "the query" if len(texts) == 1 else f"query {number}"
+        if len(text) > MAX_QUERY_CHARS:
+            raise ApiError(413, f"{which} has {len(text):,} characters; at most {MAX_QUERY_CHARS:,}")
+        check_text(text, which)
+        if query_id is not None:
+            check_text(query_id, f"the id of {which}")
+    check_queries(texts)

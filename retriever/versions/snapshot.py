@@ -1,0 +1,384 @@
+"""A read snapshot of an index: one version, opened and checked, never changed.
+
+A version is a manifest (`retriever.versions.manifest`) over immutable segments (`retriever.store.segment`) plus
+the calibrator every segment was written with and tombstones (row ids deleted since). `Snapshot.open` resolves the
+index's link once and reads only that version, so a write committed meanwhile (by `retriever.versions.writer`) is
+never half seen; `close()` releases its files (a server swapping versions calls it).
+
+A snapshot holds the version's data and its integrity: segments, documents, raw vectors, the calibrator and the
+tombstones. Searching it is the search layer's (`retriever.search`); encoding text, the index's
+(`retriever.index`).
+
+Damage found while reading (a file that no longer parses, counts that disagree) is a `DamagedIndexError` naming
+the index, in one line, chained to what the parser raised (`reading`). Only reads are guarded: an exception
+anywhere else is a bug and propagates as it is.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from retriever.calibration import Calibrator, fit_sample_rows, load_calibrator, loads_torch, saved_config
+from retriever.errors import DamagedIndexError, RetrieverError
+from retriever.filters import Filter
+from retriever.numeric import l2_normalize
+from retriever.store.arrays import load_npy, npy_layout
+from retriever.store.layout import DOCUMENTS, RAW, ROWIDS, VECTORS
+from retriever.store.segment import Segment
+from retriever.store.vectors import load_template
+from retriever.store.spec import IndexSpec
+from retriever.text import counted
+from retriever.versions.home import resolve_existing, resolve_index_dir
+from retriever.versions.integrity import damaged_index, read_manifest, verify_files, verify_read
+from retriever.versions.layout import CALIBRATOR, MANIFEST, SEGMENTS, TEMPLATE, TOMBSTONES
+from retriever.versions.manifest import Manifest, SegmentEntry
+
+# How often `open` starts again when the version it resolved is pruned under it (two writes in the meantime).
+OPEN_ATTEMPTS = 5
+
+
+class Snapshot:
+    """An opened, read-only version of an index: its manifest, segments, calibrator and tombstones.
+
+    Safe to share between threads: a version never changes, and what is loaded on first use (a flow's weights)
+    is loaded once, under a lock. `close()` must wait until no thread reads it any more."""
+
+    def __init__(self, folder: Path, manifest: Manifest, device: str = "auto", index_dir: str | Path | None = None):
+        self.folder = folder
+        self.manifest = manifest
+        self.name = manifest.name
+        self.index_dir = resolve_index_dir(index_dir)
+        self.device = device
+        self._segments: list[Segment] = []
+        self._closed = False
+        self._calibrator_lock = threading.Lock()
+        self._calibrator: Calibrator | None = None
+        if device != "cpu":  # a device this machine lacks is the caller's error, not damage: refused before the guard
+            from retriever.encode.device import resolve_device
+
+            resolve_device(device)
+        try:
+            with self.reading(MANIFEST, opening=True):
+                self.spec = IndexSpec.from_dict(manifest.index)
+            for entry in manifest.segments:
+                with self.reading(f"{SEGMENTS}/{entry.name}", opening=True):
+                    self._segments.append(Segment(folder / SEGMENTS / entry.name, segment_spec(entry, self.spec),
+                                                  device=device))
+            with self.reading(CALIBRATOR, opening=True):
+                config = saved_config(folder / CALIBRATOR, expected_dim=manifest.encoder["dim"])
+                # A flow's weights load at first use (they need torch): show, delete, verify... never import it.
+                self._calibrator = (None if loads_torch(config) else
+                                    load_calibrator(folder / CALIBRATOR, expected_dim=manifest.encoder["dim"]))
+            with self.reading(TOMBSTONES, opening=True):
+                self.tombstones = (load_npy(folder / TOMBSTONES) if (folder / TOMBSTONES).is_file()
+                                   else np.empty(0, dtype=np.int64))
+                _check_tombstones(self.tombstones)
+            check_counts(manifest, [len(segment) for segment in self._segments],
+                         [segment.vectors.ntotal for segment in self._segments], len(self.tombstones), self.name)
+        except BaseException:
+            self.close()  # the segments opened before the damage was found
+            raise
+
+    @classmethod
+    def open(cls, name: str, index_dir: str | Path | None = None, device: str = "auto") -> Snapshot:
+        """Open the current version: checks the manifest's checksum and every file's size (`verify` re-hashes).
+        INDEX_DIR: where indexes live (default: the index home, `home.resolve_index_dir`)."""
+        index_dir = resolve_index_dir(index_dir)
+        attempts = OPEN_ATTEMPTS
+        while True:
+            folder = resolve_existing(index_dir, name)  # resolved once: a concurrent swap cannot mix versions
+            try:
+                return cls(folder, read_manifest(folder, name=name), device=device, index_dir=index_dir)
+            except (RetrieverError, OSError):
+                # Writes committed while it opened, and one pruned the version it had resolved: files went missing
+                # under it. Not damage: the index is whole, in the newer version the link points at now.
+                attempts -= 1
+                if not attempts or resolve_existing(index_dir, name) == folder:
+                    raise
+
+    @classmethod
+    def open_version(cls, folder: str | Path, name: str, index_dir: str | Path | None = None,
+                     device: str = "auto") -> Snapshot:
+        """Open one version folder of NAME (as a write's `ChangeSummary.snapshot` does), current or not."""
+        folder = Path(folder)
+        return cls(folder, read_manifest(folder, name=name), device=device, index_dir=index_dir)
+
+    @property
+    def calibrator(self) -> Calibrator:
+        """The saved calibrator (a flow's weights are read here, on first use)."""
+        calibrator = self._calibrator
+        if calibrator is None:
+            with self._calibrator_lock, self.reading(CALIBRATOR, opening=True):
+                if self._calibrator is None:
+                    self._calibrator = load_calibrator(self.folder / CALIBRATOR,
+                                                       expected_dim=self.manifest.encoder["dim"])
+                calibrator = self._calibrator
+        return calibrator
+
+    @property
+    def segments(self) -> list[Segment]:
+        if self._closed:
+            raise RetrieverError(f"index '{self.name}' was closed; open it again to use it")
+        return self._segments
+
+    @property
+    def has_keywords(self) -> bool:
+        """Whether every segment has a keyword index (those written before keyword search have none)."""
+        return all(segment.keywords is not None for segment in self.segments)
+
+    def close(self) -> None:
+        """Release this version's files: each segment's SQLite connection, FAISS index and memory maps (a few
+        descriptors a segment). A long-running process that swaps in new versions (the server) calls it once no
+        request uses the old one, so pruned versions do not pile up open; using the index afterwards is refused.
+        Calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        for segment in self._segments:
+            segment.close()
+        self._segments = []
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.manifest.documents
+
+    @contextmanager
+    def reading(self, part: str, opening: bool = False) -> Iterator[None]:
+        """Around a read of PART of this version (a file, or a folder of them): a file that no longer parses
+        becomes one line naming the index, a DamagedIndexError chained to whatever the parser raised
+        (UnicodeDecodeError, ValueError, faiss's RuntimeError, sqlite3.DatabaseError...). Put only reads inside:
+        anything raised there is taken for the file's fault. OPENING: our own refusals (RetrieverError) too,
+        where no argument of the caller's is involved, so any failure is the files'. OSErrors pass: a file that
+        cannot be opened is not a damaged one."""
+        try:
+            yield
+        except OSError:
+            raise
+        except DamagedIndexError as error:
+            if str(error).startswith(f"index '{self.name}' "):
+                raise
+            raise self.damaged(part, error) from error
+        except RetrieverError as error:
+            if not opening:
+                raise
+            raise self.damaged(part, error) from error
+        except Exception as error:
+            raise self.damaged(part, error) from error
+
+    def damaged(self, part: str, error: BaseException | str) -> DamagedIndexError:
+        """The one line saying PART of this version cannot be read, and why (ERROR, without server paths)."""
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = reason.replace(f"{self.folder}/", "").replace(str(self.folder), "")[:200]
+        return damaged_index(f"index '{self.name}'", f"{part} cannot be read ({reason}); `retriever verify` checks "
+                                                     "every file")
+
+    # --- documents -------------------------------------------------------------------------------------------
+
+    def rows(self, rowids: np.ndarray, columns: Sequence[str] | None = None) -> dict[int, dict]:
+        """The document rows of ROWIDS (-1, padding, skipped), each read from the segment that holds it. A row id no
+        segment holds is damage: the vectors and the documents disagree."""
+        wanted = np.unique(np.asarray(rowids, dtype=np.int64))
+        wanted = wanted[wanted >= 0]
+        rows: dict[int, dict] = {}
+        for segment in self.segments:
+            here = wanted[segment.contains(wanted)]
+            if len(here):
+                with self.reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                    found = segment.documents.get(here) if columns is None else segment.documents.get(here, columns)
+                rows.update((row["rowid"], row) for row in found)
+        if len(rows) < len(wanted):
+            missing = [int(rowid) for rowid in wanted if int(rowid) not in rows][:5]
+            raise self.damaged(SEGMENTS, f"row ids {missing} have no segment")
+        return rows
+
+    def document(self, doc_id: str) -> dict | None:
+        """The stored row of DOC_ID (doc_id, title, text, source, line, metadata), or None if it is not here."""
+        for segment in self.segments:
+            with self.reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                rowid = segment.documents.rowids_for([doc_id]).get(doc_id)
+                if rowid is not None and not _in(rowid, self.tombstones):
+                    return segment.documents.get([rowid])[0]
+        return None
+
+    def live_rowids(self, doc_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """doc_id -> (row id, segment position) for those of DOC_IDS in the index (deleted ones are not)."""
+        found: dict[str, tuple[int, int]] = {}
+        for position, segment in enumerate(self.segments):
+            with self.reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                for doc_id, rowid in segment.documents.rowids_for(doc_ids).items():
+                    if not _in(rowid, self.tombstones):
+                        found[doc_id] = (rowid, position)
+        return found
+
+    def matching(self, where: Filter) -> np.ndarray:
+        """The live row ids (int64, ascending) WHERE selects, over every segment (every document's fields read:
+        the search layer remembers the recent filters' answers)."""
+        parts = []
+        for segment in self.segments:
+            with self.reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                parts.append(segment.documents.matching(where))
+        found = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        return found[~np.isin(found, self.tombstones)] if len(self.tombstones) else found
+
+    def live_masks(self) -> list[np.ndarray]:
+        """Each segment's mask of live positions (tombstoned rows False)."""
+        return [~np.isin(segment.rowids, self.tombstones) for segment in self.segments]
+
+    # --- vectors ---------------------------------------------------------------------------------------------
+
+    def calibrate(self, raw: np.ndarray) -> np.ndarray:
+        """Raw encoder output to the index's space: the saved calibrator, then L2 normalization."""
+        return l2_normalize(self.calibrator.transform(raw))
+
+    def raw_of(self, segment: Segment, rowids: np.ndarray) -> np.ndarray:
+        """The raw vectors (float32) of ROWIDS, all held by SEGMENT."""
+        with self.reading(f"{SEGMENTS}/{segment.name}/{RAW}"):
+            return segment.raw_for(rowids)
+
+    def raw_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """All uncalibrated vectors (float32) of documents in the index, with their row ids. Holds every vector
+        in memory: for small indexes and tests; the library itself streams (`Segment.raw_blocks`)."""
+        raws, ids = [], []
+        for segment in self.segments:
+            keep = ~np.isin(segment.rowids, self.tombstones)
+            raws.append(np.asarray(segment.raw[keep], dtype=np.float32))
+            ids.append(np.asarray(segment.rowids[keep]))
+        dim = self.manifest.encoder["dim"]
+        return (np.concatenate(raws) if raws else np.empty((0, dim), np.float32),
+                np.concatenate(ids) if ids else np.empty(0, np.int64))
+
+    def raw_sample(self, size: int, seed: int = 0) -> np.ndarray:
+        """At most SIZE raw vectors (float32) of documents in the index, drawn uniformly with SEED; a value that is
+        not finite (what a flipped bit in a float16 file can make) is a damaged segment, not something to fit on."""
+        total = sum(len(segment) for segment in self.segments)
+        rows = fit_sample_rows(total, size, seed)
+        parts, offset = [], 0
+        for segment in self.segments:
+            local = np.arange(len(segment)) if rows is None else rows[(rows >= offset) & (rows < offset + len(segment))] - offset
+            if len(local):
+                vectors = np.asarray(segment.raw[local], dtype=np.float32)
+                if not np.isfinite(vectors).all():
+                    raise self.damaged(f"{SEGMENTS}/{segment.name}/{RAW}", "it holds values that are not finite")
+                parts.append(vectors[~np.isin(np.asarray(segment.rowids[local]), self.tombstones)])
+            offset += len(segment)
+        return np.concatenate(parts) if parts else np.empty((0, self.manifest.encoder["dim"]), np.float32)
+
+    def check_sources(self):
+        """DOCUMENTS_AT and VECTORS_AT over the documents in the index (deleted ones left out), for
+        `calibration.pseudo_queries.make_check_set`: position i is the i-th live row id, segment by segment."""
+        live = [np.asarray(segment.rowids)[~np.isin(segment.rowids, self.tombstones)] for segment in self.segments]
+        rowids = np.concatenate(live) if live else np.empty(0, np.int64)
+        owner = np.concatenate([np.full(len(ids), number) for number, ids in enumerate(live)]) if live else rowids
+
+        def each_segment(positions: np.ndarray, read) -> list:
+            found: list = [None] * len(positions)
+            for number, segment in enumerate(self.segments):
+                mine = np.flatnonzero(owner[positions] == number)
+                if len(mine):
+                    with self.reading(f"{SEGMENTS}/{segment.name}"):
+                        for slot, value in zip(mine.tolist(), read(segment, rowids[positions[mine]])):
+                            found[slot] = value
+            return found
+
+        def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
+            return each_segment(positions, lambda segment, ids: [(row["title"], row["text"]) for row in
+                                                                segment.documents.get(ids, ("title", "text"))])
+
+        def vectors_at(positions: np.ndarray) -> np.ndarray:
+            dim = self.manifest.encoder["dim"]
+            return np.asarray(each_segment(positions, lambda segment, ids: list(segment.raw_for(ids))),
+                              dtype=np.float32).reshape(len(positions), dim)
+
+        return documents_at, vectors_at
+
+    # --- integrity -------------------------------------------------------------------------------------------
+
+    def verify(self, progress=None) -> int:
+        """Re-hash every file against the manifest (opening only checks sizes, and the counts); returns the bytes
+        checked."""
+        return verify_files(self.folder, self.manifest, name=self.name, progress=progress)
+
+    def template(self):
+        """This version's trained template (IVF types), re-hashed first, for a write whose new segments start from
+        a copy of it; None for the types that train nothing."""
+        if not (self.folder / TEMPLATE).is_file():
+            return None
+        self.check_read(TEMPLATE)
+        with self.reading(TEMPLATE, opening=True):
+            return load_template(self.folder / TEMPLATE, self.spec)
+
+    def check_read(self, *parts: str) -> None:
+        """Before a write reads PARTS of this version (files, or folders of them) into a new one: re-hash them
+        against the manifest (`integrity.verify_read`), so damage is refused instead of carried on."""
+        files = self.manifest.files
+        verify_read(self.folder, [relative for relative in files
+                                  if any(relative == part or relative.startswith(part + "/") for part in parts)],
+                    files, self.name)
+
+
+def verify_index(name: str, index_dir: str | Path | None = None, progress=None) -> tuple[Manifest, int]:
+    """Re-hash every file of NAME's current version against its manifest, without opening (and so trusting)
+    any of them first; returns the manifest and the bytes checked."""
+    index_dir = resolve_index_dir(index_dir)
+    folder = resolve_existing(index_dir, name)
+    manifest = read_manifest(folder, name=name)  # its types checked before a path from it is followed
+    checked = verify_files(folder, manifest, name=name, progress=progress)
+    check_counts(manifest, [_stored_rows(folder, f"{SEGMENTS}/{entry.name}/{ROWIDS}", name)
+                            for entry in manifest.segments], None,
+                 _stored_rows(folder, TOMBSTONES, name) if (folder / TOMBSTONES).is_file() else 0, name)
+    return manifest, checked
+
+
+def _stored_rows(folder: Path, relative: str, name: str) -> int:
+    """The rows of a .npy of the version in FOLDER, from its header alone."""
+    try:
+        return int(npy_layout(folder / relative)[0][0])
+    except (RetrieverError, IndexError) as error:
+        reason = str(error).replace(f"{folder}/", "") if isinstance(error, RetrieverError) else "no rows"
+        raise damaged_index(f"index '{name}'", f"{relative} cannot be read ({reason})") from error
+
+
+def check_counts(manifest: Manifest, rows: list[int], vectors: list[int] | None, deleted: int, name: str) -> None:
+    """The manifest's counts against the files': each segment's ROWS (and VECTORS, when loaded), and its document
+    count against all rows less the DELETED ones. Header reads only, so opening stays cheap; a manifest written
+    by hand or a swapped file shows here rather than as wrong counts or missing rows later."""
+    def damaged(problem: str) -> DamagedIndexError:
+        return damaged_index(f"index '{name}'", problem)
+
+    for number, (entry, held) in enumerate(zip(manifest.segments, rows)):
+        where = f"{SEGMENTS}/{entry.name}"
+        if held != entry.rows:
+            raise damaged(f"{where}/{ROWIDS} holds {held:,} rows, the manifest says {entry.rows:,}")
+        if vectors is not None and vectors[number] != held:
+            raise damaged(f"{where}/{VECTORS} holds {vectors[number]:,} vectors for {held:,} rows")
+    if manifest.documents != sum(rows) - deleted:
+        raise damaged(f"the manifest counts {counted(manifest.documents, 'document')}, but its segments hold "
+                      f"{counted(sum(rows), 'row')} of which {deleted:,} are deleted")
+
+
+def _check_tombstones(tombstones: np.ndarray) -> None:
+    """Tombstones are row ids, ascending and distinct (searches look them up by bisection)."""
+    if tombstones.ndim != 1 or tombstones.dtype.kind not in "iu" or (np.diff(tombstones) <= 0).any():
+        raise RetrieverError("not an ascending list of row ids")
+
+
+def segment_spec(entry: SegmentEntry, spec: IndexSpec) -> IndexSpec:
+    """The index settings of the segment ENTRY in a version whose settings are SPEC (small hnsw segments are
+    flat)."""
+    kind = entry.index or spec.type
+    return spec if kind == spec.type else IndexSpec(type=kind)
+
+
+def _in(rowid: int, sorted_ids: np.ndarray) -> bool:
+    position = np.searchsorted(sorted_ids, rowid)
+    return bool(position < len(sorted_ids) and sorted_ids[position] == rowid)

@@ -1,0 +1,89 @@
+"""SearchOptions: the one declaration of the search parameters, checked when made, and the key a server's batch
+shares a search by."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from retriever.errors import RetrieverError
+from retriever.filters import FilterError
+from retriever.search.fusion import Fusion
+from retriever.search.options import FUSIONS, MAX_K, SearchOptions, described
+
+
+def test_the_declared_fusions_are_the_registry():
+    assert tuple(sorted(Fusion.registry)) == FUSIONS
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"k": 0}, "k must be at least 1"),
+    ({"k": MAX_K + 1}, "k is at most 10,000"),
+    ({"k": True}, "k must be a whole number"),
+    ({"k": 2.5}, "k must be a whole number"),
+    ({"mode": "fuzzy"}, "unknown mode 'fuzzy'; known: dense, keyword, hybrid"),
+    ({"fusion": "max"}, "unknown fusion 'max'; known: null, rrf, zscore"),
+    ({"weight": -0.1}, "weight is the dense side's share, from 0 to 1"),
+    ({"weight": "0.5"}, "weight must be a number"),
+    ({"min_score": 1.5}, "min_score is a cosine: between -1 and 1"),
+    ({"min_score": 0.2, "mode": "keyword"}, "keyword search has none"),
+    ({"space": "warped"}, "unknown space 'warped'"),
+    ({"space": "raw", "mode": "hybrid"}, "space='raw' ranks by the uncalibrated vectors"),
+    ({"nprobe": 0}, "nprobe must be at least 1"),
+    ({"ef_search": -3}, "ef_search must be at least 1"),
+    ({"rerank": 0}, "rerank must be at least 1"),
+])
+def test_a_bad_value_is_one_line_naming_the_parameter(settings, message):
+    with pytest.raises(RetrieverError, match=message) as raised:
+        SearchOptions(**settings)
+    assert "\n" not in str(raised.value) and raised.value.parameter in settings
+
+
+def test_a_filter_is_compiled_when_the_options_are_made():
+    options = SearchOptions(where='{"lang": "en"}')
+    assert options.where.source == {"lang": "en"} and "json_extract" in options.where.sql
+    with pytest.raises(FilterError, match="where: not valid JSON"):
+        SearchOptions(where="{lang")
+
+
+def test_options_are_values_whatever_their_filter_was_written_as():
+    """A server batches requests by their options: the same filter, written as text or as an object, keys alike."""
+    as_text = SearchOptions(k=5, where='{"year": {"$gte": 2020}, "lang": "en"}')
+    as_object = SearchOptions(k=np.int64(5), where={"lang": "en", "year": {"$gte": 2020}})
+    assert as_text == as_object and hash(as_text) == hash(as_object) and type(as_object.k) is int
+    assert as_text != SearchOptions(k=5, where={"lang": "fr"})
+
+
+def test_requests_share_a_search_by_everything_but_k_and_min_score_save_the_hybrid_depth():
+    dense = [SearchOptions(k=k, mode="dense", min_score=floor) for k, floor in ((5, None), (50, 0.3), (500, None))]
+    assert len({options.batch_key() for options in dense}) == 1
+    hybrid = [SearchOptions(k=k, mode="hybrid") for k in (5, 50, 100, 500)]
+    assert [options.depth for options in hybrid] == [100, 100, 100, 500]
+    assert len({options.batch_key() for options in hybrid}) == 2  # depth 100, depth 500
+    assert SearchOptions(k=5, mode="hybrid", weight=0.5).batch_key() != hybrid[0].batch_key()
+
+
+def test_of_takes_the_fields_as_keywords_over_given_options():
+    base = SearchOptions(k=3, mode="dense")
+    assert SearchOptions.of(base, k=7) == SearchOptions(k=7, mode="dense")
+    assert SearchOptions.of(None, mode="keyword").mode == "keyword"
+    with pytest.raises(RetrieverError, match="unknown search parameter kk"):
+        SearchOptions.of(None, kk=3)
+
+
+def test_the_mode_is_resolved_by_the_index():
+    assert SearchOptions().resolved("notes", has_keywords=True).mode == "hybrid"
+    assert SearchOptions().resolved("notes", has_keywords=False).mode == "dense"
+    assert SearchOptions(space="raw").resolved("notes", has_keywords=True).mode == "dense"
+    with pytest.raises(RetrieverError, match="index 'notes' has no keyword index .* compacting it adds one"):
+        SearchOptions(mode="hybrid").resolved("notes", has_keywords=False)
+    assert SearchOptions(min_score=0.1).resolved("notes", has_keywords=True).min_score == 0.1  # hybrid: its dense side
+
+
+def test_every_parameter_says_what_it_means_and_what_none_means():
+    for spec in fields(SearchOptions):
+        about = described(spec.name)
+        assert about["help"] and about["kind"] in (int, float, str, bool, "filter")
+        assert spec.default is not None or about["unset"], spec.name
