@@ -12,7 +12,8 @@ The names below load on first use, so `import retriever` (and the CLI's --help) 
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "Index": "retriever.index", "SearchHit": "retriever.index", "ChangeSummary": "retriever.engines.steps",
+    "Index": "retriever.index", "SearchOptions": "retriever.search.options", "SearchHit": "retriever.search.results",
+    "ChangeSummary": "retriever.engines.steps",
     "Document": "retriever.corpus", "Encoder": "retriever.encode.encoder", "RetrieverError": "retriever.errors",
     "NotFoundError": "retriever.errors", "ConflictError": "retriever.errors", "DamagedIndexError": "retriever.errors",
     "UnavailableError": "retriever.errors",

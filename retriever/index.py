@@ -67,7 +67,7 @@ from retriever.text import check_queries, counted
 from retriever.versions.catalog import version_records
 from retriever.versions.folder import rollback
 from retriever.versions.home import resolve_index_dir
-from retriever.versions.layout import CALIBRATOR, ENCODED, SEGMENTS
+from retriever.versions.layout import CALIBRATOR, ENCODED, MANIFEST, SEGMENTS
 from retriever.versions.snapshot import Snapshot, verify_index
 from retriever.versions.writer import IndexWriter, MergePolicy
 
@@ -159,6 +159,9 @@ class Index:
         after calibration (`calibration.diagnostics.isotropy`)."""
         snapshot = self.snapshot
         files = snapshot.manifest.files
+        listed = {f"{SEGMENTS}/{s.name}/{VECTORS}" for s in snapshot.segments} - set(files)
+        if listed:
+            raise snapshot.damaged(MANIFEST, f"it lists no {sorted(listed)[0]}")
         segments = [{"name": s.name, "rows": len(s), "index_bytes": files[f"{SEGMENTS}/{s.name}/{VECTORS}"].bytes}
                     for s in snapshot.segments]
         default_mode = self._searcher.resolve(SearchOptions()).mode

@@ -19,7 +19,7 @@ from retriever.errors import RetrieverError
 from retriever.index import Index
 from retriever.versions.catalog import describe_indexes
 from retriever.versions.folder import remove_index
-from retriever.versions.layout import LAST_VERSION, LOCK, VERSIONS
+from retriever.versions.layout import LOCK, NUMBERS, VERSIONS
 from tests.helpers import DOCS, sentences, write_jsonl
 
 
@@ -188,7 +188,7 @@ def test_a_full_disk_is_one_line_and_the_previous_version_stays(tmp_path, tiny_b
                         r"disk is full)\); the previous version is intact; free some space and run it again",
                         str(refused.value)), str(refused.value)
     assert (tmp_path / "full").resolve() == before  # and no partial folder is left taking space
-    assert sorted(os.listdir(tmp_path / VERSIONS / "full")) == sorted([before.name, LAST_VERSION, LOCK])
+    assert sorted(os.listdir(tmp_path / VERSIONS / "full")) == sorted([before.name, LOCK, NUMBERS])
     if write == "build":  # a new name: nothing of it is left
         with pytest.raises(RetrieverError, match="the disk is full .*; no index was made;"):
             Index.build(corpus, "new", tmp_path, model=str(tiny_bert), calibrator="whitening", device="cpu")

@@ -56,13 +56,18 @@ def test_options_are_values_whatever_their_filter_was_written_as():
     assert as_text != SearchOptions(k=5, where={"lang": "fr"})
 
 
-def test_requests_share_a_search_by_everything_but_k_and_min_score_save_the_hybrid_depth():
-    dense = [SearchOptions(k=k, mode="dense", min_score=floor) for k, floor in ((5, None), (50, 0.3), (500, None))]
-    assert len({options.batch_key() for options in dense}) == 1
-    hybrid = [SearchOptions(k=k, mode="hybrid") for k in (5, 50, 100, 500)]
-    assert [options.depth for options in hybrid] == [100, 100, 100, 500]
-    assert len({options.batch_key() for options in hybrid}) == 2  # depth 100, depth 500
-    assert SearchOptions(k=5, mode="hybrid", weight=0.5).batch_key() != hybrid[0].batch_key()
+def test_requests_share_a_search_by_everything_but_min_score():
+    """min_score is applied to each request's own answer; k decides what the search reads (an hnsw beam of at least
+    k, k x rerank compressed candidates, a filter's plan, hybrid lists of at least k), so it stays in the key."""
+    floors = [SearchOptions(k=5, mode="dense", min_score=floor) for floor in (None, 0.3, -0.5)]
+    assert len({options.batch_key() for options in floors}) == 1
+    assert SearchOptions(k=5, mode="dense").batch_key() != SearchOptions(k=50, mode="dense").batch_key()
+    assert [SearchOptions(k=k, mode="hybrid").depth for k in (5, 100, 500)] == [100, 100, 500]
+    assert SearchOptions(k=5, mode="hybrid", weight=0.5).batch_key() != SearchOptions(k=5, mode="hybrid").batch_key()
+    with pytest.raises(RetrieverError, match="k must be given"):
+        SearchOptions(k=None)
+    with pytest.raises(RetrieverError, match="space must be given"):
+        SearchOptions(space=None)
 
 
 def test_of_takes_the_fields_as_keywords_over_given_options():

@@ -110,6 +110,32 @@ def test_a_failing_shard_fails_the_request_with_a_503_never_a_partial_answer(ind
         assert sharded.get("/search", params={"q": QUERIES[0], "mode": "dense"}).status_code == 200
 
 
+class ShardTaskError(Exception):
+    """What Ray hands back where a shard's own code raised: that exception as its `cause`."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(f"the task raised {cause!r}")
+        self.cause = cause
+
+
+def test_an_error_a_shard_raises_reaches_the_front_as_it_was_raised(index_dir):
+    """Only a shard that does not answer is 'did not answer': damage it finds is the index's 503, and a bug in it
+    the front's 500, never a retry-later."""
+    from retriever.errors import DamagedIndexError
+
+    handles = [InProcessHandle(ShardServer(str(index_dir), 0, 2)),
+               InProcessHandle(ShardServer(str(index_dir), 1, 2), fail=ShardTaskError(ZeroDivisionError("a bug")))]
+    with TestClient(create_app(index_dir, device="cpu", runtime="torch", remote=RayShards(handles)),
+                    base_url="http://127.0.0.1", raise_server_exceptions=False) as sharded:
+        answer = sharded.get("/search", params={"q": QUERIES[0], "mode": "dense"})
+        assert answer.status_code == 500 and "ZeroDivisionError" in answer.json()["detail"]
+        damage = DamagedIndexError("index 'notes' is damaged: segments/000002 cannot be read (x); rebuild the index")
+        handles[1].fail = ShardTaskError(damage)
+        answer = sharded.get("/search", params={"q": QUERIES[0], "mode": "dense"})
+        assert answer.status_code == 503 and answer.json()["code"] == "damaged"
+        assert answer.json()["detail"].startswith("index 'notes' is damaged: segments/000002 cannot be read")
+
+
 def test_a_shard_searches_the_version_it_is_asked_for(index_dir, tmp_path):
     """A write committed meanwhile does not change what a shard answers for the version the front names."""
     before = Index.open("notes", index_dir, device="cpu")

@@ -70,9 +70,9 @@ def test_the_library_keeps_the_current_version_and_the_one_it_replaced(tmp_path,
 
 
 def test_versions_are_numbered_and_numbers_only_grow(tmp_path, tiny_bert, monkeypatch):
-    """Each commit records one more than any number committed for the name: a rollback and the write after it never
-    bring a number back; and the order is the numbers', whatever the folders are called (they used to be named by
-    the clock, which can step back)."""
+    """Each write takes one more than any number given out for the name: a rollback and the write after it, or a
+    write that failed, never bring a number back; and the order is the numbers', whatever the folders are called
+    (they used to be named by the clock, which can step back)."""
     from retriever import Document, Index
     from retriever.errors import RetrieverError
 
@@ -87,10 +87,10 @@ def test_versions_are_numbered_and_numbers_only_grow(tmp_path, tiny_bert, monkey
     third = Index.open("notes", home, device="cpu").delete(["n1"])
     assert third.version == 3 and [v["version"] for v in Index.versions("notes", home)] == [3, 1]
     with pytest.raises(RetrieverError):
-        Index.open("notes", home, device="cpu").delete(["nobody"])  # fails: no version, no number
-    assert Index.open("notes", home, device="cpu").delete(["n2"]).version == 4
-    assert Index.open("notes", home, device="cpu").snapshot.manifest.version == 4
-    with pytest.raises(NotFoundError, match="has no kept version '2'; kept: 4, 3"):
+        Index.open("notes", home, device="cpu").delete(["nobody"])  # fails: its number is not given out again
+    assert Index.open("notes", home, device="cpu").delete(["n2"]).version == 5
+    assert Index.open("notes", home, device="cpu").snapshot.manifest.version == 5
+    with pytest.raises(NotFoundError, match="has no kept version '2'; kept: 5, 3"):
         Index.rollback("notes", 2, home)
 
 
@@ -105,3 +105,47 @@ def test_rollback_takes_a_version_s_number_on_the_command_line(cli, tmp_path, ti
     back = cli("rollback", "1", "--name", "notes")
     assert back.returncode == 0 and "index 'notes' is at version 1 again: 12 documents" in back.stderr
     assert [(v["version"], v["current"]) for v in kept(cli)] == [(2, False), (1, True)]
+
+
+def test_a_commit_whose_number_was_not_recorded_is_never_taken_for_an_orphan(tmp_path, tiny_bert):
+    """A writer can die after its swap and before it records the commit (`numbers.json`). Its version was current,
+    so a rollback past it and the next write must keep it as committed: not delete it as a version no reader saw,
+    nor give its number to the next version."""
+    from retriever import Document, Index
+    from retriever.versions.layout import NUMBERS, VERSIONS
+
+    home = tmp_path / "home"
+    notes = [Document(f"n{i}", f"Note {i} about ships.", None, "mem", i + 1) for i in range(12)]
+    Index.build(notes, "notes", home, model=str(tiny_bert), calibrator="none")
+    Index.open("notes", home, device="cpu").delete(["n0"])
+    Index.open("notes", home, device="cpu").delete(["n1"])  # version 3, current
+    record = home / VERSIONS / "notes" / NUMBERS
+    record.write_text(json.dumps({"given": 3, "committed": 2}))  # as if the writer died before recording it
+    Index.rollback("notes", 2, home, device="cpu")
+    assert [(v["version"], v["current"]) for v in Index.versions("notes", home)] == [(3, False), (2, True)]
+    assert Index.open("notes", home, device="cpu").delete(["n5"]).version == 4
+    assert [v["version"] for v in Index.versions("notes", home)] == [4, 2]
+    assert json.loads(record.read_text()) == {"given": 4, "committed": 4}
+
+
+def test_a_version_never_swapped_in_is_removed_by_the_next_write_and_its_number_not_reused(tmp_path, tiny_bert):
+    """A writer killed between renaming its folder and swapping the link leaves a complete version no reader
+    saw: the next write removes it, and numbers past it."""
+    import shutil
+
+    from retriever import Document, Index
+    from retriever.versions.layout import MANIFEST, VERSIONS
+    from retriever.versions.manifest import record_checksum
+
+    home = tmp_path / "home"
+    notes = [Document(f"n{i}", f"Note {i} about ships.", None, "mem", i + 1) for i in range(12)]
+    Index.build(notes, "notes", home, model=str(tiny_bert), calibrator="none")
+    current = (home / "notes").resolve()
+    orphan = home / VERSIONS / "notes" / "0123456789ab"
+    shutil.copytree(current, orphan)
+    manifest = json.loads((orphan / MANIFEST).read_text())
+    manifest["version"] = 2
+    manifest["checksum"] = record_checksum(manifest)
+    (orphan / MANIFEST).write_text(json.dumps(manifest))
+    assert Index.open("notes", home, device="cpu").delete(["n0"]).version == 3
+    assert not orphan.exists() and [v["version"] for v in Index.versions("notes", home)] == [3, 1]

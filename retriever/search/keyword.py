@@ -3,12 +3,14 @@ what hybrid search needs of this side (a candidate's score, a query's score dist
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from retriever.errors import DamagedIndexError
 from retriever.search.fusion import top_list
 from retriever.search.plan import Matches
 from retriever.store.keywords import KeywordScorer, QueryMatches
@@ -41,9 +43,11 @@ class KeywordSearcher:
             with self._lock:
                 if self._scorer is None:
                     snapshot = self.snapshot
-                    with snapshot.reading(SEGMENTS):
+                    try:  # the segments' statistics, read at open: only their disagreeing is the files' fault
                         self._scorer = KeywordScorer([segment.keywords for segment in snapshot.segments],
                                                      snapshot.live_masks())
+                    except DamagedIndexError as error:
+                        raise snapshot.damaged(SEGMENTS, error) from error
                 scorer = self._scorer
         return scorer
 
@@ -54,7 +58,8 @@ class KeywordSearcher:
         scorer = self.scorer()
         sides = []
         for text in texts:
-            with self.snapshot.reading(SEGMENTS):  # the postings are read here: damaged ones are one line
+            # The postings are read here (SQLite and their arrays): damaged ones are one line naming the index.
+            with self.snapshot.reading(SEGMENTS, errors=(sqlite3.DatabaseError,)):
                 query = scorer.match(text, stop_words)
             sides.append(KeywordList(query, *self._top(query, depth, matches)))
         return sides

@@ -66,6 +66,8 @@ class SearchOptions:
     def __post_init__(self) -> None:
         for spec in fields(self):
             value, meta = getattr(self, spec.name), spec.metadata
+            if value is None and spec.default is not None:
+                raise RetrieverError(f"{param(spec.name)} must be given (it has no unset value)")
             if value is None or meta["kind"] == "filter":
                 continue
             if meta["kind"] in (int, float, bool):
@@ -123,10 +125,11 @@ class SearchOptions:
         return max(self.k, HYBRID_CANDIDATES) if self.mode == "hybrid" else self.k
 
     def batch_key(self) -> SearchOptions:
-        """What requests share one search by (a server's batch): these options without k and min_score, which
-        each request applies to the shared answer (`results.cut`), but with the lists' depth where it matters
-        (hybrid), so an answer never depends on what else was batched with it."""
-        return replace(self, k=self.depth if self.mode == "hybrid" else 1, min_score=None)
+        """What requests share one search by (a server's batch): these options, resolved for the index, without
+        min_score, which each request applies to the shared answer (`results.cut`). k stays: the lists a search
+        reads depend on it (an hnsw beam of at least k, k x rerank compressed candidates, a filter's plan, hybrid
+        lists of at least k), so an answer never depends on what else was batched with it."""
+        return replace(self, min_score=None)
 
     @property
     def fusion_name(self) -> str:

@@ -122,7 +122,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                     log.info("index '%s': %s documents, version %d, encoder on %s", name, f"{len(opened.index):,}",
                              opened.snapshot.manifest.version, opened.encoder.runtime)
                 except Exception as error:  # noqa: BLE001 - one bad index must not keep the others from being served
-                    log.warning("index '%s' not served: %s", name, _one_line(error))
+                    log.warning("index '%s' not served: %s", name, _one_line(error),
+                                exc_info=None if isinstance(error, RetrieverError) else error)  # a bug: its traceback
             log.info("serving %d indexes from %s", len(indexes.names()), indexes.index_dir)
         yield
         metrics.stop()
@@ -211,12 +212,12 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         async with indexes.using(name) as served:
             snapshot = served.snapshot
             shards = {} if indexes.remote is None else {"shards": indexes.remote.assignment(snapshot)}
-            return {**_describe_index(served.index), "segments": [entry.to_record() for entry in snapshot.manifest.segments],
+            return {**_describe_index(served.index),
+                    "segments": [entry.to_record() for entry in snapshot.manifest.segments],
                     "search_settings": snapshot.spec.search_settings(), "fit": snapshot.manifest.fit, **shards}
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None],
                          options: SearchOptions) -> Response:
-        check_search(texts, ids, options.k)
         async with indexes.using(name) as served:
             options = served.searcher.resolve(options)
             if options.space == "raw":
@@ -225,18 +226,22 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                 if options.where is not None:
                     # Its matches are found here, on a worker thread: the batcher's one thread finds them remembered.
                     await run_in_threadpool(served.searcher.matches.matches, options.where)
-                hits = await asyncio.wrap_future(state["batcher"].submit(served, texts, options))
+                future = state["batcher"].submit(served, texts, options)
+                indexes.hold_until_done(served, future)
+                hits = await asyncio.wrap_future(future)
             # Rendered on a worker thread: a large answer must not stall every other request on the event loop.
             return await run_in_threadpool(render_answer, served, texts, ids, hits, options)
 
     @app.get("/search")
     async def search_get(query: Annotated[SearchQuery, Query()]):
+        check_search([query.q], [None], query.k)  # the API's own bounds, before the options are compiled
         return await run_search(query.index, [query.q], [None], search_options(query))
 
     @app.post("/search")
     async def search_post(request: SearchRequest):
         texts = [item if isinstance(item, str) else item.text for item in request.queries]
         ids = [None if isinstance(item, str) else item.id for item in request.queries]
+        check_search(texts, ids, request.k)
         return await run_search(request.index, texts, ids, search_options(request))
 
     @app.get("/indexes/{name}/documents/{doc_id:path}")

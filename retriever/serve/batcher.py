@@ -1,5 +1,6 @@
 """Micro-batching: searches answered on one thread, every query that queued while the previous batch ran going
-through one encoder call (one per encoder), then one search per index version and `SearchOptions.batch_key`.
+through one encoder call (one per encoder), then one search per index version and `SearchOptions.batch_key` (the
+same options but min_score).
 Under load that is micro-batching for free; a lone query waits for nothing.
 
 One client's bad query never fails another's: queries are checked before they are batched, and a batch that
@@ -13,7 +14,7 @@ import queue
 import threading
 from collections import defaultdict
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -76,6 +77,12 @@ class SearchBatcher:
                     break
                 jobs.append(job)
                 count += len(job.queries)
+            # A request whose client went away was cancelled while queued: not searched. The others can no longer
+            # be cancelled, so answering them never meets a cancelled future.
+            jobs = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+            if not jobs:
+                continue
+            count = sum(len(job.queries) for job in jobs)
             self.batches += 1
             self.queries += count
             if self.metrics is not None:
@@ -126,9 +133,10 @@ class SearchBatcher:
     @staticmethod
     def _search(jobs: list[SearchJob]) -> None:
         served = jobs[0].served
-        options = replace(jobs[0].options.batch_key(), k=max(job.options.k for job in jobs))
+        options = jobs[0].options.batch_key()
         texts = [text for job in jobs for text in job.queries]
-        vectors = None if options.mode == "keyword" else served.snapshot.calibrate(np.concatenate([job.raw for job in jobs]))
+        vectors = (None if options.mode == "keyword" else
+                   served.snapshot.calibrate(np.concatenate([job.raw for job in jobs])))
         hits = served.searcher.search(texts, vectors, options)
         offset = 0
         for job in jobs:

@@ -28,6 +28,8 @@ class Leases(Generic[T]):
 
     def release(self, item: T) -> None:
         with self.lock:
+            if id(item) not in self._holders:
+                return  # everything was closed (`close_all`: the server stopped) while it was held
             left = self._holders[id(item)] - 1
             if left:
                 self._holders[id(item)] = left

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,12 @@ class OpenIndexes:
                 return False  # replaced (and closed) between the look-up and now: look again
             self._leases.hold(served)
             return True
+
+    def hold_until_done(self, served: Served, future: Future) -> None:
+        """Keep SERVED open until FUTURE (its batched search) is done, whatever becomes of the request that
+        submitted it: a client that goes away cancels its handler, not a search the batcher has started."""
+        self._leases.hold(served)
+        future.add_done_callback(lambda _: self._leases.release(served))
 
     @asynccontextmanager
     async def using(self, name: str | None):

@@ -16,9 +16,10 @@ fans out, merges and answers the same HTTP API as the local server (`retriever s
 - The front merges the shards' per-segment top lists in segment order, as one process merges its segments, so
   the answers equal the local server's. Keyword search, fusion and documents stay at the front (BM25 reads the
   whole version's statistics; the keyword index is a small part of an index).
-- A shard that fails or does not answer within `SHARD_TIMEOUT_S` fails the request with a 503 naming it: never a
-  partial merge, never a hang. Ray Serve replaces a dead replica; requests meanwhile go to the shard's other
-  replicas or fail fast.
+- A shard that does not answer within `SHARD_TIMEOUT_S` (or whose replica died) fails the request with a 503
+  naming it: never a partial merge, never a hang. An error a shard raises itself reaches the front as it was
+  raised (damage is a 503 naming the index; a bug a 500 whose traceback the front logs). Ray Serve replaces a
+  dead replica; requests meanwhile go to the shard's other replicas or fail fast.
 
 The deployments are put together by `retriever.serve.run.ray_application`; this module holds what runs in them and
 imports no Ray itself (the handles it calls are given to it).
@@ -26,6 +27,7 @@ imports no Ray itself (the handles it calls are given to it).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -39,6 +41,8 @@ from retriever.search.top_lists import TopList, segment_top_lists, space_vectors
 from retriever.serve.leases import Leases
 from retriever.versions.manifest import SegmentEntry
 from retriever.versions.snapshot import Snapshot
+
+log = logging.getLogger("retriever.serve")
 
 SHARD_TIMEOUT_S = 2.0  # a shard's answer (milliseconds when healthy); past it the request is a 503, not a wait
 VERSIONS_HELD = 4  # versions a shard keeps open: the current one and those requests in flight may still name
@@ -103,6 +107,16 @@ class ShardServer:
             return held, space_vectors(snapshot, rowids[held], mine)
 
 
+def raised_by_shard(error: Exception) -> Exception | None:
+    """The exception a shard's own code raised, where ERROR carries one (Ray hands it back as the `cause` of a
+    task error; an in-process handle raises it as it is), else None: the shard did not answer (a timeout, an
+    actor that died, a replica restarting)."""
+    if isinstance(error, RetrieverError):
+        return error
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, Exception) else None
+
+
 class RayShards:
     """The front's view of the shards (a `search.dense.RemoteSegments`): calls each shard that holds segments of
     the version, waits for all, and merges nothing partial."""
@@ -121,9 +135,13 @@ class RayShards:
             except Exception as error:  # noqa: BLE001 - Ray's errors vary (actor died, timeout, replica restarting)
                 for pending in calls.values():
                     pending.cancel()
+                raised = raised_by_shard(error)
+                if raised is not None:  # the shard answered with an error of its own (damage, a bug): that error
+                    raise raised from error
                 reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+                log.warning("shard %d did not answer: %s: %s", shard, type(error).__name__, reason)
                 raise UnavailableError(f"shard {shard} did not answer ({type(error).__name__}: {reason}); nothing "
-                                       "was merged: try again") from None
+                                       "was merged: try again") from error
         return answers
 
     def top_lists(self, snapshot: Snapshot, queries: np.ndarray, plan: DensePlan,

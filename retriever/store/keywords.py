@@ -323,7 +323,7 @@ class KeywordScorer:
         self.k1_plus_1 = np.float32(k1 + 1)
         tokenizers = {segment.tokenizer for segment in self.segments}
         if len(tokenizers) > 1:
-            raise RetrieverError(f"segments tokenized differently ({', '.join(sorted(tokenizers))})")
+            raise DamagedIndexError(f"segments tokenized differently ({', '.join(sorted(tokenizers))})")
         self.tokenizer = Tokenizer.get(tokenizers.pop() if tokenizers else DEFAULT_TOKENIZER)
         self.stop_terms = set(self.tokenizer(" ".join(STOP_WORDS)))
         self.documents = int(sum(int(mask.sum()) for mask in live))

@@ -11,10 +11,11 @@ complete version. Readers resolve the symlink once and read every file from that
 cannot mix two versions. The previous version is kept so that a reader that resolved it just before a swap can
 still open it, and so that `rollback` can return to it.
 
-Versions are numbered (Lance's versions): a commit records in its manifest one more than the highest number
-committed for the name (`LAST_VERSION`) or kept, so numbers only grow, whatever the clock does, and a number
-readers saw never names another version. Folder names are random and carry no order; what is newer is read from
-the manifests (`integrity.version_number`).
+Versions are numbered (Lance's versions). Under the writer lock, a write takes one more than any number given out
+for the name and records it, durably, before it writes anything (`NUMBERS`: the highest number given out, and the
+highest committed); its commit records that number in the version's manifest. So numbers only grow, whatever the
+clock does, and a number readers saw never names another version (a write that fails leaves a gap). Folder names
+are random and carry no order; what is newer is read from the manifests (`integrity.version_number`).
 
 A version shares what it does not change with the one before it through hard links (`link_tree`): an add writes
 one new segment, a delete one tombstone file, and neither copies the rest. Since files are never modified after
@@ -38,15 +39,18 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from retriever.errors import NotFoundError, RetrieverError
 from retriever.versions.home import NAME, check_name, check_target, index_path
 from retriever.versions.integrity import read_manifest, verify_files, version_number
-from retriever.versions.layout import BUILD_STATE, LAST_VERSION, LOCK, MANIFEST, VERSIONS
+from retriever.versions.layout import BUILD_STATE, LOCK, MANIFEST, NUMBERS, VERSIONS
 
 KEEP_VERSIONS = 2  # the current version and the one it replaced (`rollback` returns to it)
+# How long a writer that does not wait (build, remove, rollback) retries a held lock before it refuses.
+REFUSAL_PATIENCE_S = 0.5
 # A version folder's name (random: the order is the manifests' numbers), and the older names (a commit time and a
 # random part) that versions written before numbering still carry.
 _FOLDER = r"[0-9a-f]{12}|\d{8}T\d{12}-[0-9a-f]{6}"
@@ -100,7 +104,8 @@ class PartialVersion:
         it into an error: a caller told "failed" would retry a write that is already in."""
         try:
             _fsync_dir(self.link.parent)
-            _record_number(self.versions, self.number)
+            numbers = Numbers.read(self.versions, final)  # committed now (the next writer would settle it anyway)
+            numbers.write(self.versions)
             self._prune(keep=final)
         except Exception as error:
             warnings.warn(f"index '{self.link.name}' was written, but tidying up after it failed "
@@ -119,9 +124,11 @@ def _point(link: Path, final: Path) -> None:
 
 
 def _prune_versions(versions: Path, current: Path, replaced: Path | None) -> None:
-    """The retention rule (KEEP_VERSIONS): the current version and the one it replaced; the others are removed."""
+    """The retention rule (KEEP_VERSIONS): the current version and the one it replaced; the others are removed.
+    By folder name: all of them live in VERSIONS, however its path was spelled (a link resolves elsewhere)."""
+    kept = {current.name, *([replaced.name] if replaced is not None else [])}
     for path in versions.iterdir():
-        if path.is_dir() and not path.name.endswith(".partial") and path not in (current, replaced):
+        if path.is_dir() and not path.name.endswith(".partial") and path.name not in kept:
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -132,27 +139,43 @@ def _complete(versions: Path) -> list[Path]:
     return [path for path in versions.iterdir() if path.is_dir() and not path.name.endswith(".partial")]
 
 
-def _last_number(versions: Path) -> int:
-    """The highest number a commit of this name has recorded (`LAST_VERSION`); where none is recorded (versions
-    written before numbering, or a copied index), the highest number any kept version has."""
-    try:
-        return int((versions / LAST_VERSION).read_text(encoding="utf-8").strip())
-    except (OSError, ValueError):
-        return max([0, *(version_number(folder) for folder in _complete(versions))])
+@dataclass(frozen=True)
+class Numbers:
+    """A name's version numbers, kept beside its lock (`NUMBERS`): the highest GIVEN out to a writer, and the
+    highest COMMITTED (swapped in at least once). A version numbered above every commit was never seen by a
+    reader: a writer killed between renaming its folder and swapping the link left it."""
+
+    given: int
+    committed: int
+
+    @classmethod
+    def read(cls, versions: Path, current: Path | None) -> Numbers:
+        """The record, settled: the CURRENT version is committed whatever the record says (a writer may have died
+        after its swap, before it recorded it). Without a record (versions from before numbering, an index copied
+        without it), every kept version counts as committed."""
+        kept = [version_number(folder) for folder in _complete(versions)]
+        try:
+            record = json.loads((versions / NUMBERS).read_text(encoding="utf-8"))
+            numbers = cls(int(record["given"]), int(record["committed"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            numbers = cls(max([0, *kept]), max([0, *kept]))
+        seen = version_number(current) if current is not None else 0
+        return cls(max(numbers.given, numbers.committed, seen, *kept), max(numbers.committed, seen))
+
+    def write(self, versions: Path) -> None:
+        """Durably (the file and its folder fsynced), replaced atomically."""
+        record = versions / NUMBERS
+        partial = record.with_name(NUMBERS + ".partial")
+        with open(partial, "w", encoding="utf-8") as file:
+            file.write(json.dumps({"given": self.given, "committed": self.committed}) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, record)
+        _fsync_dir(versions)
 
 
-def _next_number(versions: Path) -> int:
-    """The number of the next version of a name: one more than any committed (`_last_number`) or kept, so that a
-    number readers saw is never given to another version, whatever was pruned since (a rollback's)."""
-    return max([_last_number(versions), *(version_number(folder) for folder in _complete(versions))]) + 1
-
-
-def _record_number(versions: Path, number: int) -> None:
-    """NUMBER committed: the highest given out (written beside the lock, atomically)."""
-    record = versions / LAST_VERSION
-    partial = record.with_name(LAST_VERSION + ".partial")
-    partial.write_text(f"{number}\n", encoding="utf-8")
-    os.replace(partial, record)
+def _current(link: Path) -> Path | None:
+    return link.resolve() if link.is_symlink() else None
 
 
 @contextmanager
@@ -176,8 +199,10 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
                 version.folder, version.resumed = leftover, True
                 continue
             shutil.rmtree(leftover, ignore_errors=True)
-        _remove_orphans(version)
-        version.number = _next_number(version.versions)
+        numbers = Numbers.read(version.versions, _current(version.link))
+        _remove_orphans(version, numbers.committed)
+        version.number = numbers.given + 1
+        Numbers(version.number, numbers.committed).write(version.versions)  # given out before anything is written
         try:
             version.folder.mkdir(exist_ok=version.resumed)
             yield version
@@ -229,13 +254,13 @@ def _remove_stray_links(index_dir: str | Path, name: str) -> None:
 
 
 def _remove_if_unused(versions: Path, link: Path) -> None:
-    """Remove .versions/NAME when it holds nothing but its lock (and the last number given out) and no link points
-    into it (a first build that failed). Called holding the lock, which goes last, as in `remove_index`: a writer
+    """Remove .versions/NAME when it holds nothing but its lock (and its numbers) and no link points into it (a
+    first build that failed). Called holding the lock, which goes last, as in `remove_index`: a writer
     waiting for it then finds its lock file gone and locks a fresh one."""
     try:
-        if link.is_symlink() or {path.name for path in versions.iterdir()} - {LAST_VERSION} != {LOCK}:
+        if link.is_symlink() or {path.name for path in versions.iterdir()} - {NUMBERS} != {LOCK}:
             return
-        (versions / LAST_VERSION).unlink(missing_ok=True)
+        (versions / NUMBERS).unlink(missing_ok=True)
         (versions / LOCK).unlink()
         versions.rmdir()
     except OSError:
@@ -250,28 +275,31 @@ def sweep_leftovers(index_dir: str | Path, skip: str | None = None) -> None:
     folder = Path(index_dir)
     if not folder.is_dir():
         return
-    names = {found.group(1) for path in folder.glob(".*.link") if (found := _TEMPORARY_LINK.fullmatch(path.name))}
     versions = folder / VERSIONS
-    if versions.is_dir():
-        names |= {path.name for path in versions.iterdir() if path.is_dir() and NAME.fullmatch(path.name)
-                  and not (folder / path.name).is_symlink() and (path / LOCK).is_file()}
+    try:
+        names = {found.group(1) for path in folder.glob(".*.link")
+                 if (found := _TEMPORARY_LINK.fullmatch(path.name))}
+        if versions.is_dir():
+            names |= {path.name for path in versions.iterdir() if path.is_dir() and NAME.fullmatch(path.name)
+                      and not (folder / path.name).is_symlink() and (path / LOCK).is_file()}
+    except OSError:
+        return  # a home this process may not read whole: nothing of it to tidy
     for name in sorted(names - {skip}):
         try:
-            with writer_lock(folder, name, wait=False):
+            with writer_lock(folder, name, wait=False, patience=0, observed=False):
                 _remove_stray_links(folder, name)
                 _remove_if_unused(versions / name, folder / name)
         except (RetrieverError, OSError):
             continue
 
 
-def _remove_orphans(version: PartialVersion) -> None:
-    """Remove complete versions numbered above every commit (`_last_number`): a writer killed between renaming its
+def _remove_orphans(version: PartialVersion, committed: int) -> None:
+    """Remove complete versions numbered above every commit (COMMITTED): a writer killed between renaming its
     folder and swapping the link left them, and no reader ever saw them. (A version a rollback replaced was
     committed: it stays, and the next commit prunes it.)"""
-    current = version.link.resolve() if version.link.is_symlink() else None
-    last = _last_number(version.versions)
+    current = _current(version.link)
     for folder in _complete(version.versions):
-        if folder != current and version_number(folder) > last:
+        if (current is None or folder.name != current.name) and version_number(folder) > committed:
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -341,9 +369,9 @@ def kept_versions(index_dir: str | Path, name: str) -> list[KeptVersion]:
     versions = Path(index_dir) / VERSIONS / name
     if not versions.is_dir():
         raise NotFoundError(f"no index named '{name}' in {Path(index_dir).absolute()}")
-    link = index_path(index_dir, name)
-    current = link.resolve() if link.is_symlink() else None
-    kept = [KeptVersion(folder, folder == current, name) for folder in _complete(versions)]
+    current = _current(index_path(index_dir, name))
+    kept = [KeptVersion(folder, current is not None and folder.name == current.name, name)
+            for folder in _complete(versions)]
     return sorted(kept, key=lambda version: (version.number, version.folder.name), reverse=True)
 
 
@@ -353,22 +381,27 @@ def rollback(index_dir: str | Path, name: str, version: int | str) -> Path:
     can be undone the same way. Holds the writer lock: refused at once while a write runs."""
     kept = kept_versions(index_dir, name)
     wanted = str(version).strip()
-    if wanted.isdigit():
+    found = []
+    if re.fullmatch(r"[0-9]+", wanted):
         found = [kept_version for kept_version in kept if kept_version.number == int(wanted)]
-    else:
+    if not found:
         found = [kept_version for kept_version in kept if kept_version.folder.name == wanted]
     if not found:
         listed = ", ".join(str(v.number or v.folder.name) for v in kept) or "none"
         raise NotFoundError(f"index '{name}' has no kept version '{wanted}'; kept: {listed}")
     if len(found) > 1:  # versions written before numbering all read 0
+        folders = ", ".join(kept_version.folder.name for kept_version in found)
         raise RetrieverError(f"index '{name}' keeps {len(found)} versions numbered {wanted} (written before "
-                             f"versions were numbered); name one by its folder: {', '.join(v.folder.name for v in found)}")
+                             f"versions were numbered); name one by its folder: {folders}")
     target = found[0].folder
     link = index_path(index_dir, name)
     with writer_lock(index_dir, name, wait=False, busy_hint="wait for it to finish, then roll back"):
         verify_files(target, read_manifest(target, name=name), name=name)
-        replaced = link.resolve() if link.is_symlink() else None
-        if replaced != target:
+        replaced = _current(link)
+        # The version replaced here is committed, whatever a writer that died after its swap did not record: it
+        # must never pass for an orphan (`_remove_orphans`), nor its number be given out again.
+        Numbers.read(target.parent, replaced).write(target.parent)
+        if replaced is None or replaced.name != target.name:
             _remove_stray_links(index_dir, name)  # a rollback killed between its two link steps
             _point(link, target)
             _fsync_dir(link.parent)
@@ -382,12 +415,14 @@ LOCK_WAIT_OBSERVERS: list[Callable[[str, float], None]] = []
 
 
 @contextmanager
-def writer_lock(index_dir: str | Path, name: str, wait: bool = True,
-                busy_hint: str = "wait for it to finish") -> Iterator[None]:
+def writer_lock(index_dir: str | Path, name: str, wait: bool = True, busy_hint: str = "wait for it to finish",
+                patience: float = REFUSAL_PATIENCE_S, observed: bool = True) -> Iterator[None]:
     """Hold NAME's writer lock: an exclusive flock on .versions/NAME/lock, which records the holder's pid.
 
     WAIT: block until the current holder is done (writes of one name take turns: add, delete, compact, refit);
-    else refuse at once with a line naming the holder's pid and BUSY_HINT (build, remove)."""
+    else refuse with a line naming the holder's pid and BUSY_HINT (build, remove, rollback), once PATIENCE seconds
+    have not freed it (another process's tidying holds a lock for microseconds: no reason to refuse). OBSERVED:
+    report the wait to `LOCK_WAIT_OBSERVERS` (a tidying's locks are not writes)."""
     versions = Path(index_dir) / VERSIONS / name
     started = time.perf_counter()
     while True:
@@ -399,6 +434,9 @@ def writer_lock(index_dir: str | Path, name: str, wait: bool = True,
         except BlockingIOError:
             holder = _lock_holder(descriptor)
             os.close(descriptor)
+            if time.perf_counter() - started < patience:
+                time.sleep(0.02)
+                continue
             raise RetrieverError(f"index '{name}' is being written by another retriever process{holder}; "
                                  f"{busy_hint}") from None
         except BaseException:
@@ -408,7 +446,7 @@ def writer_lock(index_dir: str | Path, name: str, wait: bool = True,
             break
         os.close(descriptor)  # the index was removed while this writer waited: lock the file there now
     try:
-        for observe in LOCK_WAIT_OBSERVERS:
+        for observe in LOCK_WAIT_OBSERVERS if observed else ():
             observe(name, time.perf_counter() - started)
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)

@@ -32,13 +32,14 @@ def check_name(name: str) -> str:
 def resolve_index_dir(index_dir: str | Path | None = None) -> Path:
     """Where indexes live, independent of the current folder: INDEX_DIR when given, else $RETRIEVER_HOME, else
     the user's data folder ($XDG_DATA_HOME/retriever/indexes, by default ~/.local/share/retriever/indexes).
-    Always absolute, so messages name the real place; a path that exists but is not a folder is refused."""
+    Always absolute and resolved (links and '..' followed), so messages name the real place and a version's path
+    compares with what the index's link resolves to; a path that exists but is not a folder is refused."""
     if index_dir is None or str(index_dir) == "":
         index_dir = os.environ.get(HOME_VARIABLE) or None
     if index_dir is None:
         data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
         index_dir = Path(data_home) / "retriever" / "indexes"
-    folder = Path(index_dir).expanduser().absolute()
+    folder = Path(index_dir).expanduser().resolve()
     if folder.exists() and not folder.is_dir():
         raise RetrieverError(f"index folder {folder} is not a folder")
     return folder

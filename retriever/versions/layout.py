@@ -2,7 +2,7 @@
 (`Index`, both build engines, their workers) agrees on. A segment's own files are named in `retriever.store.layout`.
 
     indexes/NAME -> .versions/NAME/FOLDER    (VERSIONS; .versions/NAME/LOCK is the writer lock, and
-                                              .versions/NAME/LAST_VERSION the highest version number committed)
+                                              .versions/NAME/NUMBERS the version numbers given out and committed)
     FOLDER/
       manifest.json          MANIFEST (`retriever.versions.manifest`): the version's number, every file's size and
                              hash, the segments, the counts
@@ -17,6 +17,6 @@
 from __future__ import annotations
 
 MANIFEST, BUILD_STATE, VERSIONS, LOCK = "manifest.json", "build-state.json", ".versions", "lock"
-LAST_VERSION = "last-version"
+NUMBERS = "numbers.json"
 CALIBRATOR, TEMPLATE, TOMBSTONES, SEGMENTS = "calibrator", "trained.faiss", "tombstones.npy", "segments"
 ENCODED = "encoded.npy"

@@ -153,16 +153,18 @@ class Snapshot:
         return self.manifest.documents
 
     @contextmanager
-    def reading(self, part: str, opening: bool = False) -> Iterator[None]:
+    def reading(self, part: str, opening: bool = False,
+                errors: tuple[type[BaseException], ...] = (Exception,)) -> Iterator[None]:
         """Around a read of PART of this version (a file, or a folder of them): a file that no longer parses
         becomes one line naming the index, a DamagedIndexError chained to whatever the parser raised
         (UnicodeDecodeError, ValueError, faiss's RuntimeError, sqlite3.DatabaseError...). Put only reads inside:
-        anything raised there is taken for the file's fault. OPENING: our own refusals (RetrieverError) too,
-        where no argument of the caller's is involved, so any failure is the files'. OSErrors pass: a file that
-        cannot be opened is not a damaged one."""
+        anything raised there is taken for the file's fault (ERRORS narrows that where a read shares its block
+        with work of its own). OPENING: our own refusals (RetrieverError) too, where no argument of the caller's is
+        involved, so any failure is the files'. Not damage: an OSError (a file that cannot be opened is not a
+        damaged one), a missing module, or memory running out (on a GPU too)."""
         try:
             yield
-        except OSError:
+        except (OSError, ImportError, MemoryError):
             raise
         except DamagedIndexError as error:
             if str(error).startswith(f"index '{self.name}' "):
@@ -172,7 +174,9 @@ class Snapshot:
             if not opening:
                 raise
             raise self.damaged(part, error) from error
-        except Exception as error:
+        except errors as error:
+            if "OutOfMemory" in type(error).__name__:
+                raise
             raise self.damaged(part, error) from error
 
     def damaged(self, part: str, error: BaseException | str) -> DamagedIndexError:
