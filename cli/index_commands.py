@@ -669,7 +669,7 @@ def info(
         fallback = manifest["calibrator_fallback"]
         calibrator += f" ({fallback['asked']} was asked for: {fallback['reason']})"
     rows = [
-        ("folder", details["folder"]),
+        ("version", f"{details['version']} ({details['folder']})"),
         ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors in "
                       f"{counted(len(details['segments']), 'segment')}"
                       + (f", {details['deleted']:,} of them deleted, until compaction drops them)"
