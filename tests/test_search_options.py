@@ -92,3 +92,26 @@ def test_every_parameter_says_what_it_means_and_what_none_means():
         about = described(spec.name)
         assert about["help"] and about["kind"] in (int, float, str, bool, "filter")
         assert spec.default is not None or about["unset"], spec.name
+
+
+def test_the_http_requests_and_the_cli_flags_are_made_from_the_options():
+    """One declaration: every search parameter is a field of the API's requests and a flag of `retriever search`,
+    with the same meaning and bounds (the API bounds k further, under a name of its own)."""
+    from typer.main import get_command
+
+    from cli.main import app
+    from retriever.serve.protocol import HTTP_MAX_K, SearchQuery, SearchRequest
+
+    names = [spec.name for spec in fields(SearchOptions)]
+    for model in (SearchRequest, SearchQuery):
+        assert set(names) <= set(model.model_fields)
+        assert model.model_json_schema()["properties"]["k"]["maximum"] == HTTP_MAX_K < MAX_K
+        assert {"ge": 0.0, "le": 1.0} == {key: getattr(bound, key) for bound in model.model_fields["weight"].metadata
+                                         for key in ("ge", "le") if hasattr(bound, key)}
+        assert all(model.model_fields[name].description.startswith(described(name)["help"]) for name in names)
+    search = next(command for command in get_command(app).commands.values() if command.name == "search")
+    flags = {option.name: option for option in search.params}
+    assert set(names) - {"stop_words"} <= set(flags)  # stop_words: a library and API setting
+    shell_words = {name: flags[name].help.replace("'{", "{").replace("}'", "}") for name in flags}  # --where quoted
+    assert all(described(name)["help"] in shell_words[name] for name in names if name in flags)
+    assert flags["mode"].metavar == "[dense|keyword|hybrid]" and flags["k"].max == MAX_K
