@@ -64,7 +64,8 @@ def model_path(model: str) -> str | None:
     return model
 
 
-def run(model: str, tasks: list[str], calibrator: str, seed: int, labels: list[str] | None = None) -> dict:
+def run(model: str, tasks: list[str], calibrator: str, seed: int, labels: list[str] | None = None,
+        passages=None) -> dict:
     from retriever.corpus import Document, document_text
     from retriever.encode.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
@@ -73,7 +74,9 @@ def run(model: str, tasks: list[str], calibrator: str, seed: int, labels: list[s
     encoder = CachedEncoder(Encoder(model_path(model), "last-avg", None, MAX_LENGTH, device="cpu"),
                             resolve_cache_dir())
     data = resolve_data_dir()
-    results = {"model": model, "encoder": encoder.config(), "calibrator": calibrator, "seed": seed, "tasks": []}
+    results = {"model": model, "encoder": encoder.config(), "calibrator": calibrator, "seed": seed,
+               "passages": None if passages is None else passages.checked(encoder.max_length).to_record(),
+               "tasks": []}
     for name in tasks:
         started = time.perf_counter()
         rset = RETRIEVAL_TASKS[name].load(data)
@@ -85,7 +88,8 @@ def run(model: str, tasks: list[str], calibrator: str, seed: int, labels: list[s
             searches = {label: search for label, search in settings().items()
                         if labels is None or label in labels or label in ("dense", "keyword", "keyword-all")}
             runs = search_runs(rset, encoder.encode, encoder, calibrator, searches, seed,
-                               on_fitted=lambda fitted: chosen.append(getattr(fitted, "chosen", fitted).name))
+                               on_fitted=lambda fitted: chosen.append(getattr(fitted, "chosen", fitted).name),
+                               passages=passages)
         scores = {label: round(evaluate_run(found, rset.qrels)["ndcg@10"], 2) for label, found in runs.items()}
         record = {"task": name, "split": "dev" if name in DEV else "held-out", **rset.describe(),
                   "calibrator": chosen[0] if chosen else calibrator, "ndcg@10": scores,
@@ -199,7 +203,10 @@ def main() -> None:
     measure.add_argument("--out", type=Path, required=True)
     measure.add_argument("--update", action="store_true",
                          help="measure only --labels and add them to OUT's tasks (a setting added to the grid later)")
-    measure.add_argument("--labels", default=None, help="comma-separated settings, e.g. zscore@0.8 (with --update)")
+    measure.add_argument("--labels", default=None, help="comma-separated settings, e.g. zscore@0.8 (with --update, "
+                         "or to measure only those beside dense and keyword)")
+    measure.add_argument("--no-passages", action="store_true",
+                         help="one vector per document, cut at max_length (how indexes were built before passages)")
     merge = commands.add_parser("report")
     merge.add_argument("files", nargs="+", type=Path)
     merge.add_argument("--out", type=Path, required=True)
@@ -220,7 +227,11 @@ def main() -> None:
             task["ndcg@10"].update({label: new_task["ndcg@10"][label] for label in labels})
         results["command"] = f"{results['command']}; then {command}"
     else:
-        results = run(args.model, [t for t in args.tasks.split(",") if t], args.calibrator, args.seed)
+        from retriever.encode.passages import PassageSettings
+
+        labels = [label for label in args.labels.split(",") if label] if args.labels else None
+        results = run(args.model, [t for t in args.tasks.split(",") if t], args.calibrator, args.seed, labels,
+                      PassageSettings(enabled=not args.no_passages))
         results["command"] = command
     args.out.write_text(json.dumps(results, indent=1) + "\n")
 

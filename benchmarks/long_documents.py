@@ -41,7 +41,7 @@ def recall_at(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]
                           for query, relevant in qrels.items()]))
 
 
-def run(model: str, tasks: list[str], calibrator: str, seed: int) -> dict:
+def run(model: str, tasks: list[str], calibrator: str, seed: int, passages) -> dict:
     from retriever.corpus import Document, document_text
     from retriever.encode.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
@@ -50,7 +50,8 @@ def run(model: str, tasks: list[str], calibrator: str, seed: int) -> dict:
     encoder = CachedEncoder(Encoder(model_path(model), "last-avg", None, MAX_LENGTH, device="cpu"),
                             resolve_cache_dir())
     data = resolve_data_dir()
-    results = {"model": model, "encoder": encoder.config(), "calibrator": calibrator, "seed": seed, "tasks": []}
+    results = {"model": model, "encoder": encoder.config(), "calibrator": calibrator, "seed": seed,
+               "passages": passages.checked(encoder.max_length).to_record(), "tasks": []}
     for name in tasks:
         task = LONG_DOCUMENT_TASKS[name]
         for rare in (False, True):
@@ -62,7 +63,7 @@ def run(model: str, tasks: list[str], calibrator: str, seed: int) -> dict:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 runs = search_runs(rset, encoder.encode, encoder, calibrator,
-                                   {mode: {"mode": mode} for mode in MODES}, seed, depth=DEPTH)
+                                   {mode: {"mode": mode} for mode in MODES}, seed, depth=DEPTH, passages=passages)
             record = {"task": rset.name, "source": task.source, "split": task.split, "query": "rare words" if rare
                       else "sentence", **rset.describe(),
                       "long_page_tokens": {"median": int(np.median(tokens)), "min": int(min(tokens)),
@@ -111,6 +112,9 @@ def main() -> None:
     measure.add_argument("--tasks", default=",".join(LONG_DOCUMENT_TASKS))
     measure.add_argument("--calibrator", default="auto")
     measure.add_argument("--seed", type=int, default=0)
+    measure.add_argument("--window", type=int, default=None, help="passage window in tokens (default: max_length)")
+    measure.add_argument("--overlap", type=int, default=None, help="passage overlap in tokens")
+    measure.add_argument("--no-passages", action="store_true", help="one vector per document, cut (before passages)")
     measure.add_argument("--out", type=Path, required=True)
     merge = commands.add_parser("report")
     merge.add_argument("files", nargs="+", type=Path)
@@ -119,7 +123,11 @@ def main() -> None:
     if args.command == "report":
         args.out.write_text(report(args.files))
         return
-    results = run(args.model, [task for task in args.tasks.split(",") if task], args.calibrator, args.seed)
+    from retriever.encode.passages import PassageSettings
+
+    passages = PassageSettings(args.window, args.overlap, enabled=not args.no_passages)
+    results = run(args.model, [task for task in args.tasks.split(",") if task], args.calibrator, args.seed,
+                  passages)
     results["command"] = " ".join(["python", "benchmarks/long_documents.py", *sys.argv[1:]])
     args.out.write_text(json.dumps(results, indent=1) + "\n")
 

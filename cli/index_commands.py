@@ -101,8 +101,13 @@ def build(
         "--name", "-n", help=f"index name: {NAME_RULE} " + default("the corpus file's stem"))] = None,
     vectors: Annotated[Optional[Path], typer.Option(
         "--vectors", help="precomputed raw vectors: a .npy or a folder of .npy shards, row i = document i, made by "
-        "the encoder --model/--pooling/--layers/--max-length name (e.g. by `retriever encode`); nothing is encoded "
+        "the encoder --model/--pooling/--layers/--max-length name (e.g. by `retriever encode`); nothing is encoded, "
+        "and each document stays one vector unless --vector-spans says which passage each vector is "
         + default("none: encode the corpus"))] = None,
+    vector_spans: Annotated[Optional[Path], typer.Option(
+        "--vector-spans", help="with --vectors: a .npy of (document, start, end) integer rows, row i saying which "
+        "passage vector i is (documents numbered from 0 in corpus order, ascending; characters start to end of "
+        "its text)")] = None,
     model: options.Model = None,
     pooling: options.Pooling = "last-avg",
     layers: options.Layers = None,
@@ -140,6 +145,15 @@ def build(
                                                                                  "else 0"))] = None,
     batch_rows: Annotated[int, typer.Option(
         "--batch-rows", help="ray: documents per encode call of an actor (larger pads less)")] = 16384,
+    passages: Annotated[bool, typer.Option(
+        "--passages/--no-passages", help="cut a document longer than the encoder reads into overlapping passages, "
+        "a vector each, the document scoring by its best (--no-passages: one vector per document, its text past "
+        "--max-length unseen by dense search)")] = True,
+    passage_window: Annotated[Optional[int], typer.Option(
+        "--passage-window", help="tokens per passage, title included " + default("the encoder's max length"))] = None,
+    passage_overlap: Annotated[Optional[int], typer.Option(
+        "--passage-overlap", help="tokens a passage repeats from the one before " + default("an eighth of the "
+                                                                                             "window"))] = None,
 ) -> None:
     """Build a calibrated index of CORPUS: encode, fit the calibrator, store FAISS + SQLite.
 
@@ -152,8 +166,12 @@ def build(
     # Everything that needs no corpus read comes first: a bad name or index folder fails in one line, at once.
     home = _home(index_dir)
     name = check_name(name) if name is not None else _name_from(corpus)
+    from retriever.encode.passages import PassageSettings
     from retriever.index import Index
 
+    if not passages and (passage_window is not None or passage_overlap is not None):
+        raise RetrieverError("--passage-window and --passage-overlap cut documents into passages: drop them or "
+                             "--no-passages")
     resume = "re-run the same command to resume" if not fresh else "re-run it without --fresh to resume"
     existed = (home / name).exists()
     on_interrupt((UNCHANGED.format(name=name) if existed else f"index '{name}' was not built") + f"; {resume}")
@@ -170,7 +188,8 @@ def build(
         calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None, fit_sample=fit_sample,
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
         batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True, fit_queries=fit_queries,
-        replace=replace,
+        replace=replace, passages=PassageSettings(passage_window, passage_overlap, enabled=passages),
+        vector_spans=vector_spans,
     )
     _report("built", summary, "encoded" if vectors is None else "indexed", notes=False)  # shown as they came
     from retriever.versions.catalog import describe_calibrator
@@ -181,9 +200,19 @@ def build(
                                             f"{index_options(home, name)})" if existed else ""))
     if vectors is None:
         share = summary.timings["encode"] / summary.seconds if summary.seconds else 0.0
-        _say(f"{counted(summary.truncated, 'document')} truncated at the max length; "
-                             f"encoding took {share:.0%} of the time")
+        _say(f"{_long_documents(summary)}; encoding took {share:.0%} of the time")
     _say(f"search it with: retriever search \"...\" {index_options(home, name)}")
+
+
+def _long_documents(summary) -> str:
+    """What became of the documents longer than the encoder reads: cut into passages, or truncated."""
+    said = []
+    if summary.cut:
+        said.append(f"{counted(summary.cut, 'document')} longer than the encoder reads cut into passages "
+                    f"({summary.passages:,} vectors in all)")
+    if summary.truncated or not summary.cut:
+        said.append(f"{counted(summary.truncated, 'document')} truncated at the max length")
+    return "; ".join(said)
 
 
 def _name_from(corpus: Path) -> str:
@@ -238,7 +267,10 @@ def list_indexes(
         calibrator = record["calibrator"]
         if "calibrator_asked" in record:
             calibrator += f" ({record['calibrator_asked']} asked: too few documents)"
-        table.add_row(_plain(record["name"]), f"{record['documents']:,}", _plain(record["model"]),
+        documents = f"{record['documents']:,}" + (f"\n{record['passages']:,} passages"
+                                                  if record.get("passages", record["documents"]) != record["documents"]
+                                                  else "")
+        table.add_row(_plain(record["name"]), documents, _plain(record["model"]),
                       _plain(record["index_type"]), written, _plain(calibrator))
     stdout.print(table)
     for record in fields:  # under the table: a column would not fit 80 columns
@@ -307,7 +339,8 @@ def search(
 
 def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: float | None = None) -> None:
     """One query's results. A doc id is shown whole, on one line while it fits (it is what `show` and `delete`
-    take); the text is a one-line snippet filling the rest of the width, or with FULL all of it, wrapped. Hybrid
+    take); the text is a one-line snippet of where the document matched (its best passage) filling the rest of the
+    width, or with FULL all of it, wrapped. Hybrid
     results say where each side ranked them ("3/-": third in the dense list, not in the keyword list)."""
     title = terminal_safe(title)
     if not hits and min_score is not None:
@@ -337,7 +370,9 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
         if hit.title:
             cell.append(terminal_safe(hit.title if full else " ".join(hit.title.split())), style="bold")
             cell.append(" ")
-        cell.append(terminal_safe(hit.text if full else " ".join(hit.text.split())))
+        # The snippet is where the document matched: its best passage ("..." where that is not its start).
+        snippet = ("… " if hit.span[0] > 0 else "") + " ".join(hit.passage.split())
+        cell.append(terminal_safe(hit.text if full else snippet))
         if not full:
             cell.truncate(room, overflow="ellipsis")
         table.add_row(rank, score, *([sides[number]] if sides else []), Text(doc_id, overflow="fold"), cell)
@@ -406,7 +441,7 @@ def add(
     summary = index.add(corpus, encoding, progress=True, vectors=vectors, upsert=upsert)
     _report("updated", summary, "added")
     if vectors is None:
-        _say(f"{counted(summary.truncated, 'document')} truncated at the max length")
+        _say(_long_documents(summary))
 
 
 def delete(
@@ -674,6 +709,11 @@ def info(
                       f"{counted(len(details['segments']), 'segment')}"
                       + (f", {details['deleted']:,} of them deleted, until compaction drops them)"
                          if details["deleted"] else ")")),
+        *([("passages", f"{details['passages']:,}")] if details["passages"] != details["documents"] else []),
+        ("long texts", f"cut into passages of {manifest['passages']['window']} tokens, "
+                       f"{manifest['passages']['overlap']} overlapping; a document scores by its best passage"
+         if manifest.get("passages") else f"one vector per document: text past {encoder['max_length']} tokens is "
+                                           "seen by keyword search only"),
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", calibrator),
         *([("auto check", _check_summary(decision["check"]))] if decision and decision.get("check") else []),

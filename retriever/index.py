@@ -45,12 +45,16 @@ from retriever.engines.stages import (
     check_set,
     check_vectors,
     encode_table,
+    encoded_passages_path,
+    passage_cutter,
+    split_segment,
     fitted_query_count,
     ingest,
     with_queries,
     write_segment_vectors,
 )
-from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries
+from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, written_passages
+from retriever.encode.passages import PassageSettings
 from retriever.errors import RetrieverError, param
 from retriever.filters import parse_where
 from retriever.numeric import l2_normalize
@@ -162,14 +166,15 @@ class Index:
         listed = {f"{SEGMENTS}/{s.name}/{VECTORS}" for s in snapshot.segments} - set(files)
         if listed:
             raise snapshot.damaged(MANIFEST, f"it lists no {sorted(listed)[0]}")
-        segments = [{"name": s.name, "rows": len(s), "index_bytes": files[f"{SEGMENTS}/{s.name}/{VECTORS}"].bytes}
-                    for s in snapshot.segments]
+        segments = [{"name": s.name, "rows": len(s), "passages": len(s.keys),
+                     "index_bytes": files[f"{SEGMENTS}/{s.name}/{VECTORS}"].bytes} for s in snapshot.segments]
         default_mode = self._searcher.resolve(SearchOptions()).mode
         return {
             "manifest": snapshot.manifest.described(),
             "version": snapshot.manifest.version,
             "folder": str(snapshot.folder),
             "documents": len(snapshot),
+            "passages": snapshot.manifest.live_vectors,  # a vector each
             "vectors": sum(segment.vectors.ntotal for segment in snapshot.segments),
             "deleted": len(snapshot.tombstones),
             "segments": segments,
@@ -186,7 +191,8 @@ class Index:
         (`calibration.diagnostics.retrieval_check`): what auto would choose now, and how the index's own
         calibrator does."""
         snapshot = self.snapshot
-        return retrieval_check(self.name, len(snapshot), *snapshot.check_sources(), snapshot.raw_sample,
+        documents_at, vectors_at, passages = snapshot.check_sources()
+        return retrieval_check(self.name, passages, documents_at, vectors_at, snapshot.raw_sample,
                                self._encoder_for(snapshot), snapshot.calibrator, snapshot.manifest.calibrator["name"],
                                fit_sample, seed, progress)
 
@@ -232,6 +238,8 @@ class Index:
         engine: str = "local",
         ray_options=None,
         replace: bool = False,
+        passages: PassageSettings | None = None,
+        vector_spans: str | Path | np.ndarray | None = None,
     ) -> ChangeSummary:
         """Stream CORPUS (a corpus file, or a list of Documents) through the pipeline into a new index version
         under NAME and swap it in. A NAME that exists is refused unless REPLACE (then its current version is
@@ -246,13 +254,17 @@ class Index:
         them, or their raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled
         (ignored with a prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster
         (`retriever.engines.ray_build`, set up by RAY_OPTIONS, a `RayOptions`); CORPUS may then also be a folder
-        of corpus files, and a failed build starts over rather than resuming."""
+        of corpus files, and a failed build starts over rather than resuming. PASSAGES: how documents longer than
+        the encoder reads are cut into passages, a vector each (default `PassageSettings()`: windows of the
+        encoder's max_length, overlapping; `PassageSettings(enabled=False)`: one vector per document, cut).
+        VECTOR_SPANS, with VECTORS: which passage each given vector is, (document, start, end) rows (document
+        numbers from 0); without it each given vector is one document's."""
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
                          calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
                          index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
-                         encoding=encoding, fit_queries=fit_queries)
+                         encoding=encoding, fit_queries=fit_queries, passages=passages or PassageSettings())
         if engine == "ray":
             if isinstance(corpus, (list, tuple)):
                 raise RetrieverError("the ray engine reads corpus files; build from a list of documents with the "
@@ -265,7 +277,7 @@ class Index:
             runner: BuildEngine = RayEngine(spec, progress, corpus=corpus, options=ray_options or RayOptions())
         else:
             runner = LocalEngine(spec, progress, corpus=corpus, vectors=vectors, encoder=encoder, resume=resume,
-                                 chunk_rows=chunk_rows)
+                                 chunk_rows=chunk_rows, vector_spans=vector_spans)
         index_dir = resolve_index_dir(index_dir)
         summary = run_build(runner, name, index_dir, replace)
         summary.opener = _version_opener(Path(summary.folder), name, index_dir, device)
@@ -338,9 +350,11 @@ class Index:
             clock = time.perf_counter()
             state = BuildState(None, {}, documents=count)
             if source is None:
+                encoder = self._encoder_for(current)
+                # Cut as the index's build cut (an index of before passages: one vector per document, as built).
+                cutter = passage_cutter(encoder, PassageSettings.from_record(current.manifest.passages))
                 with DocumentTable.open(segment / DOCUMENTS) as table:
-                    encode_table(self._encoder_for(current), table, folder / ENCODED, state, first, progress,
-                                 chunk_rows)
+                    encode_table(encoder, table, folder / ENCODED, state, first, progress, chunk_rows, cutter)
                 source = VectorSource(folder / ENCODED)
                 timings["encode"] = time.perf_counter() - clock
             else:
@@ -348,19 +362,25 @@ class Index:
                 timings["check_vectors"] = time.perf_counter() - clock
 
             clock = time.perf_counter()
-            blocks = calibrated_blocks(source, current.calibrator, first)
-            write_segment_vectors(segment, blocks, dim, current.manifest.dim, current.spec.for_segment(count),
-                                  writer.template())
+            passages = split_segment(folder / ENCODED, count)
+            blocks = calibrated_blocks(source, current.calibrator, first, passages=passages)
+            write_segment_vectors(segment, blocks, dim, current.manifest.dim, current.spec.for_segment(source.rows),
+                                  writer.template(), split=passages is not None)
             finish_segment(segment)
             (folder / ENCODED).unlink(missing_ok=True)
+            encoded_passages_path(folder / ENCODED).unlink(missing_ok=True)
             if replaced:
                 writer.delete(replaced)  # the old documents of those ids: tombstones, in this same version
-            writer.add_segment(segment, count)
+            writer.add_segment(segment, count, source.rows)
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
         notes = ([f"replaced {counted(len(replaced), 'document')} whose ids were already in the index"]
                  if replaced else [])
-        return self._summary(writer, final, count, started, state.truncated, timings, notes + _merge_notes(writer))
+        summary = self._summary(writer, final, count, started, state.truncated, timings, notes + _merge_notes(writer))
+        # The new segment, unless a merge at commit took it in (then its counts are the merged one's).
+        if (final / SEGMENTS / segment.name).is_dir():
+            summary.cut, summary.passages = written_passages(final, [segment.name])
+        return summary
 
     def delete(self, doc_ids: Sequence[str] | None = None, where: str | dict | None = None) -> ChangeSummary:
         """Delete documents by id, all or nothing, or every document the filter WHERE selects (`retriever.filters`):
@@ -420,7 +440,8 @@ class Index:
                 raise RetrieverError(f"{have} {shortfall}")
             seed = getattr(fitted, "seed", 0)
             sample = current.raw_sample(fit_sample or len(current), seed=seed)
-            check = (check_set(fitted, len(current), *current.check_sources(), self._encoder_for(current), seed,
+            documents_at, vectors_at, passages = current.check_sources()
+            check = (check_set(fitted, passages, documents_at, vectors_at, self._encoder_for(current), seed,
                                progress) if fitted.uses_check else None)  # only auto needs the model here
             fit_calibrator(fitted, with_queries(sample, query_vectors, fit_sample, seed), check)
             calibrated_sample = l2_normalize(fitted.transform(sample))

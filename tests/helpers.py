@@ -43,6 +43,18 @@ def documents(count: int, prefix: str = "d") -> list[dict]:
              "text": f"{SUBJECTS[i % 7]} {VERBS[i % 8]} {THINGS[(i // 8) % 6]} on day {i}."} for i in range(count)]
 
 
+def long_text(number: int, sentences: int = 60) -> str:
+    """A document of SENTENCES varied sentences, longer than a small model reads (60: about 780 tokens)."""
+    return " ".join(f"{SUBJECTS[(i + number) % 7]} {VERBS[(i * 3 + number) % 8]} {THINGS[(i + 2 * number) % 6]} "
+                    f"on page {number} line {i}." for i in range(sentences))
+
+
+def with_long(docs: dict[str, str], every: int = 10) -> dict[str, str]:
+    """DOCS with every EVERY-th one's text replaced by a long text (so a build cuts it into passages)."""
+    return {doc_id: long_text(number) if number % every == every - 1 else text
+            for number, (doc_id, text) in enumerate(docs.items())}
+
+
 def write_corpus(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
     return path

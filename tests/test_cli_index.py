@@ -28,7 +28,7 @@ def test_build_names_the_index_after_the_corpus_and_search_prints_json(built, cl
     assert len(done.stdout.splitlines()) == 1 and set(record) == {"query_id", "query", "mode", "results"}
     assert record["query_id"] is None and record["query"] == TEXTS[2] and record["mode"] == "hybrid"
     hits = record["results"]
-    assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata"}] * 2
+    assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span"}] * 2
     assert hits[0]["doc_id"] == "docs.txt:3" and hits[0]["text"] == TEXTS[2] and hits[0]["rank"] == 1  # FILE:LINE
 
 
@@ -41,7 +41,7 @@ def test_search_queries_file_gives_one_json_line_per_query(built, cli, tmp_path)
     assert [r["query_id"] for r in records] == ["q1", "q2"]
     assert [r["results"][0]["doc_id"] for r in records] == ["docs.txt:1", "docs.txt:4"]
     assert [r["query"] for r in records] == [TEXTS[0], TEXTS[3]]
-    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata"}
+    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span"}
                for r in records)
 
 
@@ -157,12 +157,13 @@ def test_build_from_vectors_made_by_encode(cli, tmp_path, tiny_bert):
                           "none.npy: no such file or folder")
 
 
-def test_add_counts_truncated_documents(built, cli, tmp_path):
+def test_add_counts_documents_cut_into_passages(built, cli, tmp_path):
     more = tmp_path / "more.txt"  # a second .txt file: its ids (more.txt:1, ...) do not clash with docs.txt's
     more.write_text("A short new document.\n" + "word " * 2000 + "\n", encoding="utf-8")
     done = cli("add", more, "--name", "docs", "--index-dir", built)
     assert done.returncode == 0, done.stderr
-    assert "6 documents (2 added)" in done.stderr and "1 document truncated at the max length" in done.stderr
+    assert "6 documents (2 added)" in done.stderr
+    assert "1 document longer than the encoder reads cut into passages (" in done.stderr  # tiny_bert reads 512
 
 
 def test_commands_without_name_pick_the_index(built, cli, tmp_path, tiny_bert):

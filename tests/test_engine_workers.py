@@ -121,8 +121,8 @@ def test_encode_worker_writes_shards_that_match_the_local_encoder(tmp_path, tiny
         document_columns(documents[:10], 1).items(), document_columns(documents[10:30], 21).values())}
     summary = worker(batch)
     assert summary["shard"].tolist() == [1, 21] and summary["rows"].tolist() == [10, 20]
-    rowids, shard_documents, vectors = read_shard(shard_dir, 21)
-    assert rowids.tolist() == list(range(21, 41)) and shard_documents == documents[10:30]
+    rowids, shard_documents, vectors, passages = read_shard(shard_dir, 21)
+    assert rowids.tolist() == list(range(21, 41)) and shard_documents == documents[10:30] and passages is None
     expected = encoder.encode([f"{d.title} {d.text}" for d in documents[10:30]])
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
 
@@ -152,7 +152,7 @@ def test_write_segment_builds_a_searchable_segment(tmp_path, tiny_bert):
     calibrator = make_calibrator("whitening")
     calibrator.fit(np.concatenate([read_shard(shard_dir, 1)[2], read_shard(shard_dir, 26)[2]]))
     calibrator.save(folder / CALIBRATOR)
-    assert write_segment(folder, "seg-000001", [1, 26], shard_dir, {"type": "flat"}) == 60
+    assert write_segment(folder, "seg-000001", [1, 26], shard_dir, {"type": "flat"}) == (60, 60)
     segment = Segment(folder / SEGMENTS / "seg-000001", IndexSpec(type="flat"), device="cpu")
     assert segment.rowids.tolist() == list(range(1, 61))
     assert segment.documents.get([26])[0]["doc_id"] == "d25"

@@ -19,7 +19,7 @@ from retriever.filters import FilterError, parse_where
 from retriever.index import Index
 from retriever.search.options import SearchOptions
 from retriever.search.searcher import Searcher
-from retriever.search.top_lists import space_vectors
+from retriever.search.top_lists import passage_vectors
 from retriever.versions.snapshot import Snapshot
 from retriever.store.documents import DocumentTable
 from retriever.store.spec import IndexSpec
@@ -218,7 +218,9 @@ def test_filtered_dense_search_keeps_to_the_filter_and_returns_k(filtered_index,
 def exact_filtered(snapshot, vectors: np.ndarray, allowed: set[str], k: int) -> list[list[str]]:
     """Each query's top K among the ALLOWED documents, by every one's stored vector: exact filtered search."""
     ids = np.array(sorted(int(doc_id[1:]) + 1 for doc_id in allowed))  # notes' row ids: n0 is row 1
-    best = ids[np.argsort(-(vectors @ space_vectors(snapshot, ids).T), axis=1, kind="stable")[:, :k]]
+    stored = passage_vectors(snapshot, ids)  # notes are short: one passage each, in row id order
+    assert stored.owners.tolist() == ids.tolist()
+    best = ids[np.argsort(-(vectors @ stored.vectors.T), axis=1, kind="stable")[:, :k]]
     return [[f"n{rowid - 1}" for rowid in row] for row in best.tolist()]
 
 

@@ -15,7 +15,7 @@ import pytest
 from retriever.index import Index
 from retriever.versions.integrity import read_manifest
 from retriever.versions.layout import VERSIONS
-from tests.helpers import sentences, write_corpus, write_jsonl
+from tests.helpers import sentences, with_long, write_corpus, write_jsonl
 
 # One process imports the library once, then forks a child for each write; the child SIGKILLs itself at a chosen
 # moment: when the Nth call of a function starts ("before") or returns ("after"). Deterministic, unlike killing
@@ -126,9 +126,10 @@ MOMENTS = {
 
 @pytest.fixture()
 def crash_index(tmp_path, tiny_bert):
-    """An index of two segments with a deletion, so every write has something to keep."""
+    """An index of two segments with a deletion, so every write has something to keep; four long documents of the
+    first are cut into passages."""
     index_dir = tmp_path / "indexes"
-    Index.build(with_metadata(tmp_path / "base.jsonl", sentences(40)), "crash", index_dir, model=str(tiny_bert),
+    Index.build(with_metadata(tmp_path / "base.jsonl", with_long(sentences(40))), "crash", index_dir, model=str(tiny_bert),
                 calibrator="whitening", device="cpu")
     Index.open("crash", index_dir, device="cpu").add(with_metadata(tmp_path / "more.jsonl", sentences(5, start=40)))
     Index.open("crash", index_dir, device="cpu").delete(["d3"])
@@ -179,7 +180,8 @@ def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_b
 
 
 # What to patch to kill a build at each of its steps, in order (50 documents in chunks of 10: the build state is
-# saved once the documents are read, then once per encoded chunk).
+# saved once the documents are read, then once per encoded chunk; each chunk flushes its vectors, then its
+# passages).
 BUILD_STEPS = {
     "reading, a chunk in": ("retriever.store.documents:DocumentTable.insert", 2, "after"),
     "read, not yet on record": ("retriever.engines.local:ingest", 1, "after"),
@@ -203,9 +205,10 @@ BUILD_STEPS = {
 
 @pytest.fixture(scope="module")
 def fresh_build(tmp_path_factory, tiny_bert):
-    """The index a build of 50 documents makes when nothing interrupts it, and its corpus."""
+    """The index a build of 50 documents (five cut into passages) makes when nothing interrupts it, and its
+    corpus."""
     folder = tmp_path_factory.mktemp("fresh")
-    corpus = write_jsonl(folder / "big.jsonl", sentences(50))
+    corpus = write_jsonl(folder / "big.jsonl", with_long(sentences(50)))
     Index.build(corpus, "fresh", folder / "indexes", model=str(tiny_bert), calibrator="whitening", device="cpu",
                 chunk_rows=10)
     return corpus, Index.open("fresh", folder / "indexes", device="cpu")
@@ -246,9 +249,9 @@ def encoded_texts(monkeypatch) -> list[str]:
 
 
 def kill_build_after_three_chunks(dying_write, index_dir, corpus, model) -> None:
-    """A build in chunks of 10 killed once its third chunk's vectors are flushed, before it records them: 20
-    documents are on record as encoded."""
-    dying_write("retriever.store.arrays:NpyAppender.flush", 3, "after", "build", index_dir, corpus, model)
+    """A build in chunks of 10 killed once its third chunk's vectors and passages are flushed (two flushes a chunk),
+    before it records them: 20 documents are on record as encoded."""
+    dying_write("retriever.store.arrays:NpyAppender.flush", 6, "after", "build", index_dir, corpus, model)
 
 
 def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, tiny_bert, encoded_texts,

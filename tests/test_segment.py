@@ -58,5 +58,5 @@ def test_vectors_too_large_for_float16_are_kept_as_float32(tmp_path):
 def test_raw_vectors_must_come_in_ascending_row_order(tmp_path):
     writer = RawWriter(tmp_path, 2)
     writer.append(np.array([5, 6]), np.zeros((2, 2), np.float32))
-    with pytest.raises(RetrieverError, match="ascending row id order"):
+    with pytest.raises(RetrieverError, match="ascending key order"):
         writer.append(np.array([6, 7]), np.zeros((2, 2), np.float32))

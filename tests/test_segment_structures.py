@@ -75,5 +75,5 @@ def test_a_ray_worker_segment_carries_it_too(registered, tmp_path, tiny_bert):
     calibrator = make_calibrator("sn")
     calibrator.fit(np.asarray(read_shard(shard_dir, 1)[2]))
     calibrator.save(folder / CALIBRATOR)
-    assert write_segment(folder, "000001", [1], shard_dir, {"type": "flat"}) == 12
+    assert write_segment(folder, "000001", [1], shard_dir, {"type": "flat"}) == (12, 12)
     assert json.loads((folder / SEGMENTS / "000001" / "doc-ids.json").read_text()) == [d.doc_id for d in documents]

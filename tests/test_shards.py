@@ -159,7 +159,7 @@ def test_a_version_a_call_still_reads_is_closed_only_once_that_call_is_done(inde
             index = index.add(extra).open()
             shard.top_lists("notes", str(index.snapshot.folder), query, DensePlan(5), None)  # pushes the first out
         found = segment_top_lists(held, mine, query, DensePlan(5))  # still readable: the call holds it
-        assert found and all((ids >= 0).all() for _, _, ids in found)
+        assert found and all((ids >= 0).all() for _, _, ids, _ in found)
     with pytest.raises(RetrieverError, match="was closed"):
         held.segments  # closed once the call let go
 

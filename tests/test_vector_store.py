@@ -146,7 +146,7 @@ def test_merged_keeps_every_vector_but_the_excluded(data, kind):
     whole = VectorStore.create(64, spec, template, device="cpu")
     whole.add(ids, vectors)
     dropped = np.sort(ids[::7])
-    merged = VectorStore.merged(parts, dropped, spec, template)
+    merged = VectorStore.merged(parts, [dropped] * len(parts), spec, template)
     assert sorted(merged.ids()) == sorted(set(ids) - set(dropped))
     expected = whole.search(queries, 10, exclude=dropped)
     if kind in ("flat", "ivf", "ivfpq"):  # same vectors or codes in the same buckets: the same answers

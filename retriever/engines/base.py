@@ -39,11 +39,13 @@ from retriever.engines.steps import (
     queries_to_fit,
     save_fitted,
     train_index,
+    written_passages,
 )
 from retriever.calibration import DEFAULT_CALIBRATOR, DEFAULT_FIT_SAMPLE, Calibrator
 from retriever.errors import RetrieverError
 from retriever.versions.catalog import refuse_replacing
 from retriever.engines.stages import check_set, fit
+from retriever.encode.passages import PassageSettings
 from retriever.store.arrays import VectorSource
 from retriever.store.spec import IndexSpec
 from retriever.versions.writer import IndexWriter
@@ -71,6 +73,7 @@ class BuildSpec:
     batch_size: int = 64
     encoding: str = "utf-8"
     fit_queries: str | Path | Sequence[str] | np.ndarray | None = None
+    passages: PassageSettings = field(default_factory=PassageSettings)
 
 
 @dataclass
@@ -104,7 +107,8 @@ class BuildEngine(ABC):
 
     @abstractmethod
     def documents_at(self, writer: IndexWriter) -> Callable[[np.ndarray], list[tuple[str | None, str]]]:
-        """(title, text) of the documents at 0-based row positions, for the retrieval check's pseudo-queries."""
+        """(title, text) of the passages at 0-based vector positions (a document's, where it is one passage), for
+        the retrieval check's pseudo-queries."""
 
     @abstractmethod
     def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
@@ -123,6 +127,10 @@ class BuildEngine(ABC):
     def manifest_extras(self) -> dict:
         """Engine-specific manifest fields (`vectors_from`, `engine`)."""
         return {}
+
+    def passages_record(self, encoder: Encoder) -> dict | None:
+        """How the build cut long documents (the manifest's `passages`; None: one vector per document)."""
+        return self.spec.passages.checked(encoder.max_length).to_record()
 
 
 def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = True) -> ChangeSummary:
@@ -158,7 +166,7 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
 
         clock = time.perf_counter()
         seed = getattr(fitted, "seed", 0)
-        check = check_set(fitted, documents, engine.documents_at(writer), source.take, encoder, seed, progress)
+        check = check_set(fitted, source.rows, engine.documents_at(writer), source.take, encoder, seed, progress)
         if check is not None:
             timings["pseudo_queries"] = time.perf_counter() - clock
         clock = time.perf_counter()
@@ -167,7 +175,8 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         timings["fit"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
-        index_spec, template = train_index(documents, calibrated_sample, spec.index_type, spec.index_options)
+        # Sized by the vectors it holds: a passage each.
+        index_spec, template = train_index(source.rows, calibrated_sample, spec.index_type, spec.index_options)
         del calibrated_sample
         save_fitted(writer.folder, fitted, index_spec, template)  # what every segment is calibrated with
         timings["train_index"] = time.perf_counter() - clock
@@ -180,9 +189,10 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         fit_record = fit_summary(prefitted, documents, spec.fit_sample, seed, query_vectors, queries_from)
         manifest = new_manifest(name, engine.corpus_record(), engine.encoder_config(encoder),
                                 fitted, fit_record, index_spec, segments, truncated, fallback,
-                                **engine.manifest_extras())
+                                passages=engine.passages_record(encoder), **engine.manifest_extras())
         final = writer.commit(manifest)
         timings["write"] = time.perf_counter() - clock
+    cut, passages = written_passages(final, [segment[0] for segment in segments])
     return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
-                         notes, version=writer.manifest.version)
+                         notes, version=writer.manifest.version, cut=cut, passages=passages)
 

@@ -32,12 +32,16 @@ from retriever.engines.stages import (
     calibrated_blocks,
     check_vectors,
     encode_table,
+    encoded_passages_path,
     ingest,
+    passage_cutter,
+    split_segment,
     source_fingerprint,
     table_texts,
     write_segment_vectors,
 )
-from retriever.store.arrays import VectorSource, npy_layout, vector_source
+from retriever.store.arrays import VectorSource, load_npy, npy_layout, vector_source
+from retriever.store.passages import passage_keys
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import finish_segment
 from retriever.store.spec import IndexSpec
@@ -50,12 +54,16 @@ if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
 @dataclass
 class LocalEngine(BuildEngine):
     """CORPUS: a corpus file or a list of Documents. VECTORS: precomputed raw vectors (a .npy, a folder of .npy
-    shards, or an array; row i = document i) made with the spec's encoder; nothing is encoded. ENCODER: an already
+    shards, or an array; row i = document i) made with the spec's encoder; nothing is encoded. VECTOR_SPANS (with
+    VECTORS: a .npy or an int array of (document, start, end) rows): row i of VECTORS is the passage of document
+    number VECTOR_SPANS[i, 0] (0-based, ascending, every document at least once) spanning characters start to end
+    of its text; without it each document is one vector. ENCODER: an already
     loaded encoder, used instead of loading the spec's (many builds, one model). RESUME: continue a killed build
     of the same corpus and encoder settings."""
 
     corpus: str | Path | Sequence[Document] = ""
     vectors: str | Path | np.ndarray | None = None
+    vector_spans: str | Path | np.ndarray | None = None
     encoder: Encoder | None = None
     resume: bool = True
     chunk_rows: int = CHUNK_ROWS
@@ -78,9 +86,15 @@ class LocalEngine(BuildEngine):
             corpus_format(corpus)
             if not Path(corpus).is_file():
                 raise RetrieverError(f"{corpus}: no such file")
-        if isinstance(self.vectors, np.ndarray):
+        if isinstance(self.vectors, np.ndarray) or isinstance(self.vector_spans, np.ndarray):
             self.resume = False  # vectors in memory: nothing on disk to tell a rerun's from this one's
         self._source = vector_source(self.vectors) if self.vectors is not None else None
+        self._spans = None
+        if self.vector_spans is not None:
+            if self._source is None:
+                raise RetrieverError(f"{param('vector_spans')} says which passage each of the given vectors is: "
+                                     f"give {param('vectors')} too")
+            self._spans = _checked_spans(self.vector_spans, self._source.rows)
 
     def _label(self) -> str:
         return "the given documents" if self._given is not None else str(self.corpus)
@@ -94,7 +108,10 @@ class LocalEngine(BuildEngine):
         # What a killed build's partial folder must match to be resumed (saved with its state either way).
         self._key = {"corpus": source_fingerprint(self.corpus) if self._given is None else None,
                      "encoding": spec.encoding, "encoder": settings,
-                     "vectors": self._source.fingerprint() if self._source else None}
+                     "vectors": self._source.fingerprint() if self._source else None,
+                     "passages": spec.passages.to_record(),
+                     "vector_spans": (source_fingerprint(self.vector_spans)
+                                      if isinstance(self.vector_spans, (str, Path)) else None)}
         return IndexWriter(index_dir, name, build=True, resume_key=self._key if self.resume else None, device=spec.device,
                            busy_hint=f"wait for it to finish, or build under another {param('name')}")
 
@@ -115,9 +132,12 @@ class LocalEngine(BuildEngine):
                 raise RetrieverError(f"{self._label()}: no documents (the file is empty or all blank lines)")
             state.save()
         source = self._source
-        if source is not None and source.rows != state.documents:
+        if source is not None and self._spans is None and source.rows != state.documents:
             raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
                                  f"{counted(state.documents, 'document')} in {self._label()}; row i must be document i")
+        if self._spans is not None and int(self._spans[-1, 0]) + 1 != state.documents:
+            raise RetrieverError(f"{param('vector_spans')} names {counted(int(self._spans[-1, 0]) + 1, 'document')}; "
+                                 f"{self._label()} holds {state.documents:,}")
         return state.documents
 
     def load_encoder(self) -> Encoder | DeferredEncoder:
@@ -148,42 +168,79 @@ class LocalEngine(BuildEngine):
         state, source = self._state, self._source
         if source is not None:
             check_vectors(source, self.progress)
+            if self._spans is not None:  # the given passages, keyed as a build's own (`split_segment` reads them)
+                spans = self._spans
+                counts = np.bincount(spans[:, 0])
+                rows = np.column_stack([passage_keys(np.arange(1, len(counts) + 1), counts), spans[:, 1:]])
+                np.save(encoded_passages_path(writer.folder / ENCODED), rows)
             self.timings["check_vectors"] = time.perf_counter() - clock
             return source, state.truncated
         if state.encoded:
             note(self.notes, f"resumed a killed build: {state.encoded:,} of {state.documents:,} documents were "
                              "already encoded", self.progress)
+        cutter = passage_cutter(encoder, self.spec.passages)
         with DocumentTable.open(self._segment / DOCUMENTS) as table:
             encode_table(encoder, table, writer.folder / ENCODED, state, progress=self.progress,
-                         chunk_rows=self.chunk_rows)
+                         chunk_rows=self.chunk_rows, cutter=cutter)
         self.timings["encode"] = time.perf_counter() - clock
         return VectorSource(writer.folder / ENCODED), state.truncated
 
     def documents_at(self, writer: IndexWriter) -> Callable[[np.ndarray], list[tuple[str | None, str]]]:
-        path = self._segment / DOCUMENTS
+        path, passages = self._segment / DOCUMENTS, split_segment(writer.folder / ENCODED, self._state.documents)
 
         def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
             with DocumentTable.open(path) as table:
-                return table_texts(table)(positions)
+                return table_texts(table, passages=passages)(positions)
         return documents_at
 
     def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
                        template) -> list[tuple[str, int]]:
         documents, dim = self._state.documents, source.dim
-        blocks = calibrated_blocks(source, calibrator, 1, self.progress)
+        passages = split_segment(writer.folder / ENCODED, documents)
+        blocks = calibrated_blocks(source, calibrator, 1, self.progress, passages)
         write_segment_vectors(self._segment, blocks, dim, fitted_out_dim(calibrator, dim),
-                              spec.for_segment(documents), template)
+                              spec.for_segment(source.rows), template, split=passages is not None)
         clock = time.perf_counter()
         finish_segment(self._segment)  # the keyword index
         self.timings["keywords"] = time.perf_counter() - clock
         (writer.folder / ENCODED).unlink(missing_ok=True)
-        return [(self._segment.name, documents)]
+        encoded_passages_path(writer.folder / ENCODED).unlink(missing_ok=True)
+        return [(self._segment.name, documents, source.rows)]
 
     def corpus_record(self) -> str | Path | None:
         return None if self._given is not None else self.corpus
 
     def manifest_extras(self) -> dict:
         return {"vectors_from": None if isinstance(self.vectors, np.ndarray) else self.vectors}
+
+    def passages_record(self, encoder: Encoder) -> dict | None:
+        # Precomputed vectors: the caller decided what each holds (one per document, or the passages
+        # VECTOR_SPANS name), so the index does not cut what is added to it either.
+        return None if self._source is not None else super().passages_record(encoder)
+
+
+def _checked_spans(given: str | Path | np.ndarray, rows: int) -> np.ndarray:
+    """VECTOR_SPANS as an int64 (ROWS, 3) array of (document, start, end), documents ascending from 0 with none
+    skipped, spans non-empty; one line naming what is wrong otherwise."""
+    name = param("vector_spans")
+    if not isinstance(given, np.ndarray):
+        if not Path(given).is_file():
+            raise RetrieverError(f"{name} {given}: no such file")
+        given = load_npy(given)
+    spans = np.asarray(given)
+    if spans.ndim != 2 or spans.shape[1] != 3 or spans.dtype.kind not in "iu":
+        raise RetrieverError(f"{name} must be integer rows of (document, start, end); got shape {spans.shape}, "
+                             f"{spans.dtype}")
+    spans = spans.astype(np.int64)
+    if len(spans) != rows:
+        raise RetrieverError(f"{name} has {len(spans):,} rows for {counted(rows, 'vector')}; row i says which "
+                             "passage vector i is")
+    steps = np.diff(spans[:, 0])
+    if spans[0, 0] != 0 or (steps < 0).any() or (steps > 1).any():
+        raise RetrieverError(f"{name}: documents must be numbered from 0, ascending, each with a passage")
+    if (spans[:, 1] < 0).any() or (spans[:, 2] <= spans[:, 1]).any():
+        raise RetrieverError(f"{name}: every span must have 0 <= start < end")
+    return spans
 
 
 def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str], progress: bool) -> None:
@@ -195,10 +252,12 @@ def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str],
         stale.unlink()  # a file a killed step was writing, never renamed into place
     if state.documents is not None and not (segment / DOCUMENTS).is_file():
         state.documents, state.encoded, state.truncated = None, 0, 0
-    if state.encoded and _encoded_rows(folder / ENCODED) < state.encoded:
+    if state.encoded and (_encoded_rows(folder / ENCODED) < state.vectors or
+                          (state.vectors > state.encoded and
+                           _encoded_rows(encoded_passages_path(folder / ENCODED)) < state.vectors)):
         note(notes, f"resumed a killed build: its {state.documents:,} documents were already read; their "
                      "vectors were gone, so they are encoded again", progress)
-        state.encoded, state.truncated = 0, 0
+        state.encoded, state.truncated, state.vectors = 0, 0, 0
         state.save()
 
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
+import numpy as np
+
 from retriever.calibration import Calibrator
 from retriever.corpus import iter_corpus
 from retriever.encode.encoder import Encoder
@@ -46,6 +48,7 @@ from retriever.engines.workers import (
     corpus_files,
     count_stage,
     read_stage,
+    shard_passages,
     write_segment,
 )
 from retriever.errors import RetrieverError, param
@@ -53,6 +56,7 @@ from retriever.store.layout import segment_name
 from retriever.engines.stages import CHUNK_ROWS, stream_texts
 from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import VectorSource
+from retriever.store.passages import PASSAGE_BITS
 from retriever.store.spec import IndexSpec
 from retriever.versions.writer import IndexWriter
 
@@ -294,14 +298,16 @@ class RayEngine(BuildEngine):
                 max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS,
                 fn_constructor_kwargs={"config": self.encoder_config(encoder), "shard_dir": str(self._shard_dir),
                                        "threads": plan.cpus, "device": "cuda" if plan.gpus else "cpu",
-                                       "batch_size": self.spec.batch_size},
+                                       "batch_size": self.spec.batch_size,
+                                       "passages": self.passages_record(encoder)},
             )
-        shards, truncated = [], 0
+        shards, truncated, self._vectors = [], 0, 0
         with progress_bar(f"Encoding on {plan.workers} Ray worker{'s' if plan.workers != 1 else ''}",
                           total=documents, enabled=self.progress) as advance:
             first_batch, later_rows, later_batches = None, 0, 0
             for batch in run_iter(lambda: encoded.iter_batches(batch_size=None, batch_format="numpy")):
                 shards.extend(zip(batch["shard"].tolist(), batch["rows"].tolist()))
+                self._vectors += int(batch["vectors"].sum())
                 truncated += int(batch["truncated"].sum())
                 advance(int(batch["rows"].sum()))
                 if first_batch is None:  # actors started and the first batch is through
@@ -320,8 +326,21 @@ class RayEngine(BuildEngine):
         return VectorSource(self._shard_dir), truncated  # shards are named by first row id: file order is row order
 
     def documents_at(self, writer: IndexWriter):
-        # auto's pseudo-queries: the driver reads the sampled documents' texts from the corpus files, in row order.
-        return stream_texts(chain.from_iterable(iter_corpus(path, self.spec.encoding) for path in self._paths))
+        # auto's pseudo-queries: the driver reads the sampled documents' texts from the corpus files, in row order;
+        # where documents were cut, a position is a passage (`shard_passages` say whose, and where).
+        documents_at = stream_texts(chain.from_iterable(iter_corpus(path, self.spec.encoding) for path in self._paths))
+        if self._vectors == self._documents:
+            return documents_at
+        passages = np.concatenate([shard_passages(self._shard_dir, first) for first, _ in self._shards])
+
+        def passages_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
+            rows = passages[positions]
+            rowids = rows[:, 0] >> PASSAGE_BITS
+            wanted = np.unique(rowids)
+            texts = dict(zip(wanted.tolist(), documents_at(wanted - 1)))
+            return [(texts[rowid][0], texts[rowid][1][start:end])
+                    for rowid, (start, end) in zip(rowids.tolist(), rows[:, 1:].tolist())]
+        return passages_at
 
     def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
                        template) -> list[tuple[str, int]]:
@@ -332,15 +351,15 @@ class RayEngine(BuildEngine):
         # Each task calibrates with what the skeleton saved in the (shared) partial folder.
         pending = {task.remote(str(folder), segment, [first for first, _ in group], str(self._shard_dir),
                                spec.to_dict(), threads=1): segment for segment, group in zip(names, groups)}
+        written = {}
         with progress_bar("Writing segments", total=len(names), enabled=self.progress, unit="segments") as advance:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
-                _run(lambda: ray.get(done[0]))
-                del pending[done[0]]
+                written[pending.pop(done[0])] = _run(lambda: ray.get(done[0]))
                 advance(1)
         check_ids_across(folder, names)
         shutil.rmtree(self._shard_dir)
-        return [(segment, sum(rows for _, rows in group)) for segment, group in zip(names, groups)]
+        return [(segment, *written[segment]) for segment in names]
 
     def encoder_config(self, encoder: Encoder) -> dict:
         return {**encoder.config(), "dtype": self.spec.dtype}  # the workers' precision, not the driver copy's

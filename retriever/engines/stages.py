@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -28,14 +29,16 @@ from retriever.calibration import Calibrator, fit_calibrator, fit_sample_rows
 from retriever.calibration.check import CheckSet
 from retriever.corpus import Document, document_text, iter_corpus
 from retriever.calibration.pseudo_queries import make_check_set
+from retriever.encode.passages import PassageCutter, PassageSettings
 from retriever.errors import RetrieverError
 from retriever.numeric import l2_normalize
 from retriever.versions.integrity import sha256_file
 from retriever.progress import progress_bar, stderr_console
-from retriever.store.arrays import NpyAppender, VectorSource
+from retriever.store.arrays import NpyAppender, VectorSource, load_npy
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import RawWriter
 from retriever.store.layout import VECTORS
+from retriever.store.passages import document_of, passage_keys
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
 
@@ -85,19 +88,40 @@ def write_json_atomically(path: Path, record: dict) -> None:
     os.replace(partial, path)
 
 
-def encode_into(encoder, documents: Iterable[Document], writer: NpyAppender, record: Callable[[int, int], None],
-                total: int | None = None, done: int = 0, progress: bool = False, chunk_rows: int = CHUNK_ROWS) -> None:
+def encode_into(encoder, documents: Iterable[Document] | Iterable[tuple[int, Document]], writer: NpyAppender,
+                record: Callable[[int, int, int], None], total: int | None = None, done: int = 0,
+                progress: bool = False, chunk_rows: int = CHUNK_ROWS, cutter: PassageCutter | None = None,
+                passage_writer: NpyAppender | None = None) -> None:
     """Encode DOCUMENTS chunk by chunk into WRITER; each chunk's vectors are durable on disk before
-    RECORD(rows, truncated) notes the chunk as done (DONE: documents an earlier run already encoded)."""
-    texts = ([document_text(document) for document in chunk] for chunk in chunked(documents, chunk_rows))
+    RECORD(documents, vectors, truncated) notes the chunk as done (DONE: documents an earlier run already encoded).
+    CUTTER: DOCUMENTS are (row id, Document) pairs, each cut into passages (`retriever.encode.passages`); a vector
+    per passage, and its (key, start, end) row in PASSAGE_WRITER."""
+    cuts: deque = deque()  # per chunk, in order: (documents, truncated, passage rows); filled on the reading thread
+
+    def texts() -> Iterator[list[str]]:
+        for chunk in chunked(documents, chunk_rows):
+            if cutter is None:
+                cuts.append((len(chunk), 0, None))
+                yield [document_text(document) for document in chunk]
+                continue
+            rowids = np.fromiter((rowid for rowid, _ in chunk), np.int64, len(chunk))
+            passages = cutter.cut([document for _, document in chunk])
+            rows = np.column_stack([passage_keys(rowids, passages.counts()), passages.spans])
+            cuts.append((len(chunk), passages.truncated, rows))
+            yield passages.texts
+
     with progress_bar("Encoding", total=total, enabled=progress) as advance:
         advance(done)
-        # The next chunk is read and tokenized on another thread while this one is encoded (`encode_chunks`).
-        for vectors, truncated in encoder.encode_chunks(texts):
+        # The next chunk is read, cut and tokenized on another thread while this one is encoded (`encode_chunks`).
+        for vectors, truncated in encoder.encode_chunks(texts()):
+            count, cut_short, rows = cuts.popleft()
             writer.append(vectors)
             writer.flush()
-            record(len(vectors), truncated)
-            advance(len(vectors))
+            if rows is not None:
+                passage_writer.append(rows)
+                passage_writer.flush()
+            record(count, len(vectors), truncated + cut_short)
+            advance(count)
 
 
 @dataclass
@@ -131,7 +155,7 @@ def encode_corpus(corpus: str | Path, out: str | Path, encoder, encoding: str = 
     writer = NpyAppender.resume(out, encoder.dim, "float32", done) if done else NpyAppender(out, encoder.dim)
     state = {"rows": done, "truncated": truncated}
 
-    def record(rows: int, chunk_truncated: int) -> None:
+    def record(rows: int, vectors: int, chunk_truncated: int) -> None:
         state["rows"] += rows
         state["truncated"] += chunk_truncated
         write_json_atomically(record_path, {**fresh, "complete": False, **state})
@@ -179,35 +203,55 @@ class BuildState:
     documents: int | None = None  # set once every document is in SQLite
     encoded: int = 0  # documents whose vectors are durable in the encoded-vectors file
     truncated: int = 0
+    vectors: int = 0  # rows of the encoded-vectors file those documents' passages fill
 
     @classmethod
     def load(cls, path: Path) -> BuildState:
         record = json.loads(path.read_text(encoding="utf-8"))
-        return cls(path, record["key"], record.get("documents"), int(record.get("encoded", 0)),
-                   int(record.get("truncated", 0)))
+        encoded = int(record.get("encoded", 0))
+        return cls(path, record["key"], record.get("documents"), encoded, int(record.get("truncated", 0)),
+                   int(record.get("vectors", encoded)))
 
     def save(self) -> None:
         if self.path is None:
             return
         write_json_atomically(self.path, {"key": self.key, "documents": self.documents, "encoded": self.encoded,
-                                          "truncated": self.truncated})
+                                          "truncated": self.truncated, "vectors": self.vectors})
+
+
+def encoded_passages_path(encoded: Path) -> Path:
+    """Where a build keeps the (key, start, end) rows of the passages its ENCODED vectors file holds."""
+    return encoded.with_name(encoded.stem + "-passages.npy")
 
 
 def encode_table(encoder, table: DocumentTable, out: Path, state: BuildState, first_rowid: int = 1,
-                 progress: bool = False, chunk_rows: int = CHUNK_ROWS) -> None:
+                 progress: bool = False, chunk_rows: int = CHUNK_ROWS, cutter: PassageCutter | None = None) -> None:
     """Stage 2: encode TABLE's documents in row id order into OUT (float32 .npy), after the STATE.encoded
-    already there; STATE is saved after each chunk, once its vectors are durable."""
-    writer = (NpyAppender.resume(out, encoder.dim, "float32", state.encoded) if state.encoded
+    already there; STATE is saved after each chunk, once its vectors are durable. CUTTER: long documents are cut
+    into passages, a vector each, their (key, start, end) rows beside OUT (`encoded_passages_path`)."""
+    writer = (NpyAppender.resume(out, encoder.dim, "float32", state.vectors) if state.encoded
               else NpyAppender(out, encoder.dim, "float32"))
-    documents = (document for _, document in table.documents(after_rowid=first_rowid - 1 + state.encoded))
+    passage_writer = None
+    if cutter is not None:
+        path = encoded_passages_path(out)
+        passage_writer = (NpyAppender.resume(path, 3, "int64", state.vectors) if state.encoded
+                          else NpyAppender(path, 3, "int64"))
+    pairs = table.documents(after_rowid=first_rowid - 1 + state.encoded)
+    documents = pairs if cutter is not None else (document for _, document in pairs)
 
-    def record(rows: int, truncated: int) -> None:
+    def record(rows: int, vectors: int, truncated: int) -> None:
         state.encoded += rows
+        state.vectors += vectors
         state.truncated += truncated
         state.save()
 
     with writer:
-        encode_into(encoder, documents, writer, record, state.documents, state.encoded, progress, chunk_rows)
+        try:
+            encode_into(encoder, documents, writer, record, state.documents, state.encoded, progress, chunk_rows,
+                        cutter, passage_writer)
+        finally:
+            if passage_writer is not None:
+                passage_writer.close()
 
 
 def check_vectors(source: VectorSource, progress: bool = False) -> None:
@@ -240,11 +284,24 @@ def check_set(calibrator: Calibrator, rows: int, documents_at, vectors_at, encod
     return make_check_set(rows, documents_at, vectors_at, encoder, seed, progress=progress)
 
 
-def table_texts(table: DocumentTable, first_rowid: int = 1):
-    """DOCUMENTS_AT for `make_check_set`: (title, text) of 0-based positions in TABLE, from FIRST_ROWID on."""
+def table_texts(table: DocumentTable, first_rowid: int = 1, passages: np.ndarray | None = None):
+    """DOCUMENTS_AT for `make_check_set`: (title, text) of 0-based positions in TABLE, from FIRST_ROWID on; with
+    PASSAGES (the (key, start, end) rows of a split segment, `split_segment`), of the passages at those positions."""
     def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
-        return [(row["title"], row["text"]) for row in table.get(positions + first_rowid, ("title", "text"))]
+        if passages is None:
+            return [(row["title"], row["text"]) for row in table.get(positions + first_rowid, ("title", "text"))]
+        rows = np.asarray(passages[positions], np.int64)
+        found = table.get(document_of(rows[:, 0]), ("title", "text"))
+        return [(row["title"], row["text"][start:end]) for row, (start, end) in zip(found, rows[:, 1:].tolist())]
     return documents_at
+
+
+def passage_cutter(encoder, settings: PassageSettings) -> PassageCutter | None:
+    """What cuts long documents for ENCODER as SETTINGS say (checked against what it reads); None: one vector
+    per document."""
+    if not settings.enabled:
+        return None
+    return PassageCutter(encoder.tokenizer, settings.checked(encoder.max_length), encoder.max_length)
 
 
 def stream_texts(documents: Iterable[Document]):
@@ -273,27 +330,45 @@ def fitted_query_count(queries: np.ndarray | None, fit_sample: int | None) -> in
     return 0 if queries is None else min(len(queries), fit_sample or len(queries))
 
 
-def calibrated_blocks(source: VectorSource, calibrator: Calibrator, first_rowid: int,
-                      progress: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(row ids, raw vectors, calibrated unit vectors) block by block, for stage 4."""
+def calibrated_blocks(source: VectorSource, calibrator: Calibrator, first_rowid: int, progress: bool = False,
+                      passages: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                            np.ndarray | None]]:
+    """(vector keys, raw vectors, calibrated unit vectors, spans) block by block, for stage 4: keyed by row id from
+    FIRST_ROWID on, one vector per document; or, with PASSAGES (the (key, start, end) rows of a split segment's
+    passages, `split_segment`), by passage key with their spans (else spans None)."""
     with progress_bar("Indexing", total=source.rows, enabled=progress, unit="vectors") as advance:
-        start = first_rowid
+        start = 0
         for block in source.blocks():
-            rowids = np.arange(start, start + len(block), dtype=np.int64)
-            yield rowids, block, l2_normalize(calibrator.transform(block))
+            if passages is None:
+                keys, spans = np.arange(first_rowid + start, first_rowid + start + len(block), dtype=np.int64), None
+            else:
+                rows = np.asarray(passages[start : start + len(block)], np.int64)
+                keys, spans = rows[:, 0], rows[:, 1:]
+            yield keys, block, l2_normalize(calibrator.transform(block)), spans
             start += len(block)
             advance(len(block))
 
 
-def write_segment_vectors(folder: Path, blocks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], dim: int,
-                          out_dim: int, spec: IndexSpec, template) -> VectorStore:
-    """Stage 4: add each block's calibrated vectors to a new vector store and its raw vectors to the segment's
-    raw store; save both. Only the vector store grows in memory."""
+def split_segment(encoded: Path, documents: int) -> np.ndarray | None:
+    """The (key, start, end) rows of the passages a build encoded into ENCODED, mapped, if its DOCUMENTS are more
+    than one passage each somewhere (the segment is then keyed by passage); None where each is one passage (keyed
+    by row id, as before passages) or nothing was cut."""
+    path = encoded_passages_path(encoded)
+    if not path.is_file():
+        return None
+    rows = load_npy(path, mmap_mode="r")
+    return rows if len(rows) > documents else None
+
+
+def write_segment_vectors(folder: Path, blocks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]],
+                          dim: int, out_dim: int, spec: IndexSpec, template, split: bool = False) -> VectorStore:
+    """Stage 4: add each block's calibrated vectors to a new vector store and its raw vectors (with their passages'
+    spans, SPLIT) to the segment's raw store; save both. Only the vector store grows in memory."""
     store = VectorStore.create(out_dim, spec, template, device="cpu")
-    raw = RawWriter(folder, dim)
-    for rowids, raw_block, calibrated in blocks:
-        store.add(rowids, calibrated)
-        raw.append(rowids, raw_block)
+    raw = RawWriter(folder, dim, split=split)
+    for keys, raw_block, calibrated, spans in blocks:
+        store.add(keys, calibrated)
+        raw.append(keys, raw_block, spans)
     raw.close()
     store.save(folder / VECTORS)
     return store

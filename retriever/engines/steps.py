@@ -19,10 +19,13 @@ from retriever import __version__
 from retriever.calibration import Calibrator, fit_sample_rows, make_calibrator, too_few_to_fit
 from retriever.errors import RetrieverError, param
 from retriever.versions.home import check_target, index_options as options_hint
-from retriever.versions.layout import CALIBRATOR, TEMPLATE
+from retriever.versions.layout import CALIBRATOR, SEGMENTS, TEMPLATE
 from retriever.versions.manifest import Manifest, SegmentEntry
 from retriever.engines.stages import fitted_query_count
 from retriever.progress import stderr_console
+from retriever.store.arrays import load_npy, npy_layout
+from retriever.store.layout import PASSAGES, ROWIDS
+from retriever.store.passages import passage_numbers
 from retriever.store.vectors import VectorStore, train_template
 from retriever.store.spec import INDEX_TYPES, IndexSpec, choose_spec
 from retriever.text import check_queries, counted
@@ -44,6 +47,8 @@ class ChangeSummary:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. "resumed after 32,768 encoded documents"
     version: int = 0  # the committed version's number
+    cut: int = 0  # of the documents written, those longer than the encoder reads, cut into passages...
+    passages: int = 0  # ...and the passages (a vector each) all the documents written became
     opener: Callable[[], object] | None = field(default=None, repr=False, compare=False)
 
     def open(self):
@@ -117,12 +122,12 @@ def enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_s
         raise RetrieverError(f"{param('fit_sample', fit_sample)} is {shortfall}")
     return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {counted(documents, 'document')}: {shortfall}"}
 
-def train_index(documents: int, calibrated_sample: np.ndarray, index_type: str,
+def train_index(vectors: int, calibrated_sample: np.ndarray, index_type: str,
                 index_options: dict | None) -> tuple[IndexSpec, object]:
-    """The index spec for DOCUMENTS (INDEX_TYPE, with INDEX_OPTIONS over its defaults) and its trained template
-    (the IVF quantizer every segment shares; None for flat and hnsw)."""
+    """The index spec for VECTORS vectors (INDEX_TYPE, with INDEX_OPTIONS over its defaults) and its trained
+    template (the IVF quantizer every segment shares; None for flat and hnsw)."""
     dim = calibrated_sample.shape[1]
-    spec = choose_spec(documents, dim, index_type)
+    spec = choose_spec(vectors, dim, index_type)
     spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(dim)
     return spec, train_template(spec, calibrated_sample)
 
@@ -142,11 +147,12 @@ def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: i
                if query_vectors is not None else {})}
 
 def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
-                 spec: IndexSpec, segments: Sequence[tuple[str, int]], truncated: int, fallback: dict | None,
-                 vectors_from: str | Path | None = None, engine: dict | None = None) -> Manifest:
-    """The manifest of a freshly built index of SEGMENTS ((name, rows) in row id order, ids from 1), whichever
-    engine built it."""
-    documents = sum(rows for _, rows in segments)
+                 spec: IndexSpec, segments: Sequence[tuple], truncated: int, fallback: dict | None,
+                 vectors_from: str | Path | None = None, engine: dict | None = None,
+                 passages: dict | None = None) -> Manifest:
+    """The manifest of a freshly built index of SEGMENTS ((name, rows) or (name, rows, vectors) in row id order,
+    ids from 1), whichever engine built it; PASSAGES: how long documents were cut (None: one vector each)."""
+    documents = sum(segment[1] for segment in segments)
     return Manifest(
         name=name,
         created=now_iso(),
@@ -159,14 +165,30 @@ def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, cal
         index_type=spec.type,
         dim=fitted_out_dim(calibrator, encoder_config["dim"]),
         documents=documents,
-        segments=tuple(SegmentEntry.written(segment, rows, spec) for segment, rows in segments),
+        segments=tuple(SegmentEntry.written(segment[0], segment[1], spec, vectors=segment[2] if len(segment) > 2 else None)
+                       for segment in segments),
         next_rowid=documents + 1,
         next_segment=len(segments) + 1,
         truncated_at_build=truncated,
+        passages=passages,
         versions=library_versions(),
         engine=engine or None,
         calibrator_fallback=fallback or None,
     )
+
+
+def written_passages(folder: Path, segments: Sequence[str]) -> tuple[int, int]:
+    """(documents cut into several passages, vectors) of the SEGMENTS a write made in the version FOLDER."""
+    cut = vectors = 0
+    for name in segments:
+        segment = folder / SEGMENTS / name
+        keys = load_npy(segment / PASSAGES, mmap_mode="r") if (segment / PASSAGES).is_file() else None
+        if keys is None:
+            vectors += int(npy_layout(segment / ROWIDS)[0][0])
+        else:
+            cut += int(np.count_nonzero(passage_numbers(np.asarray(keys)) == 1))
+            vectors += len(keys)
+    return cut, vectors
 
 
 def fitted_out_dim(calibrator: Calibrator, dim: int) -> int:

@@ -126,11 +126,13 @@ def column_documents(batch: dict) -> list[Document]:
 
 class EncodeWorker:
     """Encode stage, one instance per actor: loads the encoder the build records once, then turns each batch of
-    documents into raw vectors and writes them, with the documents, as shards in SHARD_DIR. Returns one summary
-    row per shard written ({"shard": first row id, "rows", "truncated"}), so only counts travel back."""
+    documents into raw vectors and writes them, with the documents, as shards in SHARD_DIR. PASSAGES (the build's
+    `PassageSettings` record; None: one vector per document): long documents are cut into passages, a vector
+    each, and the shard keeps their (key, start, end) rows. Returns one summary row per shard written
+    ({"shard": first row id, "rows", "vectors", "truncated"}), so only counts travel back."""
 
     def __init__(self, config: dict, shard_dir: str, device: str = "auto", threads: int | None = None,
-                 batch_size: int = 64):
+                 batch_size: int = 64, passages: dict | None = None):
         where = f"on {socket.gethostname()}"
         if not Path(shard_dir).is_dir():
             raise RetrieverError(f"{where}: {shard_dir} is not there; the index folder must be on storage every "
@@ -140,35 +142,61 @@ class EncodeWorker:
 
             torch.set_num_threads(threads)
         from retriever.encode.encoder import Encoder
+        from retriever.encode.passages import PassageCutter, PassageSettings
 
         try:
             self.encoder = Encoder.from_config(config, device=device, batch_size=batch_size)
         except RetrieverError as error:  # typically the model is not on this node
             raise RetrieverError(f"{where}: {error}") from None
+        self.cutter = (PassageCutter(self.encoder.tokenizer, PassageSettings.from_record(passages),
+                                     self.encoder.max_length) if passages is not None else None)
         self.shard_dir = Path(shard_dir)
 
     def __call__(self, batch: dict) -> dict:
+        from retriever.store.passages import passage_keys
+
         documents = column_documents(batch)
-        vectors, truncated = self.encoder.encode_counting_truncated([document_text(d) for d in documents])
         rowids = np.asarray(batch["rowid"], dtype=np.int64)
         order = np.argsort(rowids, kind="stable")
-        rowids, vectors, documents = rowids[order], vectors[order], [documents[i] for i in order]
+        rowids, documents = rowids[order], [documents[i] for i in order]
+        if self.cutter is None:
+            texts, counts, spans, cut_short = [document_text(d) for d in documents], np.ones(len(rowids), int), None, 0
+        else:
+            passages = self.cutter.cut(documents)
+            texts, counts, spans, cut_short = passages.texts, passages.counts(), passages.spans, passages.truncated
+        vectors, truncated = self.encoder.encode_counting_truncated(texts)
+        ends_at = np.cumsum(counts)  # each document's passages end at this vector row
         # A batch may join the ends of two pieces: one shard per run of consecutive row ids.
         starts = np.flatnonzero(np.diff(rowids, prepend=rowids[0] - 2) != 1) if len(rowids) else np.empty(0, int)
         ends = list(starts[1:]) + [len(rowids)]
+        vector_counts = []
         for start, end in zip(starts, ends):
-            write_shard(self.shard_dir, int(rowids[start]), documents[start:end], vectors[start:end])
+            first, last = (int(ends_at[start - 1]) if start else 0), int(ends_at[end - 1])
+            rows = None
+            if spans is not None:
+                rows = np.column_stack([passage_keys(rowids[start:end], counts[start:end]), spans[first:last]])
+            write_shard(self.shard_dir, int(rowids[start]), documents[start:end], vectors[first:last], rows)
+            vector_counts.append(last - first)
         return {"shard": rowids[starts], "rows": np.asarray(ends) - starts,
-                "truncated": np.asarray([truncated] + [0] * (len(starts) - 1), dtype=np.int64)}
+                "vectors": np.asarray(vector_counts, dtype=np.int64),
+                "truncated": np.asarray([truncated + cut_short] + [0] * (len(starts) - 1), dtype=np.int64)}
 
 
 def shard_path(shard_dir: Path, first_rowid: int) -> Path:
     return Path(shard_dir) / f"{first_rowid:0{_SHARD_DIGITS}d}.npy"
 
 
-def write_shard(shard_dir: Path, first_rowid: int, documents: Sequence[Document], vectors: np.ndarray) -> None:
-    """A shard's vectors (.npy) and documents (.jsonl), each written whole and then renamed into place, so a
-    shard either exists complete or not at all (a retried task rewrites the same names)."""
+def passages_path(shard_dir: Path, first_rowid: int) -> Path:
+    """Where a shard keeps its passages' (key, start, end) rows: not a .npy name, which the shards' vectors (read
+    as one `VectorSource`) are."""
+    return shard_path(shard_dir, first_rowid).with_suffix(".passages")
+
+
+def write_shard(shard_dir: Path, first_rowid: int, documents: Sequence[Document], vectors: np.ndarray,
+                passages: np.ndarray | None = None) -> None:
+    """A shard's vectors (.npy), documents (.jsonl) and, where its documents were cut, its passages' (key, start,
+    end) rows, each written whole and then renamed into place, the vectors last: a shard whose vectors exist is
+    complete (a retried task rewrites the same names)."""
     vectors_path = shard_path(shard_dir, first_rowid)
     documents_path = vectors_path.with_suffix(".jsonl")
     with open(documents_path.with_suffix(".jsonl.partial"), "w", encoding="utf-8") as file:
@@ -176,29 +204,49 @@ def write_shard(shard_dir: Path, first_rowid: int, documents: Sequence[Document]
             file.write(json.dumps({"doc_id": d.doc_id, "title": d.title, "text": d.text, "source": d.source,
                                    "line": d.line, "metadata": d.metadata}, ensure_ascii=False) + "\n")
     os.replace(documents_path.with_suffix(".jsonl.partial"), documents_path)
+    if passages is not None:
+        path = passages_path(shard_dir, first_rowid)
+        with open(path.with_suffix(".passages.partial"), "wb") as file:
+            np.save(file, np.ascontiguousarray(passages, dtype=np.int64))
+        os.replace(path.with_suffix(".passages.partial"), path)
     with open(vectors_path.with_suffix(".npy.partial"), "wb") as file:
         np.save(file, np.ascontiguousarray(vectors, dtype=np.float32))
     os.replace(vectors_path.with_suffix(".npy.partial"), vectors_path)
 
 
-def read_shard(shard_dir: Path, first_rowid: int) -> tuple[np.ndarray, list[Document], np.ndarray]:
-    """(row ids, documents, float32 vectors) of the shard that starts at FIRST_ROWID."""
-    from retriever.store.arrays import load_npy  # a header parse under the lock every .npy read takes
-
+def read_shard(shard_dir: Path, first_rowid: int) -> tuple[np.ndarray, list[Document], np.ndarray, np.ndarray | None]:
+    """(row ids, documents, float32 vectors, the passages' (key, start, end) rows or None) of the shard that starts
+    at FIRST_ROWID."""
+    vectors = _load(shard_path(shard_dir, first_rowid))
+    passages = shard_passages(shard_dir, first_rowid)
     path = shard_path(shard_dir, first_rowid)
-    vectors = load_npy(path)
     with open(path.with_suffix(".jsonl"), encoding="utf-8") as file:
         documents = [Document(**json.loads(line)) for line in file]
-    if len(documents) != len(vectors):
+    if len(vectors) != (len(documents) if passages is None else len(passages)):
         raise RetrieverError(f"{path}: {len(vectors)} vectors for {len(documents)} documents")
-    return np.arange(first_rowid, first_rowid + len(vectors), dtype=np.int64), documents, vectors
+    return np.arange(first_rowid, first_rowid + len(documents), dtype=np.int64), documents, vectors, passages
+
+
+def shard_passages(shard_dir: Path, first_rowid: int) -> np.ndarray | None:
+    """The (key, start, end) rows of the shard's passages, or None where its documents were not cut."""
+    path = passages_path(shard_dir, first_rowid)
+    return _load(path) if path.is_file() else None
+
+
+def _load(path: Path) -> np.ndarray:
+    from retriever.store.arrays import HEADER_LOCK  # a header parse under the lock every .npy read takes
+
+    with HEADER_LOCK, open(path, "rb") as file:
+        return np.load(file)
 
 
 def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard_dir: str | Path, spec: dict,
                   threads: int | None = None) -> int:
     """Write stage: the shards starting at row ids SHARDS (ascending) -> the segment SEGMENT of the index version
     in FOLDER, calibrated with the calibrator saved there and indexed into a copy of its trained template (so every
-    segment shares one IVF quantizer and segments can be merged). Returns the segment's row count."""
+    segment shares one IVF quantizer and segments can be merged). Returns the segment's documents and vectors.
+    A shard of passages holds a vector per passage (one each where nothing was cut: the segment then keys its
+    vectors by row id)."""
     from retriever.calibration import load_calibrator
     from retriever.engines.steps import fitted_out_dim
     from retriever.versions.layout import CALIBRATOR, SEGMENTS, TEMPLATE
@@ -209,6 +257,7 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     from retriever.store.segment import finish_segment
     from retriever.store.layout import DOCUMENTS
     from retriever.store.vectors import load_template, set_threads
+    from retriever.store.passages import PASSAGE_BITS
     from retriever.store.spec import IndexSpec
 
     if threads:
@@ -221,20 +270,29 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
                 if (folder / TEMPLATE).is_file() else None)
     dim = int(load_npy(shard_path(shard_dir, shards[0]), mmap_mode="r").shape[1])
     calibrator = load_calibrator(folder / CALIBRATOR, expected_dim=dim)
-    rows = sum(len(load_npy(shard_path(shard_dir, first), mmap_mode="r")) for first in shards)  # headers only
+    vectors_count = sum(len(load_npy(shard_path(shard_dir, first), mmap_mode="r")) for first in shards)  # headers
+    cut = [shard_passages(shard_dir, first) for first in shards]
+    # Split (keyed by passage) where some document of the segment is more than one passage.
+    split = any(rows is not None and len(rows) > len(np.unique(rows[:, 0] >> PASSAGE_BITS)) for rows in cut)
     table = DocumentTable.create(target / DOCUMENTS)
+    documents = 0
 
     def blocks():  # each shard read once: its documents go to SQLite, its vectors on to the index
+        nonlocal documents
         for first in shards:
-            rowids, documents, vectors = read_shard(shard_dir, first)
-            table.insert(rowids, documents)
-            yield rowids, vectors, l2_normalize(calibrator.transform(vectors))
+            rowids, shard_documents, vectors, passages = read_shard(shard_dir, first)
+            table.insert(rowids, shard_documents)
+            documents += len(rowids)
+            keys, spans = rowids, None
+            if split:
+                keys, spans = passages[:, 0], passages[:, 1:]
+            yield keys, vectors, l2_normalize(calibrator.transform(vectors)), spans
 
     try:
-        write_segment_vectors(target, blocks(), dim, fitted_out_dim(calibrator, dim), index_spec.for_segment(rows),
-                              template)
+        write_segment_vectors(target, blocks(), dim, fitted_out_dim(calibrator, dim),
+                              index_spec.for_segment(vectors_count), template, split=split)
         table.finish()  # a doc_id repeated inside this segment fails here, with its lines
     finally:
         table.close()
     finish_segment(target)
-    return rows
+    return documents, vectors_count

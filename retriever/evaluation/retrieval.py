@@ -137,22 +137,51 @@ def evaluate_through_index(rset: RetrievalSet, embed: Callable[[Sequence[str]], 
 
 def evaluate_searches(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder, calibrator: str,
                       searches: dict[str, dict], seed: int = 0, depth: int = 100, fit_queries: bool = False,
-                      on_fitted: Callable[[object], None] | None = None) -> dict[str, dict[str, float]]:
-    """Build an index of RSET's corpus from its raw vectors (EMBED: ENCODER's output, possibly cached), fitting
+                      on_fitted: Callable[[object], None] | None = None,
+                      passages=None) -> dict[str, dict[str, float]]:
+    """Build an index of RSET's corpus as `retriever build` does, long documents cut into passages as PASSAGES
+    say (None: the default), each text encoded by EMBED (ENCODER's output, possibly cached), fitting
     CALIBRATOR on the corpus as `retriever build` does (FIT_QUERIES: on the corpus plus the queries, unlabeled, as
     `retriever build --fit-queries` does); search every query through it once per entry of SEARCHES (label ->
     `SearchOptions` settings: mode, fusion, weight), exactly as `retriever search` and the server do;
     score each. Returns label -> metrics. ON_FITTED, when given, is called with the index's fitted calibrator
     (the benchmark records what `auto` decided)."""
     return {label: evaluate_run(run, rset.qrels) for label, run in
-            search_runs(rset, embed, encoder, calibrator, searches, seed, depth, fit_queries, on_fitted).items()}
+            search_runs(rset, embed, encoder, calibrator, searches, seed, depth, fit_queries, on_fitted,
+                        passages).items()}
+
+
+class EmbeddingEncoder:
+    """ENCODER whose texts are encoded by EMBED (a cache of its vectors, say): what a benchmark's build encodes
+    through, so that it cuts and encodes documents exactly as `retriever build` does, at the cache's speed."""
+
+    def __init__(self, embed: Callable[[Sequence[str]], np.ndarray], encoder):
+        self.embed, self.encoder = embed, encoder
+
+    def __getattr__(self, name: str):
+        if name == "encoder":
+            raise AttributeError(name)
+        return getattr(self.encoder, name)
+
+    def encode(self, texts: Sequence[str], progress: bool = False, description: str = "Encoding") -> np.ndarray:
+        return np.asarray(self.embed(list(texts)), dtype=np.float32)
+
+    def encode_chunks(self, chunks, on_batch=None):
+        for chunk in chunks:
+            vectors = self.encode(chunk)
+            if on_batch is not None:
+                on_batch(len(vectors))
+            yield vectors, 0
 
 
 def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder, calibrator: str,
                 searches: dict[str, dict], seed: int = 0, depth: int = 100, fit_queries: bool = False,
-                on_fitted: Callable[[object], None] | None = None) -> dict[str, Run]:
-    """`evaluate_searches`' runs (label -> query id -> {doc id: score}), before scoring."""
-    from retriever.corpus import Document, document_text
+                on_fitted: Callable[[object], None] | None = None, passages=None) -> dict[str, Run]:
+    """`evaluate_searches`' runs (label -> query id -> {doc id: score}), before scoring. The set's documents are
+    built as `retriever build` builds them, cut into passages as PASSAGES say (a `PassageSettings`; None: the
+    default), each text encoded by EMBED."""
+    from retriever.corpus import Document
+    from retriever.encode.passages import PassageSettings
     from retriever.index import Index
     from retriever.search.options import SearchOptions
     from retriever.search.searcher import Searcher
@@ -161,15 +190,14 @@ def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray]
     doc_ids = list(rset.corpus)
     documents = [Document(doc, text, title, "corpus", number) for number, (doc, (title, text))
                  in enumerate(rset.corpus.items(), start=1)]
-    raw_documents = np.asarray(embed([document_text(d) for d in documents]), dtype=np.float32)
     query_ids = list(rset.queries)
     texts = [rset.queries[q] for q in query_ids]
     raw_queries = np.asarray(embed(texts), dtype=np.float32)
     runs: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="retriever-bench-") as folder:
-        Index.build(documents, "bench", Path(folder) / "indexes", vectors=raw_documents, encoder=encoder,
+        Index.build(documents, "bench", Path(folder) / "indexes", encoder=EmbeddingEncoder(embed, encoder),
                     calibrator=calibrator, calibrator_options={"seed": seed}, index_type="flat", device="cpu",
-                    fit_queries=raw_queries if fit_queries else None)
+                    fit_queries=raw_queries if fit_queries else None, passages=passages or PassageSettings())
         with Snapshot.open("bench", Path(folder) / "indexes", device="cpu") as snapshot:
             if on_fitted is not None:
                 on_fitted(snapshot.calibrator)

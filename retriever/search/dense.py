@@ -10,7 +10,8 @@ from typing import Protocol
 import numpy as np
 
 from retriever.search.plan import DensePlan, Matches, exhaustive
-from retriever.search.top_lists import TopList, merge_top_lists, segment_top_lists, space_vectors
+from retriever.search.top_lists import PassageVectors, TopList, merge_top_lists, passage_vectors, segment_top_lists
+from retriever.store.passages import best_per_document
 from retriever.numeric import l2_normalize
 from retriever.versions.snapshot import Snapshot
 
@@ -20,13 +21,13 @@ RAW_BLOCK = 65536  # raw vectors scored at a time by the raw-space ranking
 
 class RemoteSegments(Protocol):
     """Where a version's vectors are searched when not in this process: a distributed server's shards
-    (`retriever.serve.shards`). Each answers with `top_lists.segment_top_lists` / `space_vectors` of the same
+    (`retriever.serve.shards`). Each answers with `top_lists.segment_top_lists` / `passage_vectors` of the same
     version."""
 
     def top_lists(self, snapshot: Snapshot, queries: np.ndarray, plan: DensePlan,
                   includes: dict[int, np.ndarray] | None) -> list[TopList]: ...
 
-    def space_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> np.ndarray: ...
+    def passage_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> PassageVectors: ...
 
 
 class DenseSearcher:
@@ -40,34 +41,42 @@ class DenseSearcher:
 
     def top(self, queries: np.ndarray, plan: DensePlan,
             matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Each query's top plan.k (scores, row ids) for calibrated, L2-normalized QUERIES, deleted documents
-        excluded (with MATCHES, among those only); rows padded with id -1 where fewer exist. A filter that matches
-        k documents gets k: where the walk found fewer among the matches (they lay outside the buckets probed or
-        the beam), those queries score every match."""
+        """Each query's top plan.k documents (scores, row ids) for calibrated, L2-normalized QUERIES (`top_passages`
+        without the passages)."""
+        scores, ids, _ = self.top_passages(queries, plan, matches)
+        return scores, ids
+
+    def top_passages(self, queries: np.ndarray, plan: DensePlan,
+                     matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each query's top plan.k documents for calibrated, L2-normalized QUERIES, each scored by its best
+        passage: (scores, row ids, that passage's vector key), deleted documents excluded (with MATCHES, among
+        those only); rows padded with id -1 where fewer exist. A filter that matches k documents gets k: where the
+        walk found fewer among the matches (they lay outside the buckets probed or the beam), those queries score
+        every match."""
         includes = None if matches is None else dict(enumerate(matches.by_segment))
-        scores, ids = self._search(queries, plan, includes)
+        scores, ids, keys = self._search(queries, plan, includes)
         if matches is not None and not plan.exact:
             short = (ids >= 0).sum(axis=1) < min(plan.k, len(matches))
             if short.any():
-                scores[short], ids[short] = self._search(queries[short], exhaustive(plan, self.snapshot.spec),
-                                                         includes)
-        return scores, ids
+                scores[short], ids[short], keys[short] = self._search(
+                    queries[short], exhaustive(plan, self.snapshot.spec), includes)
+        return scores, ids, keys
 
     def _search(self, queries: np.ndarray, plan: DensePlan,
-                includes: dict[int, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+                includes: dict[int, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.remote is not None:
             lists = self.remote.top_lists(self.snapshot, queries, plan, includes)
         else:
             lists = segment_top_lists(self.snapshot, range(len(self.snapshot.segments)), queries, plan, includes)
         return merge_top_lists(lists, plan.k, len(queries))
 
-    def scores_of(self, query: np.ndarray, rowids: np.ndarray) -> np.ndarray:
-        """Cosines of ROWIDS' vectors with QUERY (in the index's space)."""
+    def scores_of(self, query: np.ndarray, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each of ROWIDS' best passage for QUERY (in the index's space): (its cosine, its vector key)."""
         if not len(rowids):
-            return np.zeros(0, np.float32)
-        vectors = (self.remote.space_vectors(self.snapshot, rowids) if self.remote is not None
-                   else space_vectors(self.snapshot, rowids))
-        return vectors @ query
+            return np.zeros(0, np.float32), np.zeros(0, np.int64)
+        vectors = (self.remote.passage_vectors(self.snapshot, rowids) if self.remote is not None
+                   else passage_vectors(self.snapshot, rowids))
+        return vectors.best(query, rowids)
 
     def null(self, queries: np.ndarray) -> list[tuple[float, float]]:
         """Each query's dense score over every document: mean and standard deviation, from the mean and covariance
@@ -89,27 +98,27 @@ class DenseSearcher:
 
 
 def search_raw(snapshot: Snapshot, raw: np.ndarray, k: int,
-               matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray]:
+               matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact cosine ranking in the uncalibrated space: RAW encoder outputs of queries against every stored raw
-    vector (deleted documents excluded; with MATCHES, only those). What the index would return without
-    calibration, to compare with."""
+    vector, a document scored by its best passage (deleted documents excluded; with MATCHES, only those):
+    (scores, row ids, best passages' keys). What the index would return without calibration, to compare with."""
     queries = l2_normalize(np.asarray(raw, dtype=np.float32))
-    best_scores = np.full((len(queries), k), -np.inf, np.float32)
-    best_ids = np.full((len(queries), k), -1, np.int64)
+    best = (np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64),
+            np.full((len(queries), k), -1, np.int64))
     for segment in snapshot.segments:
         # From the mapping, not the file path: a server may still answer from a version since pruned.
-        for start in range(0, len(segment), RAW_BLOCK):
-            rowids = np.asarray(segment.rowids[start : start + RAW_BLOCK])
+        for start in range(0, len(segment.keys), RAW_BLOCK):
+            keys = np.asarray(segment.keys[start : start + RAW_BLOCK])
+            owners = segment.documents_of(keys)
             block = np.asarray(segment.raw[start : start + RAW_BLOCK], dtype=np.float32)
-            keep = ~np.isin(rowids, snapshot.tombstones) if matches is None else matches.contains(rowids)
+            keep = ~np.isin(owners, snapshot.tombstones) if matches is None else matches.contains(owners)
             if not keep.any():
                 continue
             scores = queries @ l2_normalize(block[keep]).T
-            merged_scores = np.concatenate([best_scores, scores], axis=1)
-            merged_ids = np.concatenate([best_ids, np.broadcast_to(rowids[keep], scores.shape)], axis=1)
-            order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
-            best_scores = np.take_along_axis(merged_scores, order, axis=1)
-            best_ids = np.take_along_axis(merged_ids, order, axis=1)
-    best_ids[np.isneginf(best_scores)] = -1
-    return best_scores, best_ids
-
+            shape = scores.shape
+            # A block's top k documents hold every document of the overall top k whose best passage is in it.
+            found = best_per_document(scores, np.broadcast_to(keys[keep], shape), k,
+                                      np.broadcast_to(owners[keep], shape))
+            merged = [np.concatenate([old, new], axis=1) for old, new in zip(best, found)]
+            best = best_per_document(merged[0], merged[2], k, merged[1])
+    return best

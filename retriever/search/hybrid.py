@@ -16,40 +16,48 @@ from retriever.search.options import SearchOptions
 from retriever.search.results import Ranked
 
 
-def fuse(queries: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, sides: list[KeywordList],
-         options: SearchOptions, dense: DenseSearcher, keyword: KeywordSearcher) -> list[list[Ranked]]:
-    """Each query's top options.k by OPTIONS' fusion of its dense top list (DENSE_SCORES, DENSE_IDS for the
-    calibrated QUERIES) and its keyword top list (SIDES), the dense side weighing options' weight."""
+def fuse(queries: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, dense_keys: np.ndarray,
+         sides: list[KeywordList], options: SearchOptions, dense: DenseSearcher,
+         keyword: KeywordSearcher) -> list[list[Ranked]]:
+    """Each query's top options.k documents by OPTIONS' fusion of its dense top list (DENSE_SCORES, DENSE_IDS and
+    their best passages' DENSE_KEYS for the calibrated QUERIES) and its keyword top list (SIDES), the dense side
+    weighing options' weight; each hit's passage is its best for the query's vector."""
     fusion = make_fusion(options.fusion_name)
     null = dense.null(queries) if fusion.needs_null else [(0.0, 1.0)] * len(sides)
     found = []
     for number, side in enumerate(sides):
-        candidates = _candidates(queries[number], dense_scores[number], dense_ids[number], side, null[number],
-                                 fusion.needs_null, dense, keyword)
+        candidates, keys = _candidates(queries[number], dense_scores[number], dense_ids[number], dense_keys[number],
+                                       side, null[number], fusion.needs_null, dense, keyword)
         fused = fusion.scores(candidates, options.dense_weight)
         found.append([Ranked(int(candidates.rowids[i]), float(fused[i]), float(candidates.dense[i]),
                              float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
-                             int(candidates.keyword_rank[i]) or None)
+                             int(candidates.keyword_rank[i]) or None, int(keys[i]))
                       for i in top_list(fused, candidates.rowids, options.k).tolist()])
     return found
 
 
-def _candidates(query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, side: KeywordList,
-                dense_null: tuple[float, float], with_null: bool, dense: DenseSearcher,
-                keyword: KeywordSearcher) -> Candidates:
-    """One query's candidates: the union of the dense top list (DENSE_IDS, DENSE_SCORES) and the keyword top list
-    (SIDE), each scored on both sides."""
+def _candidates(query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, dense_keys: np.ndarray,
+                side: KeywordList, dense_null: tuple[float, float], with_null: bool, dense: DenseSearcher,
+                keyword: KeywordSearcher) -> tuple[Candidates, np.ndarray]:
+    """One query's candidates: the union of the dense top list (DENSE_IDS, DENSE_SCORES, DENSE_KEYS) and the
+    keyword top list (SIDE), each scored on both sides (a document's dense score is its best passage's); and each
+    candidate's best passage key."""
     listed = dense_ids[dense_ids >= 0]
     union = np.union1d(listed, side.rowids)
     dense_rank, keyword_rank = ranks(union, listed), ranks(union, side.rowids)
     dense_part = np.zeros(len(union), np.float32)
+    keys = np.full(len(union), -1, np.int64)
     dense_part[dense_rank > 0] = dense_scores[dense_rank[dense_rank > 0] - 1]
-    dense_part[dense_rank == 0] = dense.scores_of(query, union[dense_rank == 0])
+    keys[dense_rank > 0] = dense_keys[dense_rank[dense_rank > 0] - 1]
+    dense_part[dense_rank == 0], keys[dense_rank == 0] = dense.scores_of(query, union[dense_rank == 0])
+    # Where it matched: its best passage on the side that ranked it higher (the dense side's on a tie).
+    keyword_first = (keyword_rank > 0) & ((dense_rank == 0) | (keyword_rank < dense_rank))
+    keys[keyword_first] = side.keys[keyword_rank[keyword_first] - 1]
     keyword_part = np.zeros(len(union), np.float32)
     keyword_part[keyword_rank > 0] = side.scores[keyword_rank[keyword_rank > 0] - 1]
     keyword_part[keyword_rank == 0] = keyword.scores_of(side.matches, union[keyword_rank == 0])
     keyword_null = side.matches.null() if with_null else (0.0, 1.0)
-    return Candidates(union, dense_part, keyword_part, dense_rank, keyword_rank, dense_null, keyword_null)
+    return Candidates(union, dense_part, keyword_part, dense_rank, keyword_rank, dense_null, keyword_null), keys
 
 
 def ranks(rowids: np.ndarray, listed: np.ndarray) -> np.ndarray:

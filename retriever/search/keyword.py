@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from retriever.errors import DamagedIndexError
-from retriever.search.fusion import top_list
 from retriever.search.plan import Matches
+from retriever.search.top_lists import FIRST_PASSAGES, WIDEN
 from retriever.store.keywords import KeywordScorer, QueryMatches
 from retriever.versions.layout import SEGMENTS
 from retriever.versions.snapshot import Snapshot
@@ -20,11 +20,13 @@ from retriever.versions.snapshot import Snapshot
 
 @dataclass
 class KeywordList:
-    """One query's keyword side: its BM25 matches (to score any document) and its top list, best first."""
+    """One query's keyword side: its BM25 matches (to score any document) and its top list of documents, best
+    first, each scored by its best passage (KEYS: that passage's vector key)."""
 
     matches: QueryMatches
     rowids: np.ndarray
     scores: np.ndarray
+    keys: np.ndarray
 
 
 class KeywordSearcher:
@@ -45,7 +47,7 @@ class KeywordSearcher:
                     snapshot = self.snapshot
                     try:  # the segments' statistics, read at open: only their disagreeing is the files' fault
                         self._scorer = KeywordScorer([segment.keywords for segment in snapshot.segments],
-                                                     snapshot.live_masks())
+                                                     [snapshot.live_vectors(segment) for segment in snapshot.segments])
                     except DamagedIndexError as error:
                         raise snapshot.damaged(SEGMENTS, error) from error
                 scorer = self._scorer
@@ -64,25 +66,48 @@ class KeywordSearcher:
             sides.append(KeywordList(query, *self._top(query, depth, matches)))
         return sides
 
-    def _top(self, query: QueryMatches, count: int, matches: Matches | None) -> tuple[np.ndarray, np.ndarray]:
-        """The COUNT best keyword matches over all segments: (row ids, BM25 scores), best first; with MATCHES, among
-        those row ids only (every match scored, then filtered: the scores are the unfiltered index's)."""
-        segments, positions, scores = query.candidates(count) if matches is None else query.every_match()
-        rowids = np.empty(len(positions), np.int64)
-        for number, segment in enumerate(self.snapshot.segments):
-            mine = segments == number
-            rowids[mine] = np.asarray(segment.rowids)[positions[mine]]
-        if matches is not None:
-            kept = matches.contains(rowids)
-            rowids, scores = rowids[kept], scores[kept]
-        best = top_list(scores, rowids, count)
-        return rowids[best], scores[best]
+    def _top(self, query: QueryMatches, count: int,
+             matches: Matches | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The COUNT best documents over all segments, each by its best passage: (row ids, BM25 scores, passage
+        keys), best first; with MATCHES, among those row ids only (every match scored, then filtered: the scores
+        are the unfiltered index's). Passages are read twice as many as documents wanted, then WIDEN x more where
+        they name fewer documents and more match, and then every match is scored (long documents whose passages
+        crowd the top)."""
+        asked, every = count * FIRST_PASSAGES, matches is not None
+        while True:
+            segments, positions, scores = query.every_match() if every else query.candidates(asked)
+            keys = np.empty(len(positions), np.int64)
+            rowids = np.empty(len(positions), np.int64)
+            for number, segment in enumerate(self.snapshot.segments):
+                mine = segments == number
+                keys[mine] = np.asarray(segment.keys)[positions[mine]]
+                rowids[mine] = segment.documents_of(keys[mine])
+            if matches is not None:
+                kept = matches.contains(rowids)
+                rowids, scores, keys = rowids[kept], scores[kept], keys[kept]
+            # Best first, ties to the lower row id (as `fusion.top_list` breaks them); a document's first is its best.
+            order = np.lexsort((keys, rowids, -scores))
+            _, first = np.unique(rowids[order], return_index=True)
+            best = order[np.sort(first)[:count]]
+            # Enough documents, or every match read (no segment gave as many passages as asked).
+            if every or len(best) == count or not any(
+                    (segments == number).sum() == asked for number in range(len(self.snapshot.segments))):
+                return rowids[best], scores[best], keys[best]
+            every = asked > count * FIRST_PASSAGES
+            asked *= WIDEN
 
     def scores_of(self, query: QueryMatches, rowids: np.ndarray) -> np.ndarray:
-        """QUERY's BM25 score of each of ROWIDS (0 where no query term occurs)."""
+        """QUERY's BM25 score of each of ROWIDS, by its best passage (0 where no query term occurs)."""
         scores = np.zeros(len(rowids), np.float32)
         for number, segment in enumerate(self.snapshot.segments):
             mine = segment.contains(rowids)
-            if mine.any():
-                scores[mine] = query.scores(number, np.searchsorted(segment.rowids, rowids[mine]))
+            if not mine.any():
+                continue
+            keys = segment.keys_of(np.sort(rowids[mine]))
+            passage_scores = query.scores(number, np.searchsorted(segment.keys, keys))
+            # Keys are grouped by document, in row id order: each document's best is one reduction over its run.
+            owners = segment.documents_of(keys)
+            starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+            best = np.maximum.reduceat(passage_scores, starts) if len(keys) else passage_scores
+            scores[mine] = best[np.searchsorted(owners[starts], rowids[mine])]
         return scores

@@ -22,13 +22,16 @@ class Ranked:
     keyword_score: float | None = None
     dense_rank: int | None = None
     keyword_rank: int | None = None
+    passage: int = -1  # the vector key of its best passage (-1: not known, or the document is one passage)
 
 
 @dataclass
 class SearchHit:
     """One result. SCORE is what the search mode ranked by (the fused score in hybrid search); DENSE_SCORE (cosine
     in the index's space) and KEYWORD_SCORE (BM25) are each side's own score where that side was searched, and
-    DENSE_RANK / KEYWORD_RANK the result's 1-based rank in that side's own top list (None: not in it)."""
+    DENSE_RANK / KEYWORD_RANK the result's 1-based rank in that side's own top list (None: not in it). PASSAGE is
+    where the document matched, its best passage's text (the whole text where the document is one passage), and
+    SPAN that passage's (start, end) character offsets in TEXT."""
 
     rank: int
     doc_id: str
@@ -40,25 +43,40 @@ class SearchHit:
     dense_rank: int | None = None
     keyword_rank: int | None = None
     metadata: dict | None = None
+    passage: str = ""
+    span: tuple[int, int] = (0, 0)
 
 
 def ranked_hits(snapshot: Snapshot, found: list[list[Ranked]]) -> list[list[SearchHit]]:
-    """SearchHits with their documents (read from SNAPSHOT) for each query's ranked row ids."""
-    rows = snapshot.rows(np.array([r.rowid for ranked in found for r in ranked], dtype=np.int64))
-    return [[SearchHit(rank, rows[r.rowid]["doc_id"], r.score, rows[r.rowid]["title"], rows[r.rowid]["text"],
-                       r.dense_score, r.keyword_score, r.dense_rank, r.keyword_rank, rows[r.rowid]["metadata"])
-             for rank, r in enumerate(ranked, start=1)] for ranked in found]
+    """SearchHits with their documents and best passages (read from SNAPSHOT) for each query's ranked row ids."""
+    ranked = [r for query in found for r in query]
+    rows = snapshot.rows(np.array([r.rowid for r in ranked], dtype=np.int64))
+    hits = []
+    for query in found:
+        spans = snapshot.spans(np.array([r.rowid for r in query], np.int64), np.array([r.passage for r in query], np.int64))
+        listed = []
+        for rank, r in enumerate(query, start=1):
+            row = rows[r.rowid]
+            start, end = spans[r.rowid] or (0, len(row["text"]))
+            listed.append(SearchHit(rank, row["doc_id"], r.score, row["title"], row["text"], r.dense_score,
+                                    r.keyword_score, r.dense_rank, r.keyword_rank, row["metadata"],
+                                    row["text"][start:end], (start, end)))
+        hits.append(listed)
+    return hits
 
 
-def dense_hits(snapshot: Snapshot, scores: np.ndarray, ids: np.ndarray) -> list[list[SearchHit]]:
-    """SearchHits for a dense search's scores and row ids (padding ids, -1, end a query's list)."""
+def dense_hits(snapshot: Snapshot, scores: np.ndarray, ids: np.ndarray,
+               keys: np.ndarray | None = None) -> list[list[SearchHit]]:
+    """SearchHits for a dense search's scores and row ids, with their best passages' KEYS (padding ids, -1, end a
+    query's list)."""
+    keys = np.full(ids.shape, -1, np.int64) if keys is None else keys
     found = []
-    for query_scores, query_ids in zip(scores, ids):
+    for query_scores, query_ids, query_keys in zip(scores, ids, keys):
         ranked = []
-        for score, rowid in zip(query_scores.tolist(), query_ids.tolist()):
+        for score, rowid, key in zip(query_scores.tolist(), query_ids.tolist(), query_keys.tolist()):
             if rowid < 0:
                 break
-            ranked.append(Ranked(rowid, score, dense_score=score, dense_rank=len(ranked) + 1))
+            ranked.append(Ranked(rowid, score, dense_score=score, dense_rank=len(ranked) + 1, passage=key))
         found.append(ranked)
     return ranked_hits(snapshot, found)
 
@@ -82,12 +100,14 @@ def cut(found: list[list[SearchHit]], options: SearchOptions) -> list[list[Searc
 def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], mode: str | None = None) -> dict:
     """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
     server: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", "dense_score", "keyword_score",
-    "dense_rank", "keyword_rank", "title", "text", "metadata"}]}; a side that was not searched has null scores and
-    ranks, a document without metadata null metadata."""
+    "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span"}]}; a side that was not searched
+    has null scores and ranks, a document without metadata null metadata; "passage" is where the document matched
+    (its best passage's text) and "span" its [start, end] in "text"."""
     def rounded(value: float | None) -> float | None:
         return None if value is None else round(float(value), 6)
     return {"query_id": query_id, "query": query, "mode": mode,
             "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": rounded(h.score),
                          "dense_score": rounded(h.dense_score), "keyword_score": rounded(h.keyword_score),
                          "dense_rank": h.dense_rank, "keyword_rank": h.keyword_rank, "title": h.title,
-                         "text": h.text, "metadata": h.metadata} for h in hits]}
+                         "text": h.text, "metadata": h.metadata, "passage": h.passage, "span": list(h.span)}
+                        for h in hits]}

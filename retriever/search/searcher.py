@@ -58,19 +58,20 @@ class Searcher:
         if plan.mode != "keyword" and vectors is None:
             raise RetrieverError(f"{plan.mode} search needs the queries' vectors")
         if plan.mode == "dense":
-            return dense_hits(self.snapshot, *self.dense.top(vectors, plan.dense, plan.matches))
+            return dense_hits(self.snapshot, *self.dense.top_passages(vectors, plan.dense, plan.matches))
         if plan.mode == "keyword":
             sides = self.keyword.lists(texts, plan.depth, plan.options.drops_stop_words, plan.matches)
             return ranked_hits(self.snapshot, [
-                [Ranked(int(rowid), float(score), keyword_score=float(score), keyword_rank=rank)
-                 for rank, (rowid, score) in enumerate(zip(side.rowids.tolist(), side.scores.tolist()), start=1)]
+                [Ranked(int(rowid), float(score), keyword_score=float(score), keyword_rank=rank, passage=int(key))
+                 for rank, (rowid, score, key) in enumerate(zip(side.rowids.tolist(), side.scores.tolist(),
+                                                               side.keys.tolist()), start=1)]
                 for side in sides])
         # Hybrid: the two sides one after the other (measured on 2 cores, a thread for the keyword side gained
         # nothing beside the dense search and lost beside the encoder: benchmarks/results/README.md, hybrid at 1M).
-        dense_scores, dense_ids = self.dense.top(vectors, plan.dense, plan.matches)
+        dense_scores, dense_ids, dense_keys = self.dense.top_passages(vectors, plan.dense, plan.matches)
         sides = self.keyword.lists(texts, plan.depth, plan.options.drops_stop_words, plan.matches)
-        return ranked_hits(self.snapshot, fuse(vectors, dense_scores, dense_ids, sides, plan.options, self.dense,
-                                               self.keyword))
+        return ranked_hits(self.snapshot, fuse(vectors, dense_scores, dense_ids, dense_keys, sides, plan.options,
+                                               self.dense, self.keyword))
 
     def dense_top(self, vectors: np.ndarray, options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
         """The dense side alone for calibrated VECTORS: each query's top options.k as (scores, row ids), padded with

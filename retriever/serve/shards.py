@@ -37,7 +37,7 @@ import numpy as np
 
 from retriever.errors import RetrieverError, UnavailableError
 from retriever.search.plan import DensePlan
-from retriever.search.top_lists import TopList, segment_top_lists, space_vectors
+from retriever.search.top_lists import PassageVectors, TopList, passage_vectors, segment_top_lists
 from retriever.serve.leases import Leases
 from retriever.versions.manifest import SegmentEntry
 from retriever.versions.snapshot import Snapshot
@@ -98,13 +98,10 @@ class ShardServer:
         with self.holding(name, folder) as (snapshot, mine):
             return segment_top_lists(snapshot, mine, queries, plan, includes)
 
-    def space_vectors(self, name: str, folder: str, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(which of ROWIDS this shard holds, their vectors in the index's space)."""
+    def passage_vectors(self, name: str, folder: str, rowids: np.ndarray) -> PassageVectors:
+        """The vectors of those of ROWIDS' passages this shard holds, in the index's space."""
         with self.holding(name, folder) as (snapshot, mine):
-            held = np.zeros(len(rowids), bool)
-            for number in mine:
-                held |= snapshot.segments[number].contains(rowids)
-            return held, space_vectors(snapshot, rowids[held], mine)
+            return passage_vectors(snapshot, rowids, mine)
 
 
 def raised_by_shard(error: Exception) -> Exception | None:
@@ -158,15 +155,12 @@ class RayShards:
             calls[shard] = handle.top_lists.remote(snapshot.name, str(snapshot.folder), queries, plan, mine)
         return [found for lists in self._gather(calls).values() for found in lists]
 
-    def space_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> np.ndarray:
-        vectors = np.zeros((len(rowids), snapshot.manifest.dim), np.float32)
+    def passage_vectors(self, snapshot: Snapshot, rowids: np.ndarray) -> PassageVectors:
         assignment = self.assignment(snapshot)
         holding = {assignment[segment.name] for segment in snapshot.segments if segment.contains(rowids).any()}
-        calls = {shard: self.handles[shard].space_vectors.remote(snapshot.name, str(snapshot.folder), rowids)
+        calls = {shard: self.handles[shard].passage_vectors.remote(snapshot.name, str(snapshot.folder), rowids)
                  for shard in sorted(holding)}  # only the shards holding some of them
-        for held, found in self._gather(calls).values():
-            vectors[held] = found
-        return vectors
+        return PassageVectors.join(self._gather(calls).values(), snapshot.manifest.dim)
 
 
 __all__ = ["assign_segments", "RayShards", "ShardServer", "SHARD_TIMEOUT_S"]

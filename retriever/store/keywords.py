@@ -3,8 +3,9 @@
     segments/<name>/keywords.db          (SQLite) the term dictionary, terms(term, start, count): where each
                                          term's postings are in the two arrays below; info(key, value):
                                          tokenizer, documents, tokens, lengths (uint32 tokens per position)
-                    keyword-postings.npy the segment positions (int32; position i is the segment's i-th row id) of
-                                         the documents holding each term, ascending within a term
+                    keyword-postings.npy the segment positions (int32; position i is the segment's i-th vector key:
+                                         its i-th passage, or row id where no document is cut) of the units
+                                         holding each term, ascending within a term
                     keyword-counts.npy   how often (uint16) the term occurs there, in title and text together
 
 All three are written once by `KeywordIndex.build` and then only read; the arrays are memory-mapped, so a term's
@@ -21,6 +22,11 @@ compiled (`retriever.store.keyword_kernels`).
 
 Scoring is Okapi BM25 (k1 1.2, b 0.75, the defaults of Lucene and FTS5; not tuned here) with Lucene's idf,
 log(1 + (N - df + 0.5) / (df + 0.5)), which stays positive for terms in most documents.
+
+The unit BM25 scores is the passage the encoder reads (`retriever.encode.passages`; a document that fits is one):
+a document scores by its best passage. Scored whole, a long document's length normalisation buried it below short
+paragraphs sharing one of its words; by its best passage it competes at a paragraph's length
+(`benchmarks/results/keyword_passages.md` measured document, passage and combined scores).
 """
 
 from __future__ import annotations
@@ -28,15 +34,16 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.store.layout import COUNTS, KEYWORDS, POSTINGS
+from retriever.store.layout import COUNTS, KEYWORDS, PASSAGES, POSTINGS, SPANS
 from retriever.store.arrays import NpyAppender, load_npy
+from retriever.store.passages import document_of
 
 DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"
 K1, B = 1.2, 0.75
@@ -100,7 +107,9 @@ class KeywordIndex:
     files: tuple[str, ...] = (KEYWORDS, POSTINGS, COUNTS)
 
     def build(self, folder: Path, documents) -> None:
-        """Write the keyword index into FOLDER for DOCUMENTS (a DocumentTable; positions follow its row id order).
+        """Write the keyword index into FOLDER for DOCUMENTS (a DocumentTable): a unit per passage where the
+        segment's documents are cut into passages (each with its document's title; positions follow the
+        passages' keys, `retriever.store.passages`), else per document (positions follow its row id order).
         Each file is written under a temporary name and renamed when whole, the term dictionary last: a killed
         write leaves no half index behind, and a segment is whole once its keywords.db is there."""
         partial = {name: folder / (name + ".partial") for name in self.files}
@@ -122,8 +131,8 @@ class KeywordIndex:
             db.execute("CREATE VIRTUAL TABLE temp.vocabulary USING fts5vocab(scratch, documents, 'instance')")
             count = 0
             batch: list[tuple[int, str, str]] = []
-            for _, document in documents.documents():
-                batch.append((count, document.title or "", document.text))
+            for title, text in _units(folder, documents):
+                batch.append((count, title, text))
                 count += 1
                 if len(batch) == 10000:
                     db.executemany("INSERT INTO scratch.documents (rowid, title, text) VALUES (?, ?, ?)", batch)
@@ -151,6 +160,24 @@ class KeywordIndex:
             counts_file.close()
         for name in (POSTINGS, COUNTS, KEYWORDS):
             partial[name].replace(folder / name)
+
+
+def _units(folder: Path, documents) -> Iterator[tuple[str, str]]:
+    """(title, text) of each unit the segment in FOLDER indexes, in order: its documents' passages where it has
+    them (a document scores by its best passage, so a long one is not weighed down by its length), else its
+    documents."""
+    spans = load_npy(folder / SPANS, mmap_mode="r") if (folder / PASSAGES).is_file() else None
+    owners = document_of(load_npy(folder / PASSAGES, mmap_mode="r")) if spans is not None else None
+    position = 0
+    for rowid, document in documents.documents():
+        title = document.title or ""
+        if spans is None:
+            yield title, document.text
+            continue
+        end = int(np.searchsorted(owners, rowid, side="right"))
+        for start, stop in np.asarray(spans[position:end]).tolist():
+            yield title, document.text[start:stop]
+        position = end
 
 
 class KeywordSegment:

@@ -3,7 +3,9 @@
     segments/NNNNNN/         a segment folder, named by `segment_name`
       vectors.faiss          VECTORS: the calibrated vectors (FAISS), keyed by row id
       raw.npy                RAW: the uncalibrated vectors
-      rowids.npy             ROWIDS: the row id of each raw vector, ascending
+      rowids.npy             ROWIDS: the row id of each document, ascending
+      passages.npy           PASSAGES, with SPANS: where a document is cut into passages, each raw vector's passage
+      spans.npy              key and its character span (`retriever.store.passages`); absent: keyed by row id
       documents.db           DOCUMENTS: the documents (SQLite)
       keywords.db            KEYWORDS, with POSTINGS and COUNTS: the keyword index (`retriever.store.keywords`)
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import re
 
 VECTORS, RAW, ROWIDS, DOCUMENTS = "vectors.faiss", "raw.npy", "rowids.npy", "documents.db"
+PASSAGES, SPANS = "passages.npy", "spans.npy"
 KEYWORDS, POSTINGS, COUNTS = "keywords.db", "keyword-postings.npy", "keyword-counts.npy"
 # A segment's folder name, as `segment_name` writes it: a manifest naming anything else ('../x') is refused.
 SEGMENT_NAME = re.compile(r"\d{6,9}")

@@ -2,7 +2,9 @@
 
     segments/<name>/vectors.faiss   calibrated, L2-normalized vectors (FAISS), keyed by row id
                     raw.npy         the uncalibrated vectors (float16 where they fit), for refits and re-ranking
-                    rowids.npy      row id of each raw vector, ascending
+                    rowids.npy      row id of each document, ascending
+                    passages.npy    where documents are cut into passages: each raw vector's passage key, and
+                    spans.npy       its span in the document (`retriever.store.passages`); else keyed by row id
                     documents.db    the documents (SQLite), keyed by the same row ids
                     keywords.db     the keyword index (`retriever.store.keywords`): its term dictionary and
                     keyword-*.npy   statistics, and the BM25 postings by position
@@ -29,10 +31,11 @@ from typing import Protocol
 import numpy as np
 
 from retriever.errors import RetrieverError
-from retriever.store.layout import DOCUMENTS, KEYWORDS, RAW, ROWIDS, VECTORS
+from retriever.store.layout import DOCUMENTS, KEYWORDS, PASSAGES, RAW, ROWIDS, SPANS, VECTORS
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
 from retriever.store.keywords import KeywordIndex, KeywordSegment
+from retriever.store.passages import document_of, keys_of
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
 
@@ -54,7 +57,7 @@ STRUCTURES: list[SegmentStructure] = [KeywordIndex()]
 def document_files() -> tuple[str, ...]:
     """A segment's files that depend on its documents alone: what a refit, which rewrites only the vectors,
     carries over as they are."""
-    return (DOCUMENTS, RAW, ROWIDS, *(name for structure in STRUCTURES for name in structure.files))
+    return (DOCUMENTS, RAW, ROWIDS, PASSAGES, SPANS, *(name for structure in STRUCTURES for name in structure.files))
 
 
 def finish_segment(folder: Path) -> None:
@@ -77,7 +80,11 @@ FLOAT16_HEADROOM = 16.0
 
 
 class Segment:
-    """An opened segment: vectors to search, documents to show, raw vectors to re-rank and refit from."""
+    """An opened segment: vectors to search, documents to show, raw vectors to re-rank and refit from.
+
+    Its vectors are keyed by passage (`keys`, ascending, row for row with the raw vectors): by row id where every
+    document is one passage, else by passage key (`retriever.store.passages`). Documents, keywords, tombstones
+    and filters speak in row ids; `documents_of` and `keys_of` go between the two."""
 
     def __init__(self, folder: Path, spec: IndexSpec, device: str = "auto"):
         self.folder = folder
@@ -85,16 +92,24 @@ class Segment:
         self.vectors = VectorStore.load(folder / VECTORS, spec, device=device)
         self.documents = DocumentTable.open(folder / DOCUMENTS)
         self.keywords: KeywordSegment | None = None
+        self.passage_keys = self.spans = None
+        self._keys_cache: list[tuple[object, np.ndarray]] = []
         try:
             # Mapped now, read on demand: the mappings keep this segment readable after a later write prunes the
             # version folder it was opened from, as the open SQLite connections do for the documents and keywords.
             self.raw = load_npy(folder / RAW, mmap_mode="r")
             self.rowids = load_npy(folder / ROWIDS, mmap_mode="r")
+            if (folder / PASSAGES).is_file():
+                self.passage_keys = load_npy(folder / PASSAGES, mmap_mode="r")
+                self.spans = load_npy(folder / SPANS, mmap_mode="r")
+                if not len(self.passage_keys) == len(self.spans) == len(self.raw):
+                    raise RetrieverError(f"{folder}: {len(self.passage_keys)} passage keys and {len(self.spans)} "
+                                         f"spans for {len(self.raw)} vectors")
             if (folder / KEYWORDS).is_file():
                 self.keywords = KeywordSegment(folder)
-                if self.keywords.documents != len(self.rowids):
-                    raise RetrieverError(f"{folder / KEYWORDS}: {self.keywords.documents} documents for "
-                                         f"{len(self.rowids)} rows")
+                if self.keywords.documents != len(self.keys):  # a unit per passage (per document if none cut)
+                    raise RetrieverError(f"{folder / KEYWORDS}: {self.keywords.documents} units for "
+                                         f"{len(self.keys)} passages")
         except BaseException:
             self.close()  # no connection left open by a segment that failed to open
             raise
@@ -102,9 +117,43 @@ class Segment:
     def __len__(self) -> int:
         return len(self.rowids)
 
-    def raw_for(self, rowids: np.ndarray) -> np.ndarray:
-        """The raw vectors (float32) of ROWIDS, all of which are in this segment."""
-        positions = np.searchsorted(self.rowids, rowids)
+    @property
+    def split(self) -> bool:
+        """Whether some document here is cut into passages (its vectors keyed by passage key, not row id)."""
+        return self.passage_keys is not None
+
+    @property
+    def keys(self) -> np.ndarray:
+        """Each vector's key, ascending, row for row with the raw vectors."""
+        return self.passage_keys if self.passage_keys is not None else self.rowids
+
+    def documents_of(self, keys: np.ndarray) -> np.ndarray:
+        """The row id of each vector key's document (-1, padding, stays -1)."""
+        return document_of(keys) if self.split else np.asarray(keys, np.int64)
+
+    def keys_of(self, rowids: np.ndarray) -> np.ndarray:
+        """The vector keys of the documents ROWIDS (ascending row ids; those not here have none), ascending. The last
+        few answers are kept by the identity of ROWIDS: a version's tombstones and a filter's matches are asked
+        for at every search."""
+        if not self.split:
+            return rowids
+        for asked, found in self._keys_cache:
+            if asked is rowids:
+                return found
+        found = keys_of(self.passage_keys, rowids)
+        self._keys_cache = [(rowids, found), *self._keys_cache[:3]]
+        return found
+
+    def spans_of(self, keys: np.ndarray) -> np.ndarray | None:
+        """The (start, end) character span of each passage KEYS names in its document's text; None where every
+        document here is one passage (the whole text)."""
+        if not self.split:
+            return None
+        return np.asarray(self.spans[np.searchsorted(self.passage_keys, keys)], np.int64).reshape(-1, 2)
+
+    def raw_for(self, keys: np.ndarray) -> np.ndarray:
+        """The raw vectors (float32) of vector KEYS, all of which are in this segment."""
+        positions = np.searchsorted(self.keys, keys)
         return np.asarray(self.raw[positions], dtype=np.float32)
 
     def contains(self, rowids: np.ndarray) -> np.ndarray:
@@ -115,9 +164,10 @@ class Segment:
         return np.asarray(self.rowids)[positions] == rowids
 
     def raw_blocks(self, rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(row ids, raw float32 vectors) in bounded blocks, read from the file (not mapped: RSS stays flat)."""
-        for start in range(0, len(self.rowids), rows):
-            ids = np.array(self.rowids[start : start + rows])
+        """(vector keys, raw float32 vectors) in bounded blocks, read from the file (not mapped: RSS stays flat)."""
+        keys = self.keys
+        for start in range(0, len(keys), rows):
+            ids = np.array(keys[start : start + rows])
             yield ids, read_rows(self.folder / RAW, start, len(ids))
 
     def close(self) -> None:
@@ -126,21 +176,29 @@ class Segment:
         self.documents.close()
         if self.keywords is not None:
             self.keywords.close()
-        self.vectors = self.raw = self.rowids = self.keywords = None
+        self.vectors = self.raw = self.rowids = self.keywords = self.passage_keys = self.spans = None
+        self._keys_cache = []
 
 
 class RawWriter:
-    """Writes a segment's raw.npy and rowids.npy block by block; float16 unless the values need float32."""
+    """Writes a segment's raw.npy and rowids.npy block by block; float16 unless the values need float32. SPLIT: the
+    segment's vectors are passages keyed by passage key, with their spans (passages.npy, spans.npy); rowids.npy
+    then lists their documents."""
 
-    def __init__(self, folder: Path, dim: int):
+    def __init__(self, folder: Path, dim: int, split: bool = False):
         self.folder, self.dim = folder, dim
         self._raw: NpyAppender | None = None
         self._rowids = NpyAppender(folder / ROWIDS, None, "int64")
+        self._keys = NpyAppender(folder / PASSAGES, None, "int64") if split else None
+        self._spans = NpyAppender(folder / SPANS, 2, "int64") if split else None
         self._last = -1
+        self._last_document = -1
 
-    def append(self, rowids: np.ndarray, raw: np.ndarray) -> None:
-        if len(rowids) and rowids[0] <= self._last:
-            raise RetrieverError("raw vectors must be written in ascending row id order")
+    def append(self, keys: np.ndarray, raw: np.ndarray, spans: np.ndarray | None = None) -> None:
+        """Append the raw vectors RAW under their vector KEYS (ascending, after those before), with their passages'
+        SPANS where the segment is split."""
+        if len(keys) and keys[0] <= self._last:
+            raise RetrieverError("raw vectors must be written in ascending key order")
         largest = float(np.abs(raw).max()) if raw.size else 0.0
         if self._raw is None:
             dtype = "float16" if largest * FLOAT16_HEADROOM < FLOAT16_MAX else "float32"
@@ -150,12 +208,29 @@ class RawWriter:
                 f"raw vectors reach {largest:.0f}, beyond float16 storage; this model's vectors are out of range"
             )
         self._raw.append(raw)
-        self._rowids.append(np.asarray(rowids, dtype=np.int64))
-        if len(rowids):
-            self._last = int(rowids[-1])
+        keys = np.asarray(keys, dtype=np.int64)
+        if self._keys is not None:
+            if spans is None or len(spans) != len(keys):
+                raise RetrieverError("a split segment's passages are written with their spans")
+            self._keys.append(keys)
+            self._spans.append(np.asarray(spans, np.int64).reshape(-1, 2))
+            documents = document_of(keys)
+            first = np.ones(len(documents), bool)
+            first[1:] = documents[1:] != documents[:-1]
+            if len(documents):
+                first[0] = documents[0] != self._last_document
+                self._last_document = int(documents[-1])
+            self._rowids.append(documents[first])
+        else:
+            self._rowids.append(keys)
+        if len(keys):
+            self._last = int(keys[-1])
 
     def close(self) -> None:
         if self._raw is None:
             self._raw = NpyAppender(self.folder / RAW, self.dim, "float16")
         self._raw.close()
         self._rowids.close()
+        if self._keys is not None:
+            self._keys.close()
+            self._spans.close()

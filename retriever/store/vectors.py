@@ -308,22 +308,23 @@ class VectorStore:
         return _stored_vectors(faiss.downcast_index(self._index.index))
 
     @classmethod
-    def merged(cls, stores: list[VectorStore], exclude: np.ndarray, spec: IndexSpec,
-               template: faiss.Index | None) -> VectorStore:
-        """One new store holding every vector of STORES whose id is not in EXCLUDE (for compaction).
+    def merged(cls, stores: list[VectorStore], excluded: list[np.ndarray], spec: IndexSpec,
+               template: faiss.Index | None, shifts: list[int] | None = None) -> VectorStore:
+        """One new store holding every vector of STORES whose id is not in its EXCLUDED ids (for compaction), each
+        id shifted left by its SHIFTS bits (a segment keyed by row id merged into one keyed by passage).
 
         IVF stores copy their codes bucket by bucket (no re-encoding, the sources stay untouched); flat and hnsw
         stores re-add their exact float vectors, in order."""
         dim = stores[0].dim
         merged = cls.create(dim, spec, template, device="cpu")
-        for store in stores:
+        for store, exclude, shift in zip(stores, excluded, shifts or [0] * len(stores)):
             if store._ivf is not None:
-                _copy_ivf_entries(store._ivf, merged._ivf, exclude)
+                _copy_ivf_entries(store._ivf, merged._ivf, exclude, shift)
                 merged._index.ntotal = merged._ivf.ntotal
             else:
                 ids = store.ids()
                 keep = ~np.isin(ids, exclude)
-                merged.add(ids[keep], store.stored_vectors()[keep])
+                merged.add(ids[keep] << shift, store.stored_vectors()[keep])
         return merged
 
     def _as_matrix(self, array: np.ndarray, name: str, allow_single: bool = False) -> np.ndarray:
@@ -412,8 +413,9 @@ def _list_ids(lists: faiss.InvertedLists, number: int) -> np.ndarray:
     return faiss.rev_swig_ptr(lists.get_ids(number), size).astype(np.int64, copy=True)
 
 
-def _copy_ivf_entries(source: faiss.IndexIVF, target: faiss.IndexIVF, exclude: np.ndarray) -> None:
-    """Append SOURCE's entries, except ids in EXCLUDE, to the same buckets of TARGET (same trained template)."""
+def _copy_ivf_entries(source: faiss.IndexIVF, target: faiss.IndexIVF, exclude: np.ndarray, shift: int = 0) -> None:
+    """Append SOURCE's entries, except ids in EXCLUDE, to the same buckets of TARGET (same trained template), their
+    ids shifted left by SHIFT bits."""
     lists, code_size = source.invlists, source.code_size
     for number in range(lists.nlist):
         size = lists.list_size(number)
@@ -422,7 +424,7 @@ def _copy_ivf_entries(source: faiss.IndexIVF, target: faiss.IndexIVF, exclude: n
         ids = faiss.rev_swig_ptr(lists.get_ids(number), size)
         codes = faiss.rev_swig_ptr(lists.get_codes(number), size * code_size).reshape(size, code_size)
         keep = ~np.isin(ids, exclude) if len(exclude) else slice(None)
-        kept_ids = np.ascontiguousarray(ids[keep], dtype=np.int64)
+        kept_ids = np.ascontiguousarray(np.asarray(ids[keep], dtype=np.int64) << shift)
         kept_codes = np.ascontiguousarray(codes[keep])
         if len(kept_ids):
             target.invlists.add_entries(number, len(kept_ids), faiss.swig_ptr(kept_ids), faiss.swig_ptr(kept_codes))

@@ -21,7 +21,7 @@ from retriever.versions.manifest import Manifest
 
 def describe_indexes(index_dir: str | Path) -> list[dict]:
     """One record per index in INDEX_DIR, most recently written first, with name, version (its number), documents,
-    model, calibrator, index_type, written (when its current version was written, ISO 8601 UTC) and folder, read
+    passages (a vector each: as many as documents where none is cut), model, calibrator, index_type, written (when its current version was written, ISO 8601 UTC) and folder, read
     from each manifest after the cheap checks; an index that fails them has "problem" instead."""
     records = []
     for name in list_indexes(index_dir):
@@ -34,7 +34,8 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
         record: dict = {"name": name, "written": written, "folder": str(link.resolve())}
         try:
             manifest = read_manifest(link.resolve(), name=name)
-            record.update(version=manifest.version, documents=manifest.documents, model=manifest.encoder["model"],
+            record.update(version=manifest.version, documents=manifest.documents, passages=manifest.live_vectors,
+                          model=manifest.encoder["model"],
                           calibrator=calibrator_label(manifest.calibrator), index_type=str(manifest.index["type"]),
                           fields=manifest.metadata_fields)
             if manifest.calibrator_fallback:

@@ -59,18 +59,34 @@ class SegmentEntry:
     deleted: int | None = None  # None: a record from before counts were kept (then counted from the row ids)
     index: str | None = None  # None: the version's index type
     fields: tuple[str, ...] | None = None  # its documents' metadata keys; None: not recorded yet (set at commit)
+    vectors: int | None = None  # its passages' vectors, where documents are cut into passages; None: one a row
+    deleted_vectors: int | None = None  # of those, the deleted documents'; None: as many as deleted rows
 
     @classmethod
-    def written(cls, name: str, rows: int, spec, deleted: int = 0) -> SegmentEntry:
-        """A new segment's record: its index type is the one SPEC (the version's `IndexSpec`) gives its size (small
-        hnsw segments are flat)."""
-        return cls(name, int(rows), int(deleted), spec.for_segment(rows).type)
+    def written(cls, name: str, rows: int, spec, deleted: int = 0, vectors: int | None = None) -> SegmentEntry:
+        """A new segment's record of ROWS documents (VECTORS passages where some are cut into several): its index
+        type is the one SPEC (the version's `IndexSpec`) gives its vectors' count (small hnsw segments are flat)."""
+        vectors = None if vectors is None or vectors == rows else int(vectors)
+        return cls(name, int(rows), int(deleted), spec.for_segment(vectors or rows).type, None, vectors)
+
+    @property
+    def vector_rows(self) -> int:
+        """How many vectors it holds: one per passage."""
+        return self.rows if self.vectors is None else self.vectors
+
+    @property
+    def live_vectors(self) -> int:
+        """Its vectors less the deleted documents'."""
+        deleted = self.deleted_vectors if self.deleted_vectors is not None else (self.deleted or 0)
+        return self.vector_rows - deleted
 
     def to_record(self) -> dict:
         return {"name": self.name, "rows": self.rows,
                 **({"deleted": self.deleted} if self.deleted is not None else {}),
                 **({"index": self.index} if self.index is not None else {}),
-                **({"fields": list(self.fields)} if self.fields is not None else {})}
+                **({"fields": list(self.fields)} if self.fields is not None else {}),
+                **({"vectors": self.vectors} if self.vectors is not None else {}),
+                **({"deleted_vectors": self.deleted_vectors} if self.deleted_vectors is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -96,12 +112,20 @@ class Manifest:
     index_type: str | None = None
     deleted: int = 0
     truncated_at_build: int = 0
+    # How long documents are cut into passages ({"window", "overlap"} in tokens; `retriever.encode.passages`);
+    # None: one vector per document, cut at the encoder's max_length (an index of before passages, or built so).
+    passages: dict | None = None
     engine: dict | None = None
     calibrator_fallback: dict | None = None  # what was asked for, when too few documents made the build fall back
     refitted: str | None = None
     files: dict[str, FileEntry] = field(default_factory=dict)
     checksum: str | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def live_vectors(self) -> int:
+        """The vectors of its live documents: one per passage."""
+        return sum(entry.live_vectors for entry in self.segments)
 
     @property
     def metadata_fields(self) -> list[str]:
@@ -190,7 +214,7 @@ def check_format(record: dict, label: str) -> None:
 
 
 # Optional fields a version leaves out of its JSON when they do not apply (as they were before typing).
-_OMITTED_WHEN_NONE = ("engine", "calibrator_fallback", "refitted", "checksum", "index_type")
+_OMITTED_WHEN_NONE = ("engine", "calibrator_fallback", "refitted", "checksum", "index_type", "passages")
 
 
 def record_checksum(record: dict) -> str:
@@ -202,13 +226,15 @@ def record_checksum(record: dict) -> str:
 def _segment(entry: Any, damaged) -> SegmentEntry:
     if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and type(entry.get("rows")) is int
             and type(entry.get("deleted", 0)) is int and isinstance(entry.get("index", ""), str)
-            and isinstance(entry.get("fields", []), list) and all(isinstance(f, str) for f in entry.get("fields", []))):
+            and isinstance(entry.get("fields", []), list) and all(isinstance(f, str) for f in entry.get("fields", []))
+            and type(entry.get("vectors", 0)) is int and type(entry.get("deleted_vectors", 0)) is int):
         raise damaged("has a malformed 'segments' list")
     if not SEGMENT_NAME.fullmatch(entry["name"]):  # written by hand: followed, '../x' would reach outside
         raise damaged(f"names a segment {entry['name'][:40]!r}, which is not a segment's name")
     fields = entry.get("fields")
     return SegmentEntry(entry["name"], entry["rows"], entry.get("deleted"), entry.get("index"),
-                        tuple(fields) if fields is not None else None)
+                        tuple(fields) if fields is not None else None, entry.get("vectors"),
+                        entry.get("deleted_vectors"))
 
 
 def _list(value: Any, damaged) -> list:

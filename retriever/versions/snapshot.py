@@ -234,55 +234,60 @@ class Snapshot:
         found = np.concatenate(parts) if parts else np.empty(0, np.int64)
         return found[~np.isin(found, self.tombstones)] if len(self.tombstones) else found
 
-    def live_masks(self) -> list[np.ndarray]:
-        """Each segment's mask of live positions (tombstoned rows False)."""
-        return [~np.isin(segment.rowids, self.tombstones) for segment in self.segments]
-
     # --- vectors ---------------------------------------------------------------------------------------------
 
     def calibrate(self, raw: np.ndarray) -> np.ndarray:
         """Raw encoder output to the index's space: the saved calibrator, then L2 normalization."""
         return l2_normalize(self.calibrator.transform(raw))
 
-    def raw_of(self, segment: Segment, rowids: np.ndarray) -> np.ndarray:
-        """The raw vectors (float32) of ROWIDS, all held by SEGMENT."""
+    def raw_of(self, segment: Segment, keys: np.ndarray) -> np.ndarray:
+        """The raw vectors (float32) of vector KEYS, all held by SEGMENT."""
         with self.reading(f"{SEGMENTS}/{segment.name}/{RAW}"):
-            return segment.raw_for(rowids)
+            return segment.raw_for(keys)
+
+    def live_vectors(self, segment: Segment) -> np.ndarray:
+        """SEGMENT's mask of vectors whose documents are not deleted (row for row with its raw vectors)."""
+        return ~np.isin(segment.documents_of(np.asarray(segment.keys)), self.tombstones)
 
     def raw_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """All uncalibrated vectors (float32) of documents in the index, with their row ids. Holds every vector
-        in memory: for small indexes and tests; the library itself streams (`Segment.raw_blocks`)."""
+        """All uncalibrated vectors (float32) of documents in the index (a vector per passage), with their
+        documents' row ids. Holds every vector in memory: for small indexes and tests; the library itself streams
+        (`Segment.raw_blocks`)."""
         raws, ids = [], []
         for segment in self.segments:
-            keep = ~np.isin(segment.rowids, self.tombstones)
+            keep = self.live_vectors(segment)
             raws.append(np.asarray(segment.raw[keep], dtype=np.float32))
-            ids.append(np.asarray(segment.rowids[keep]))
+            ids.append(segment.documents_of(np.asarray(segment.keys)[keep]))
         dim = self.manifest.encoder["dim"]
         return (np.concatenate(raws) if raws else np.empty((0, dim), np.float32),
                 np.concatenate(ids) if ids else np.empty(0, np.int64))
 
     def raw_sample(self, size: int, seed: int = 0) -> np.ndarray:
-        """At most SIZE raw vectors (float32) of documents in the index, drawn uniformly with SEED; a value that is
-        not finite (what a flipped bit in a float16 file can make) is a damaged segment, not something to fit on."""
-        total = sum(len(segment) for segment in self.segments)
+        """At most SIZE raw vectors (float32) of documents in the index (passages' vectors), drawn uniformly with
+        SEED; a value that is not finite (what a flipped bit in a float16 file can make) is a damaged segment, not
+        something to fit on."""
+        total = sum(len(segment.keys) for segment in self.segments)
         rows = fit_sample_rows(total, size, seed)
         parts, offset = [], 0
         for segment in self.segments:
-            local = np.arange(len(segment)) if rows is None else rows[(rows >= offset) & (rows < offset + len(segment))] - offset
+            count = len(segment.keys)
+            local = np.arange(count) if rows is None else rows[(rows >= offset) & (rows < offset + count)] - offset
             if len(local):
                 vectors = np.asarray(segment.raw[local], dtype=np.float32)
                 if not np.isfinite(vectors).all():
                     raise self.damaged(f"{SEGMENTS}/{segment.name}/{RAW}", "it holds values that are not finite")
-                parts.append(vectors[~np.isin(np.asarray(segment.rowids[local]), self.tombstones)])
-            offset += len(segment)
+                owners = segment.documents_of(np.asarray(segment.keys[local]))
+                parts.append(vectors[~np.isin(owners, self.tombstones)])
+            offset += count
         return np.concatenate(parts) if parts else np.empty((0, self.manifest.encoder["dim"]), np.float32)
 
     def check_sources(self):
-        """DOCUMENTS_AT and VECTORS_AT over the documents in the index (deleted ones left out), for
-        `calibration.pseudo_queries.make_check_set`: position i is the i-th live row id, segment by segment."""
-        live = [np.asarray(segment.rowids)[~np.isin(segment.rowids, self.tombstones)] for segment in self.segments]
-        rowids = np.concatenate(live) if live else np.empty(0, np.int64)
-        owner = np.concatenate([np.full(len(ids), number) for number, ids in enumerate(live)]) if live else rowids
+        """DOCUMENTS_AT and VECTORS_AT over the passages of the documents in the index (deleted ones left out),
+        for `calibration.pseudo_queries.make_check_set`: position i is the i-th live vector, segment by segment;
+        and how many there are."""
+        live = [np.asarray(segment.keys)[self.live_vectors(segment)] for segment in self.segments]
+        keys = np.concatenate(live) if live else np.empty(0, np.int64)
+        owner = np.concatenate([np.full(len(ids), number) for number, ids in enumerate(live)]) if live else keys
 
         def each_segment(positions: np.ndarray, read) -> list:
             found: list = [None] * len(positions)
@@ -290,20 +295,49 @@ class Snapshot:
                 mine = np.flatnonzero(owner[positions] == number)
                 if len(mine):
                     with self.reading(f"{SEGMENTS}/{segment.name}"):
-                        for slot, value in zip(mine.tolist(), read(segment, rowids[positions[mine]])):
+                        for slot, value in zip(mine.tolist(), read(segment, keys[positions[mine]])):
                             found[slot] = value
             return found
 
+        def passage_texts(segment: Segment, ids: np.ndarray) -> list[tuple[str | None, str]]:
+            rows = segment.documents.get(segment.documents_of(ids), ("title", "text"))
+            spans = segment.spans_of(ids)
+            if spans is None:
+                return [(row["title"], row["text"]) for row in rows]
+            return [(row["title"], row["text"][start:end]) for row, (start, end) in zip(rows, spans.tolist())]
+
         def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
-            return each_segment(positions, lambda segment, ids: [(row["title"], row["text"]) for row in
-                                                                segment.documents.get(ids, ("title", "text"))])
+            return each_segment(positions, passage_texts)
 
         def vectors_at(positions: np.ndarray) -> np.ndarray:
             dim = self.manifest.encoder["dim"]
             return np.asarray(each_segment(positions, lambda segment, ids: list(segment.raw_for(ids))),
                               dtype=np.float32).reshape(len(positions), dim)
 
-        return documents_at, vectors_at
+        return documents_at, vectors_at, len(keys)
+
+    def spans(self, rowids: np.ndarray, keys: np.ndarray) -> dict[int, tuple[int, int] | None]:
+        """Row id -> the character span of its passage KEYS names (row for row with ROWIDS; -1: none known), or
+        None where the document is one passage (its whole text)."""
+        rowids, keys = np.asarray(rowids, np.int64), np.asarray(keys, np.int64)
+        found: dict[int, tuple[int, int] | None] = {int(rowid): None for rowid in rowids.tolist()}
+        for segment in self.segments:
+            mine = segment.contains(rowids) & (keys >= 0)
+            if segment.split and mine.any():
+                with self.reading(f"{SEGMENTS}/{segment.name}"):
+                    spans = segment.spans_of(keys[mine])
+                found.update((rowid, (start, end)) for rowid, (start, end) in zip(rowids[mine].tolist(), spans.tolist()))
+        return found
+
+    def passages_of(self, rowid: int) -> list[tuple[int, int, int]]:
+        """The (vector key, start, end) of each passage of the document ROWID; [] where it is one passage."""
+        for segment in self.segments:
+            if segment.split and segment.contains(np.array([rowid]))[0]:
+                with self.reading(f"{SEGMENTS}/{segment.name}"):
+                    keys = segment.keys_of(np.array([rowid], np.int64))
+                    spans = segment.spans_of(keys)
+                return [(int(key), int(start), int(end)) for key, (start, end) in zip(keys, spans.tolist())]
+        return []
 
     # --- integrity -------------------------------------------------------------------------------------------
 
@@ -363,8 +397,9 @@ def check_counts(manifest: Manifest, rows: list[int], vectors: list[int] | None,
         where = f"{SEGMENTS}/{entry.name}"
         if held != entry.rows:
             raise damaged(f"{where}/{ROWIDS} holds {held:,} rows, the manifest says {entry.rows:,}")
-        if vectors is not None and vectors[number] != held:
-            raise damaged(f"{where}/{VECTORS} holds {vectors[number]:,} vectors for {held:,} rows")
+        if vectors is not None and vectors[number] != entry.vector_rows:
+            raise damaged(f"{where}/{VECTORS} holds {vectors[number]:,} vectors, the manifest says "
+                          f"{entry.vector_rows:,}")
     if manifest.documents != sum(rows) - deleted:
         raise damaged(f"the manifest counts {counted(manifest.documents, 'document')}, but its segments hold "
                       f"{counted(sum(rows), 'row')} of which {deleted:,} are deleted")

@@ -33,6 +33,7 @@ from retriever.numeric import l2_normalize
 from retriever.versions.snapshot import Snapshot, segment_spec
 from retriever.store.arrays import load_npy
 from retriever.store.documents import DocumentTable
+from retriever.store.passages import PASSAGE_BITS
 from retriever.store.segment import RawWriter, Segment, document_files, finish_segment
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
@@ -142,10 +143,12 @@ class IndexWriter:
             self.manifest = self.manifest.replace(next_segment=number + 1)
         return folder
 
-    def add_segment(self, folder: Path, rows: int) -> None:
-        """Record the written segment FOLDER of ROWS new documents, row ids from `manifest.next_rowid`."""
+    def add_segment(self, folder: Path, rows: int, vectors: int | None = None) -> None:
+        """Record the written segment FOLDER of ROWS new documents (VECTORS passages), row ids from
+        `manifest.next_rowid`."""
         manifest = self.manifest
-        self.manifest = manifest.replace(segments=(*manifest.segments, SegmentEntry.written(folder.name, rows, self.base.spec)),
+        entry = SegmentEntry.written(folder.name, rows, self.base.spec, vectors=vectors)
+        self.manifest = manifest.replace(segments=(*manifest.segments, entry),
                                          documents=manifest.documents + rows, next_rowid=manifest.next_rowid + rows)
 
     def template(self):
@@ -208,11 +211,16 @@ class IndexWriter:
     def _tombstone(self, removed: np.ndarray, positions: np.ndarray) -> int:
         """Record REMOVED row ids (live, held by the segments at POSITIONS) as deleted."""
         newly = np.bincount(positions, minlength=len(self.manifest.segments))
+        segments = []
+        for number, (entry, count) in enumerate(zip(self.manifest.segments, newly)):
+            entry = replace(entry, deleted=entry.deleted + int(count))
+            if entry.vectors is not None and count:  # a segment of passages: its deleted documents' vectors
+                vectors = len(self.base.segments[number].keys_of(np.sort(removed[positions == number])))
+                entry = replace(entry, deleted_vectors=(entry.deleted_vectors or 0) + vectors)
+            segments.append(entry)
         self.tombstones = np.union1d(self.tombstones, removed)
-        self.manifest = self.manifest.replace(
-            segments=tuple(replace(entry, deleted=entry.deleted + int(count))
-                           for entry, count in zip(self.manifest.segments, newly)),
-            documents=self.manifest.documents - len(removed))
+        self.manifest = self.manifest.replace(segments=tuple(segments),
+                                              documents=self.manifest.documents - len(removed))
         return len(removed)
 
     def merge(self, names: Sequence[str]) -> None:
@@ -226,22 +234,34 @@ class IndexWriter:
         old = [Segment(self.folder / SEGMENTS / name, segment_spec(entries[name], base.spec), device="cpu")
                for name in names]
         dropped = np.zeros(len(tombstones), dtype=bool)
-        rows = 0
+        rows = vectors = 0
+        # One segment cut into passages makes the merged one keyed by passage: the others' row ids become the
+        # keys of their documents' first (only) passage, spanning the whole text.
+        split = any(segment.split for segment in old)
         try:
             with DocumentTable.create(new / DOCUMENTS) as table:
                 for segment in old:
-                    table.copy_from(segment.documents, tombstones)
+                    rows += table.copy_from(segment.documents, tombstones)
                 table.finish()
-            raw = RawWriter(new, manifest.encoder["dim"])
+            raw = RawWriter(new, manifest.encoder["dim"], split=split)
+            shifts, excluded = [], []
             for segment in old:
                 dropped |= segment.contains(tombstones)
-                for rowids, block in segment.raw_blocks():
-                    keep = ~np.isin(rowids, tombstones)
-                    raw.append(rowids[keep], block[keep])
-                    rows += int(keep.sum())
+                shifts.append(PASSAGE_BITS if split and not segment.split else 0)
+                excluded.append(segment.keys_of(tombstones[segment.contains(tombstones)]))
+                for keys, block in segment.raw_blocks():
+                    owners = segment.documents_of(keys)
+                    keep = ~np.isin(owners, tombstones)
+                    spans = None
+                    if split:
+                        spans = (segment.spans_of(keys[keep]) if segment.split else
+                                 np.column_stack([np.zeros(int(keep.sum()), np.int64),
+                                                  segment.documents.text_lengths(owners[keep])]))
+                    raw.append(keys[keep] << shifts[-1], block[keep], spans)
+                    vectors += int(keep.sum())
             raw.close()
-            VectorStore.merged([s.vectors for s in old], tombstones, base.spec.for_segment(rows),
-                               self.template()).save(new / VECTORS)
+            VectorStore.merged([s.vectors for s in old], excluded, base.spec.for_segment(vectors), self.template(),
+                               shifts).save(new / VECTORS)
         finally:
             for segment in old:
                 segment.close()
@@ -252,7 +272,7 @@ class IndexWriter:
         segments = []
         for entry in self.manifest.segments:
             if entry.name == names[0] and rows:
-                segments.append(SegmentEntry.written(new.name, rows, base.spec))
+                segments.append(SegmentEntry.written(new.name, rows, base.spec, vectors=vectors))
             elif entry.name not in names:
                 segments.append(entry)
         self.manifest = self.manifest.replace(segments=tuple(segments))
@@ -277,13 +297,16 @@ class IndexWriter:
             for rowids, raw in old.raw_blocks():
                 calibrated = l2_normalize(calibrator.transform(raw))
                 if store is None:
-                    store = VectorStore.create(calibrated.shape[1], spec.for_segment(len(old)), template, device="cpu")
+                    store = VectorStore.create(calibrated.shape[1], spec.for_segment(len(old.keys)), template,
+                                               device="cpu")
                 store.add(rowids, calibrated)
             if store is None:
                 dim = int(calibrator.transform(np.zeros((1, base.manifest.encoder["dim"]), np.float32)).shape[1])
-                store = VectorStore.create(dim, spec.for_segment(len(old)), template, device="cpu")
+                store = VectorStore.create(dim, spec.for_segment(len(old.keys)), template, device="cpu")
             store.save(new / VECTORS)
-            segments.append(replace(SegmentEntry.written(new.name, len(old), spec, entry.deleted), fields=entry.fields))
+            segments.append(replace(SegmentEntry.written(new.name, len(old), spec, entry.deleted,
+                                                         vectors=len(old.keys)), fields=entry.fields,
+                                    deleted_vectors=entry.deleted_vectors))
         calibrator.save(self.folder / CALIBRATOR)
         if template is not None:
             VectorStore(template, spec).save(self.folder / TEMPLATE)

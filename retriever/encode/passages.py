@@ -1,0 +1,203 @@
+"""Long documents cut into passages the encoder reads whole, by the model's own tokenizer.
+
+An encoder reads a window of tokens (256 for MiniLM); past it a document was invisible to dense search. A document
+longer than the encoder reads is cut into overlapping passages of at most `window` tokens, the title and the
+special tokens counted in (the title goes with every passage, as it goes with a whole document). A cut falls at the
+end of a sentence where one lies in the window's second half (a line break counts as one), and the next passage
+starts `overlap` tokens back, moved forward to the first sentence start inside the overlap: a sentence is whole in
+at least one passage wherever the text has sentences short enough. A document the encoder reads whole is one
+passage whose text is exactly what a document always encoded (`corpus.document_text`), so its vector is today's.
+
+The window of a cut document is shorter than the encoder's by default (`DEFAULT_WINDOW`): a vector is the mean of
+its tokens, and a passage as long as the encoder reads dilutes any one sentence of it (measured on issue 42's
+yardstick, `benchmarks/results/long_documents.md`).
+
+A passage is a character span of the document's text; the passages of the documents of a write are described by
+`Passages` (per document, its spans), which the store keys and keeps beside the vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from retriever.corpus import Document, document_text
+from retriever.errors import RetrieverError, param
+
+# A cut document's passages: this many tokens (or the encoder's max_length, if less), each repeating this share of
+# the one before. Measured on the long-document yardstick's development sets (benchmarks/results/long_documents.md)
+# and checked on its held-out sets.
+DEFAULT_WINDOW = 128
+DEFAULT_OVERLAP_SHARE = 0.125
+# A document cut into more passages than this keeps its first ones (row id and passage number share one int64
+# key, `retriever.store.passages`): about 14 million words at the default window.
+MAX_PASSAGES = 2**16
+_SENTENCE_ENDS = ".!?\u3002\uff01\uff1f"
+_CLOSING = "\"')]}\u201d\u2019"
+
+
+@dataclass(frozen=True)
+class PassageSettings:
+    """How documents longer than the encoder reads are cut: WINDOW tokens per passage (title and special tokens
+    included; None: DEFAULT_WINDOW, or the encoder's max_length if less) with OVERLAP tokens repeated from the
+    passage before (None: DEFAULT_OVERLAP_SHARE of the window). ENABLED False: one vector per document, cut at
+    max_length (as before passages)."""
+
+    window: int | None = None
+    overlap: int | None = None
+    enabled: bool = True
+
+    def checked(self, max_length: int) -> PassageSettings:
+        """These settings for an encoder reading MAX_LENGTH tokens, the window resolved; a bad value refused."""
+        if not self.enabled:
+            return self
+        window = self.window or min(DEFAULT_WINDOW, max_length)
+        if window > max_length:
+            raise RetrieverError(f"{param('passage_window', window)} is more than the encoder reads: at most "
+                                 f"{max_length} tokens")
+        if window < 16:
+            raise RetrieverError(f"{param('passage_window', window)} is too short: at least 16 tokens")
+        overlap = round(window * DEFAULT_OVERLAP_SHARE) if self.overlap is None else self.overlap
+        if not 0 <= overlap <= window // 2:
+            raise RetrieverError(f"{param('passage_overlap', overlap)} must be between 0 and half the window "
+                                 f"({window // 2} tokens)")
+        return PassageSettings(window, overlap)
+
+    def to_record(self) -> dict | None:
+        """The manifest's record (None: one vector per document)."""
+        return {"window": self.window, "overlap": self.overlap} if self.enabled else None
+
+    @classmethod
+    def from_record(cls, record: dict | None) -> PassageSettings:
+        if record is None:
+            return cls(enabled=False)
+        return cls(int(record["window"]), int(record["overlap"]))
+
+
+@dataclass
+class Passages:
+    """The passages of a run of documents: document i's spans (start, end) in its text are
+    `spans[offsets[i]:offsets[i + 1]]`, and `texts` what each passage encodes (title included)."""
+
+    spans: np.ndarray  # int64 (passages, 2)
+    offsets: np.ndarray  # int64 (documents + 1,)
+    texts: list[str]
+    truncated: int = 0  # documents with more than MAX_PASSAGES passages, cut after those
+
+    def counts(self) -> np.ndarray:
+        """Passages per document."""
+        return np.diff(self.offsets)
+
+
+class PassageCutter:
+    """Cuts the documents longer than MAX_LENGTH tokens (what the encoder reads) into passages with TOKENIZER (a
+    Hugging Face fast tokenizer: the encoder's), as SETTINGS say (already `checked`). Holds its own copy of the
+    tokenizer: the encoder's may be tokenizing on another thread meanwhile."""
+
+    def __init__(self, tokenizer, settings: PassageSettings, max_length: int):
+        from tokenizers import Tokenizer
+
+        self.settings = settings
+        self.max_length = int(max_length)
+        self.window = int(settings.window)
+        self.overlap = int(settings.overlap)
+        self.specials = int(tokenizer.num_special_tokens_to_add(pair=False))
+        self._backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        self._backend.no_truncation()
+        self._backend.no_padding()
+
+    def cut(self, documents: Sequence[Document]) -> Passages:
+        """The passages of DOCUMENTS, in order."""
+        texts = [document_text(document) for document in documents]
+        fits = self.max_length - self.specials
+        # A text of no more UTF-8 bytes than the encoder has room for tokens fits without tokenizing: no tokenizer
+        # makes more tokens than bytes, bar a leading word-start marker.
+        long = [i for i, text in enumerate(texts) if len(text.encode("utf-8")) + 1 > fits]
+        long = [i for i, n in zip(long, self._lengths([texts[i] for i in long])) if n > fits]
+        room = self.window - self.specials
+        spans_of: dict[int, list[tuple[int, int]]] = {}
+        truncated = 0
+        if long:
+            titles = [documents[i].title or "" for i in long]
+            title_tokens = self._lengths(titles)
+            encodings = self._backend.encode_batch([documents[i].text for i in long], add_special_tokens=False)
+            for i, title_length, encoding in zip(long, title_tokens, encodings):
+                budget = max(room - title_length - (1 if title_length else 0), self.window // 2)
+                spans = cut_spans(documents[i].text, encoding.offsets, budget, self.overlap)
+                if len(spans) > MAX_PASSAGES:
+                    spans, truncated = spans[:MAX_PASSAGES], truncated + 1
+                spans_of[i] = spans
+        all_spans, offsets, passage_texts = [], [0], []
+        for i, (document, text) in enumerate(zip(documents, texts)):
+            spans = spans_of.get(i)
+            if spans is None:
+                all_spans.append((0, len(document.text)))
+                passage_texts.append(text)
+            else:
+                all_spans.extend(spans)
+                passage_texts.extend(passage_text(document.title, document.text[start:end]) for start, end in spans)
+            offsets.append(len(all_spans))
+        return Passages(np.asarray(all_spans, np.int64).reshape(-1, 2), np.asarray(offsets, np.int64),
+                        passage_texts, truncated)
+
+    def _lengths(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        return [len(encoding.ids) for encoding in self._backend.encode_batch(texts, add_special_tokens=False)]
+
+
+def passage_text(title: str | None, text: str) -> str:
+    """What a passage encodes: its document's title joined to its text, as a whole document is."""
+    return f"{title} {text}" if title else text
+
+
+def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int) -> list[tuple[int, int]]:
+    """Character spans of TEXT cut from its tokens (their OFFSETS) into runs of at most BUDGET tokens, each next
+    run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one."""
+    count = len(offsets)
+    if count <= budget:
+        return [(0, len(text))]
+    starts = np.fromiter((start for start, _ in offsets), np.int64, count)
+    ends = np.fromiter((end for _, end in offsets), np.int64, count)
+    sentence_end = _sentence_ends(text, starts, ends)
+    spans = []
+    first = 0
+    while True:
+        last = first + budget  # one past the run's last token
+        if last >= count:
+            spans.append((int(starts[first]), int(ends[count - 1])))
+            return spans
+        half = first + budget // 2
+        found = np.flatnonzero(sentence_end[half:last])
+        if len(found):
+            last = half + int(found[-1]) + 1
+        spans.append((int(starts[first]), int(ends[last - 1])))
+        following = max(last - overlap, first + 1)
+        if overlap:
+            # The first sentence start inside the overlap, so the repeated text begins with a whole sentence.
+            found = np.flatnonzero(sentence_end[following - 1 : last - 1])
+            if len(found):
+                following += int(found[0])
+        first = following
+
+
+def _sentence_ends(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each token ends a sentence: it ends in . ! ? (closing quotes or brackets after it allowed) and
+    whitespace or the text's end follows; or a line break follows it."""
+    count = len(starts)
+    result = np.zeros(count, bool)
+    following = np.append(starts[1:], len(text))
+    for number in range(count):
+        end = int(ends[number])
+        if end <= 0:
+            continue
+        gap = text[end : int(following[number])]
+        if "\n" in gap:
+            result[number] = True
+            continue
+        tail = text[int(starts[number]) : end].rstrip(_CLOSING)
+        if tail and tail[-1] in _SENTENCE_ENDS and (not gap or gap[0].isspace() or number == count - 1):
+            result[number] = True
+    return result

@@ -1,0 +1,249 @@
+"""Long documents as passages: cut by the model's tokenizer, a vector each, a document scored by its best passage
+in every search mode and through every write (add, delete, filters, compaction, refit, the Ray workers)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retriever.corpus import Document, document_text
+from retriever.encode.passages import PassageCutter, PassageSettings, cut_spans
+from retriever.errors import RetrieverError
+from retriever.index import Index
+from retriever.search.options import SearchOptions
+from retriever.search.searcher import Searcher
+from retriever.store.passages import best_per_document, document_of, keys_of, passage_keys
+from tests.helpers import SUBJECTS, THINGS, VERBS, long_text
+
+WINDOW = 32
+
+
+def late_sentence(number: int, line: int = 31) -> str:
+    """Line LINE of long document NUMBER."""
+    return long_text(number).split(". ")[line] + "."
+
+
+def corpus(longs: int = 3, shorts: int = 40) -> list[Document]:
+    short = [Document(f"s{i}", f"{SUBJECTS[i % 7]} {VERBS[i % 8]} {THINGS[i % 6]} on day {i}.", None, "c", i,
+                      {"kind": "short"}) for i in range(shorts)]
+    long = [Document(f"long{i}", long_text(i), f"Page {i}", "c", shorts + i, {"kind": "long"}) for i in range(longs)]
+    return short + long
+
+
+def search(index: Index, query: str, **options):
+    return index.search([query], **options)[0]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_bert):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_bert))
+
+
+@pytest.fixture()
+def index(tiny_bert, tmp_path):
+    summary = Index.build(corpus(), "p", tmp_path, model=str(tiny_bert), max_length=WINDOW, calibrator="none",
+                          device="cpu")
+    with summary.open() as opened:
+        yield opened
+
+
+def test_a_document_that_fits_is_one_passage_encoding_exactly_its_text(tokenizer):
+    cutter = PassageCutter(tokenizer, PassageSettings().checked(WINDOW), WINDOW)
+    documents = corpus(longs=0, shorts=5)
+    passages = cutter.cut(documents)
+    assert passages.counts().tolist() == [1] * 5
+    assert passages.texts == [document_text(d) for d in documents]
+    assert passages.spans.tolist() == [[0, len(d.text)] for d in documents]
+
+
+def test_a_long_document_is_cut_into_overlapping_windows_that_cover_it(tokenizer):
+    cutter = PassageCutter(tokenizer, PassageSettings(overlap=16).checked(WINDOW), WINDOW)  # a sentence is ~13 tokens
+    document = Document("long", long_text(0), "Page 0", "c", 1)
+    passages = cutter.cut([document])
+    spans = passages.spans.tolist()
+    assert len(spans) > 5 and spans[0][0] == 0 and spans[-1][1] == len(document.text)
+    for (start, end), (next_start, _) in zip(spans, spans[1:]):
+        assert next_start < end  # each next passage repeats the end of the one before
+        assert document.text[end - 1] == "."  # cut at a sentence's end
+        assert next_start == 0 or document.text[next_start - 2] == "."  # the overlap begins with a sentence
+    for text in passages.texts:  # the title goes with every passage, and the whole passage fits the window
+        assert text.startswith("Page 0 ")
+        assert len(tokenizer(text)["input_ids"]) <= WINDOW
+
+
+def test_cut_spans_cuts_without_sentences_too():
+    text = "word " * 100
+    offsets = [(5 * i, 5 * i + 4) for i in range(100)]
+    spans = cut_spans(text, offsets, budget=30, overlap=5)
+    assert spans[0] == (0, 5 * 29 + 4) and spans[1][0] == 5 * 25 and spans[-1][1] == 5 * 99 + 4
+
+
+def test_settings_are_checked_against_the_encoder():
+    assert PassageSettings().checked(256) == PassageSettings(128, 16)
+    assert PassageSettings().checked(64) == PassageSettings(64, 8)
+    with pytest.raises(RetrieverError, match="passage_window=300 is more than the encoder reads"):
+        PassageSettings(window=300).checked(256)
+    with pytest.raises(RetrieverError, match="passage_overlap=200 must be between 0 and half the window"):
+        PassageSettings(overlap=200).checked(256)
+    assert PassageSettings(enabled=False).checked(256).to_record() is None
+
+
+def test_passage_keys_name_their_documents():
+    keys = passage_keys(np.array([3, 7, 8]), np.array([2, 1, 3]))
+    assert document_of(keys).tolist() == [3, 3, 7, 8, 8, 8]
+    assert keys_of(keys, np.array([8, 3])).tolist() == [keys[0], keys[1], keys[3], keys[4], keys[5]]
+    scores = np.array([[0.1, 0.9, 0.5, 0.8, 0.2, 0.7]], np.float32)
+    best, rowids, passages = best_per_document(scores, keys[None, :], 2)
+    assert rowids.tolist() == [[3, 8]] and passages.tolist() == [[keys[1], keys[3]]]
+
+
+def test_the_index_keeps_a_vector_per_passage_and_counts_both(index):
+    segment = index.snapshot.segments[0]
+    assert segment.split and len(segment) == 43 and len(segment.keys) > 43
+    assert index.snapshot.manifest.passages == {"window": WINDOW, "overlap": 4}
+    assert index.snapshot.manifest.segments[0].vectors == len(segment.keys)
+    info = index.info()
+    assert info["documents"] == 43 and info["passages"] == len(segment.keys)
+
+
+def test_dense_search_scores_a_document_by_its_best_passage_exactly(index):
+    snapshot = index.snapshot
+    segment = snapshot.segments[0]
+    queries = snapshot.calibrate(index._encoder_for(snapshot).encode(["The orchestra sold the budget on page 1 "
+                                                                      "line 33.", "A dog painted a violin"]))
+    scores, rowids = Searcher(snapshot).dense_top(queries, SearchOptions(k=10, mode="dense"))
+    # Brute force: every passage scored, a document by its best.
+    stored = segment.vectors.stored_vectors()
+    order = np.argsort(segment.vectors.ids())
+    passage_scores = queries @ stored[order].T
+    owners = segment.documents_of(np.asarray(segment.keys))
+    expected = [sorted({owner: max(passage_scores[q][owners == owner]) for owner in set(owners.tolist())}.items(),
+                       key=lambda item: -item[1])[:10] for q in range(len(queries))]
+    assert rowids.tolist() == [[owner for owner, _ in row] for row in expected]
+    np.testing.assert_allclose(scores, [[score for _, score in row] for row in expected], atol=1e-5)
+    assert all(len(set(row)) == 10 for row in rowids.tolist())  # k distinct documents
+
+
+@pytest.mark.parametrize("mode", ["dense", "keyword", "hybrid"])
+def test_each_hit_says_where_it_matched(index, mode):
+    sentence = late_sentence(2)
+    hits = search(index, sentence, k=5, mode=mode)
+    assert len({hit.doc_id for hit in hits}) == len(hits) == 5
+    for hit in hits:
+        start, end = hit.span
+        assert hit.text[start:end] == hit.passage and 0 <= start < end <= len(hit.text)
+    if mode == "keyword":  # the sentence is in one passage of that page (or two, overlapping): one shown
+        assert hits[0].doc_id == "long2" and sentence in hits[0].passage
+
+
+def test_deletes_filters_and_compaction_reach_every_passage(index):
+    query = "A dog painted the harbour on page 0 line 20."
+    with_filter = search(index, query, k=50, mode="dense", where={"kind": "long"})
+    assert {hit.doc_id for hit in with_filter} == {"long0", "long1", "long2"}
+    index = index.delete(["long0"]).open()
+    assert "long0" not in {hit.doc_id for hit in search(index, query, k=50, mode="dense")}
+    before = [(hit.doc_id, round(hit.score, 5), hit.span) for hit in search(index, query, k=10, mode="hybrid")]
+    compacted = index.compact().open()
+    assert [(hit.doc_id, round(hit.score, 5), hit.span) for hit in search(compacted, query, k=10, mode="hybrid")] == before
+    assert compacted.snapshot.manifest.documents == 42 and compacted.check()
+
+
+def test_an_add_is_cut_as_the_build_was_and_merges_with_one_vector_segments(tiny_bert, tmp_path):
+    summary = Index.build(corpus(longs=0), "p", tmp_path, model=str(tiny_bert), max_length=WINDOW,
+                          calibrator="none", device="cpu")
+    index = summary.open()
+    assert not index.snapshot.segments[0].split  # short documents only: keyed by row id, as before passages
+    index = index.add([Document("late", long_text(9), "Late page", "c", 1)]).open()
+    assert [segment.split for segment in index.snapshot.segments] == [False, True]
+    query = "A dog painted the harbour on page 9 line 30."
+    before = [(hit.doc_id, round(hit.score, 5), hit.span) for hit in search(index, query, k=8, mode="dense")]
+    merged = index.compact().open()  # one segment: the short documents' row ids become passage keys
+    assert len(merged.snapshot.segments) == 1 and merged.snapshot.segments[0].split
+    assert [(hit.doc_id, round(hit.score, 5), hit.span) for hit in search(merged, query, k=8, mode="dense")] == before
+
+
+def test_a_build_without_passages_keeps_one_vector_per_document(tiny_bert, tmp_path):
+    index = Index.build(corpus(), "p", tmp_path, model=str(tiny_bert), max_length=WINDOW, calibrator="none",
+                        device="cpu", passages=PassageSettings(enabled=False)).open()
+    assert not index.snapshot.segments[0].split and index.snapshot.manifest.passages is None
+    index = index.add([Document("late", long_text(9), "Late page", "c", 1)]).open()
+    assert not index.snapshot.segments[1].split  # an add is cut as the build was: not at all
+
+
+def test_refit_and_check_see_passage_vectors(index):
+    refitted = index.refit(calibrator="whitening").open()
+    assert len(refitted.snapshot.segments[0].keys) == len(index.snapshot.segments[0].keys)
+    query = "An old sailor forgot an ancient map on page 1 line 12."
+    assert search(refitted, query, k=3, mode="dense")[0].doc_id in {hit.doc_id for hit in
+                                                                   search(refitted, query, k=10, mode="dense")}
+    check = refitted.check(fit_sample=None)
+    assert check["auto"]["chosen"] is not None
+
+
+def test_a_ray_worker_cuts_as_the_local_engine_does(tiny_bert, tmp_path):
+    from retriever.calibration import make_calibrator
+    from retriever.encode.encoder import Encoder
+    from retriever.engines.workers import EncodeWorker, document_columns, read_shard, write_segment
+    from retriever.store.segment import Segment
+    from retriever.store.spec import IndexSpec
+    from retriever.versions.layout import CALIBRATOR, SEGMENTS
+
+    documents = corpus()
+    folder, shard_dir = tmp_path / "version", tmp_path / "version" / "shards"
+    shard_dir.mkdir(parents=True)
+    encoder = Encoder(str(tiny_bert), max_length=WINDOW, device="cpu")
+    worker = EncodeWorker(encoder.config(), str(shard_dir), device="cpu",
+                          passages=PassageSettings().checked(WINDOW).to_record())
+    worker(document_columns(documents, 1))
+    _, _, vectors, passages = read_shard(shard_dir, 1)
+    cutter = PassageCutter(encoder.tokenizer, PassageSettings().checked(WINDOW), WINDOW)
+    expected = cutter.cut(documents)
+    assert passages[:, 1:].tolist() == expected.spans.tolist()
+    np.testing.assert_allclose(vectors, encoder.encode(expected.texts), atol=1e-5)
+    calibrator = make_calibrator("none")
+    calibrator.fit(vectors)
+    calibrator.save(folder / CALIBRATOR)
+    assert write_segment(folder, "000001", [1], shard_dir, {"type": "flat"}) == (43, len(expected.texts))
+    segment = Segment(folder / SEGMENTS / "000001", IndexSpec(type="flat"), device="cpu")
+    assert segment.split and segment.rowids.tolist() == list(range(1, 44))
+    segment.close()
+
+
+def test_vectors_given_per_passage_build_what_the_encoder_would(index, tiny_bert, tmp_path):
+    from retriever.encode.encoder import Encoder
+
+    documents = corpus()
+    encoder = Encoder(str(tiny_bert), max_length=WINDOW, device="cpu")
+    cut = PassageCutter(encoder.tokenizer, PassageSettings().checked(WINDOW), WINDOW).cut(documents)
+    spans = np.column_stack([np.repeat(np.arange(len(documents)), cut.counts()), cut.spans])
+    given = Index.build(documents, "given", tmp_path, model=str(tiny_bert), max_length=WINDOW, calibrator="none",
+                        device="cpu", vectors=encoder.encode(cut.texts), vector_spans=spans).open()
+    query = late_sentence(1)
+    assert ([(hit.doc_id, hit.span) for hit in search(given, query, k=5, mode="hybrid")] ==
+            [(hit.doc_id, hit.span) for hit in search(index, query, k=5, mode="hybrid")])
+    with pytest.raises(RetrieverError, match="documents must be numbered from 0, ascending"):
+        Index.build(documents, "bad", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu",
+                    vectors=encoder.encode(cut.texts), vector_spans=spans[::-1])
+
+
+def test_a_document_the_encoder_reads_whole_is_never_cut(tokenizer):
+    """The window is for documents the encoder cannot read whole: one that fits its max_length stays one passage,
+    its vector today's, even where it is longer than a passage."""
+    cutter = PassageCutter(tokenizer, PassageSettings(window=16, overlap=2).checked(64), 64)
+    middle = Document("middle", long_text(0, sentences=3), None, "c", 1)  # ~40 tokens: more than 16, under 64
+    long = Document("long", long_text(0, sentences=12), None, "c", 2)
+    passages = cutter.cut([middle, long])
+    assert passages.counts()[0] == 1 and passages.texts[0] == middle.text
+    assert passages.counts()[1] > 8
+    assert all(len(tokenizer(text)["input_ids"]) <= 16 for text in passages.texts[1:])
+
+
+@pytest.mark.parametrize("mode", ["keyword", "hybrid", "dense"])
+def test_k_distinct_documents_come_back_when_long_ones_crowd_the_top(index, mode):
+    # 'harbour' is in 7 short documents and in many passages of each of the 3 long ones.
+    hits = search(index, "harbour", k=10, mode=mode)
+    assert len(hits) == len({hit.doc_id for hit in hits}) == 10
+    if mode == "keyword":
+        assert {hit.doc_id for hit in hits} == {f"s{i}" for i in range(40) if i % 6 == 0} | {"long0", "long1", "long2"}
