@@ -247,3 +247,23 @@ def test_k_distinct_documents_come_back_when_long_ones_crowd_the_top(index, mode
     assert len(hits) == len({hit.doc_id for hit in hits}) == 10
     if mode == "keyword":
         assert {hit.doc_id for hit in hits} == {f"s{i}" for i in range(40) if i % 6 == 0} | {"long0", "long1", "long2"}
+
+
+def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path):
+    """Each segment prunes passages below an earlier segment's floor: the documents must still be the exact best
+    ones, as scoring every match (what a filter does) ranks them."""
+    from retriever.filters import parse_where
+
+    documents = corpus(longs=6, shorts=30)
+    index = Index.build(documents[:12], "p", tmp_path, model=str(tiny_bert), max_length=WINDOW, calibrator="none",
+                        device="cpu").open()
+    index = index.add(documents[12:30]).open().add(documents[30:]).open()
+    searcher = Searcher(index.snapshot)
+    everything = searcher.matches.matches(parse_where({"kind": {"$in": ["short", "long"]}}))
+    queries = ["harbour", "robot violin page 4", "sailor map budget line 7", "page 5 line 30", "dog"]
+    for k in (3, 10):
+        pruned = searcher.keyword.lists(queries, k, False)
+        exact = searcher.keyword.lists(queries, k, False, everything)
+        for fast, slow in zip(pruned, exact):
+            assert fast.rowids.tolist() == slow.rowids.tolist()
+            np.testing.assert_allclose(fast.scores, slow.scores, rtol=1e-6)

@@ -41,6 +41,7 @@ from retriever.engines.stages import (
     write_segment_vectors,
 )
 from retriever.store.arrays import VectorSource, load_npy, npy_layout, vector_source
+from retriever.encode.passages import MAX_PASSAGES
 from retriever.store.passages import passage_keys
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import finish_segment
@@ -120,7 +121,8 @@ class LocalEngine(BuildEngine):
         self._segment = segment = writer.new_segment_folder()
         state = BuildState.load(folder / BUILD_STATE) if writer.resumed else BuildState(folder / BUILD_STATE, self._key)
         if writer.resumed:
-            _resumable(folder, segment, state, self.notes, self.progress)
+            _resumable(folder, segment, state, self.notes, self.progress,
+                       cut=self._source is None and self.spec.passages.enabled)
         self._state = state
         if state.documents is None:
             table = DocumentTable.create(segment / DOCUMENTS)
@@ -238,12 +240,15 @@ def _checked_spans(given: str | Path | np.ndarray, rows: int) -> np.ndarray:
     steps = np.diff(spans[:, 0])
     if spans[0, 0] != 0 or (steps < 0).any() or (steps > 1).any():
         raise RetrieverError(f"{name}: documents must be numbered from 0, ascending, each with a passage")
-    if (spans[:, 1] < 0).any() or (spans[:, 2] <= spans[:, 1]).any():
-        raise RetrieverError(f"{name}: every span must have 0 <= start < end")
+    if (spans[:, 1] < 0).any() or (spans[:, 2] < spans[:, 1]).any():
+        raise RetrieverError(f"{name}: every span must have 0 <= start <= end")
+    most = int(np.bincount(spans[:, 0]).max())
+    if most > MAX_PASSAGES:
+        raise RetrieverError(f"{name}: a document has {most:,} passages; at most {MAX_PASSAGES:,}")
     return spans
 
 
-def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str], progress: bool) -> None:
+def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str], progress: bool, cut: bool) -> None:
     """Match a killed build's STATE to what its folder really holds, so the re-run continues from there whatever
     step the kill hit: its temporary files go; documents without their table are read again; vectors on record
     but not on disk are encoded again (the build deletes them once the segment is written: a kill between that
@@ -251,10 +256,9 @@ def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str],
     for stale in [path for path in folder.rglob("*.partial") if path.is_file()]:
         stale.unlink()  # a file a killed step was writing, never renamed into place
     if state.documents is not None and not (segment / DOCUMENTS).is_file():
-        state.documents, state.encoded, state.truncated = None, 0, 0
+        state.documents, state.encoded, state.truncated, state.vectors = None, 0, 0, 0
     if state.encoded and (_encoded_rows(folder / ENCODED) < state.vectors or
-                          (state.vectors > state.encoded and
-                           _encoded_rows(encoded_passages_path(folder / ENCODED)) < state.vectors)):
+                          (cut and _encoded_rows(encoded_passages_path(folder / ENCODED)) < state.vectors)):
         note(notes, f"resumed a killed build: its {state.documents:,} documents were already read; their "
                      "vectors were gone, so they are encoded again", progress)
         state.encoded, state.truncated, state.vectors = 0, 0, 0

@@ -85,13 +85,18 @@ class KeywordSearcher:
             if matches is not None:
                 kept = matches.contains(rowids)
                 rowids, scores, keys = rowids[kept], scores[kept], keys[kept]
+            # Every match read, or only the best ASKED passages of the version are sure to be among these (a
+            # segment prunes below an earlier one's ASKED-th score): documents come from those alone.
+            complete = every or not any((segments == number).sum() == asked
+                                        for number in range(len(self.snapshot.segments)))
+            if not complete and len(scores) > asked:
+                sure = scores >= np.partition(scores, len(scores) - asked)[len(scores) - asked]
+                rowids, scores, keys = rowids[sure], scores[sure], keys[sure]
             # Best first, ties to the lower row id (as `fusion.top_list` breaks them); a document's first is its best.
             order = np.lexsort((keys, rowids, -scores))
             _, first = np.unique(rowids[order], return_index=True)
             best = order[np.sort(first)[:count]]
-            # Enough documents, or every match read (no segment gave as many passages as asked).
-            if every or len(best) == count or not any(
-                    (segments == number).sum() == asked for number in range(len(self.snapshot.segments))):
+            if complete or len(best) == count:
                 return rowids[best], scores[best], keys[best]
             every = asked > count * FIRST_PASSAGES
             asked *= WIDEN

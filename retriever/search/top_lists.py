@@ -77,10 +77,13 @@ def segment_top_lists(snapshot: Snapshot, numbers: Iterable[int], queries: np.nd
         if include is not None and not len(include):
             continue
         # An include list holds live rows only: no tombstones to exclude on top.
-        include_keys = None if include is None else segment.keys_of(include)
-        exclude_keys = segment.keys_of(snapshot.tombstones) if include is None else None
+        include_keys = None if include is None else segment.keys_of(include, remember=True)
+        exclude_keys = segment.keys_of(snapshot.tombstones, remember=True) if include is None else None
         if segment.split:
-            lists.append((number, *_passage_top(snapshot, segment, queries, plan, include_keys, exclude_keys)))
+            documents = len(include) if include is not None else len(segment) - int(
+                np.count_nonzero(segment.contains(snapshot.tombstones)))
+            lists.append((number, *_passage_top(snapshot, segment, queries, plan, include_keys, exclude_keys,
+                                                documents)))
             continue
         scores, ids = segment.vectors.search(queries, plan.candidates, exclude_keys, plan.nprobe, plan.ef_search,
                                              include_keys, plan.exact)
@@ -91,13 +94,16 @@ def segment_top_lists(snapshot: Snapshot, numbers: Iterable[int], queries: np.nd
 
 
 def _passage_top(snapshot: Snapshot, segment: Segment, queries: np.ndarray, plan: DensePlan,
-                 include: np.ndarray | None, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A split segment's top plan.k documents, each by its best passage: (scores, row ids, passage keys). Each
-    query asks for FIRST_PASSAGES x the candidates in passages, and WIDEN x more while its passages name fewer than
-    k documents and the segment holds more: exact on flat (k documents among the top passages are the top k
-    documents), a widening beam on hnsw and IVF."""
+                 include: np.ndarray | None, exclude: np.ndarray | None,
+                 documents: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A split segment's top plan.k documents (of its DOCUMENTS searched), each by its best passage: (scores, row
+    ids, passage keys). Each query asks for FIRST_PASSAGES x the candidates in passages, and WIDEN x more while its
+    passages name fewer than k documents and the segment holds more: exact on flat (k documents among the top
+    passages are the top k documents); on hnsw the beam widens with them; on IVF a query whose probed buckets gave
+    fewer passages than asked has no more to give."""
     available = len(include) if include is not None else len(segment.keys) - len(exclude)
     k = plan.k
+    wanted = min(k, documents)
     scores = np.full((len(queries), k), -np.inf, np.float32)
     rowids = np.full((len(queries), k), -1, np.int64)
     keys = np.full((len(queries), k), -1, np.int64)
@@ -113,7 +119,9 @@ def _passage_top(snapshot: Snapshot, segment: Segment, queries: np.ndarray, plan
             found_scores, found_keys = _rerank(snapshot, segment, queries[rows], found_keys, asked)
         best = best_per_document(found_scores, found_keys, k)
         scores[rows], rowids[rows], keys[rows] = best
-        short = (best[1] >= 0).sum(axis=1) < k
+        short = (best[1] >= 0).sum(axis=1) < wanted
+        if not graph:
+            short &= (found_keys >= 0).sum(axis=1) == asked
         if asked >= available or not short.any():
             break
         rows, asked = rows[short], min(asked * WIDEN, available)

@@ -243,9 +243,9 @@ class DocumentTable:
     def text_lengths(self, rowids: np.ndarray) -> np.ndarray:
         """The length in characters of the text of each of ROWIDS (all here), in order."""
         wanted = np.asarray(rowids, dtype=np.int64).tolist()
-        cursor = self.db.execute(f"SELECT d.rowid, length(d.text) FROM documents d WHERE {_ROWIDS_IN}",
-                                 [json.dumps(wanted)])
-        lengths = dict(cursor.fetchall())
+        # Counted here, not by SQLite's length(), which stops at a NUL character.
+        cursor = self.db.execute(f"SELECT d.rowid, d.text FROM documents d WHERE {_ROWIDS_IN}", [json.dumps(wanted)])
+        lengths = {rowid: len(text) for rowid, text in cursor}
         return np.fromiter((lengths[rowid] for rowid in wanted), np.int64, len(wanted))
 
     def rowids_for(self, doc_ids: Iterable[str]) -> dict[str, int]:

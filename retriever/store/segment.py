@@ -131,17 +131,18 @@ class Segment:
         """The row id of each vector key's document (-1, padding, stays -1)."""
         return document_of(keys) if self.split else np.asarray(keys, np.int64)
 
-    def keys_of(self, rowids: np.ndarray) -> np.ndarray:
-        """The vector keys of the documents ROWIDS (ascending row ids; those not here have none), ascending. The last
-        few answers are kept by the identity of ROWIDS: a version's tombstones and a filter's matches are asked
-        for at every search."""
+    def keys_of(self, rowids: np.ndarray, remember: bool = False) -> np.ndarray:
+        """The vector keys of the documents ROWIDS (ascending row ids; those not here have none), ascending.
+        REMEMBER: keep the answer by the identity of ROWIDS (the last few), for arrays asked about at every search
+        (a version's tombstones, a filter's matches)."""
         if not self.split:
             return rowids
         for asked, found in self._keys_cache:
             if asked is rowids:
                 return found
         found = keys_of(self.passage_keys, rowids)
-        self._keys_cache = [(rowids, found), *self._keys_cache[:3]]
+        if remember:
+            self._keys_cache = [(rowids, found), *self._keys_cache[:3]]
         return found
 
     def spans_of(self, keys: np.ndarray) -> np.ndarray | None:
