@@ -267,3 +267,21 @@ def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path):
         for fast, slow in zip(pruned, exact):
             assert fast.rowids.tolist() == slow.rowids.tolist()
             np.testing.assert_allclose(fast.scores, slow.scores, rtol=1e-6)
+
+
+def test_long_documents_scored_from_memory_score_as_read(index, monkeypatch):
+    import retriever.search.dense as dense
+
+    monkeypatch.setattr(dense, "LONG_DOCUMENT_PASSAGES", 2)  # every long document here is kept once read
+    snapshot = index.snapshot
+    query = snapshot.calibrate(index._encoder_for(snapshot).encode([late_sentence(1)]))[0]
+    rowids = np.arange(1, 44)
+    searcher = Searcher(snapshot).dense
+    first = searcher.scores_of(query, rowids)  # read from the segment
+    for warm in (searcher.scores_of(query, rowids), Searcher(snapshot).dense.scores_of(query, rowids)):
+        np.testing.assert_array_equal(warm[0], first[0])
+        np.testing.assert_array_equal(warm[1], first[1])
+    reordered = searcher.scores_of(query, rowids[::-1])  # the long ones from memory, the others read
+    np.testing.assert_array_equal(reordered[0], first[0][::-1])
+    np.testing.assert_array_equal(reordered[1], first[1][::-1])
+    assert (first[1][-3:] >> 16).tolist() == [41, 42, 43]  # the long documents' best passages, named by key

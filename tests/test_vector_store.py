@@ -266,14 +266,14 @@ def test_bad_arguments_and_files(tmp_path):
         VectorStore.load(garbage)
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf", "ivfpq"])
 def test_vectors_of_ids_are_the_stored_vectors_a_search_scores(data, stores, kind):
     ids, vectors, queries = data
     wanted = ids[[7, 3, 4000, 7]]  # any order, repeats allowed
     found = stores[kind].vectors_of(wanted)
-    if kind == "ivf":
-        assert found is None  # IVF types keep no float vectors in order: the caller uses the raw ones
+    if kind == "ivfpq":
+        assert found is None  # compressed codes: the caller uses the raw vectors
         return
-    np.testing.assert_array_equal(found, vectors[[7, 3, 4000, 7]])
+    np.testing.assert_array_equal(found, vectors[[7, 3, 4000, 7]])  # ivf: its codes are the vectors
     scores, top = stores[kind].search(queries[:1], 1)
     assert float(stores[kind].vectors_of(top[0])[0] @ queries[0]) == pytest.approx(float(scores[0, 0]), abs=1e-6)

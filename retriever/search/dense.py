@@ -5,6 +5,7 @@ candidate's score, a query's score distribution over the whole index)."""
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Protocol
 
 import numpy as np
@@ -16,6 +17,11 @@ from retriever.numeric import l2_normalize
 from retriever.versions.snapshot import Snapshot
 
 NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
+# Documents of at least this many passages keep their vectors in memory once read (`DenseSearcher.scores_of`):
+# hybrid search scores each keyword candidate by its best passage, and long documents, which hold many words, are
+# keyword candidates again and again. At most LONG_DOCUMENT_BYTES of them are kept (the least recent go).
+LONG_DOCUMENT_PASSAGES = 32
+LONG_DOCUMENT_BYTES = 256 * 2**20
 RAW_BLOCK = 65536  # raw vectors scored at a time by the raw-space ranking
 
 
@@ -32,12 +38,15 @@ class RemoteSegments(Protocol):
 
 class DenseSearcher:
     """The dense side over SNAPSHOT's segments, searched here or by REMOTE. Safe to share between threads: what it
-    estimates once (the null's moments) is estimated under a lock."""
+    estimates once (the null's moments) and the long documents' vectors it keeps are read and written under a
+    lock."""
 
     def __init__(self, snapshot: Snapshot, remote: RemoteSegments | None = None):
         self.snapshot, self.remote = snapshot, remote
         self._moments: tuple[np.ndarray, np.ndarray] | None = None
         self._lock = threading.Lock()
+        self._long: OrderedDict[int, PassageVectors] = OrderedDict()  # row id -> its passages' vectors
+        self._long_bytes = 0
 
     def top(self, queries: np.ndarray, plan: DensePlan,
             matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -74,9 +83,38 @@ class DenseSearcher:
         """Each of ROWIDS' best passage for QUERY (in the index's space): (its cosine, its vector key)."""
         if not len(rowids):
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        vectors = (self.remote.passage_vectors(self.snapshot, rowids) if self.remote is not None
-                   else passage_vectors(self.snapshot, rowids))
-        return vectors.best(query, rowids)
+        return self._passage_vectors(rowids).best(query, rowids)
+
+    def _passage_vectors(self, rowids: np.ndarray) -> PassageVectors:
+        """ROWIDS' passages' vectors: long documents' from memory where read before, the others read now."""
+        with self._lock:
+            held = {rowid: self._long[rowid] for rowid in rowids.tolist() if rowid in self._long}
+            for rowid in held:
+                self._long.move_to_end(rowid)
+        missing = rowids[~np.isin(rowids, np.fromiter(held, np.int64, len(held)))] if held else rowids
+        read = PassageVectors.join([], self.snapshot.manifest.dim)
+        if len(missing):
+            read = (self.remote.passage_vectors(self.snapshot, missing) if self.remote is not None
+                    else passage_vectors(self.snapshot, missing))
+            self._remember_long(read)
+        return PassageVectors.join([*held.values(), read], self.snapshot.manifest.dim)
+
+    def _remember_long(self, read: PassageVectors) -> None:
+        owners = read.owners
+        if len(owners) < LONG_DOCUMENT_PASSAGES:
+            return
+        starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+        ends = np.r_[starts[1:], len(owners)]
+        with self._lock:
+            for start, end in zip(starts.tolist(), ends.tolist()):
+                if end - start >= LONG_DOCUMENT_PASSAGES and int(owners[start]) not in self._long:
+                    part = PassageVectors(owners[start:end], read.keys[start:end],
+                                          np.ascontiguousarray(read.vectors[start:end]))
+                    self._long[int(owners[start])] = part
+                    self._long_bytes += part.vectors.nbytes
+            while self._long and self._long_bytes > LONG_DOCUMENT_BYTES:
+                _, dropped = self._long.popitem(last=False)
+                self._long_bytes -= dropped.vectors.nbytes
 
     def null(self, queries: np.ndarray) -> list[tuple[float, float]]:
         """Each query's dense score over every document: mean and standard deviation, from the mean and covariance

@@ -70,9 +70,8 @@ class KeywordSearcher:
              matches: Matches | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The COUNT best documents over all segments, each by its best passage: (row ids, BM25 scores, passage
         keys), best first; with MATCHES, among those row ids only (every match scored, then filtered: the scores
-        are the unfiltered index's). Passages are read twice as many as documents wanted, then WIDEN x more where
-        they name fewer documents and more match, and then every match is scored (long documents whose passages
-        crowd the top)."""
+        are the unfiltered index's). Passages are read twice as many as documents wanted, then WIDEN x more while
+        they name fewer documents and more match (long documents whose passages crowd the top)."""
         asked, every = count * FIRST_PASSAGES, matches is not None
         while True:
             segments, positions, scores = query.every_match() if every else query.candidates(asked)
@@ -98,7 +97,6 @@ class KeywordSearcher:
             best = order[np.sort(first)[:count]]
             if complete or len(best) == count:
                 return rowids[best], scores[best], keys[best]
-            every = asked > count * FIRST_PASSAGES
             asked *= WIDEN
 
     def scores_of(self, query: QueryMatches, rowids: np.ndarray) -> np.ndarray:

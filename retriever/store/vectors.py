@@ -106,6 +106,7 @@ class VectorStore:
         self._backend, self._fp16 = backend, fp16
         self._searcher: StoreSearcher | None = None
         self._searcher_lock = threading.Lock()
+        self._direct_map = False  # ivf: `vectors_of`'s table, built on first use
         # An upper bound on the stored ids (None: not computed yet). Row ids only grow, so a batch above it
         # cannot clash and skips the O(ntotal) membership check: adding in many batches stays linear.
         self._id_bound: int | None = None
@@ -295,8 +296,15 @@ class VectorStore:
         return found
 
     def vectors_of(self, ids: np.ndarray) -> np.ndarray | None:
-        """The stored float32 vectors of IDS (all of them held here), for the types that keep them (flat, hnsw):
-        the very numbers a search scores; None for IVF types."""
+        """The stored float32 vectors of IDS (all of them held here), for the types that keep them (flat, hnsw, and
+        ivf, whose codes are the vectors): the very numbers a search scores; None for ivfpq."""
+        if self._ivf is not None and not self.spec.kind.compressed:
+            if not self._direct_map:
+                with self._searcher_lock:  # an id -> list and offset table, built once (a hash: ids are sparse)
+                    if not self._direct_map:
+                        self._ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
+                        self._direct_map = True
+            return self._ivf.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64))
         if not self.spec.kind.exact_vectors or self._ivf is not None:
             return None
         return np.asarray(self.stored_vectors()[self._positions(ids)])
