@@ -64,11 +64,13 @@ def test_a_long_document_is_cut_into_overlapping_windows_that_cover_it(tokenizer
     passages = cutter.cut([document])
     spans = passages.spans.tolist()
     assert len(spans) > 5 and spans[0][0] == 0 and spans[-1][1] == len(document.text)
-    for (start, end), (next_start, _) in zip(spans, spans[1:]):
+    # The first passage is what the encoder reads of the whole document: its vector is the one it always had.
+    assert passages.texts[0] == document_text(document)
+    for number, ((start, end), (next_start, _)) in enumerate(zip(spans, spans[1:])):
         assert next_start < end  # each next passage repeats the end of the one before
-        assert document.text[end - 1] == "."  # cut at a sentence's end
-        assert next_start == 0 or document.text[next_start - 2] == "."  # the overlap begins with a sentence
-    for text in passages.texts:  # the title goes with every passage, and the whole passage fits the window
+        assert number == 0 or document.text[end - 1] == "."  # the later ones cut at a sentence's end
+        assert document.text[next_start - 2] == "."  # the overlap begins with a sentence
+    for text in passages.texts[1:]:  # the title goes with every passage, and the whole passage fits the window
         assert text.startswith("Page 0 ")
         assert len(tokenizer(text)["input_ids"]) <= WINDOW
 
@@ -231,13 +233,14 @@ def test_vectors_given_per_passage_build_what_the_encoder_would(index, tiny_bert
 def test_a_document_the_encoder_reads_whole_is_never_cut(tokenizer):
     """The window is for documents the encoder cannot read whole: one that fits its max_length stays one passage,
     its vector today's, even where it is longer than a passage."""
-    cutter = PassageCutter(tokenizer, PassageSettings(window=16, overlap=2).checked(64), 64)
+    cutter = PassageCutter(tokenizer, PassageSettings(window=16, overlap=2).checked(64), 64)  # 64: 62 and 2 special
     middle = Document("middle", long_text(0, sentences=3), None, "c", 1)  # ~40 tokens: more than 16, under 64
     long = Document("long", long_text(0, sentences=12), None, "c", 2)
     passages = cutter.cut([middle, long])
     assert passages.counts()[0] == 1 and passages.texts[0] == middle.text
-    assert passages.counts()[1] > 8
-    assert all(len(tokenizer(text)["input_ids"]) <= 16 for text in passages.texts[1:])
+    assert passages.counts()[1] > 5 and passages.texts[1] == long.text  # its first: what the encoder reads of it
+    assert len(tokenizer(long.text[: passages.spans[1][1]])["input_ids"]) == 64
+    assert all(len(tokenizer(text)["input_ids"]) <= 16 for text in passages.texts[2:])
 
 
 @pytest.mark.parametrize("mode", ["keyword", "hybrid", "dense"])

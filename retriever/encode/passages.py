@@ -1,15 +1,17 @@
 """Long documents cut into passages the encoder reads whole, by the model's own tokenizer.
 
 An encoder reads a window of tokens (256 for MiniLM); past it a document was invisible to dense search. A document
-longer than the encoder reads is cut into overlapping passages of at most `window` tokens, the title and the
-special tokens counted in (the title goes with every passage, as it goes with a whole document). A cut falls at the
-end of a sentence where one lies in the window's second half (a line break counts as one), and the next passage
-starts `overlap` tokens back, moved forward to the first sentence start inside the overlap: a sentence is whole in
-at least one passage wherever the text has sentences short enough. A document the encoder reads whole is one
-passage whose text is exactly what a document always encoded (`corpus.document_text`), so its vector is today's.
+longer than the encoder reads keeps, as its first passage, what the encoder reads of it (its vector exactly the
+one it always had: whatever a query found before, it still finds), and the rest of its text is cut into
+overlapping passages of at most `window` tokens, the title and the special tokens counted in (the title goes with
+every passage, as it goes with a whole document). A cut falls at the end of a sentence where one lies in the
+window's second half (a line break counts as one), and the next passage starts `overlap` tokens back, moved forward
+to the first sentence start inside the overlap: a sentence is whole in at least one passage wherever the text has
+sentences short enough. A document the encoder reads whole is one passage whose text is exactly what a document
+always encoded (`corpus.document_text`), so its vector is today's.
 
-The window of a cut document is shorter than the encoder's by default (`DEFAULT_WINDOW`): a vector is the mean of
-its tokens, and a passage as long as the encoder reads dilutes any one sentence of it (measured on issue 42's
+The window of the later passages is shorter than the encoder's by default (`DEFAULT_WINDOW`): a vector is the mean
+of its tokens, and a passage as long as the encoder reads dilutes any one sentence of it (measured on issue 42's
 yardstick, `benchmarks/results/long_documents.md`).
 
 A passage is a character span of the document's text; the passages of the documents of a write are described by
@@ -124,8 +126,11 @@ class PassageCutter:
             title_tokens = self._lengths(titles)
             encodings = self._backend.encode_batch([documents[i].text for i in long], add_special_tokens=False)
             for i, title_length, encoding in zip(long, title_tokens, encodings):
-                budget = max(room - title_length - (1 if title_length else 0), self.window // 2)
-                spans = cut_spans(documents[i].text, encoding.offsets, budget, self.overlap)
+                title_room = title_length + (1 if title_length else 0)
+                budget = max(room - title_room, self.window // 2)
+                # The first passage is what the encoder reads of the whole document (its vector today's).
+                first = max(fits - title_room, 1)
+                spans = cut_spans(documents[i].text, encoding.offsets, budget, self.overlap, first)
                 if len(spans) > MAX_PASSAGES:
                     spans, truncated = spans[:MAX_PASSAGES], truncated + 1
                 spans_of[i] = spans
@@ -137,7 +142,8 @@ class PassageCutter:
                 passage_texts.append(text)
             else:
                 all_spans.extend(spans)
-                passage_texts.extend(passage_text(document.title, document.text[start:end]) for start, end in spans)
+                passage_texts.append(text)  # the whole text: the encoder reads its first `max_length` tokens
+                passage_texts.extend(passage_text(document.title, document.text[start:end]) for start, end in spans[1:])
             offsets.append(len(all_spans))
         return Passages(np.asarray(all_spans, np.int64).reshape(-1, 2), np.asarray(offsets, np.int64),
                         passage_texts, truncated)
@@ -153,34 +159,43 @@ def passage_text(title: str | None, text: str) -> str:
     return f"{title} {text}" if title else text
 
 
-def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int) -> list[tuple[int, int]]:
+def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int,
+              first: int | None = None) -> list[tuple[int, int]]:
     """Character spans of TEXT cut from its tokens (their OFFSETS) into runs of at most BUDGET tokens, each next
-    run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one."""
+    run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one. FIRST: the
+    first run is the first FIRST tokens as they are (what an encoder reading that many sees), cut anywhere."""
     count = len(offsets)
-    if count <= budget:
+    if count <= (budget if first is None else first):
         return [(0, len(text))]
     starts = np.fromiter((start for start, _ in offsets), np.int64, count)
     ends = np.fromiter((end for _, end in offsets), np.int64, count)
     sentence_end = _sentence_ends(text, starts, ends)
     spans = []
-    first = 0
+    begin = 0
+    if first is not None:
+        spans.append((0, int(ends[first - 1])))
+        begin = _next_start(sentence_end, first, max(first - overlap, 1), overlap)
     while True:
-        last = first + budget  # one past the run's last token
+        last = begin + budget  # one past the run's last token
         if last >= count:
-            spans.append((int(starts[first]), int(ends[count - 1])))
+            spans.append((int(starts[begin]), int(ends[count - 1])))
             return spans
-        half = first + budget // 2
+        half = begin + budget // 2
         found = np.flatnonzero(sentence_end[half:last])
         if len(found):
             last = half + int(found[-1]) + 1
-        spans.append((int(starts[first]), int(ends[last - 1])))
-        following = max(last - overlap, first + 1)
-        if overlap:
-            # The first sentence start inside the overlap, so the repeated text begins with a whole sentence.
-            found = np.flatnonzero(sentence_end[following - 1 : last - 1])
-            if len(found):
-                following += int(found[0])
-        first = following
+        spans.append((int(starts[begin]), int(ends[last - 1])))
+        begin = _next_start(sentence_end, last, max(last - overlap, begin + 1), overlap)
+
+
+def _next_start(sentence_end: np.ndarray, last: int, following: int, overlap: int) -> int:
+    """Where the run after one ending before token LAST starts: FOLLOWING (OVERLAP tokens back), moved forward to
+    the first sentence start inside the overlap, so the repeated text begins with a whole sentence."""
+    if overlap:
+        found = np.flatnonzero(sentence_end[following - 1 : last - 1])
+        if len(found):
+            following += int(found[0])
+    return following
 
 
 def _sentence_ends(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
