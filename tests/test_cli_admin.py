@@ -420,7 +420,7 @@ def test_counts_agree_with_their_nouns(cli, tmp_path, tiny_bert):
     assert done.returncode == 0 and "1 text truncated at 512 tokens" in done.stderr, done.stderr
     done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none")
     assert "built index 'long': 1 document (1 encoded)" in done.stderr
-    assert "1 document longer than the encoder reads cut into passages (19 vectors in all)" in done.stderr
+    assert "1 document longer than the encoder reads cut into passages (29 vectors in all)" in done.stderr
     done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--no-passages", "--name", "cut")
     assert "1 document truncated at the max length" in done.stderr
     assert_one_line_error(cli("delete", "absent", "--name", "long"), "1 id is not in the index: 'absent'")

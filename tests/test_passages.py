@@ -83,7 +83,7 @@ def test_cut_spans_cuts_without_sentences_too():
 
 
 def test_settings_are_checked_against_the_encoder():
-    assert PassageSettings().checked(256) == PassageSettings(128, 16)
+    assert PassageSettings().checked(256) == PassageSettings(64, 8)
     assert PassageSettings().checked(64) == PassageSettings(64, 8)
     with pytest.raises(RetrieverError, match="passage_window=300 is more than the encoder reads"):
         PassageSettings(window=300).checked(256)
@@ -157,7 +157,9 @@ def test_an_add_is_cut_as_the_build_was_and_merges_with_one_vector_segments(tiny
                           calibrator="none", device="cpu")
     index = summary.open()
     assert not index.snapshot.segments[0].split  # short documents only: keyed by row id, as before passages
-    index = index.add([Document("late", long_text(9), "Late page", "c", 1)]).open()
+    added = index.add([Document("late", long_text(9), "Late page", "c", 1)])
+    assert added.cut == 1 and added.passages > 1 and added.truncated == 0  # cut, so nothing of it unseen
+    index = added.open()
     assert [segment.split for segment in index.snapshot.segments] == [False, True]
     query = "A dog painted the harbour on page 9 line 30."
     before = [(hit.doc_id, round(hit.score, 5), hit.span) for hit in search(index, query, k=8, mode="dense")]

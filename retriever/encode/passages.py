@@ -31,7 +31,7 @@ from retriever.errors import RetrieverError, param
 # A cut document's passages: this many tokens (or the encoder's max_length, if less), each repeating this share of
 # the one before. Measured on the long-document yardstick's development sets (benchmarks/results/long_documents.md)
 # and checked on its held-out sets.
-DEFAULT_WINDOW = 128
+DEFAULT_WINDOW = 64
 DEFAULT_OVERLAP_SHARE = 0.125
 # A document cut into more passages than this keeps its first ones (row id and passage number share one int64
 # key, `retriever.store.passages`): about 14 million words at the default window.

@@ -107,7 +107,9 @@ def encode_into(encoder, documents: Iterable[Document] | Iterable[tuple[int, Doc
             rowids = np.fromiter((rowid for rowid, _ in chunk), np.int64, len(chunk))
             passages = cutter.cut([document for _, document in chunk])
             rows = np.column_stack([passage_keys(rowids, passages.counts()), passages.spans])
-            cuts.append((len(chunk), passages.truncated, rows))
+            # A cut document's first passage is its whole text, which the encoder cuts at max_length by design: not
+            # a truncation to report (a document with more passages than keys hold is one).
+            cuts.append((len(chunk), passages.truncated - int(np.count_nonzero(passages.counts() > 1)), rows))
             yield passages.texts
 
     with progress_bar("Encoding", total=total, enabled=progress) as advance:

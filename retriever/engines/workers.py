@@ -163,7 +163,9 @@ class EncodeWorker:
             texts, counts, spans, cut_short = [document_text(d) for d in documents], np.ones(len(rowids), int), None, 0
         else:
             passages = self.cutter.cut(documents)
-            texts, counts, spans, cut_short = passages.texts, passages.counts(), passages.spans, passages.truncated
+            texts, counts, spans = passages.texts, passages.counts(), passages.spans
+            # A cut document's first passage is its whole text, cut at max_length by design (`stages.encode_into`).
+            cut_short = passages.truncated - int(np.count_nonzero(counts > 1))
         vectors, truncated = self.encoder.encode_counting_truncated(texts)
         ends_at = np.cumsum(counts)  # each document's passages end at this vector row
         # A batch may join the ends of two pieces: one shard per run of consecutive row ids.
