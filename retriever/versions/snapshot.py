@@ -28,7 +28,7 @@ from retriever.errors import DamagedIndexError, RetrieverError
 from retriever.filters import Filter
 from retriever.numeric import l2_normalize
 from retriever.store.arrays import load_npy, npy_layout
-from retriever.store.layout import DOCUMENTS, RAW, ROWIDS, VECTORS
+from retriever.store.layout import DOCUMENTS, PASSAGES, RAW, ROWIDS, VECTORS
 from retriever.store.segment import Segment
 from retriever.store.vectors import load_template
 from retriever.store.spec import IndexSpec
@@ -372,7 +372,9 @@ def verify_index(name: str, index_dir: str | Path | None = None, progress=None) 
     manifest = read_manifest(folder, name=name)  # its types checked before a path from it is followed
     checked = verify_files(folder, manifest, name=name, progress=progress)
     check_counts(manifest, [_stored_rows(folder, f"{SEGMENTS}/{entry.name}/{ROWIDS}", name)
-                            for entry in manifest.segments], None,
+                            for entry in manifest.segments],
+                 [_stored_rows(folder, f"{SEGMENTS}/{entry.name}/{PASSAGES if entry.vectors is not None else ROWIDS}",
+                               name) for entry in manifest.segments],
                  _stored_rows(folder, TOMBSTONES, name) if (folder / TOMBSTONES).is_file() else 0, name)
     return manifest, checked
 
@@ -398,7 +400,7 @@ def check_counts(manifest: Manifest, rows: list[int], vectors: list[int] | None,
         if held != entry.rows:
             raise damaged(f"{where}/{ROWIDS} holds {held:,} rows, the manifest says {entry.rows:,}")
         if vectors is not None and vectors[number] != entry.vector_rows:
-            raise damaged(f"{where}/{VECTORS} holds {vectors[number]:,} vectors, the manifest says "
+            raise damaged(f"{where} holds {vectors[number]:,} vectors, the manifest says "
                           f"{entry.vector_rows:,}")
     if manifest.documents != sum(rows) - deleted:
         raise damaged(f"the manifest counts {counted(manifest.documents, 'document')}, but its segments hold "
