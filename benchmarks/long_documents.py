@@ -54,6 +54,8 @@ def run(model: str, tasks: list[str], calibrator: str, seed: int, passages) -> d
     data = resolve_data_dir()
     results = {"model": model, "encoder": encoder.config(), "calibrator": calibrator, "seed": seed,
                "passages": passages.checked(encoder.max_length).to_record(), "tasks": []}
+    if passages.enabled:
+        results["first_passage"] = "what the encoder reads of the document (its vector of before)"
     for name in tasks:
         task = LONG_DOCUMENT_TASKS[name]
         for rare in (False, True):
@@ -86,8 +88,10 @@ def _mean(found: dict, query: str, split: str | None, mode: str) -> float:
 
 def _setting(found: dict) -> str:
     cut = found.get("passages")
-    return "one vector per document (before passages)" if cut is None else \
-        f"passages: window {cut['window']}, overlap {cut['overlap']}"
+    if cut is None:
+        return "one vector per document (before passages)"
+    first = found.get("first_passage", "what the encoder reads of the document (its vector of before)")
+    return f"passages: window {cut['window']}, overlap {cut['overlap']}; first passage: {first}"
 
 
 def report(files: list[Path]) -> str:
