@@ -107,7 +107,7 @@ def build(
     vector_spans: Annotated[Optional[Path], typer.Option(
         "--vector-spans", help="with --vectors: a .npy of (document, start, end) integer rows, row i saying which "
         "passage vector i is (documents numbered from 0 in corpus order, ascending; characters start to end of "
-        "its text)")] = None,
+        "its text) " + default("none: vector i is document i"))] = None,
     model: options.Model = None,
     pooling: options.Pooling = "last-avg",
     layers: options.Layers = None,
