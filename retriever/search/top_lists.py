@@ -80,8 +80,11 @@ def segment_top_lists(snapshot: Snapshot, numbers: Iterable[int], queries: np.nd
         include_keys = None if include is None else segment.keys_of(include, remember=True)
         exclude_keys = segment.keys_of(snapshot.tombstones, remember=True) if include is None else None
         if segment.split:
-            documents = len(include) if include is not None else len(segment) - int(
-                np.count_nonzero(segment.contains(snapshot.tombstones)))
+            # The documents it can answer with: the filter's here, or its live ones (the manifest counts them).
+            entry = snapshot.manifest.segments[number]
+            documents = len(include) if include is not None else len(segment) - (
+                entry.deleted if entry.deleted is not None
+                else int(np.count_nonzero(segment.contains(snapshot.tombstones))))
             lists.append((number, *_passage_top(snapshot, segment, queries, plan, include_keys, exclude_keys,
                                                 documents)))
             continue

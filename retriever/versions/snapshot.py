@@ -28,7 +28,7 @@ from retriever.errors import DamagedIndexError, RetrieverError
 from retriever.filters import Filter
 from retriever.numeric import l2_normalize
 from retriever.store.arrays import load_npy, npy_layout
-from retriever.store.layout import DOCUMENTS, PASSAGES, RAW, ROWIDS, VECTORS
+from retriever.store.layout import DOCUMENTS, PASSAGES, RAW, ROWIDS
 from retriever.store.segment import Segment
 from retriever.store.vectors import load_template
 from retriever.store.spec import IndexSpec
@@ -328,16 +328,6 @@ class Snapshot:
                     spans = segment.spans_of(keys[mine])
                 found.update((rowid, (start, end)) for rowid, (start, end) in zip(rowids[mine].tolist(), spans.tolist()))
         return found
-
-    def passages_of(self, rowid: int) -> list[tuple[int, int, int]]:
-        """The (vector key, start, end) of each passage of the document ROWID; [] where it is one passage."""
-        for segment in self.segments:
-            if segment.split and segment.contains(np.array([rowid]))[0]:
-                with self.reading(f"{SEGMENTS}/{segment.name}"):
-                    keys = segment.keys_of(np.array([rowid], np.int64))
-                    spans = segment.spans_of(keys)
-                return [(int(key), int(start), int(end)) for key, (start, end) in zip(keys, spans.tolist())]
-        return []
 
     # --- integrity -------------------------------------------------------------------------------------------
 
