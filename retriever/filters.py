@@ -4,12 +4,18 @@
     {"year": {"$gte": 2019, "$lt": 2023}}            $gt $gte $lt $lte: numbers with numbers, strings with strings
     {"lang": {"$ne": "en"}}                          not equal (documents without the field match)
     {"tag": {"$in": ["a", "b"]}}, {"$nin": [...]}    one of / none of
+    {"tags": {"$all": ["a", "b"]}}                   every one of
+    {"tags": {"$size": 2}}                           a list of that many elements
     {"year": {"$exists": true}}                      the field is there (even as null) / is not
     {"$and": [{...}, {...}]}, {"$or": [...]}         several conditions; several keys in one object are all required
 
-A field is a metadata key (`retriever.metadata`) or one of the document's own fields: `doc_id`, `title`,
-`source` (the corpus file it came from) and `text`. Values and field names travel as bound parameters, never as
-SQL text: the server takes filters from clients. A filter that cannot be compiled is one line naming the problem
+A field is a metadata path (`retriever.metadata`: keys joined by dots, `origin.site`, `metadata.` in front
+optional) or one of the document's own fields: `doc_id`, `title`, `source` (the corpus file it came from) and
+`text`. Where a path holds a list, a condition holds when one of its elements satisfies it, as in MongoDB and
+Qdrant: `{"tags": "x"}` finds the documents tagged x, `$ne` and `$nin` those with no such element, and each
+operator of a field may be satisfied by a different element. Values compare exactly, code point by code point (a
+NUL is a character like any other). Values and field names travel as bound parameters, never as SQL text: the
+server takes filters from clients. A filter that cannot be compiled is one line naming the problem
 (`FilterError`, a RetrieverError).
 """
 
@@ -17,18 +23,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 from retriever.errors import RetrieverError, param
-from retriever.metadata import KEY, check_value
+from retriever.metadata import (BOOLEAN, LIST, MAX_DEPTH as MAX_METADATA_DEPTH, MAX_KEY_CHARS, NULL, NUMBER, PREFIX,
+                                RESERVED, STRING, check_value, field_path)
 
 COMPARISONS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
-OPERATORS = ("$eq", "$ne", "$in", "$nin", *COMPARISONS, "$exists")
+OPERATORS = ("$eq", "$ne", "$in", "$nin", "$all", *COMPARISONS, "$exists", "$size")
 MAX_CONDITIONS = 100
 MAX_DEPTH = 8
-MAX_LISTED = 1000  # values all $in / $nin lists of one filter hold together (each list is one bound JSON array)
+MAX_LISTED = 1000  # values all $in / $nin / $all lists of one filter hold together
 MAX_CHARS = 20_000
+MAX_PATH_CHARS = len(PREFIX) + (MAX_METADATA_DEPTH + 1) * (MAX_KEY_CHARS + 1)
 # The document's own fields, as SQL over `documents d LEFT JOIN sources s`.
 _OWN = {"doc_id": "d.doc_id", "title": "d.title", "text": "d.text", "source": "s.path"}
+
+# A condition on one value: SQL over its kind and value (`retriever.metadata.flattened`), given their expressions.
+Condition = Callable[[str, str], str]
 
 
 class FilterError(RetrieverError):
@@ -40,13 +52,15 @@ class FilterError(RetrieverError):
 
 @dataclass(frozen=True)
 class Filter:
-    """A compiled filter: SQL for a WHERE clause over `documents d LEFT JOIN sources s`, its parameters, and the
-    filter as given. Two filters are equal when their canonical JSON (KEY) is: it keys caches and batches."""
+    """A compiled filter: SQL for a WHERE clause over `documents d LEFT JOIN sources s` (metadata conditions read
+    the segment's `fields` table), its parameters, the filter as given, and the metadata paths it names. Two
+    filters are equal when their canonical JSON (KEY) is: it keys caches and batches."""
 
     key: str
     sql: str = field(compare=False)
     parameters: tuple = field(compare=False)
     source: dict = field(compare=False, repr=False)
+    paths: tuple[str, ...] = field(default=(), compare=False)
 
 
 def parse_where(where: str | dict | Filter | None) -> Filter | None:
@@ -65,12 +79,14 @@ def parse_where(where: str | dict | Filter | None) -> Filter | None:
         raise FilterError(f"must be a JSON object such as {{\"lang\": \"en\"}}, got {_kind(where)}")
     compiler = _Compiler()
     sql = compiler.all_of(where, 1)
-    return Filter(json.dumps(where, sort_keys=True), sql, tuple(compiler.parameters), where)
+    return Filter(json.dumps(where, sort_keys=True), sql, tuple(compiler.parameters), where,
+                  tuple(dict.fromkeys(compiler.paths)))
 
 
 class _Compiler:
     def __init__(self):
         self.parameters: list = []
+        self.paths: list[str] = []
         self.conditions = 0
         self.listed = 0
 
@@ -89,14 +105,17 @@ class _Compiler:
                 joiner = " AND " if key == "$and" else " OR "
                 parts.append("(" + joiner.join(self.all_of(item, depth + 1) for item in value) + ")")
             elif key.startswith("$"):
-                raise FilterError(f"unknown operator {key!r} at the top of a condition; known there: $and, $or")
+                raise FilterError(f"unknown operator {key!r} at the top of a condition; known there: $and, $or "
+                                  f"(a metadata key that starts with $ is reached as {PREFIX}{key})")
             else:
                 parts.append(self.field(key, value))
         return "(" + " AND ".join(parts) + ")"
 
     def field(self, name: str, condition: object) -> str:
-        if not isinstance(name, str) or not KEY.fullmatch(name):
-            raise FilterError(f"{str(name)[:80]!r} is not a field name")
+        path = field_path(name)
+        if not path or len(name) > MAX_PATH_CHARS or any(not part for part in path.split(".")):
+            raise FilterError(f"{name[:80]!r} is not a field name (metadata keys joined by dots, or one of "
+                              f"{', '.join(sorted(RESERVED))})")
         if not isinstance(condition, dict):
             return self.operator(name, "$eq", condition)
         if not condition:
@@ -114,51 +133,75 @@ class _Compiler:
         if op == "$exists":
             if not isinstance(value, bool):
                 raise FilterError(f"{where}: $exists takes true or false, got {_kind(value)}")
-            return f"({self.present(name)} {'IS NOT' if value else 'IS'} NULL)"
-        if op in ("$in", "$nin"):
+            return self.some(name, None, negated=not value)
+        if op == "$size":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise FilterError(f"{where}: $size takes a whole number of elements, got {_kind(value)}")
+            return self.some(name, lambda kind, stored: f"{kind} = {self.bind(LIST)} AND {stored} = {self.bind(value)}")
+        if op in ("$in", "$nin", "$all"):
             if not isinstance(value, list) or not value:
                 raise FilterError(f"{where}: {op} takes a non-empty list of values, got {_kind(value)}")
             self.listed += len(value)
             if self.listed > MAX_LISTED:
-                raise FilterError(f"$in and $nin list {self.listed:,} values; at most {MAX_LISTED:,} in one filter")
-            anyone = self.one_of(name, [self.scalar(item, where) for item in value])
-            return anyone if op == "$in" else f"(NOT coalesce({anyone}, 0))"
+                raise FilterError(f"$in, $nin and $all list {self.listed:,} values; at most {MAX_LISTED:,} in one "
+                                  "filter")
+            values = [self.scalar(item, where) for item in value]
+            if op == "$all":
+                return "(" + " AND ".join(self.some(name, self.equal(item)) for item in dict.fromkeys(values)) + ")"
+            return self.some(name, self.one_of(values), negated=op == "$nin")
         if op in ("$eq", "$ne"):
-            equal = self.equal(name, self.scalar(value, where))
-            return equal if op == "$eq" else f"(NOT coalesce({equal}, 0))"
+            return self.some(name, self.equal(self.scalar(value, where)), negated=op == "$ne")
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise FilterError(f"{where}: {op} compares with a number or a string, got {_kind(value)}")
         self.scalar(value, where)
-        kind = "('integer', 'real')" if not isinstance(value, str) else "('text')"
-        return f"({self.type_of(name)} IN {kind} AND {self.value_of(name)} {COMPARISONS[op]} {self.bind(value)})"
+        kind = STRING if isinstance(value, str) else NUMBER
+        return self.some(name, lambda k, v: f"{k} = {self.bind(kind)} AND {v} {COMPARISONS[op]} {self.bind(value)}")
 
-    def one_of(self, name: str, values: list) -> str:
-        """NAME equal to one of VALUES, each kind compared with its own kind (true is not 1, "1" is not 1): one
-        membership test per kind against a bound JSON array, however many values there are."""
-        parts = []
-        texts = [value for value in values if isinstance(value, str)]
-        numbers = [value for value in values if not isinstance(value, (str, bool)) and value is not None]
-        if texts:
-            parts.append(f"({self.type_of(name)} IN ('text') AND {self.value_of(name)} IN "
-                         f"(SELECT value FROM json_each({self.bind(json.dumps(texts))})))")
-        if numbers:
-            parts.append(f"({self.type_of(name)} IN ('integer', 'real') AND {self.value_of(name)} IN "
-                         f"(SELECT value FROM json_each({self.bind(json.dumps(numbers))})))")
-        parts += [self.equal(name, value) for value in dict.fromkeys(v for v in values if v is None or
-                                                                      isinstance(v, bool))]
-        return "(" + " OR ".join(parts) + ")"
+    def some(self, name: str, condition: Condition | None, negated: bool = False) -> str:
+        """SQL true for a document where one value at NAME satisfies CONDITION (None: any value is there), or,
+        NEGATED, where none does."""
+        if name in _OWN:
+            column = _OWN[name]
+            if condition is None:
+                return f"({column} IS {'' if negated else 'NOT '}NULL)"
+            # A document's own field is one string, or null where it has none (a title).
+            held = f"coalesce({condition(f'(CASE WHEN {column} IS NULL THEN {NULL!r} ELSE {STRING!r} END)', column)}, 0)"
+            return f"(NOT {held})" if negated else f"({held})"
+        path = field_path(name)
+        self.paths.append(path)
+        rows = f"SELECT doc FROM fields WHERE path = {self.bind(path)}"
+        if condition is not None:
+            rows += f" AND {condition('kind', 'value')}"
+        return f"(d.rowid {'NOT IN' if negated else 'IN'} ({rows}))"
 
-    def equal(self, name: str, value: object) -> str:
+    def equal(self, value: object) -> Condition:
         if value is None:
-            return f"({self.type_of(name)} = 'null')" if name not in _OWN else f"({_OWN[name]} IS NULL)"
+            return lambda kind, stored: f"{kind} = {self.bind(NULL)}"
         if isinstance(value, bool):
-            return f"({self.type_of(name)} = {self.bind('true' if value else 'false')})"
-        kind = "('text')" if isinstance(value, str) else "('integer', 'real')"
-        return f"({self.type_of(name)} IN {kind} AND {self.value_of(name)} = {self.bind(value)})"
+            return lambda kind, stored: f"{kind} = {self.bind(BOOLEAN)} AND {stored} = {self.bind(int(value))}"
+        kind_of = STRING if isinstance(value, str) else NUMBER
+        return lambda kind, stored: f"{kind} = {self.bind(kind_of)} AND {stored} = {self.bind(value)}"
+
+    def one_of(self, values: list) -> Condition:
+        """Equal to one of VALUES, each kind compared with its own kind (true is not 1, "1" is not 1)."""
+        def condition(kind: str, stored: str) -> str:
+            parts = []
+            for kind_of, group in ((STRING, [v for v in values if isinstance(v, str)]),
+                                   (NUMBER, [v for v in values if isinstance(v, (int, float))
+                                             and not isinstance(v, bool)])):
+                if group:
+                    same_kind = f"{kind} = {self.bind(kind_of)}"  # bound before the values: parameters go in order
+                    listed = ", ".join(self.bind(v) for v in dict.fromkeys(group))
+                    parts.append(f"({same_kind} AND {stored} IN ({listed}))")
+            parts += [f"({self.equal(v)(kind, stored)})"
+                      for v in dict.fromkeys(v for v in values if v is None or isinstance(v, bool))]
+            return "(" + " OR ".join(parts) + ")"
+        return condition
 
     def scalar(self, value: object, where: str) -> object:
         if isinstance(value, (list, dict)):
-            raise FilterError(f"{where}: compares with a string, number, true/false or null, got {_kind(value)}")
+            raise FilterError(f"{where}: compares with a string, number, true/false or null, got {_kind(value)} "
+                              "(a list's elements are matched one by one: use $in or $all)")
         try:
             return check_value(value, "value", where)
         except RetrieverError as error:
@@ -168,20 +211,6 @@ class _Compiler:
         self.parameters.append(value)
         return "?"
 
-    def path(self, name: str) -> str:
-        return self.bind(f'$."{name}"')
-
-    def value_of(self, name: str) -> str:
-        return _OWN[name] if name in _OWN else f"json_extract(d.metadata, {self.path(name)})"
-
-    def type_of(self, name: str) -> str:
-        # json_type of a document's own field: a text column, or NULL where the document has none (a title).
-        return (f"(CASE WHEN {_OWN[name]} IS NULL THEN NULL ELSE 'text' END)" if name in _OWN
-                else f"json_type(d.metadata, {self.path(name)})")
-
-    def present(self, name: str) -> str:
-        return _OWN[name] if name in _OWN else f"json_type(d.metadata, {self.path(name)})"
-
 
 def _kind(value: object) -> str:
     if isinstance(value, dict):
@@ -189,4 +218,3 @@ def _kind(value: object) -> str:
     if isinstance(value, list):
         return "a list"
     return json.dumps(value) if isinstance(value, (bool, int, float, str)) or value is None else type(value).__name__
-

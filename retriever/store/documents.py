@@ -6,12 +6,19 @@ and then only read: readers open it with SQLite's `immutable` flag (no locks, no
 because no one writes a finished segment again. The doc_id index is built by `finish`, after the bulk insert:
 sorting once is much faster than keeping a b-tree ordered through millions of inserts, and a duplicate id is
 reported there with the lines it came from. Source file names are stored once each, not once per row.
+
+Metadata is stored twice: as the JSON the user gave (returned as given), and flattened into a `fields` table, one
+row per value (`retriever.metadata.flattened`: path, kind, value), which filters read through an index on (path,
+kind, value). Values are compared there as SQLite's own values, never through its JSON functions, which end a
+string at a NUL character. A table written before the fields table existed gets one in memory, built from its
+JSON the first time it is filtered.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -21,6 +28,7 @@ import numpy as np
 from retriever.corpus import Document
 from retriever.errors import DamagedIndexError, RetrieverError
 from retriever.filters import Filter, FilterError
+from retriever.metadata import flattened
 
 COLUMNS = ("rowid", "doc_id", "title", "text", "source", "line", "metadata")
 
@@ -35,8 +43,13 @@ CREATE TABLE IF NOT EXISTS documents (
     line INTEGER,
     metadata TEXT
 );
+CREATE TABLE IF NOT EXISTS fields (doc INTEGER NOT NULL, path TEXT NOT NULL, kind TEXT NOT NULL, value);
 """
 _DOC_ID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS documents_doc_id ON documents (doc_id)"
+_FIELDS_INDEX = "CREATE INDEX IF NOT EXISTS {schema}fields_by_value ON fields (path, kind, value, doc)"
+_INSERT_FIELDS = "INSERT INTO {schema}fields (doc, path, kind, value) VALUES (?, ?, ?, ?)"
+# Ids given by users are bound one parameter each, a chunk at a time: through a JSON array a NUL would end them.
+_IDS_PER_STATEMENT = 500
 
 # Id lists travel as one JSON array expanded by json_each: one statement for any number of ids, with no limit on
 # bound variables.
@@ -59,6 +72,8 @@ class DocumentTable:
         # Tables written before metadata existed have no metadata column: they read as documents without any.
         self.has_metadata = any(row[1] == "metadata" for row in connection.execute("PRAGMA table_info(documents)"))
         self._select = {**_SELECT, "metadata": "d.metadata" if self.has_metadata else "NULL"}
+        self._has_fields = _has_table(connection, "fields")
+        self._fields_lock = threading.Lock()
 
     @classmethod
     def create(cls, path: str | Path) -> DocumentTable:
@@ -84,7 +99,13 @@ class DocumentTable:
         connection.execute("PRAGMA synchronous=OFF")
         if not any(row[1] == "metadata" for row in connection.execute("PRAGMA table_info(documents)")):
             connection.execute("ALTER TABLE documents ADD COLUMN metadata TEXT")  # a build killed before metadata
-        return cls(connection, Path(path), writable=True)
+        had_fields = _has_table(connection, "fields")
+        connection.executescript(_SCHEMA)
+        table = cls(connection, Path(path), writable=True)
+        if not had_fields:  # a build killed before the fields table: its rows so far get theirs
+            with connection:
+                table._insert_fields(table._stored_metadata(), "")
+        return table
 
     @classmethod
     def open(cls, path: str | Path) -> DocumentTable:
@@ -128,6 +149,19 @@ class DocumentTable:
                     for rowid, d in zip(np.asarray(rowids).tolist(), documents))
             self.db.executemany("INSERT INTO documents (rowid, doc_id, title, text, source, line, metadata) "
                                 "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self._insert_fields(((rowid, d.metadata) for rowid, d in zip(np.asarray(rowids).tolist(), documents)
+                                 if d.metadata), "")
+
+    def _insert_fields(self, metadata: Iterable[tuple[int, dict]], schema: str) -> None:
+        self.db.executemany(_INSERT_FIELDS.format(schema=schema),
+                            ((rowid, path, kind, value) for rowid, fields in metadata
+                             for path, kind, value in flattened(fields)))
+
+    def _stored_metadata(self, source: str = "documents", dropped: str = "[]") -> Iterator[tuple[int, dict]]:
+        """(row id, metadata) of SOURCE's documents that have some, except the row ids in DROPPED (a JSON array)."""
+        cursor = self.db.execute(f"SELECT rowid, metadata FROM {source} WHERE metadata IS NOT NULL AND rowid NOT IN "
+                                 "(SELECT value FROM json_each(?))", (dropped,))
+        return ((rowid, json.loads(metadata)) for rowid, metadata in cursor.fetchall())
 
     def copy_from(self, other: DocumentTable, dropped: np.ndarray) -> int:
         """Copy OTHER's rows, except the row ids in DROPPED, in row id order (SQLite streams it); returns the count."""
@@ -145,6 +179,12 @@ class DocumentTable:
                     (json.dumps(np.asarray(dropped, dtype=np.int64).tolist()),),
                 )
                 copied = cursor.rowcount
+                dropped_ids = json.dumps(np.asarray(dropped, dtype=np.int64).tolist())
+                if _has_table(self.db, "fields", "other"):
+                    self.db.execute("INSERT INTO fields (doc, path, kind, value) SELECT doc, path, kind, value FROM "
+                                    "other.fields WHERE doc NOT IN (SELECT value FROM json_each(?))", (dropped_ids,))
+                elif other.has_metadata:  # a segment from before the fields table
+                    self._insert_fields(self._stored_metadata("other.documents", dropped_ids), "")
         finally:
             self.db.execute("DETACH DATABASE other")
         self._source_ids.clear()
@@ -158,6 +198,8 @@ class DocumentTable:
                 self.db.execute(_DOC_ID_INDEX)
         except sqlite3.IntegrityError:
             raise RetrieverError(self._duplicates_message()) from None
+        with self.db:
+            self.db.execute(_FIELDS_INDEX.format(schema=""))
         self.db.execute("ANALYZE")
 
     def discard_after(self, rowid: int) -> None:
@@ -165,6 +207,7 @@ class DocumentTable:
         self._check_writable()
         with self.db:
             self.db.execute("DELETE FROM documents WHERE rowid > ?", (int(rowid),))
+            self.db.execute("DELETE FROM fields WHERE doc > ?", (int(rowid),))
 
     def _duplicates_message(self) -> str:
         cursor = self.db.execute(
@@ -217,6 +260,7 @@ class DocumentTable:
     def matching(self, where: Filter, seconds: float = FILTER_SECONDS) -> np.ndarray:
         """Row ids (int64, ascending) of the documents WHERE selects (`retriever.filters`); a filter SQLite cannot
         run, or one still running after SECONDS, is refused as the filter's problem (FilterError)."""
+        self._ensure_fields()
         rows = "documents" if self.has_metadata else "(SELECT *, NULL AS metadata FROM documents)"
         deadline = time.monotonic() + seconds
         self.db.set_progress_handler(lambda: time.monotonic() > deadline, 100_000)  # nonzero: interrupt
@@ -232,12 +276,24 @@ class DocumentTable:
         finally:
             self.db.set_progress_handler(None, 0)
 
+    def _ensure_fields(self) -> None:
+        """Give a table from before the fields table one, in this connection's memory (it is opened read-only)."""
+        if self._has_fields:
+            return
+        with self._fields_lock:
+            if not self._has_fields:
+                self.db.execute("CREATE TEMP TABLE IF NOT EXISTS fields (doc INTEGER NOT NULL, path TEXT NOT NULL, "
+                                "kind TEXT NOT NULL, value)")
+                with self.db:
+                    if self.has_metadata:
+                        self._insert_fields(self._stored_metadata(), "temp.")
+                    self.db.execute(_FIELDS_INDEX.format(schema="temp."))
+                self._has_fields = True
+
     def metadata_fields(self) -> dict[str, int]:
-        """Each metadata key and how many documents have it."""
-        if not self.has_metadata:
-            return {}
-        cursor = self.db.execute("SELECT j.key, count(*) FROM documents d, json_each(d.metadata) j "
-                                 "WHERE d.metadata IS NOT NULL GROUP BY j.key ORDER BY j.key")
+        """Each metadata path (`retriever.metadata.flattened`) and how many documents have it."""
+        self._ensure_fields()
+        cursor = self.db.execute("SELECT path, count(DISTINCT doc) FROM fields GROUP BY path ORDER BY path")
         return dict(cursor.fetchall())
 
     def text_lengths(self, rowids: np.ndarray) -> np.ndarray:
@@ -249,12 +305,14 @@ class DocumentTable:
         return np.fromiter((lengths[rowid] for rowid in wanted), np.int64, len(wanted))
 
     def rowids_for(self, doc_ids: Iterable[str]) -> dict[str, int]:
-        """doc_id -> row id for those of DOC_IDS stored here."""
-        cursor = self.db.execute(
-            "SELECT doc_id, rowid FROM documents WHERE doc_id IN (SELECT value FROM json_each(?))",
-            [json.dumps(list(doc_ids))],
-        )
-        return dict(cursor.fetchall())
+        """doc_id -> row id for those of DOC_IDS stored here (compared exactly: each id is its own parameter)."""
+        wanted = list(dict.fromkeys(doc_ids))
+        found: dict[str, int] = {}
+        for start in range(0, len(wanted), _IDS_PER_STATEMENT):
+            chunk = wanted[start:start + _IDS_PER_STATEMENT]
+            found.update(self.db.execute(f"SELECT doc_id, rowid FROM documents WHERE doc_id IN "
+                                         f"({', '.join('?' * len(chunk))})", chunk).fetchall())
+        return found
 
     def count(self) -> int:
         return self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
@@ -285,3 +343,8 @@ class DocumentTable:
             for rowid, doc_id, text, title, source, line, metadata in rows:
                 yield rowid, Document(doc_id, text, title, source, line, json.loads(metadata) if metadata else None)
             last = rows[-1][0]
+
+
+def _has_table(connection: sqlite3.Connection, name: str, schema: str = "main") -> bool:
+    return connection.execute(f"SELECT count(*) FROM {schema}.sqlite_master WHERE type = 'table' AND name = ?",
+                              (name,)).fetchone()[0] > 0
