@@ -78,9 +78,10 @@ def read_corpus(path: str | Path, encoding: str = "utf-8") -> list[Document]:
 def read_queries(path: str | Path, encoding: str = "utf-8") -> list[tuple[str, str]]:
     """(query_id, text) pairs from a ``.txt`` file (id = line number) or BEIR ``queries.jsonl``.
 
-    ``.csv``/``.tsv`` with ``id`` and ``text`` columns are read too; titles, if any, are ignored.
+    ``.csv``/``.tsv`` with ``id`` and ``text`` columns are read too. Titles, metadata and other columns play no
+    part in search, so they are ignored, never refused (BEIR queries files carry metadata such as evidence ids).
     """
-    queries = list(iter_corpus(path, encoding))
+    queries = list(iter_corpus(path, encoding, queries=True))
     if not queries:
         raise RetrieverError(f"{path}: no queries (the file is empty or all blank lines)")
     check_unique_ids(queries)
@@ -90,8 +91,10 @@ def read_queries(path: str | Path, encoding: str = "utf-8") -> list[tuple[str, s
     return [(q.doc_id, q.text) for q in queries]
 
 
-def iter_corpus(path: str | Path, encoding: str = "utf-8", start: int = 0, first_line: int = 1) -> Iterator[Document]:
-    """Documents of a corpus file in file order, streamed; no duplicate-id or empty-corpus checks.
+def iter_corpus(path: str | Path, encoding: str = "utf-8", start: int = 0, first_line: int = 1,
+                queries: bool = False) -> Iterator[Document]:
+    """Documents of a corpus file in file order, streamed; no duplicate-id or empty-corpus checks. QUERIES: the
+    file holds queries, read for their ids and texts only (titles and metadata are left unread).
 
     START, FIRST_LINE: read from byte offset START, the beginning of line FIRST_LINE (a piece of a large .jsonl or
     .txt file, see `splittable`), so ids and error messages name the lines of the whole file."""
@@ -117,9 +120,9 @@ def iter_corpus(path: str | Path, encoding: str = "utf-8", start: int = 0, first
             if suffix == ".txt":
                 yield from _read_txt(lines, path, first_line)
             elif suffix == ".jsonl":
-                yield from _read_jsonl(lines, path, first_line)
+                yield from _read_jsonl(lines, path, first_line, queries)
             else:
-                yield from _read_table(lines, path, delimiter="\t" if suffix == ".tsv" else ",")
+                yield from _read_table(lines, path, delimiter="\t" if suffix == ".tsv" else ",", queries=queries)
     except LookupError:
         raise RetrieverError(f"{path}: unknown encoding {encoding!r}", parameter="encoding") from None
     except UnicodeError as error:  # a decoding error surrogateescape cannot absorb, e.g. truncated utf-16
@@ -232,7 +235,7 @@ def _read_txt(lines: Iterator[str], path: Path, first_line: int = 1) -> Iterator
             yield Document(doc_id=f"{path.name}:{number}", text=text, title=None, source=str(path), line=number)
 
 
-def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1) -> Iterator[Document]:
+def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1, queries: bool = False) -> Iterator[Document]:
     for number, line in enumerate(lines, start=first_line):
         if not line.strip():
             continue
@@ -246,11 +249,12 @@ def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1) -> Iterat
             raise RetrieverError(f"{where}: not valid JSON (nested too deeply to read)") from None
         except ValueError:  # the only other one: an integer past Python's int-string conversion limit
             raise RetrieverError(f"{where}: {_too_long_integer()}") from None
-        yield _record_document(record, where, path, number)
+        yield _record_document(record, where, path, number, queries)
 
 
-def _record_document(record: object, where: str, path: Path, number: int) -> Document:
-    """A BEIR record (`_id` or `id`, `text`, optional `title`) as a Document, or one line saying what is wrong."""
+def _record_document(record: object, where: str, path: Path, number: int, queries: bool = False) -> Document:
+    """A BEIR record (`_id` or `id`, `text`, optional `title`) as a Document, or one line saying what is wrong;
+    a query's title and metadata are not read (QUERIES)."""
     if not isinstance(record, dict):
         raise RetrieverError(f"{where}: expected a JSON object, got {type(record).__name__}")
     key = "_id" if "_id" in record else "id"
@@ -258,6 +262,8 @@ def _record_document(record: object, where: str, path: Path, number: int) -> Doc
         raise RetrieverError(f'{where}: missing "_id" (or "id")')
     if "text" not in record:
         raise RetrieverError(f'{where}: missing "text"')
+    if queries:
+        return _document(record[key], record["text"], None, where, path, number)
     return _document(record[key], record["text"], record.get("title"), where, path, number,
                      check_metadata(record.get("metadata"), where))
 
@@ -284,7 +290,7 @@ def documents_from_records(records: Iterable[object], source: str = "request") -
     return documents
 
 
-def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Document]:
+def _read_table(lines: Iterator[str], path: Path, delimiter: str, queries: bool = False) -> Iterator[Document]:
     # TSV as IR collections write it (e.g. MS MARCO): no quoting, so a '"' in a text is just a character.
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     reader = csv.reader(lines, delimiter=delimiter, quoting=quoting)
@@ -299,10 +305,10 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str) -> Iterator[Do
             found = ", ".join(repr(c) for c in columns)
             raise RetrieverError(f"{path} line 1: header lacks column {lacking} (found {found})")
         id_at, text_at = columns.index("id"), columns.index("text")
-        title_at = columns.index("title") if "title" in columns else None
-        # Every other column is metadata, under its header as written (stripped).
-        extra = [(at, check_key(header[at].strip(), f"{path} line 1")) for at, name in enumerate(columns)
-                 if name not in ("id", "text", "title")]
+        title_at = columns.index("title") if "title" in columns and not queries else None
+        # Every other column is metadata, under its header as written (stripped); a query has none.
+        extra = [] if queries else [(at, check_key(header[at].strip(), f"{path} line 1"))
+                                    for at, name in enumerate(columns) if name not in ("id", "text", "title")]
         if len({key for _, key in extra}) != len(extra):
             raise RetrieverError(f"{path} line 1: two columns have the same name")
 

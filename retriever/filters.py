@@ -212,6 +212,19 @@ class _Compiler:
         return "?"
 
 
+def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20) -> str | None:
+    """One line naming the metadata paths WHERE reads that no document has (FIELDS: the index's, as its manifest
+    records them), with the fields there are; None when every path is known. Such a filter still runs (it may
+    select nothing, or everything through $ne), but a misspelt field is the likeliest cause of an empty answer."""
+    known = set(fields)
+    unknown = [path for path in (where.paths if where is not None else ()) if path not in known]
+    if not unknown:
+        return None
+    listed = ", ".join(fields[:shown]) + (f" and {len(fields) - shown:,} more" if len(fields) > shown else "")
+    return (f"no document has the field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; the "
+            f"index's metadata fields: {listed or 'none'} (and the document's own: {', '.join(sorted(RESERVED))})")
+
+
 def _kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"

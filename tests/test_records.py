@@ -280,3 +280,56 @@ def test_an_export_with_lists_nested_objects_and_own_field_names_builds_and_filt
     assert found({"source": {"$exists": True}}) == ["cp", "intro", "ls"]  # the document's own: the corpus file
     shown = json.loads(cli("show", "ls", "--name", "man", "--json").stdout)
     assert shown["metadata"]["authors"] == [{"name": "Richard"}, {"name": "David"}]
+
+
+def test_a_queries_file_whose_queries_carry_metadata_and_titles_is_searched(tmp_path, cli):
+    corpus = write_corpus(tmp_path / "c.jsonl", [{"_id": "a", "text": "tea in the harbour"},
+                                                 {"_id": "b", "text": "rain over the ships"}])
+    queries = write_corpus(tmp_path / "queries.jsonl", [
+        {"_id": "q1", "text": "tea", "title": ["not", "a", "title"], "metadata": {"evidence": [[1, 2], [3]]}},
+        {"_id": "q2", "text": "ships", "metadata": {"evidence": list(range(5000)), "bad key\n": {"x": None}}},
+        {"_id": "q3", "text": "rain", "metadata": ["a list"]},
+    ])
+    assert cli("build", corpus, "--name", "c", "--calibrator", "none").returncode == 0
+    done = cli("search", "--queries", queries, "--name", "c", "--json", "-k", "1")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["query_id"] for line in done.stdout.splitlines()] == ["q1", "q2", "q3"]
+
+
+def test_a_filter_on_a_field_no_document_has_is_said_and_still_runs(tmp_path, cli):
+    corpus = write_corpus(tmp_path / "c.jsonl", [
+        {"_id": "a", "text": "tea in the harbour", "metadata": {"lang": "en", "origin": {"site": "s1"}}},
+        {"_id": "b", "text": "rain over the ships"}])
+    assert cli("build", corpus, "--name", "c", "--calibrator", "none").returncode == 0
+    done = cli("search", "tea", "--name", "c", "--where", '{"nope": {"$ne": 1}}', "--json")
+    assert done.returncode == 0 and len(json.loads(done.stdout)["results"]) == 2  # it ran: $ne holds for both
+    assert done.stderr.count("\n") == 1 and "'nope'" in done.stderr and "lang, origin, origin.site" in done.stderr
+    quiet = cli("search", "tea", "--name", "c", "--where", '{"origin.site": "s1", "title": {"$exists": false}}')
+    assert quiet.returncode == 0 and "no document has" not in quiet.stderr
+
+
+def test_the_server_stores_records_as_exported_filters_them_and_warns_of_unknown_fields(tmp_path, tiny_bert):
+    from fastapi.testclient import TestClient
+
+    from retriever.serve.app import create_app
+
+    Index.build([Document("seed", "tea in the harbour", None, "c.jsonl", 1, {"tags": ["x"]})], "docs", tmp_path,
+                calibrator="none", device="cpu", model=str(tiny_bert))
+    with TestClient(create_app(tmp_path, device="cpu"), base_url="http://127.0.0.1") as client:
+        added = client.post("/indexes/docs/documents", json={"documents": [
+            {"_id": "n\u0000ul", "text": "rain over the ships", "metadata": {"tags": ["y", "x\u0000"],
+                                                                              "origin": {"site": "s2"}}}]})
+        assert added.status_code == 201, added.text
+        got = client.get("/indexes/docs/documents/n%00ul")
+        assert got.status_code == 200 and got.json()["document"]["metadata"] == {"tags": ["y", "x\u0000"],
+                                                                                 "origin": {"site": "s2"}}
+        answer = client.post("/search", json={"index": "docs", "queries": ["rain"], "k": 5, "mode": "keyword",
+                                              "where": {"origin.site": "s2", "tags": "x\u0000"}}).json()
+        assert [hit["doc_id"] for hit in answer["queries"][0]["results"]] == ["n\u0000ul"]
+        assert "warnings" not in answer
+        warned = client.post("/search", json={"index": "docs", "queries": ["tea"], "k": 5, "mode": "keyword",
+                                              "where": {"nope": {"$exists": False}}}).json()
+        assert warned["queries"][0]["results"] and "'nope'" in warned["warnings"][0]
+        assert client.delete("/indexes/docs/documents/n%00ul").status_code == 200
+        assert client.get("/indexes/docs/documents/n%00ul").status_code == 404
+        assert client.get("/indexes/docs/documents/seed").status_code == 200
