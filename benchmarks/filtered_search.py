@@ -5,11 +5,13 @@ ivfpq, beside unfiltered search, in the same run.
     python benchmarks/filtered_search.py run --work DIR [--types hnsw,ivfpq] [--out benchmarks/results/filtered]
 
 `prepare` writes the first N real passages (../shared/data/passages) with synthetic metadata of known
-selectivity, `bucket` = row % 1000 (independent of the text), and their rows of VECTORS (a `retriever encode`
-output of the passages file). `run` builds one index per type from those vectors (calibrator `auto`, as a user
+selectivity (independent of the text): `bucket` = row % 1000, a list `tags` = ["t{row % 100}", "even" or "odd"]
+and a nested `origin` = {"site": "s{row % 10}"}; and their rows of VECTORS (a `retriever encode` output of the
+passages file). `run` builds one index per type from those vectors (calibrator `auto`, as a user
 gets), then, for 300 real questions (QNLI dev, through the index's encoder):
 - filters `{"bucket": 0}`, `{"bucket": {"$lt": 10}}`, `{"bucket": {"$lt": 100}}`, `{"bucket": {"$lt": 500}}`
-  (0.1%, 1%, 10%, 50% of the documents);
+  (0.1%, 1%, 10%, 50% of the documents), on the list `{"tags": "t7"}` and `{"tags": "even"}` (1%, 50%: an
+  element of the list), and on the nested path `{"origin.site": "s3"}` (10%);
 - recall@10 against the exact top-10 among the matching documents (their raw vectors calibrated, every one
   scored);
 - single-query latency p50/p99 and q/s of `search_vectors` with the filter, and without any (the same queries,
@@ -36,7 +38,8 @@ sys.path.insert(0, str(REPO))
 
 PASSAGES = REPO.parent / "shared" / "data" / "passages" / "passages.jsonl.gz"
 FILTERS = {"0.1%": {"bucket": 0}, "1%": {"bucket": {"$lt": 10}}, "10%": {"bucket": {"$lt": 100}},
-           "50%": {"bucket": {"$lt": 500}}}
+           "50%": {"bucket": {"$lt": 500}}, "list 1%": {"tags": "t7"}, "list 50%": {"tags": "even"},
+           "nested 10%": {"origin.site": "s3"}}
 QUERIES = 300
 WARM_UP = 20
 
@@ -52,7 +55,9 @@ def prepare(work: Path, vectors: Path, documents: int) -> None:
         for row, line in enumerate(lines):
             if row == documents:
                 break
-            out.write(json.dumps({**json.loads(line), "metadata": {"bucket": row % 1000}}, ensure_ascii=False) + "\n")
+            metadata = {"bucket": row % 1000, "tags": [f"t{row % 100}", "odd" if row % 2 else "even"],
+                        "origin": {"site": f"s{row % 10}"}}
+            out.write(json.dumps({**json.loads(line), "metadata": metadata}, ensure_ascii=False) + "\n")
     print(f"prepared {documents:,} passages with metadata in {work}")
 
 

@@ -133,11 +133,21 @@ def test_a_hostile_corpus_is_one_line_naming_file_and_line(cli, tmp_path, tiny_b
     assert_one_line_error(done, f"{path} {expected}")
 
 
-@pytest.mark.parametrize("name, content, expected", HOSTILE_FILES, ids=[case[0] for case in HOSTILE_FILES])
+# A query's title plays no part in search: a queries file is not refused for one (nor for its metadata).
+QUERY_FILES = [case for case in HOSTILE_FILES if "title" not in case[0]]
+
+
+@pytest.mark.parametrize("name, content, expected", QUERY_FILES, ids=[case[0] for case in QUERY_FILES])
 def test_a_hostile_queries_file_is_one_line_naming_file_and_line(cli, index_dir, tmp_path, name, content, expected):
     path = hostile_file(tmp_path, name, content)
     assert_one_line_error(cli("search", "--queries", path, "--name", "evil", "--index-dir", index_dir),
                           f"{path} {expected}")
+
+
+def test_a_queries_file_with_a_title_no_document_could_have_is_searched(cli, index_dir, tmp_path):
+    path = hostile_file(tmp_path, "titles.jsonl", '{"_id": "a", "title": 1.5, "text": "t", "metadata": [1]}\n')
+    done = cli("search", "--queries", path, "--name", "evil", "--index-dir", index_dir, "--json", "-k", "1")
+    assert done.returncode == 0 and json.loads(done.stdout)["query_id"] == "a"
 
 
 @pytest.mark.parametrize("name, content, expected", HOSTILE_FILES[5:9], ids=[case[0] for case in HOSTILE_FILES[5:9]])

@@ -34,6 +34,9 @@ def test_the_declared_fusions_are_the_registry():
     ({"nprobe": 0}, "nprobe must be at least 1"),
     ({"ef_search": -3}, "ef_search must be at least 1"),
     ({"rerank": 0}, "rerank must be at least 1"),
+    ({"nprobe": 10**20}, "nprobe is at most 1,000,000"),  # past FAISS's integers: a traceback
+    ({"ef_search": 10**5000}, "ef_search is at most 1,000,000"),  # too long to print, so not shown
+    ({"rerank": 10**8}, "rerank is at most 1,000"),  # k x rerank candidates: 37 GiB
 ])
 def test_a_bad_value_is_one_line_naming_the_parameter(settings, message):
     with pytest.raises(RetrieverError, match=message) as raised:
@@ -43,7 +46,7 @@ def test_a_bad_value_is_one_line_naming_the_parameter(settings, message):
 
 def test_a_filter_is_compiled_when_the_options_are_made():
     options = SearchOptions(where='{"lang": "en"}')
-    assert options.where.source == {"lang": "en"} and "json_extract" in options.where.sql
+    assert options.where.source == {"lang": "en"} and "FROM fields" in options.where.sql
     with pytest.raises(FilterError, match="where: not valid JSON"):
         SearchOptions(where="{lang")
 

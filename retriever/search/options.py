@@ -22,6 +22,11 @@ FUSIONS = ("null", "rrf", "zscore")  # `retriever.search.fusion`'s registry (a t
 # The most results a query gets: k x queries scores and ids are allocated before anything is found (a k of 10^9
 # asked for 7.45 GiB). Ten thousand covers recall@1000 evaluation ten times over.
 MAX_K = 10_000
+# The widest search a query may ask for. nprobe and ef_search past it only overflow FAISS's integers (a traceback;
+# an index has at most 8,192 buckets); rerank scores and ids k x rerank candidates per query, allocated up front
+# (10^8 asked for 37 GiB).
+MAX_WIDTH = 1_000_000
+MAX_RERANK = 1_000
 # Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py), and whether keyword search leaves out a
 # query's stop words.
 DEFAULT_FUSION, DEFAULT_WEIGHT, DEFAULT_STOP_WORDS = "zscore", 0.7, False
@@ -47,9 +52,10 @@ class SearchOptions:
     weight: float | None = _option(None, "hybrid: the dense side's share, 0 to 1", float, str(DEFAULT_WEIGHT),
                                    ge=0.0, le=1.0)
     where: Filter | None = _option(
-        None, 'only documents this filter selects, e.g. {"year": {"$gte": 2020}} (equality, $ne, $in, $nin, $gt, '
-        "$gte, $lt, $lte, $exists, $and, $or on metadata and doc_id, title, source, text); a filter that selects "
-        "at least k documents always gets k hits", "filter", "none: every document")
+        None, 'only documents this filter selects, e.g. {"year": {"$gte": 2020}} (equality, $ne, $in, $nin, $all, '
+        "$gt, $gte, $lt, $lte, $exists, $size, $and, $or on metadata paths such as tags or origin.site, a list "
+        "matching by any element, and on doc_id, title, source, text); a filter that selects at least k documents "
+        "always gets k hits", "filter", "none: every document")
     min_score: float | None = _option(
         None, "leave out hits whose dense score (cosine) is below this: a query with no good match gets none "
         "(hybrid hits are held to their dense side; keyword search has no dense score)", float, "none",
@@ -59,9 +65,11 @@ class SearchOptions:
     stop_words: bool | None = _option(None, "keyword search leaves out a query's English stop words when it has "
                                       "other words", bool, str(DEFAULT_STOP_WORDS).lower())
     nprobe: int | None = _option(None, "ivf/ivfpq: buckets scanned per query", int,
-                                 "the index's, set for recall@10 >= 0.95", ge=1)
-    ef_search: int | None = _option(None, "hnsw: candidates kept per query", int, "the index's", ge=1)
-    rerank: int | None = _option(None, "ivfpq: re-score k x this many candidates exactly", int, "the index's", ge=1)
+                                 "the index's, set for recall@10 >= 0.95", ge=1, le=MAX_WIDTH)
+    ef_search: int | None = _option(None, "hnsw: candidates kept per query", int, "the index's", ge=1,
+                                    le=MAX_WIDTH)
+    rerank: int | None = _option(None, "ivfpq: re-score k x this many candidates exactly", int, "the index's", ge=1,
+                                 le=MAX_RERANK)
 
     def __post_init__(self) -> None:
         for spec in fields(self):
@@ -88,6 +96,8 @@ class SearchOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise RetrieverError(f"{param(name)} must be at least 1 (got {value})")
+            if value is not None and value > described(name)["le"]:  # not shown: it may be too long to print
+                raise RetrieverError(f"{param(name)} is at most {described(name)['le']:,}")
         if self.space == "raw" and self.mode not in (None, "dense"):
             raise RetrieverError(f"{param('space', 'raw')} ranks by the uncalibrated vectors: it goes with "
                                  f"{param('mode', 'dense')} only")

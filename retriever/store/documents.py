@@ -290,11 +290,10 @@ class DocumentTable:
                     self.db.execute(_FIELDS_INDEX.format(schema="temp."))
                 self._has_fields = True
 
-    def metadata_fields(self) -> dict[str, int]:
-        """Each metadata path (`retriever.metadata.flattened`) and how many documents have it."""
+    def metadata_fields(self) -> list[str]:
+        """Every metadata path (`retriever.metadata.flattened`) some document here has, sorted."""
         self._ensure_fields()
-        cursor = self.db.execute("SELECT path, count(DISTINCT doc) FROM fields GROUP BY path ORDER BY path")
-        return dict(cursor.fetchall())
+        return [row[0] for row in self.db.execute("SELECT DISTINCT path FROM fields ORDER BY path")]
 
     def text_lengths(self, rowids: np.ndarray) -> np.ndarray:
         """The length in characters of the text of each of ROWIDS (all here), in order."""
