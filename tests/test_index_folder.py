@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from retriever.errors import DamagedIndexError, RetrieverError
+from retriever.errors import ConflictError, DamagedIndexError, RetrieverError
 from retriever.versions.home import check_name
 from retriever.versions.integrity import read_manifest, verify_files, write_manifest
 from retriever.versions.folder import writer_lock
@@ -91,7 +91,7 @@ def test_writers_of_one_name_take_turns_and_a_non_waiting_one_is_refused_naming_
     with writer_lock(tmp_path, "docs"):
         waiter = threading.Thread(target=second)
         waiter.start()
-        with pytest.raises(RetrieverError, match=r"being written by another retriever process \(pid \d+\)"):
+        with pytest.raises(ConflictError, match="being written by another writer in this process; wait"):
             with writer_lock(tmp_path, "docs", wait=False):
                 pass
         order.append("first")

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,11 +19,13 @@ from fastapi.testclient import TestClient
 
 from retriever.serve.access import AccessPolicy, check_exposure, host_name, resolve_key, serving_hosts
 from retriever.errors import RetrieverError
+from retriever.versions.folder import writer_lock
+from retriever.versions.writer import IndexWriter
 from retriever.index import Index
 from retriever.serve.protocol import MAX_HITS
 from retriever.serve.app import create_app
 from retriever.serve.run import serving_in_thread
-from tests.helpers import build_notes, one_line_error
+from tests.helpers import assert_one_line_error, build_notes, one_line_error
 
 
 WRITE_KEY = "write-key-0123456789abcdef"
@@ -162,6 +165,32 @@ def test_host_names_served_follow_the_bind_address():
     assert not policy.host_allowed("evilexample.org")
 
 
+@pytest.mark.parametrize("host", ["localhost:99999", "localhost:65536", "localhost:0", "localhost:abc", "localhost:",
+                                  "localhost:\u00b2", "[::1]:99999", "[::1]:", "127.0.0.1:+80"])
+def test_a_host_header_with_an_impossible_port_is_refused(tmp_path, host):
+    assert host_name(host) is None
+    with TestClient(create_app(tmp_path, device="cpu"), base_url=LOCAL) as client:
+        assert client.get("/indexes", headers={"Host": "localhost:8000"}).status_code == 200
+        assert "rebinding" in one_line_error(client.get("/indexes", headers={"Host": host.encode("latin-1")}), 421)
+
+
+def test_a_non_ascii_or_unprintable_key_is_refused_at_start_up(tmp_path, monkeypatch, cli):
+    """HTTP headers are latin-1 and clients send UTF-8: a non-ASCII key could never match, so it never starts."""
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: pytest.fail("the server started"))
+    for bad in ("clé-0123456789abcdef", "key-0123456789abcdef\u00a0x", "key-0123456789abcdef\x7f"):
+        with pytest.raises(RetrieverError, match="ASCII"):
+            resolve_key(bad, None, "RETRIEVER_API_KEY", "--api-key")
+        with pytest.raises(RetrieverError, match="ASCII"):
+            AccessPolicy.create(read_only_api_key=bad)
+    (tmp_path / "key").write_text("ключ-0123456789abcdef\n", encoding="utf-8")
+    assert_one_line_error(cli("serve", "--api-key-file", tmp_path / "key", "--index-dir", tmp_path), "--api-key",
+                          "ASCII")
+    monkeypatch.setenv("RETRIEVER_READ_ONLY_API_KEY", "clé-0123456789abcdef")
+    assert_one_line_error(cli("serve", "--index-dir", tmp_path), "--read-only-api-key", "ASCII")
+
+
 def test_serving_beyond_loopback_needs_a_key_or_an_explicit_flag(caplog):
     with pytest.raises(RetrieverError, match="set one with api_key .* allow_without_key=True"):
         check_exposure("0.0.0.0", AccessPolicy.create(serving_hosts("0.0.0.0")), allow_without_key=False)
@@ -232,6 +261,27 @@ def test_a_storage_error_during_a_write_is_a_503_and_the_index_is_unchanged(clie
     assert "read-only" in detail and client.get("/indexes/notes").json()["documents"] == 60
 
 
+@pytest.mark.parametrize("failure", [OSError(errno.ENOSPC, "No space left on device"),
+                                     OSError(errno.EROFS, "Read-only file system"),
+                                     sqlite3.OperationalError("database or disk is full")])
+def test_a_full_or_read_only_disk_fails_every_write_to_an_index_with_a_503(client, monkeypatch, failure):
+    """Raised inside the write (where the library words a full disk itself): a 503 a client retries, not a 400."""
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(IndexWriter, "commit", fail)
+    for method, path, body in (("POST", "/indexes/notes/documents", {"documents": [{"_id": "n", "text": "x"}]}),
+                               ("POST", "/indexes/notes/documents", {"documents": [{"_id": "d1", "text": "x"}],
+                                                                     "upsert": True}),
+                               ("DELETE", "/indexes/notes/documents/d1", None)):
+        response = client.request(method, path, json=body)
+        detail = one_line_error(response, 503)
+        assert response.json()["code"] == "unavailable", (method, path)
+        assert ("read-only" if getattr(failure, "errno", None) == errno.EROFS else "disk is full") in detail
+    assert client.get("/indexes/notes").json()["documents"] == 60
+    assert client.get("/indexes/notes/documents/d1").status_code == 200
+
+
 # ---- 6. bounded answers, built off the event loop ----------------------------------------------------------
 
 def test_results_per_request_are_bounded(client):
@@ -290,6 +340,14 @@ def test_invalid_utf8_in_urls_is_answered_without_a_500(client, path):
     assert response.headers["content-type"].startswith("application/json")
 
 
+@pytest.mark.parametrize("query, parameter", [("q=%FF%FE", "q"), ("q=a+%ED%A0%80+b", "q"),
+                                              ("q=dog&mode=hybr%C3", "mode"), ("q=dog&index=%FFx", "index")])
+def test_invalid_utf8_in_a_query_string_is_a_400_naming_the_parameter(client, query, parameter):
+    """As POST refuses the same bytes: never searched as U+FFFD."""
+    response = client.get(f"/search?{query}")
+    assert f"'{parameter}'" in one_line_error(response, 400) and response.json()["parameter"] == parameter
+
+
 @pytest.mark.parametrize("body", ['{"queries": ["dog"], "k": true}', '{"queries": ["dog"], "k": "3"}',
                                   '{"queries": ["dog"], "k": 2.5}', '{"queries": [7]}', '{"queries": "dog"}'])
 def test_values_of_the_wrong_type_are_422_not_coerced(client, body):
@@ -330,6 +388,27 @@ def test_concurrent_writes_all_succeed_and_replaced_versions_are_closed(client, 
     assert not stale, sorted(stale)[:5]
 
 
+def test_concurrent_creates_of_one_name_are_one_201_and_409s_that_name_no_other_process(client, index_dir):
+    """The refusals are conflicts (409, as an existing name is), and never blame another process for this one."""
+    barrier = threading.Barrier(6)
+
+    def create(_: int):
+        barrier.wait()
+        return client.post("/indexes", json={"name": "made", "documents": [{"_id": "a", "text": "a note"}],
+                                             "calibrator": "none"})
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(create, range(6)))
+    assert sorted(answer.status_code for answer in answers) == [201] + [409] * 5, [a.text for a in answers]
+    with writer_lock(index_dir, "held"):  # held by this process, as another request's write holds it
+        answers += [client.post("/indexes", json={"name": "held", "documents": [{"_id": "a", "text": "a note"}]})]
+    for answer in answers:
+        if answer.status_code == 409:
+            detail = one_line_error(answer, 409)
+            assert answer.json()["code"] == "conflict" and ("being" in detail or "exists" in detail), detail
+            assert "process" not in detail.replace("this process", "") and str(os.getpid()) not in detail, detail
+
+
 # ---- 11. HTTP the application never sees --------------------------------------------------------------------
 
 def _raw_request(url: str, payload: bytes) -> bytes:
@@ -352,3 +431,25 @@ def test_protocol_errors_and_huge_headers_get_json_answers(index_dir):
         assert head.startswith(b"HTTP/1.1 431") and json.loads(body)["status"] == 431
         fine = _raw_request(url, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         assert fine.startswith(b"HTTP/1.1 200")
+
+
+def test_every_host_the_request_names_is_checked(tmp_path):
+    """The authority of an absolute-form request line, every Host header (more than one is a 400), the port."""
+    def status(head: bytes) -> int:
+        answer = _raw_request(url, head + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        code = int(answer.partition(b"\r\n")[0].split()[1])
+        assert code < 400 or json.loads(answer.partition(b"\r\n\r\n")[2])["status"] == code, answer
+        return code
+
+    with serving_in_thread(create_app(tmp_path, device="cpu")) as url:
+        port = url.rpartition(":")[2].encode()
+        assert status(b"GET /indexes HTTP/1.1\r\nHost: 127.0.0.1:" + port) == 200
+        assert status(b"GET http://127.0.0.1:" + port + b"/indexes HTTP/1.1\r\nHost: 127.0.0.1:" + port) == 200
+        assert status(b"GET http://evil.example/indexes HTTP/1.1\r\nHost: 127.0.0.1") == 421
+        assert status(b"POST http://evil.example/indexes/notes/documents HTTP/1.1\r\nHost: 127.0.0.1") == 421
+        assert status(b"GET http://127.0.0.1@evil.example/indexes HTTP/1.1\r\nHost: 127.0.0.1") == 421
+        assert status(b"GET http://127.0.0.1/indexes HTTP/1.1\r\nHost: evil.example") == 421
+        assert status(b"GET /indexes HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example") == 400
+        assert status(b"GET /indexes HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1") == 400
+        for host in (b"localhost:99999", b"localhost:abc", b"localhost:"):
+            assert status(b"GET /indexes HTTP/1.1\r\nHost: " + host) == 421, host

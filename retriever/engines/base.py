@@ -145,6 +145,8 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
     if not replace:
         refuse_replacing(index_dir, name)
     with engine.session(index_dir, name) as writer:
+        if not replace:
+            refuse_replacing(index_dir, name)  # again under the lock: a build that held it may have made NAME
         clock = time.perf_counter()
         documents = engine.read(writer)
         timings["read"] = time.perf_counter() - clock

@@ -18,6 +18,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,10 @@ OPEN_PATHS = frozenset({"/", "/health", "/docs", "/openapi.json"})
 OPEN_PREFIXES = ("/docs-assets/",)  # the API docs' own scripts and styles
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 READ_POSTS = frozenset({"/search"})  # a POST that only reads: searching many queries at once
+# Where `retriever.serve.http_protocol` records the host an absolute-form request line names
+# (GET http://name/path): uvicorn keeps only the path, and the Host guard must see the name too.
+TARGET_AUTHORITY = "retriever.target_authority"
+PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only: str.isdigit also takes "²"
 
 
 def _digest(key: str) -> bytes:
@@ -98,21 +103,28 @@ def host_name(host_header: str | None) -> str | None:
     if host.startswith("["):
         end = host.find("]")
         rest = host[end + 1 :]
-        if end <= 1 or not (rest == "" or (rest.startswith(":") and rest[1:].isdigit())):
+        if end <= 1 or not (rest == "" or (rest.startswith(":") and _port(rest[1:]))):
             return None
         return host[1:end]
-    name, _, port = host.partition(":")
-    if ":" in port or (port and not port.isdigit()) or not name:
+    name, colon, port = host.partition(":")
+    if (colon and not _port(port)) or not name:
         return None
     return name
+
+
+def _port(port: str) -> bool:
+    """A port a client can have connected to: 1 to 65535 (an empty one, as in "localhost:", is not)."""
+    return PORT.fullmatch(port) is not None and 0 < int(port) < 65536
 
 
 def check_key(key: str, what: str = "the API key") -> str:
     if len(key) < MIN_KEY_CHARS:
         raise RetrieverError(f"{what} has {len(key)} characters; use at least {MIN_KEY_CHARS} (e.g. from: "
                              "python -c 'import secrets; print(secrets.token_urlsafe(32))')")
-    if any(character.isspace() for character in key) or not key.isprintable():
-        raise RetrieverError(f"{what} holds spaces or control characters; use printable characters only")
+    # Headers travel as latin-1 and clients send UTF-8: a key beyond ASCII could never be sent so as to match.
+    if any(character.isspace() for character in key) or not (key.isascii() and key.isprintable()):
+        raise RetrieverError(f"{what} holds spaces, control characters or characters beyond ASCII; use printable "
+                             "ASCII characters only")
     return key
 
 
@@ -176,20 +188,27 @@ class AccessGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {}
+        headers, hosts = {}, []
         for name, value in scope.get("headers") or ():
             headers.setdefault(name, value)
-        host = headers.get(b"host", b"").decode("latin-1")
-        refusal = self._refusal(host, headers, scope.get("path", ""), scope.get("method", "GET"))
+            if name == b"host":
+                hosts.append(value.decode("latin-1"))
+        refusal = self._refusal(hosts, scope.get(TARGET_AUTHORITY), headers, scope.get("path", ""),
+                                scope.get("method", "GET"))
         if refusal is not None:
             return await refusal(scope, receive, send)
         return await self.app(scope, receive, send)
 
-    def _refusal(self, host: str, headers: dict, path: str, method: str) -> JSONResponse | None:
-        """The answer refusing this request, or None to let it through."""
-        if not self.policy.host_allowed(host):
-            return _refusal(421 if host else 400, "this server does not answer to that Host name (a guard against "
-                            "DNS rebinding); use the address it was started on, or add the name to its allowed hosts")
+    def _refusal(self, hosts: list[str], authority: str | None, headers: dict, path: str,
+                 method: str) -> JSONResponse | None:
+        """The answer refusing this request, or None to let it through. HOSTS: its Host headers; AUTHORITY: the
+        host its request line names (absolute form), if it does. Every one must be a name served."""
+        if len(hosts) > 1:  # which one a proxy or a framework reads varies: none is trusted (RFC 9112 says 400)
+            return _refusal(400, "more than one Host header; send one")
+        if not hosts or not all(self.policy.host_allowed(host) for host in hosts + [authority] if host is not None):
+            return _refusal(421 if hosts and hosts[0] else 400, "this server does not answer to that Host name (a "
+                            "guard against DNS rebinding); use the address it was started on, or add the name to "
+                            "its allowed hosts")
         if not self.policy.needs_key or path in OPEN_PATHS or (path.startswith(OPEN_PREFIXES) and ".." not in path):
             return None
         role = self.policy.role(headers.get(b"authorization", b"").decode("latin-1"))

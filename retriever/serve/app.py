@@ -10,11 +10,12 @@ One process holds the model and the open indexes, so a query costs milliseconds 
   it worked go through one encoder call (one per encoder), then one search per index version and options.
 - The requests are `retriever.serve.protocol`'s models, derived from the library's `SearchOptions`.
 - Bad input is a JSON error with its status (400 bad value, 401/403 no key or a read-only one, 404 no such index
-  or document, 409 an id already there, 413 too large, 421 a Host name not served, 422 malformed request, 503 a
-  damaged index or a missing model: that index alone), never a traceback and never a server path; sizes, k and
-  the results and bytes of one answer are bounded. A bug is a 500 whose traceback goes to the server's log.
-  Answers are rendered off the event loop. Writes take turns with every other writer of the index (the CLI's
-  included), as `retriever add` does, and a committed write is reported as committed.
+  or document, 409 an id or a name already there or being made, 413 too large, 421 a Host name not served, 422
+  malformed request, 503 a damaged index, a missing model or a full or read-only disk), never a traceback and
+  never a server path; sizes, k and the results and bytes of one answer are bounded. A bug is a 500 whose
+  traceback goes to the server's log. Answers are rendered off the event loop. Writes take turns with every
+  other writer of the index (the CLI's included), as `retriever add` does, and a committed write is reported as
+  committed.
 - `retriever.serve.access` checks the Host header (DNS rebinding) and API keys before any of this runs.
 
 Endpoints (the contract clients rely on; answers use `retriever.search.results.search_record` for each query, the
@@ -34,10 +35,12 @@ import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import unquote_to_bytes
 
 from retriever.corpus import documents_from_records
-from retriever.errors import NO_VALUE, ConflictError, DamagedIndexError, NotFoundError, RetrieverError, UnavailableError
-from retriever.filters import FilterError
+from retriever.errors import (NO_VALUE, ConflictError, DamagedIndexError, NotFoundError, RetrieverError,
+                              UnavailableError, param)
+from retriever.filters import FilterError, unknown_fields_note
 from retriever.index import Index
 from retriever.search.options import SearchOptions
 from retriever.search.results import SearchHit, search_record
@@ -108,6 +111,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime, metrics, remote)
     private = _private_paths(indexes.index_dir)
     state: dict = {}
+    creating: set[str] = set()  # names a request is building now
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -136,6 +140,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                               "comes from.")
     app.state.indexes = indexes
     app.state.server_state = state
+    app.add_middleware(QueryText)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(AccessGuard, policy=access or AccessPolicy())  # before anything is read
     app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: refusals are counted too
@@ -169,10 +174,12 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     async def storage_error(request: Request, problem: OSError):
         # The server's disk, not the request: full, read-only, or not ours to write.
         log.error("%s %s: %s", request.method, request.url.path, problem)
-        reason = {errno.ENOSPC: "the disk is full", errno.EROFS: "the index folder is on a read-only file system",
+        reason = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                  errno.EROFS: "the index folder is on a read-only file system",
                   errno.EACCES: "the server may not write the index folder",
                   errno.EPERM: "the server may not write the index folder"}.get(problem.errno)
-        return error(503, f"{reason or 'a storage error'}; the index is unchanged")
+        return error(503, f"{reason or 'a storage error'}; the index is unchanged", code=UnavailableError.code,
+                     parameter=None)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, problem: Exception):
@@ -263,10 +270,17 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         if len(request.documents) > MAX_DOCUMENTS:
             raise ApiError(413, f"{len(request.documents):,} documents in one request; at most {MAX_DOCUMENTS:,}: "
                                 "create the index with some and add the rest")
-        documents = await run_in_threadpool(documents_from_records, request.documents)
-        summary = await run_in_threadpool(lambda: Index.build(
-            documents, request.name, indexes.index_dir, calibrator=request.calibrator,
-            index_type=request.index_type, device=indexes.device, replace=request.replace))
+        if request.name in creating:  # checked and taken before any await: no other request slips between
+            raise ConflictError(f"index '{request.name}' is being created by another request; wait for it to "
+                                f"finish, or choose another {param('name')}")
+        creating.add(request.name)
+        try:
+            documents = await run_in_threadpool(documents_from_records, request.documents)
+            summary = await run_in_threadpool(lambda: Index.build(
+                documents, request.name, indexes.index_dir, calibrator=request.calibrator,
+                index_type=request.index_type, device=indexes.device, replace=request.replace))
+        finally:
+            creating.discard(request.name)
         return JSONResponse({"index": request.name, "version": summary.version,
                              "documents": summary.documents}, status_code=201)
 
@@ -300,8 +314,9 @@ def render_answer(served: Served, texts: list[str], ids: list[str | None], hits:
     if chars > MAX_ANSWER_CHARS:
         raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
                             f"{MAX_ANSWER_CHARS // 2**20} M per request (lower k or send fewer queries at once)")
+    note = unknown_fields_note(options.where, served.snapshot.manifest.metadata_fields)
     return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
-                   "mode": options.mode, "k": options.k,
+                   "mode": options.mode, "k": options.k, **({"warnings": [note]} if note else {}),
                    "queries": [search_record(query_id, text, found, options.mode)
                                for query_id, text, found in zip(ids, texts, hits)]})
 
@@ -371,6 +386,30 @@ def _scrub(message: str, private: tuple[str, ...]) -> str:
 
 def _one_line(error: Exception) -> str:
     return str(error) if isinstance(error, RetrieverError) else f"{type(error).__name__}: {error}"
+
+
+class QueryText:
+    """Refuses (400) a query string parameter that is not valid UTF-8, naming it: Starlette would read the bad bytes
+    as U+FFFD and search for that, where a JSON body holding them is refused."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            for pair in scope.get("query_string", b"").split(b"&"):
+                name, _, value = (unquote_to_bytes(part.replace(b"+", b" ")) for part in pair.partition(b"="))
+                try:
+                    name = name.decode("utf-8")
+                except UnicodeDecodeError:
+                    return await _error(400, "a query parameter's name is not valid UTF-8", code="bad_input",
+                                        parameter=None)(scope, receive, send)
+                try:
+                    value.decode("utf-8")
+                except UnicodeDecodeError:
+                    return await _error(400, f"the query parameter '{name}' is not valid UTF-8", code="bad_input",
+                                        parameter=name)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 class BodyLimit:

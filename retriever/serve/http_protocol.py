@@ -5,16 +5,21 @@ uvicorn answers a request it cannot parse with a plain-text 400 before the appli
 reads headers of any size (a 64 MiB header was accepted). Clients of this API parse JSON errors, and a server
 that holds whatever headers a client sends can be made to hold a lot, so this subclass counts the bytes of the
 request line and headers as they arrive and answers 431 (JSON) past MAX_HEADER_BYTES, and words its own 400 in
-JSON too. Everything else is uvicorn's.
+JSON too. A request line in absolute form (GET http://name/path) names a host that uvicorn drops: it is recorded
+for the Host guard (`retriever.serve.access`). Everything else is uvicorn's.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from retriever.serve.access import TARGET_AUTHORITY
+
 MAX_HEADER_BYTES = 64 * 2**10
+ABSOLUTE_FORM = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
 
 
 class HeadersTooLarge(Exception):
@@ -42,6 +47,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count(len(name) + len(value) + 4)
         super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if not self.url.startswith(b"/") and self.url != b"*":  # not origin form: the guard checks what it names
+            found = ABSOLUTE_FORM.match(self.url)
+            self.scope[TARGET_AUTHORITY] = found.group(1).decode("latin-1") if found else ""
+        super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
         if getattr(self, "_too_large", False):

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retriever.errors import NotFoundError, RetrieverError
+from retriever.errors import ConflictError, NotFoundError, RetrieverError, UnavailableError
 from retriever.versions.home import NAME, check_name, check_target, index_path
 from retriever.versions.integrity import read_manifest, verify_files, version_number
 from retriever.versions.layout import BUILD_STATE, LOCK, MANIFEST, NUMBERS, VERSIONS
@@ -214,8 +214,9 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
             full = _disk_full(error)  # whichever library hit it, and however it words it: one line
             if full:
                 kept = "the previous version is intact" if version.link.is_symlink() else "no index was made"
-                raise RetrieverError(f"index '{name}' was not written: the disk is full ({full}); {kept}; free some "
-                                     "space and run it again") from None
+                # The machine's, not the input's: a server answers 503, which a client retries.
+                raise UnavailableError(f"index '{name}' was not written: the disk is full ({full}); {kept}; free "
+                                       "some space and run it again") from None
             raise
         finally:
             if version.folder.name.endswith(".partial") and not version.keep_partial:
@@ -382,7 +383,7 @@ def rollback(index_dir: str | Path, name: str, version: int | str) -> Path:
     kept = kept_versions(index_dir, name)
     wanted = str(version).strip()
     found = []
-    if re.fullmatch(r"[0-9]+", wanted):
+    if re.fullmatch(r"[0-9]{1,20}", wanted):  # longer is no version's number, and int() refuses 4,300 digits
         found = [kept_version for kept_version in kept if kept_version.number == int(wanted)]
     if not found:
         found = [kept_version for kept_version in kept if kept_version.folder.name == wanted]
@@ -412,6 +413,9 @@ def rollback(index_dir: str | Path, name: str, version: int | str) -> Path:
 # Called with (index name, seconds) each time a writer lock is taken, after however long it waited: a server
 # reports how long its writes queue behind each other (`retriever.serve.metrics`).
 LOCK_WAIT_OBSERVERS: list[Callable[[str, float], None]] = []
+# The lock files (device, inode) a writer of this process holds: a refusal then names this process, not its pid as
+# another one's (a server's other request holds it).
+_HELD_HERE: set[tuple[int, int]] = set()
 
 
 @contextmanager
@@ -437,14 +441,15 @@ def writer_lock(index_dir: str | Path, name: str, wait: bool = True, busy_hint: 
             if time.perf_counter() - started < patience:
                 time.sleep(0.02)
                 continue
-            raise RetrieverError(f"index '{name}' is being written by another retriever process{holder}; "
-                                 f"{busy_hint}") from None
+            raise ConflictError(f"index '{name}' is being written by {holder}; {busy_hint}") from None
         except BaseException:
             os.close(descriptor)
             raise
         if _is_lock_file(descriptor, versions / LOCK):
             break
         os.close(descriptor)  # the index was removed while this writer waited: lock the file there now
+    held = _file_key(descriptor)
+    _HELD_HERE.add(held)
     try:
         for observe in LOCK_WAIT_OBSERVERS if observed else ():
             observe(name, time.perf_counter() - started)
@@ -452,6 +457,7 @@ def writer_lock(index_dir: str | Path, name: str, wait: bool = True, busy_hint: 
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
+        _HELD_HERE.discard(held)
         os.close(descriptor)  # releases the lock
 
 
@@ -460,16 +466,23 @@ def _is_lock_file(descriptor: int, path: Path) -> bool:
         status = os.stat(path)
     except FileNotFoundError:
         return False
-    mine = os.fstat(descriptor)
-    return (mine.st_dev, mine.st_ino) == (status.st_dev, status.st_ino)
+    return _file_key(descriptor) == (status.st_dev, status.st_ino)
+
+
+def _file_key(descriptor: int) -> tuple[int, int]:
+    status = os.fstat(descriptor)
+    return status.st_dev, status.st_ino
 
 
 def _lock_holder(descriptor: int) -> str:
+    """Who holds the lock, as a refusal names it: a writer of this process (a server's other request) is not
+    another process."""
+    if _file_key(descriptor) in _HELD_HERE:
+        return "another writer in this process"
     try:
-        pid = int(os.pread(descriptor, 32, 0).decode().strip())
+        return f"another retriever process (pid {int(os.pread(descriptor, 32, 0).decode().strip())})"
     except (OSError, ValueError):
-        return ""
-    return f" (pid {pid})"
+        return "another retriever process"
 
 
 def remove_index(index_dir: str | Path, name: str) -> None:
