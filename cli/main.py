@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+import typing
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,7 +13,7 @@ import typer
 
 from cli import interrupts, options
 from retriever import __version__
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, shortened_words
 from retriever.text import check_argument, counted, terminal_safe
 
 app = typer.Typer(
@@ -105,14 +107,85 @@ def _replace_unencodable() -> None:
 
 def _one_line(message: str) -> str:
     """An error message as one safe line: it may quote stored or typed text, with control characters or a
-    newline in it."""
-    return terminal_safe(message).replace("\n", "\\n")
+    newline in it, or a path or value thousands of characters long (shown by its start and end)."""
+    return shortened_words(terminal_safe(message).replace("\n", "\\n"))
+
+
+# click's exception classes, or typer's own copy of them (typer 0.2x carries click inside): typer.BadParameter is
+# their one public name in every typer.
+_clicks = importlib.import_module(typer.BadParameter.__module__)
+
+
+def _usage_message(error) -> str:
+    """A usage error (what click would show in a usage box) as one line: a bad value names the option and what it
+    takes; anything else (an unknown option, a missing argument) points at the command's --help."""
+    param = getattr(error, "param", None)
+    if isinstance(error, typer.BadParameter) and param is not None and not isinstance(error, _clicks.MissingParameter):
+        flag = _flag(param)
+        takes, given = _takes(param), _given(error)
+        if takes is not None and given is not None:
+            return f"invalid value for {flag}: {given!r} is not {takes}"
+        return f"invalid value for {flag}: {_sentence(error.message)}"  # our parsers say what they take
+    ctx = getattr(error, "ctx", None)
+    if ctx is not None:
+        command = ctx.command_path
+    else:  # click's parser raises some (an option without its value) before any context is made
+        run = _command_run(sys.argv[1:])
+        command = "retriever" + (f" {run.name}" if run is not None else "")
+    return f"{_sentence(error.format_message())} (see {command} --help)"
+
+
+def _flag(param) -> str:
+    """How the user wrote PARAM: an option's long flag, an argument's name."""
+    if param.param_type_name != "option":
+        return param.name.upper()
+    return next((spelling for spelling in param.opts if spelling.startswith("--")), param.opts[0])
+
+
+def _takes(param) -> str | None:
+    """What a number option takes, in words with its bounds ("a whole number from 1 to 10000"); None for any
+    other kind, whose own message says it."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    kinds = {kind for kind in (annotation, *typing.get_args(annotation)) if kind in (int, float)}
+    if len(kinds) != 1:
+        return None
+    words = "a whole number" if kinds == {int} else "a number"
+    low, high = (getattr(param, bound, None) for bound in ("min", "max"))
+    if low is not None and high is not None:
+        return f"{words} from {_number(low)} to {_number(high)}"
+    if low is not None:
+        return f"{words} of at least {_number(low)}"
+    if high is not None:
+        return f"{words} of at most {_number(high)}"
+    return words
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _given(error) -> str | None:
+    """The value as typed that typer's conversion refused: its validation error keeps it, the message does not."""
+    found = getattr(error.__cause__, "errors", None)
+    problems = found() if callable(found) else []
+    return str(problems[0]["input"]) if problems and "input" in problems[0] else None
+
+
+def _sentence(message: str) -> str:
+    """click's wording as a clause of our line: "No such option: --x." -> "no such option: --x"."""
+    message = message.strip().rstrip(".").replace("(Possible options:", "(possible options:")
+    return message[:1].lower() + message[1:]
+
+
+def _command_run(arguments: list[str]):
+    """The command ARGUMENTS run (the first argument naming one, as a click command), or None."""
+    group = typer.main.get_command(app)
+    return next((group.commands[argument] for argument in arguments if argument in group.commands), None)
 
 
 def _flag_names(arguments: list[str]) -> dict[str, str]:
-    """The flags of the command ARGUMENTS run (the first argument naming one), to word its errors with."""
-    group = typer.main.get_command(app)
-    command = next((group.commands[argument] for argument in arguments if argument in group.commands), None)
+    """The flags of the command ARGUMENTS run, to word its errors with."""
+    command = _command_run(arguments)
     return options.flag_names(command) if command is not None else {}
 
 
@@ -137,13 +210,27 @@ def _bare_help_option(make):
 
 
 def main() -> None:
-    """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback; Ctrl-C
-    becomes one line saying what it left behind, exit code 130."""
+    """Console-script entry: user errors become one line on stderr and exit code 1, never a traceback; usage
+    errors (a bad value, an unknown option) one line and exit code 2, as click gives them; Ctrl-C one line saying
+    what it left behind, exit code 130."""
     warnings.showwarning = _show_warning
     _replace_unencodable()
     try:
         _check_arguments(sys.argv[1:])
-        _command()()  # standalone: typer reports usage errors itself and exits 2
+        # Not standalone: a usage error comes here to be worded as one line, not drawn as typer's usage box; an
+        # exit (--help, --version, typer.Exit(1)) comes back as its code. "retriever", as the messages spell it,
+        # whether run as the console script or `python -m cli.main`.
+        code = _command().main(prog_name="retriever", standalone_mode=False)
+    except _clicks.UsageError as error:
+        if isinstance(error, getattr(_clicks, "NoArgsIsHelpError", ())):  # no command: the help, as typer shows it
+            if error.format_message().strip():  # else rich printed it already
+                error.show()
+        else:
+            print(f"error: {_one_line(_usage_message(error))}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except typer.Abort:  # Ctrl-C or end of input at a question a command asked
+        print("error: aborted", file=sys.stderr)
+        sys.exit(1)
     except RetrieverError as error:  # worded with the flags of the command run: --fit-sample, not fit_sample
         print(f"error: {_one_line(error.render(_flag_names(sys.argv[1:])))}", file=sys.stderr)
         sys.exit(1)
@@ -154,6 +241,8 @@ def main() -> None:
         where = f": {error.filename}" if error.filename is not None else ""
         print(f"error: {_one_line(f'{error.strerror or error}{where}')}", file=sys.stderr)
         sys.exit(1)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """User-facing errors, with what went wrong as data.
 
 Anything a user can cause (bad input, missing model, missing index) raises ``RetrieverError`` with a message
-that fits on one line; the CLI prints it and exits non-zero instead of showing a traceback.
+that fits on one line; the CLI prints it and exits non-zero instead of showing a traceback. A long word in it (a
+path, an id the user typed) is `shortened` to its start and end.
 
 A message names a parameter through ``param``, never as a command-line flag, so that each caller reads it in its
 own terms: ``str(error)`` spells it as Python does (``fit_sample``, ``runtime='torch'``), the CLI renders it with
@@ -38,6 +39,27 @@ _MARK = f"\x00param-{secrets.token_hex(4)}:"
 _MARKED = re.compile(re.escape(_MARK) + "(.*?)\x00")
 
 
+# The most characters a message shows of one word (a path, an id, a value as typed): a longer one keeps its start
+# and end around an ellipsis, so a 5,000-character argument echoed back cannot bury the message. And of one
+# message's text, for a long value with spaces in it.
+SHOWN_WORD = 200
+SHOWN_TEXT = 1_000
+_LONG_WORD = re.compile(r"\S{%d,}" % (SHOWN_WORD + 1))
+
+
+def shortened(text: str, limit: int = SHOWN_WORD) -> str:
+    """TEXT itself, or where it is longer than LIMIT characters its start and its end around "…", LIMIT in all."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
+
+
+def shortened_words(text: str) -> str:
+    """TEXT, a message, with each word longer than SHOWN_WORD characters `shortened`, then the whole to SHOWN_TEXT."""
+    return shortened(_LONG_WORD.sub(lambda found: shortened(found.group()), text), SHOWN_TEXT)
+
+
 def param(name: str, value: Any = NO_VALUE) -> str:
     """Parameter NAME, and VALUE for it when one is suggested (a str, number, bool or None), to write inside a
     RetrieverError's message (an f-string); the error spells it for whoever reads it."""
@@ -72,7 +94,8 @@ class RetrieverError(Exception):
 
     def __init__(self, message: object = "", *, parameter: str | None = None):
         pieces = _MARKED.split(str(message))  # text, parameter, text, parameter, ...
-        self.parts: list[str | Param] = [Param(*json.loads(piece)) if number % 2 else piece
+        # Shortened here, not where it is shown: the CLI, the server's answer and str() all read these parts.
+        self.parts: list[str | Param] = [Param(*json.loads(piece)) if number % 2 else shortened_words(piece)
                                          for number, piece in enumerate(pieces) if number % 2 or piece]
         self.parameters = tuple(part for part in self.parts if isinstance(part, Param))
         self.parameter = parameter or next((part.name for part in self.parameters), None)
@@ -105,6 +128,7 @@ class DamagedIndexError(RetrieverError):
 
 
 class UnavailableError(RetrieverError):
-    """This machine lacks what is needed (CUDA, an optional package), whatever the input (the server answers 503)."""
+    """This machine lacks what is needed (CUDA, an optional package, disk space), whatever the input (the server
+    answers 503)."""
 
     code = "unavailable"

@@ -288,6 +288,65 @@ def test_help_renders_the_default_notes_and_choices(cli, monkeypatch):
     assert_usage_error(cli("search", "q", "--device", "gpu"), "'gpu' is not one of auto, cpu, cuda, cuda:N")
 
 
+# --- usage errors: one line each ---------------------------------------------------------------------------------
+
+WHOLE_K = "is not a whole number from 1 to 10000"
+
+
+@pytest.mark.parametrize(
+    "arguments, line",
+    [
+        (["search", "q", "-k", "1e9"], f"invalid value for -k: '1e9' {WHOLE_K}"),
+        (["search", "q", "-k", "abc"], f"invalid value for -k: 'abc' {WHOLE_K}"),
+        (["search", "q", "-k", "0"], f"invalid value for -k: '0' {WHOLE_K}"),
+        (["search", "q", "-k", "-1"], f"invalid value for -k: '-1' {WHOLE_K}"),
+        (["search", "q", "-k", "1000000000"], f"invalid value for -k: '1000000000' {WHOLE_K}"),
+        (["search", "q", "--weight", "2"], "invalid value for --weight: '2' is not a number from 0 to 1"),
+        (["search", "q", "--min-score", "high"], "invalid value for --min-score: 'high' is not a number"),
+        (["search", "q", "--nprobe", "many"], "invalid value for --nprobe: 'many' is not a whole number"),
+        (["search", "q", "--mode", "fuzzy"], "invalid value for --mode: 'fuzzy' is not one of dense, keyword, hybrid"),
+        (["build", "x.txt", "--index-type", "annoy"],
+         "invalid value for --index-type: 'annoy' is not one of auto, flat, hnsw, ivf, ivfpq"),
+        (["build", "x.txt", "--fit-sample", "2.5"], "invalid value for --fit-sample: '2.5' is not a whole number"),
+        (["encode", "x.txt", "-o", "x.npy", "--batch-size", "x"],
+         "invalid value for --batch-size: 'x' is not a whole number"),
+        (["serve", "--port", "70000"], "invalid value for --port: '70000' is not a whole number from 1 to 65535"),
+        (["serve", "--shards", "0"], "invalid value for --shards: '0' is not a whole number of at least 1"),
+        (["bench", "--seed", "one"], "invalid value for --seed: 'one' is not a whole number"),
+        (["search", "q", "--bogus"], "no such option: --bogus (see retriever search --help)"),
+        (["search", "q", "-k"], "option '-k' requires an argument (see retriever search --help)"),
+        (["search", "q", "extra"], "got unexpected extra argument(s) (extra) (see retriever search --help)"),
+        (["rollback"], "missing argument 'version' (see retriever rollback --help)"),
+        (["encode", "x.txt"], "missing option '--out' / '-o' (see retriever encode --help)"),
+        (["frobnicate"], "no such command 'frobnicate' (see retriever --help)"),
+    ],
+)
+def test_a_bad_command_line_is_one_error_line(cli, arguments, line):
+    """Exit code 2, as click gives a usage error, but the project's one line instead of a usage box."""
+    done = cli(*arguments)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {line}\n")
+
+
+def test_help_and_version_still_print_in_full(cli):
+    from retriever import __version__
+
+    done = cli("search", "--help")
+    assert done.returncode == 0 and done.stderr == ""
+    assert "Usage:" in done.stdout and "-k" in done.stdout and "--mode" in done.stdout
+    done = cli()  # no command: the whole help, exit code 2 as before
+    assert done.returncode == 2 and "Commands" in done.stdout and "rollback" in done.stdout
+    assert cli("--version").stdout == f"retriever {__version__}\n"
+
+
+def test_long_values_are_shortened_in_error_lines(cli, built_home):
+    for version in ("x" * 5000, "7" * 5000):  # the digits once made int() fail with a traceback
+        done = cli("rollback", version, "--name", "docs")
+        assert_one_line_error(done, "index 'docs' has no kept version '" + version[:50], version[-50:] + "'")
+        assert len(done.stderr) < 400 and "…" in done.stderr
+    done = cli("search", "q", "-k", "9" * 5000)
+    assert done.returncode == 2 and len(done.stderr) < 400 and done.stderr.count("\n") == 1
+
+
 # --- Ctrl-C and stray OS errors ----------------------------------------------------------------------------------
 
 

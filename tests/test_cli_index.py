@@ -130,8 +130,10 @@ def test_verify_compact_and_search_options(built, cli, tmp_path, tiny_bert):
     assert done.returncode == 0 and json.loads(done.stdout)["results"][0]["doc_id"] == "many.txt:6"
     assert_one_line_error(cli("search", "q", "--name", "many", "--nprobe", "0", "--index-dir", built),
                           "nprobe must be at least 1")
+    assert_one_line_error(cli("search", "q", "--name", "many", "--nprobe", "9" * 20, "--index-dir", built),
+                          "--nprobe is at most 1,000,000")  # it overflowed FAISS's size_t: a traceback
     assert_usage_error(cli("build", corpus, "--index-type", "annoy", "--index-dir", built),
-                       "Invalid value for '--index-type': 'annoy' is not one of auto, flat, hnsw, ivf, ivfpq")
+                       "invalid value for --index-type: 'annoy' is not one of auto, flat, hnsw, ivf, ivfpq")
     assert_one_line_error(cli("build", corpus, "--fit-sample", "1", "--index-dir", built),
                           "--fit-sample must be at least 2")
 
@@ -201,9 +203,9 @@ def test_max_length_past_the_model_positions_is_refused(built, cli, tmp_path, ti
     ],
 )
 def test_k_out_of_bounds_is_a_usage_error(built, cli, k, fragments):
-    """typer's own usage error (exit 2); its wording varies between click versions, the bound does not."""
+    """A usage error (exit 2) on one line, naming the option and its bounds."""
     assert_usage_error(cli("search", "q", "--name", "docs", "-k", k, "--index-dir", built),
-                       "Invalid value for '-k'", *fragments)
+                       f"invalid value for -k: '{k}' is not a whole number from 1 to 10000", *fragments)
 
 
 def test_k_up_to_the_bound_is_cut_to_the_index_size(built, cli):

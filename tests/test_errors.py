@@ -47,6 +47,20 @@ def test_quoted_text_cannot_pass_for_a_parameter():
     assert error.parameter is None and forged in str(error)
 
 
+def test_a_long_word_is_shown_by_its_start_and_end():
+    """A typed id or a path thousands of characters long: str(), the CLI and the server (which reads the parts)
+    all get it shortened, the rest of the message whole."""
+    from retriever.errors import SHOWN_WORD, shortened
+
+    typed = "a" * 2500 + "b" * 2500
+    error = NotFoundError(f"no document '{typed}' in index {param('index', 'notes')}")
+    assert str(error) == f"no document '{'a' * 98}…{'b' * 99}' in index index='notes'"  # the quotes kept
+    assert all(len(part) < 250 for part in error.parts if isinstance(part, str))
+    assert error.parameter == "index" and shortened("short") == "short" and len(shortened(typed)) == SHOWN_WORD
+    spaced = RetrieverError(f"no document '{'word ' * 1000}'")  # no long word, but a long text
+    assert len(str(spaced)) == 1000 and str(spaced).startswith("no document 'word") and str(spaced).endswith("'")
+
+
 def test_a_library_mistake_names_the_python_parameter(tmp_path):
     from retriever.calibration import fit_sample_rows
     from retriever.evaluation.runner import plan_benchmark

@@ -15,7 +15,7 @@ import pytest
 
 from retriever.calibration import make_calibrator, too_few_to_fit
 from retriever.calibration.flow import FlowCalibrator
-from retriever.errors import RetrieverError
+from retriever.errors import ConflictError, RetrieverError
 from retriever.index import Index
 from retriever.versions.catalog import describe_indexes
 from retriever.versions.folder import remove_index
@@ -100,6 +100,25 @@ def test_a_build_refuses_at_once_while_another_process_writes_the_index(tmp_path
     with pytest.raises(RetrieverError, match=r"being written by another retriever process \(pid 4242\); wait for "
                                              "it to finish, then remove it"):
         remove_index(tmp_path, "busy")
+
+
+def test_a_build_that_another_build_beat_to_the_name_refuses_rather_than_replacing_it(tmp_path, tiny_bert,
+                                                                                     monkeypatch):
+    """The name is checked again once the lock is held: the build that held it may have made the index."""
+    from retriever.versions import folder
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    original = folder.writer_lock
+
+    def beaten(*args, **kwargs):  # another build of the name finishes while this one waits for the lock
+        monkeypatch.setattr(folder, "writer_lock", original)
+        Index.build(corpus, "race", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(folder, "writer_lock", beaten)
+    with pytest.raises(ConflictError, match="index 'race' exists"):
+        Index.build(corpus, "race", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")
+    assert len(Index.versions("race", tmp_path)) == 1
 
 
 def test_other_writes_wait_for_the_lock_and_record_their_pid(tmp_path, tiny_bert):
@@ -255,3 +274,11 @@ def test_list_says_why_auto_kept_the_raw_vectors_when_it_could_not_check():
         "only 20 pseudo-queries could be made from the corpus (its documents are too short or too few; at least 50 "
         "are needed to tell calibrators apart): raw vectors kept")}}
     assert calibrator_label(record) == "auto: none (only 20 pseudo-queries could be made from the corpus)"
+
+
+def test_a_fallback_s_hint_is_plain_text_in_the_note_and_the_manifest(tmp_path, tiny_bert):
+    corpus = write_jsonl(tmp_path / "few.jsonl", sentences(20))
+    summary = Index.build(corpus, "few", tmp_path, model=str(tiny_bert), calibrator="flow", device="cpu")
+    reason = Index.open("few", tmp_path, device="cpu").snapshot.manifest.calibrator_fallback["reason"]
+    assert reason.endswith("try --calibrator flow-16") and "\x00" not in reason
+    assert "try --calibrator flow-16;" in summary.notes[0] and "\x00" not in summary.notes[0]

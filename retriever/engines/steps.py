@@ -120,7 +120,9 @@ def enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_s
         return calibrator, None
     if rows < documents:
         raise RetrieverError(f"{param('fit_sample', fit_sample)} is {shortfall}")
-    return make_calibrator("none"), {"asked": calibrator.name, "reason": f"only {counted(documents, 'document')}: {shortfall}"}
+    # Recorded and shown as plain text (a note, the manifest), spelled as the note's own hint is: for the CLI.
+    reason = RetrieverError(f"only {counted(documents, 'document')}: {shortfall}").render({"calibrator": "--calibrator"})
+    return make_calibrator("none"), {"asked": calibrator.name, "reason": reason}
 
 def train_index(vectors: int, calibrated_sample: np.ndarray, index_type: str,
                 index_options: dict | None) -> tuple[IndexSpec, object]:
