@@ -30,7 +30,8 @@ def progress_bar(description: str, total: int | None, enabled: bool = True, unit
 
     TOTAL None: not known in advance (a streamed corpus). TRANSIENT: the bar disappears when done, for quick
     stages whose bar would only clutter an error message that follows."""
-    if not enabled:
+    # A transient bar is gone when done, and where stderr is no terminal it is drawn only then: as a blank line.
+    if not enabled or (transient and not stderr_console.is_terminal):
         yield lambda n: None
         return
     columns = (

@@ -78,7 +78,7 @@ TEXTS = [
 
 def assert_one_line_error(done, *fragments):
     assert done.returncode == 1, (done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
+    lines = done.stderr.splitlines()  # not stripped: a blank line before the error is one line too many
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     for fragment in fragments:
         assert fragment in lines[0]

@@ -35,6 +35,8 @@ def test_the_declared_fusions_are_the_registry():
     ({"ef_search": -3}, "ef_search must be at least 1"),
     ({"rerank": 0}, "rerank must be at least 1"),
     ({"nprobe": 10**20}, "nprobe is at most 1,000,000"),  # past FAISS's integers: a traceback
+    ({"k": 10**5000}, r"k is at most 10,000$"),
+    ({"k": -10**5000}, r"k must be at least 1$"),
     ({"ef_search": 10**5000}, "ef_search is at most 1,000,000"),  # too long to print, so not shown
     ({"rerank": 10**8}, "rerank is at most 1,000"),  # k x rerank candidates: 37 GiB
 ])

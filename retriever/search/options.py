@@ -85,9 +85,11 @@ class SearchOptions:
             if "choices" in meta and value not in meta["choices"]:
                 raise RetrieverError(f"unknown {param(spec.name)} {value!r}; known: {', '.join(meta['choices'])}")
         if self.k < 1:
-            raise RetrieverError(f"{param('k')} must be at least 1 (got {self.k})")
+            got = f" (got {self.k})" if self.k > -10**18 else ""  # a number too long to print is not shown
+            raise RetrieverError(f"{param('k')} must be at least 1{got}")
         if self.k > MAX_K:
-            raise RetrieverError(f"{param('k')} is at most {MAX_K:,} (got {self.k:,})")
+            got = f" (got {self.k:,})" if self.k < 10**18 else ""
+            raise RetrieverError(f"{param('k')} is at most {MAX_K:,}{got}")
         if self.weight is not None and not 0.0 <= self.weight <= 1.0:
             raise RetrieverError(f"{param('weight')} is the dense side's share, from 0 to 1 (got {self.weight})")
         if self.min_score is not None and not -1.0 <= self.min_score <= 1.0:
