@@ -5,7 +5,7 @@
     {"lang": {"$ne": "en"}}                          not equal (documents without the field match)
     {"tag": {"$in": ["a", "b"]}}, {"$nin": [...]}    one of / none of
     {"tags": {"$all": ["a", "b"]}}                   every one of
-    {"tags": {"$size": 2}}                           a list of that many elements
+    {"tags": {"$size": 2}}                           a list of that many elements (a list inside it is a list too)
     {"year": {"$exists": true}}                      the field is there (even as null) / is not
     {"$and": [{...}, {...}]}, {"$or": [...]}         several conditions; several keys in one object are all required
 
@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from retriever.errors import RetrieverError, param
-from retriever.metadata import (BOOLEAN, LIST, MAX_DEPTH as MAX_METADATA_DEPTH, MAX_KEY_CHARS, NULL, NUMBER, PREFIX,
-                                RESERVED, STRING, check_value, field_path)
+from retriever.metadata import (BOOLEAN, LIST, MAX_DEPTH as MAX_METADATA_DEPTH, MAX_KEY_CHARS, MAX_VALUES, NULL,
+                                NUMBER, PREFIX, RESERVED, STRING, check_value, field_path, kind_of)
+from retriever.text import check_text
 
 COMPARISONS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 OPERATORS = ("$eq", "$ne", "$in", "$nin", "$all", *COMPARISONS, "$exists", "$size")
@@ -75,6 +76,8 @@ def parse_where(where: str | dict | Filter | None) -> Filter | None:
         except (json.JSONDecodeError, RecursionError) as error:
             reason = f"{error.msg} at column {error.colno}" if isinstance(error, json.JSONDecodeError) else "too deep"
             raise FilterError(f"not valid JSON ({reason})") from None
+        except ValueError:  # the only other one: an integer past Python's int-string conversion limit
+            raise FilterError("not valid JSON (an integer too long to read)") from None
     if not isinstance(where, dict):
         raise FilterError(f"must be a JSON object such as {{\"lang\": \"en\"}}, got {_kind(where)}")
     compiler = _Compiler()
@@ -112,10 +115,13 @@ class _Compiler:
         return "(" + " AND ".join(parts) + ")"
 
     def field(self, name: str, condition: object) -> str:
-        path = field_path(name)
-        if not path or len(name) > MAX_PATH_CHARS or any(not part for part in path.split(".")):
-            raise FilterError(f"{name[:80]!r} is not a field name (metadata keys joined by dots, or one of "
+        if not isinstance(name, str) or not field_path(name) or len(name) > MAX_PATH_CHARS:
+            raise FilterError(f"{str(name)[:80]!r} is not a field name (metadata keys joined by dots, or one of "
                               f"{', '.join(sorted(RESERVED))})")
+        try:
+            check_text(name, "a field name")
+        except RetrieverError as error:
+            raise FilterError(str(error)) from None
         if not isinstance(condition, dict):
             return self.operator(name, "$eq", condition)
         if not condition:
@@ -135,8 +141,9 @@ class _Compiler:
                 raise FilterError(f"{where}: $exists takes true or false, got {_kind(value)}")
             return self.some(name, None, negated=not value)
         if op == "$size":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise FilterError(f"{where}: $size takes a whole number of elements, got {_kind(value)}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_VALUES:
+                raise FilterError(f"{where}: $size takes a whole number of elements from 0 to {MAX_VALUES:,} (no "
+                                  f"list holds more), got {_kind(value)}")
             return self.some(name, lambda kind, stored: f"{kind} = {self.bind(LIST)} AND {stored} = {self.bind(value)}")
         if op in ("$in", "$nin", "$all"):
             if not isinstance(value, list) or not value:
@@ -146,8 +153,9 @@ class _Compiler:
                 raise FilterError(f"$in, $nin and $all list {self.listed:,} values; at most {MAX_LISTED:,} in one "
                                   "filter")
             values = [self.scalar(item, where) for item in value]
-            if op == "$all":
-                return "(" + " AND ".join(self.some(name, self.equal(item)) for item in dict.fromkeys(values)) + ")"
+            if op == "$all":  # each value once, of its kind: true is not 1 (Python's dict would take them as one)
+                distinct = dict.fromkeys((kind_of(value), value) for value in values)
+                return _balanced([self.some(name, self.equal(item)) for _, item in distinct], " AND ")
             return self.some(name, self.one_of(values), negated=op == "$nin")
         if op in ("$eq", "$ne"):
             return self.some(name, self.equal(self.scalar(value, where)), negated=op == "$ne")
@@ -179,18 +187,18 @@ class _Compiler:
             return lambda kind, stored: f"{kind} = {self.bind(NULL)}"
         if isinstance(value, bool):
             return lambda kind, stored: f"{kind} = {self.bind(BOOLEAN)} AND {stored} = {self.bind(int(value))}"
-        kind_of = STRING if isinstance(value, str) else NUMBER
-        return lambda kind, stored: f"{kind} = {self.bind(kind_of)} AND {stored} = {self.bind(value)}"
+        value_kind = kind_of(value)
+        return lambda kind, stored: f"{kind} = {self.bind(value_kind)} AND {stored} = {self.bind(value)}"
 
     def one_of(self, values: list) -> Condition:
         """Equal to one of VALUES, each kind compared with its own kind (true is not 1, "1" is not 1)."""
         def condition(kind: str, stored: str) -> str:
             parts = []
-            for kind_of, group in ((STRING, [v for v in values if isinstance(v, str)]),
-                                   (NUMBER, [v for v in values if isinstance(v, (int, float))
-                                             and not isinstance(v, bool)])):
+            for group_kind, group in ((STRING, [v for v in values if isinstance(v, str)]),
+                                      (NUMBER, [v for v in values if isinstance(v, (int, float))
+                                                and not isinstance(v, bool)])):
                 if group:
-                    same_kind = f"{kind} = {self.bind(kind_of)}"  # bound before the values: parameters go in order
+                    same_kind = f"{kind} = {self.bind(group_kind)}"  # bound before the values: parameters go in order
                     listed = ", ".join(self.bind(v) for v in dict.fromkeys(group))
                     parts.append(f"({same_kind} AND {stored} IN ({listed}))")
             parts += [f"({self.equal(v)(kind, stored)})"
@@ -225,7 +233,18 @@ def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20
             f"index's metadata fields: {listed or 'none'} (and the document's own: {', '.join(sorted(RESERVED))})")
 
 
+def _balanced(parts: list[str], joiner: str) -> str:
+    """PARTS joined as a balanced tree: SQLite refuses an expression 1,000 deep, which a flat chain of as many
+    conditions is."""
+    if len(parts) == 1:
+        return parts[0]
+    middle = len(parts) // 2
+    return f"({_balanced(parts[:middle], joiner)}{joiner}{_balanced(parts[middle:], joiner)})"
+
+
 def _kind(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return "a number too large"  # not printed: past 4,300 digits Python refuses to
     if isinstance(value, dict):
         return "an object"
     if isinstance(value, list):

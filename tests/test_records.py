@@ -333,3 +333,51 @@ def test_the_server_stores_records_as_exported_filters_them_and_warns_of_unknown
         assert client.delete("/indexes/docs/documents/n%00ul").status_code == 200
         assert client.get("/indexes/docs/documents/n%00ul").status_code == 404
         assert client.get("/indexes/docs/documents/seed").status_code == 200
+
+
+def test_all_keeps_true_apart_from_1_and_takes_a_thousand_values(table):
+    for where in ({"tags": {"$all": [1, True]}}, {"tags": {"$all": [True, 1]}}, {"tags": {"$all": [0, False, None]}},
+                  {"tags": {"$all": [f"v{i}" for i in range(999)] + [1]}}):
+        found = {RECORDS[rowid - 1].doc_id for rowid in table.matching(parse_where(where)).tolist()}
+        assert found == selected(RECORDS, where), where
+
+
+def test_keys_with_dots_at_their_edges_are_reachable(tmp_path):
+    path = tmp_path / "edges.db"
+    records = [Document("a", "t", None, "c.jsonl", 1, {"v1.": 1, ".x": {"y": 2}, "a..b": 3}),
+               Document("b", "t", None, "c.jsonl", 2, {"v1": {"": 1}})]
+    created = DocumentTable.create(path)
+    created.insert(np.arange(1, 3), records)
+    created.finish()
+    created.close()
+    with DocumentTable.open(path) as opened:
+        for where, expected in [({"v1.": 1}, [1, 2]), ({".x.y": 2}, [1]), ({"a..b": 3}, [1]),
+                                ({"metadata.v1.": {"$exists": True}}, [1, 2])]:
+            assert opened.matching(parse_where(where)).tolist() == expected, where
+
+
+def test_two_threads_filtering_one_table_at_once_both_finish(tmp_path):
+    """Each filter sets a progress handler on the shared connection: unserialised, two threads' filters long enough
+    for SQLite to call it deadlocked (the whole process: one of them holds the GIL)."""
+    import threading
+
+    path = tmp_path / "many.db"
+    created = DocumentTable.create(path)
+    created.insert(np.arange(1, 20_001), [Document(f"d{i}", f"{WORDS[i % 6]} note {i} " * 20, None, "c.jsonl", i + 1,
+                                                   {"tags": [i % 7, "x"]}) for i in range(20_000)])
+    created.finish()
+    created.close()
+    done = []
+    with DocumentTable.open(path) as opened:
+        def run(where):
+            for _ in range(10):
+                opened.matching(where)
+            done.append(where)
+
+        threads = [threading.Thread(target=run, args=(parse_where({"text": {"$gt": "m"}, "tags": {"$ne": i}}),),
+                                    daemon=True) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert len(done) == 2

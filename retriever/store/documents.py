@@ -74,6 +74,9 @@ class DocumentTable:
         self._select = {**_SELECT, "metadata": "d.metadata" if self.has_metadata else "NULL"}
         self._has_fields = _has_table(connection, "fields")
         self._fields_lock = threading.Lock()
+        # One filter at a time per connection: setting a progress handler holds the GIL while it waits for the
+        # connection, whose query's handler waits for the GIL (two threads' filters would deadlock).
+        self._filter_lock = threading.Lock()
 
     @classmethod
     def create(cls, path: str | Path) -> DocumentTable:
@@ -261,20 +264,20 @@ class DocumentTable:
         """Row ids (int64, ascending) of the documents WHERE selects (`retriever.filters`); a filter SQLite cannot
         run, or one still running after SECONDS, is refused as the filter's problem (FilterError)."""
         self._ensure_fields()
-        rows = "documents" if self.has_metadata else "(SELECT *, NULL AS metadata FROM documents)"
-        deadline = time.monotonic() + seconds
-        self.db.set_progress_handler(lambda: time.monotonic() > deadline, 100_000)  # nonzero: interrupt
-        try:
-            cursor = self.db.execute(f"SELECT d.rowid FROM {rows} d LEFT JOIN sources s ON s.id = d.source "
-                                     f"WHERE {where.sql} ORDER BY d.rowid", where.parameters)
-            return np.fromiter((row[0] for row in cursor), dtype=np.int64)
-        except sqlite3.OperationalError as error:
-            if time.monotonic() > deadline:
-                raise FilterError(f"still running after {seconds:g} s over {self.count():,} documents; make it "
-                                  "simpler") from None
-            raise FilterError(f"cannot be run ({error})") from None
-        finally:
-            self.db.set_progress_handler(None, 0)
+        with self._filter_lock:
+            deadline = time.monotonic() + seconds
+            self.db.set_progress_handler(lambda: time.monotonic() > deadline, 100_000)  # nonzero: interrupt
+            try:
+                cursor = self.db.execute(f"SELECT d.rowid FROM {_FROM} WHERE {where.sql} ORDER BY d.rowid",
+                                         where.parameters)
+                return np.fromiter((row[0] for row in cursor), dtype=np.int64)
+            except sqlite3.OperationalError as error:
+                if time.monotonic() > deadline:
+                    raise FilterError(f"still running after {seconds:g} s over {self.count():,} documents; make "
+                                      "it simpler") from None
+                raise FilterError(f"cannot be run ({error})") from None
+            finally:
+                self.db.set_progress_handler(None, 0)
 
     def _ensure_fields(self) -> None:
         """Give a table from before the fields table one, in this connection's memory (it is opened read-only)."""
