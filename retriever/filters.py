@@ -173,11 +173,11 @@ class _Compiler:
             if condition is None:
                 return f"({column} IS {'' if negated else 'NOT '}NULL)"
             # A document's own field is one string, or null where it has none (a title).
-            held = f"coalesce({condition(f'(CASE WHEN {column} IS NULL THEN {NULL!r} ELSE {STRING!r} END)', column)}, 0)"
+            held = f"coalesce({condition(f'(CASE WHEN {column} IS NULL THEN {NULL} ELSE {STRING} END)', column)}, 0)"
             return f"(NOT {held})" if negated else f"({held})"
         path = field_path(name)
         self.paths.append(path)
-        rows = f"SELECT doc FROM fields WHERE path = {self.bind(path)}"
+        rows = f"SELECT doc FROM fields WHERE path = (SELECT id FROM paths WHERE path = {self.bind(path)})"
         if condition is not None:
             rows += f" AND {condition('kind', 'value')}"
         return f"(d.rowid {'NOT IN' if negated else 'IN'} ({rows}))"

@@ -45,7 +45,7 @@ Scalar = str | int | float | bool | None
 
 # The kind of a stored value, as the fields table records it (`retriever.store.documents`): numbers compare with
 # numbers, strings with strings, and true is not 1.
-NULL, BOOLEAN, NUMBER, STRING, LIST, OBJECT = "null", "boolean", "number", "string", "list", "object"
+NULL, BOOLEAN, NUMBER, STRING, LIST, OBJECT = range(6)
 
 
 def check_key(key: object, where: str) -> str:
@@ -117,15 +117,16 @@ def field_path(name: str) -> str:
 
 def flattened(metadata: dict | None) -> Iterator[tuple[str, str, object]]:
     """(path, kind, value) for every value in METADATA, the filters' view of it: a list's elements (and theirs)
-    at the list's own path, beside one entry for the list (its value: its length) and one for each object (value
-    None), so that `$exists` finds containers and `$size` counts. Strings stay str, booleans are 0/1."""
+    at the list's own path, beside one entry for the list (its value: its length) and one for each object, so that
+    `$exists` finds containers and `$size` counts. Strings stay str, booleans are 0/1, and where the kind says all
+    (null, an object) the value is 0: never NULL, which a key of the fields table cannot hold."""
     for key, value in (metadata or {}).items():
         yield from _flattened(key, value)
 
 
 def _flattened(path: str, value: object) -> Iterator[tuple[str, str, object]]:
     if isinstance(value, dict):
-        yield path, OBJECT, None
+        yield path, OBJECT, 0
         for key, item in value.items():
             yield from _flattened(f"{path}.{key}", item)
     elif isinstance(value, list):
@@ -133,10 +134,10 @@ def _flattened(path: str, value: object) -> Iterator[tuple[str, str, object]]:
         for item in value:
             yield from _flattened(path, item)
     else:
-        yield path, kind_of(value), int(value) if isinstance(value, bool) else value
+        yield path, kind_of(value), 0 if value is None else int(value) if isinstance(value, bool) else value
 
 
-def kind_of(value: Scalar) -> str:
+def kind_of(value: Scalar) -> int:
     if value is None:
         return NULL
     if isinstance(value, bool):

@@ -381,3 +381,28 @@ def test_two_threads_filtering_one_table_at_once_both_finish(tmp_path):
         for thread in threads:
             thread.join(60)
     assert len(done) == 2
+
+
+def test_a_resumed_table_and_a_compacted_one_filter_as_the_records_say(tmp_path, table):
+    """A build killed mid-way loses its staged fields with its process: reopened, they are staged again from the
+    stored JSON (past the last recorded chunk dropped); a compaction carries the fields of the rows it keeps."""
+    half = len(RECORDS) // 2
+    resumed = DocumentTable.create(tmp_path / "resumed.db")
+    resumed.insert(np.arange(1, half + 11), RECORDS[:half + 10])
+    resumed.close()  # killed: never finished
+    resumed = DocumentTable.reopen(tmp_path / "resumed.db")
+    resumed.discard_after(half)  # the last chunk recorded ended there
+    resumed.insert(np.arange(half + 1, len(RECORDS) + 1), RECORDS[half:])
+    resumed.finish()
+    resumed.close()
+    dropped = np.arange(1, len(RECORDS) + 1, 3)
+    compacted = DocumentTable.create(tmp_path / "compacted.db")
+    compacted.copy_from(table, dropped)
+    compacted.finish()
+    compacted.close()
+    kept = [d for rowid, d in enumerate(RECORDS, start=1) if rowid not in set(dropped.tolist())]
+    with DocumentTable.open(tmp_path / "resumed.db") as again, DocumentTable.open(tmp_path / "compacted.db") as merged:
+        for where in FILTERS[:150]:
+            compiled = parse_where(where)
+            assert {RECORDS[r - 1].doc_id for r in again.matching(compiled).tolist()} == selected(RECORDS, where)
+            assert {RECORDS[r - 1].doc_id for r in merged.matching(compiled).tolist()} == selected(kept, where)

@@ -8,10 +8,12 @@ sorting once is much faster than keeping a b-tree ordered through millions of in
 reported there with the lines it came from. Source file names are stored once each, not once per row.
 
 Metadata is stored twice: as the JSON the user gave (returned as given), and flattened into a `fields` table, one
-row per value (`retriever.metadata.flattened`: path, kind, value), which filters read through an index on (path,
-kind, value). Values are compared there as SQLite's own values, never through its JSON functions, which end a
-string at a NUL character. A table written before the fields table existed gets one in memory, built from its
-JSON the first time it is filtered.
+row per value (`retriever.metadata.flattened`: path, kind, value, document), which filters read. Its rows are its
+key, in that order (a WITHOUT ROWID table: no second copy as an index), and each path is a number (`paths`), so
+a value costs a few bytes. Rows are staged in a temporary table while the segment is written and put in order
+once, by `finish`. Values are compared as SQLite's own values, never through its JSON functions, which end a
+string at a NUL character. A table written before the fields table existed gets one in this connection's
+temporary storage, built from its JSON the first time it is filtered.
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ CREATE TABLE IF NOT EXISTS documents (
     line INTEGER,
     metadata TEXT
 );
-CREATE TABLE IF NOT EXISTS fields (doc INTEGER NOT NULL, path TEXT NOT NULL, kind TEXT NOT NULL, value);
+CREATE TABLE IF NOT EXISTS paths (id INTEGER PRIMARY KEY, path TEXT NOT NULL UNIQUE);
 """
 _DOC_ID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS documents_doc_id ON documents (doc_id)"
-_FIELDS_INDEX = "CREATE INDEX IF NOT EXISTS {schema}fields_by_value ON fields (path, kind, value, doc)"
-_INSERT_FIELDS = "INSERT INTO {schema}fields (doc, path, kind, value) VALUES (?, ?, ?, ?)"
+_STAGED = "CREATE TEMP TABLE IF NOT EXISTS staged_fields (doc INTEGER, path INTEGER, kind INTEGER, value)"
+_FIELDS = ("CREATE TABLE IF NOT EXISTS {schema}.fields (path INTEGER NOT NULL, kind INTEGER NOT NULL, value NOT NULL, "
+           "doc INTEGER NOT NULL, PRIMARY KEY (path, kind, value, doc)) WITHOUT ROWID")
 # Ids given by users are bound one parameter each, a chunk at a time: through a JSON array a NUL would end them.
 _IDS_PER_STATEMENT = 500
 
@@ -74,6 +77,7 @@ class DocumentTable:
         self._select = {**_SELECT, "metadata": "d.metadata" if self.has_metadata else "NULL"}
         self._has_fields = _has_table(connection, "fields")
         self._fields_lock = threading.Lock()
+        self._path_ids: dict[str, int] = {}
         # One filter at a time per connection: setting a progress handler holds the GIL while it waits for the
         # connection, whose query's handler waits for the GIL (two threads' filters would deadlock).
         self._filter_lock = threading.Lock()
@@ -92,6 +96,7 @@ class DocumentTable:
         connection.execute("PRAGMA synchronous=OFF")
         connection.execute("PRAGMA cache_size=-65536")  # 64 MiB: bounded, and enough to sort the doc_id index
         connection.executescript(_SCHEMA)
+        connection.execute(_STAGED)
         return cls(connection, path, writable=True)
 
     @classmethod
@@ -102,12 +107,11 @@ class DocumentTable:
         connection.execute("PRAGMA synchronous=OFF")
         if not any(row[1] == "metadata" for row in connection.execute("PRAGMA table_info(documents)")):
             connection.execute("ALTER TABLE documents ADD COLUMN metadata TEXT")  # a build killed before metadata
-        had_fields = _has_table(connection, "fields")
         connection.executescript(_SCHEMA)
+        connection.execute(_STAGED)
         table = cls(connection, Path(path), writable=True)
-        if not had_fields:  # a build killed before the fields table: its rows so far get theirs
-            with connection:
-                table._insert_fields(table._stored_metadata(), "")
+        with connection:  # the staged fields died with the process that wrote them: staged again from the JSON
+            table._stage(table._stored_metadata(), "main")
         return table
 
     @classmethod
@@ -152,13 +156,31 @@ class DocumentTable:
                     for rowid, d in zip(np.asarray(rowids).tolist(), documents))
             self.db.executemany("INSERT INTO documents (rowid, doc_id, title, text, source, line, metadata) "
                                 "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-            self._insert_fields(((rowid, d.metadata) for rowid, d in zip(np.asarray(rowids).tolist(), documents)
-                                 if d.metadata), "")
+            self._stage(((rowid, d.metadata) for rowid, d in zip(np.asarray(rowids).tolist(), documents)
+                         if d.metadata), "main")
 
-    def _insert_fields(self, metadata: Iterable[tuple[int, dict]], schema: str) -> None:
-        self.db.executemany(_INSERT_FIELDS.format(schema=schema),
-                            ((rowid, path, kind, value) for rowid, fields in metadata
+    def _stage(self, metadata: Iterable[tuple[int, dict]], schema: str) -> None:
+        """Stage the fields rows of METADATA ((row id, metadata) pairs), numbering new paths in SCHEMA's paths."""
+        self.db.executemany("INSERT INTO temp.staged_fields (doc, path, kind, value) VALUES (?, ?, ?, ?)",
+                            ((rowid, self._path_id(path, schema), kind, value) for rowid, fields in metadata
                              for path, kind, value in flattened(fields)))
+
+    def _path_id(self, path: str, schema: str) -> int:
+        known = self._path_ids.get(path)
+        if known is None:
+            found = self.db.execute(f"SELECT id FROM {schema}.paths WHERE path = ?", (path,)).fetchone()
+            known = found[0] if found else self.db.execute(f"INSERT INTO {schema}.paths (path) VALUES (?)",
+                                                           (path,)).lastrowid
+            self._path_ids[path] = known
+        return known
+
+    def _put_in_order(self, schema: str) -> None:
+        """The staged fields rows, sorted once, into SCHEMA's fields table (a repeated row is one: a list holding
+        a value twice matches as once)."""
+        self.db.execute(_FIELDS.format(schema=schema))
+        self.db.execute(f"INSERT OR IGNORE INTO {schema}.fields (path, kind, value, doc) SELECT path, kind, value, "
+                        "doc FROM temp.staged_fields ORDER BY path, kind, value, doc")
+        self.db.execute("DELETE FROM temp.staged_fields")
 
     def _stored_metadata(self, source: str = "documents", dropped: str = "[]") -> Iterator[tuple[int, dict]]:
         """(row id, metadata) of SOURCE's documents that have some, except the row ids in DROPPED (a JSON array)."""
@@ -183,11 +205,16 @@ class DocumentTable:
                 )
                 copied = cursor.rowcount
                 dropped_ids = json.dumps(np.asarray(dropped, dtype=np.int64).tolist())
-                if _has_table(self.db, "fields", "other"):
-                    self.db.execute("INSERT INTO fields (doc, path, kind, value) SELECT doc, path, kind, value FROM "
-                                    "other.fields WHERE doc NOT IN (SELECT value FROM json_each(?))", (dropped_ids,))
+                if _has_table(self.db, "fields", "other"):  # its path numbers are its own: matched by path
+                    kept = "f.doc NOT IN (SELECT value FROM json_each(?))"
+                    self.db.execute("INSERT OR IGNORE INTO main.paths (path) SELECT DISTINCT p.path FROM other.fields "
+                                    f"f JOIN other.paths p ON p.id = f.path WHERE {kept}", (dropped_ids,))
+                    self.db.execute("INSERT INTO temp.staged_fields (doc, path, kind, value) SELECT f.doc, m.id, "
+                                    "f.kind, f.value FROM other.fields f JOIN other.paths p ON p.id = f.path JOIN "
+                                    f"main.paths m ON m.path = p.path WHERE {kept}", (dropped_ids,))
+                    self._path_ids.clear()
                 elif other.has_metadata:  # a segment from before the fields table
-                    self._insert_fields(self._stored_metadata("other.documents", dropped_ids), "")
+                    self._stage(self._stored_metadata("other.documents", dropped_ids), "main")
         finally:
             self.db.execute("DETACH DATABASE other")
         self._source_ids.clear()
@@ -202,7 +229,7 @@ class DocumentTable:
         except sqlite3.IntegrityError:
             raise RetrieverError(self._duplicates_message()) from None
         with self.db:
-            self.db.execute(_FIELDS_INDEX.format(schema=""))
+            self._put_in_order("main")
         self.db.execute("ANALYZE")
 
     def discard_after(self, rowid: int) -> None:
@@ -210,7 +237,7 @@ class DocumentTable:
         self._check_writable()
         with self.db:
             self.db.execute("DELETE FROM documents WHERE rowid > ?", (int(rowid),))
-            self.db.execute("DELETE FROM fields WHERE doc > ?", (int(rowid),))
+            self.db.execute("DELETE FROM temp.staged_fields WHERE doc > ?", (int(rowid),))
 
     def _duplicates_message(self) -> str:
         cursor = self.db.execute(
@@ -280,23 +307,26 @@ class DocumentTable:
                 self.db.set_progress_handler(None, 0)
 
     def _ensure_fields(self) -> None:
-        """Give a table from before the fields table one, in this connection's memory (it is opened read-only)."""
+        """Give a table from before the fields table one, in this connection's temporary storage (it is opened
+        read-only)."""
         if self._has_fields:
             return
         with self._fields_lock:
             if not self._has_fields:
-                self.db.execute("CREATE TEMP TABLE IF NOT EXISTS fields (doc INTEGER NOT NULL, path TEXT NOT NULL, "
-                                "kind TEXT NOT NULL, value)")
+                self.db.execute("CREATE TEMP TABLE IF NOT EXISTS paths (id INTEGER PRIMARY KEY, path TEXT NOT NULL "
+                                "UNIQUE)")
+                self.db.execute(_STAGED)
                 with self.db:
                     if self.has_metadata:
-                        self._insert_fields(self._stored_metadata(), "temp.")
-                    self.db.execute(_FIELDS_INDEX.format(schema="temp."))
+                        self._stage(self._stored_metadata(), "temp")
+                    self._put_in_order("temp")
                 self._has_fields = True
 
     def metadata_fields(self) -> list[str]:
         """Every metadata path (`retriever.metadata.flattened`) some document here has, sorted."""
         self._ensure_fields()
-        return [row[0] for row in self.db.execute("SELECT DISTINCT path FROM fields ORDER BY path")]
+        return [row[0] for row in self.db.execute(
+            "SELECT p.path FROM paths p WHERE EXISTS (SELECT 1 FROM fields f WHERE f.path = p.id) ORDER BY p.path")]
 
     def text_lengths(self, rowids: np.ndarray) -> np.ndarray:
         """The length in characters of the text of each of ROWIDS (all here), in order."""
