@@ -68,22 +68,34 @@ from retriever.versions.folder import sweep_leftovers
 from retriever.versions.home import check_name, resolve_index_dir
 
 try:
+    import fastapi_offline
     from fastapi import Body, FastAPI, Query, Request
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
     from fastapi.openapi.docs import get_swagger_ui_html
     from fastapi.responses import FileResponse, JSONResponse, Response
     from fastapi.staticfiles import StaticFiles
-    from swagger_ui_bundle import swagger_ui_path
     from starlette.exceptions import HTTPException
 except ImportError as error:  # a dependency of the package; a broken install should still say what to do
-    raise UnavailableError(f"serving needs FastAPI, uvicorn and swagger-ui-bundle ({error}); reinstall: "
+    raise UnavailableError(f"serving needs FastAPI, uvicorn and fastapi-offline ({error}); reinstall: "
                            "pip install -e .") from None
 
 log = logging.getLogger("retriever.serve")
 
-DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the swagger-ui-bundle package
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the fastapi-offline package (`_docs_assets`)
 STATIC = Path(__file__).with_name("static")
+DOCS_FILES = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon.png")
+
+
+def _docs_assets() -> Path:
+    """The folder of Swagger UI's files that /docs loads (DOCS_FILES): fastapi-offline's copy of Swagger UI 5, which
+    reads the OpenAPI 3.1 that FastAPI writes (Swagger UI 4, as swagger-ui-bundle 1.1 shipped it, showed "Unable to
+    render this definition" and no operation). fastapi-offline keeps them in its package's static/ folder."""
+    folder = Path(fastapi_offline.__file__).with_name("static")
+    missing = [name for name in DOCS_FILES if not (folder / name).is_file()]
+    if missing:
+        raise UnavailableError(f"the API docs' files {missing} are not in {folder}; reinstall: pip install -e .")
+    return folder
 
 
 def status_of(error: RetrieverError) -> int:
@@ -190,14 +202,14 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     async def page():
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
-    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+    app.mount(DOCS_ASSETS, StaticFiles(directory=_docs_assets()), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
     async def docs():
         return get_swagger_ui_html(openapi_url=app.openapi_url, title="retriever API",
                                    swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
-                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png")
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus_metrics():
