@@ -160,13 +160,24 @@ def _open_text(path: Path, compressed: bool, codec: str, newline: str) -> TextIO
     return io.TextIOWrapper(gzip.open(path, "rb"), encoding=codec, errors="surrogateescape", newline=newline)
 
 
+def given_documents(items: Sequence[Document | dict]) -> list[Document]:
+    """Documents given in Python (`Index.build`, `Index.add`): `Document`s, or plain records as a .jsonl corpus
+    holds them (`{"_id": ..., "text": ..., "title": ..., "metadata": {...}}`, read with the same checks), checked
+    as `check_documents` checks them."""
+    documents = [_record_document(item, f"record {number}", Path("records"), number) if isinstance(item, dict)
+                 else item for number, item in enumerate(items, start=1)]
+    check_documents(documents)
+    return documents
+
+
 def check_documents(documents: Sequence[Document]) -> None:
     """Documents given in Python (`Index.build`, `Index.add`) get the checks a corpus file's get: each a
     `Document` with a non-empty id and text of valid Unicode (`retriever.text.check_text`), ids unique."""
     for number, document in enumerate(documents, start=1):
         where = f"document {number} of {len(documents)}"
         if not isinstance(document, Document):
-            raise RetrieverError(f"{where} is a {type(document).__name__}, not a retriever.corpus.Document")
+            raise RetrieverError(f"{where} is a {type(document).__name__}, not a record (a dict with \"_id\" and "
+                                 "\"text\") or a retriever.corpus.Document")
         for field_name in ("doc_id", "text", "title"):
             value = getattr(document, field_name)
             if value is None and field_name == "title":

@@ -3,16 +3,17 @@
 (`retriever.versions.writer`).
 
     index = Index.build("corpus.jsonl", "notes").open()
-    hits = index.search("how do I read a file", k=5, mode="hybrid")
-    index = index.add(more_documents).open()
+    hits = index.search("how do I read a file", k=5, mode="hybrid")  # one query: its hits
+    index.add([{"_id": "n1", "text": "a new note"}])  # records as a .jsonl holds them, or Documents
+    hits = index.search("a new note")  # the index is on the version its write made
 
 `build` streams a corpus through the pipeline stages (`retriever.engines`) and fits the calibrator unsupervised on
 a sample of the corpus's own embeddings; `add` writes one new segment calibrated with the saved calibrator;
 `delete` writes tombstones; `compact` merges every segment (writes also merge by themselves, by the writer's
 `MergePolicy`); `refit` fits a new calibrator on the stored raw vectors and rewrites the vector indexes, without
 re-encoding. Each write is one transaction that commits a new, numbered version and returns a `ChangeSummary`;
-the `Index` it went through stays on the version it was opened on, and `summary.open()` opens the new one. A
-failed or killed write loses nothing (`retriever.versions.folder`).
+the `Index` it went through moves to that version (`summary.open()` opens it as another object). A failed or
+killed write loses nothing (`retriever.versions.folder`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from retriever.calibration import (
     too_few_to_fit,
 )
 from retriever.calibration.diagnostics import isotropy, retrieval_check
-from retriever.corpus import Document, check_documents, corpus_format, iter_corpus
+from retriever.corpus import Document, corpus_format, given_documents, iter_corpus
 from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
 from retriever.engines.local import LocalEngine
@@ -83,21 +84,27 @@ MERGE_POLICY = MergePolicy()
 
 
 class Index:
-    """One opened version of an index, searched and written through.
+    """An index, opened at one version, searched and written through. A write moves the object to the version
+    it wrote, as Chroma's, LanceDB's and txtai's objects see their own writes: `index.add(...)` then
+    `index.search(...)` finds the new documents. (Another process's writes are seen by opening the index again;
+    `ChangeSummary.open()` opens the version a write made.)
 
-    Thread safety: `search`, `document`, `info` and `check` may run from any number of threads at once (the
-    version never changes; whatever is loaded on first use, the model or a filter's matches, is loaded once).
-    Writes may too: each takes the index's writer lock, so writes of one index (from any thread or process) take
-    turns. `close` must come after every other call has returned."""
+    Thread safety: `search`, `document`, `info` and `check` may run from any number of threads at once (whatever
+    is loaded on first use, the model or a filter's matches, is loaded once); a search that has begun finishes on
+    the version it began on. Writes may too: each takes the index's writer lock, so writes of one index (from any
+    thread or process) take turns. `close` must come after every other call has returned."""
 
     def __init__(self, snapshot: Snapshot, *, encoder: Encoder | None = None, runtime: str = "torch",
-                 searcher: Searcher | None = None):
+                 searcher: Searcher | None = None, follow_writes: bool = True):
         """SNAPSHOT searched with ENCODER, already loaded (a server holding one model for many indexes, and for
         their versions; the caller vouches that it is the recorded encoder), else the recorded one loaded at the
         first search by text, its forward pass on RUNTIME ("torch", or "auto"/"onnx": ONNX Runtime on a CPU,
         about 3x less time per query after a one-off export). SEARCHER: the search layer over SNAPSHOT, where the
-        caller shares one (a server's batches; one searching its vectors on a distributed server's shards)."""
+        caller shares one (a server's batches; one searching its vectors on a distributed server's shards).
+        FOLLOW_WRITES: move to the version each write makes (False: stay on SNAPSHOT, for a server that swaps
+        versions itself)."""
         self.snapshot = snapshot
+        self._follow_writes = follow_writes
         self._encoder = encoder
         self._runtime = runtime
         self._encoder_lock = threading.Lock()
@@ -134,15 +141,17 @@ class Index:
     # --- reading -------------------------------------------------------------------------------------------
 
     def search(self, queries: str | Sequence[str], options: SearchOptions | int | None = None, /, *,
-               progress: bool = False, **settings: Any) -> list[list[SearchHit]]:
-        """Top-k documents for each query (a single string gives a one-element list).
+               progress: bool = False, **settings: Any) -> list[SearchHit] | list[list[SearchHit]]:
+        """The top-k documents of one query (a string), or a list of them for each of several (a list).
 
         OPTIONS: a `SearchOptions` (or just k), and its fields as keywords (SETTINGS: k, mode, fusion, weight,
         where, min_score, space, stop_words, nprobe, ef_search, rerank; over OPTIONS' where both are given):
         `index.search("a query", 5, mode="hybrid")`.
         Dense search runs through exactly the encode path the manifest records: the encoder, the saved
         calibrator, L2 normalization (`retriever.search.searcher.Searcher` takes vectors already encoded)."""
-        queries = [queries] if isinstance(queries, str) else list(queries)
+        if isinstance(queries, str):
+            return self.search([queries], options, progress=progress, **settings)[0]
+        queries = list(queries)
         check_queries(queries)
         if not isinstance(options, (SearchOptions, type(None))):
             options, settings = None, {"k": options, **settings}
@@ -308,11 +317,9 @@ class Index:
         from VECTORS) and calibrated with the saved calibrator (no refit); every existing segment is reused. An id
         already in the index is refused, or with UPSERT its old document is deleted in the same version."""
         started = time.perf_counter()
-        given = list(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents (the server's records)
+        given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
         if given is None:
             corpus_format(corpus)
-        else:
-            check_documents(given)
         source = vector_source(vectors) if vectors is not None else None
         timings: dict[str, float] = {}
         with self._writer() as writer:
@@ -459,6 +466,13 @@ class Index:
             final = writer.commit(merge=False)
         return self._summary(writer, final, len(current), started)
 
+    def _move_to(self, folder: Path) -> None:
+        """Search the version in FOLDER from now on. The version left is not closed here: a search of another
+        thread may still be reading it; its files are released when the last reference goes."""
+        old = self.snapshot
+        new = Snapshot.open_version(folder, self.name, old.index_dir, device=old.device)
+        self.snapshot, self._searcher = new, Searcher(new)
+
     def _writer(self) -> IndexWriter:
         """A write transaction on this index, based on this version if it is still the current one (its loaded
         model is kept), else on the current one."""
@@ -469,6 +483,8 @@ class Index:
     def _summary(self, writer: IndexWriter, final: Path, changed: int, started: float, truncated: int = 0,
                  timings: dict | None = None, notes: list[str] | None = None) -> ChangeSummary:
         snapshot = self.snapshot
+        if self._follow_writes:
+            self._move_to(final)
         return ChangeSummary(self.name, str(final), writer.manifest.documents, changed, truncated,
                              time.perf_counter() - started, timings or {}, notes or [], writer.manifest.version,
                              opener=_version_opener(final, self.name, snapshot.index_dir, snapshot.device))

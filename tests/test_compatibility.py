@@ -63,7 +63,7 @@ def test_an_index_from_before_keyword_search_searches_dense_and_compaction_adds_
     verify_index("notes", old_index)
     with Index.open("notes", old_index, device="cpu") as index:
         assert index.info()["default_mode"] == "hybrid"
-        hits = index.search("day 7", k=3, mode="keyword")[0]  # no model needed for keywords
+        hits = index.search("day 7", k=3, mode="keyword")  # no model needed for keywords
         assert hits[0].doc_id == "d7" and hits[0].keyword_rank == 1 and hits[0].dense_score is None
 
 

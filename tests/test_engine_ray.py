@@ -156,7 +156,7 @@ class TestInOneLocalCluster:
         extra = tmp_path / "extra.jsonl"
         extra.write_text(json.dumps({"_id": "new-1", "text": "a brand new document about gzip compression"}) + "\n")
         built.add(extra)
-        Index.open("ray", tmp_path).delete([built.search("gzip", k=1)[0][0].doc_id])
+        Index.open("ray", tmp_path).delete([built.search("gzip", k=1)[0].doc_id])
         Index.open("ray", tmp_path).compact()
         assert len(Index.open("ray", tmp_path)) == 1200
 
@@ -171,7 +171,7 @@ class TestInOneLocalCluster:
         assert summary.documents == 400
         assert built.snapshot.manifest.fit["queries"] == 20 and built.snapshot.manifest.fit["queries_from"] == "given"
         assert built.snapshot.manifest.calibrator["name"] == "auto" and built.snapshot.calibrator.fitted
-        assert [hit.doc_id for hit in built.search("kernel memory", k=3)[0]]
+        assert [hit.doc_id for hit in built.search("kernel memory", k=3)]
         # the driver read the sampled documents' texts from the corpus file: the pseudo-queries any build makes of
         # them
         from collections import Counter

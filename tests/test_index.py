@@ -42,7 +42,7 @@ def test_each_document_finds_itself_through_the_recorded_encode_path(tiny_index)
     query = "A man is playing a guitar on stage."
     expected = l2_normalize(tiny_index.snapshot.calibrator.transform(encoder_of(tiny_index).encode([query])))
     np.testing.assert_allclose(embed(tiny_index, [query]), expected, atol=1e-6)
-    by_text, by_vector = tiny_index.search(query, k=3, mode="dense")[0], vector_hits(tiny_index, expected, 3)[0]
+    by_text, by_vector = tiny_index.search(query, k=3, mode="dense"), vector_hits(tiny_index, expected, 3)[0]
     assert [hit.doc_id for hit in by_text] == [hit.doc_id for hit in by_vector]
     assert [hit.score for hit in by_text] == pytest.approx([hit.score for hit in by_vector], abs=1e-6)
 
@@ -92,7 +92,7 @@ def test_add_writes_one_segment_and_links_the_rest(tiny_index, tmp_path):
     assert [entry.name for entry in index.snapshot.manifest.segments] == ["000001", "000002"]
     for relative in tiny_index.snapshot.manifest.files:  # the old version's files, shared, never copied
         assert inode(index.snapshot.folder / relative) == inode(tiny_index.snapshot.folder / relative), relative
-    assert index.search("A kitten plays with a ball of yarn.", k=1)[0][0].doc_id == "kitten"
+    assert index.search("A kitten plays with a ball of yarn.", k=1)[0].doc_id == "kitten"
     np.testing.assert_allclose(index.snapshot.calibrator.transform(index.snapshot.raw_vectors()[0][: len(DOCS)]), before, atol=1e-2)
     clash = write_jsonl(tmp_path / "clash.jsonl", {"fresh": "new text", "dog": "another dog"})
     with pytest.raises(RetrieverError, match=r"clash.jsonl: 1 id is already in the index: 'dog' \(line 2\)"):
@@ -175,11 +175,11 @@ def test_approximate_index_types_through_the_index(tmp_path, tiny_bert, index_ty
     index = Index.open("approx", tmp_path, device="cpu")
     added = "flat" if index_type == "hnsw" else index_type
     assert [segment.vectors.index_type for segment in index.snapshot.segments] == [index_type, added]
-    assert index.search(sentences(1, start=420)["d420"], k=1)[0][0].doc_id == "d420"
+    assert index.search(sentences(1, start=420)["d420"], k=1)[0].doc_id == "d420"
     index.delete(["d420"])
     index = Index.open("approx", tmp_path, device="cpu")
     assert [entry.deleted for entry in index.snapshot.manifest.segments] == [0, 1]
-    assert "d420" not in [hit.doc_id for hit in index.search(sentences(1, start=420)["d420"], k=5)[0]]
+    assert "d420" not in [hit.doc_id for hit in index.search(sentences(1, start=420)["d420"], k=5)]
     index.compact()
     compacted = Index.open("approx", tmp_path, device="cpu")
     assert len(compacted) == 449 and [segment.vectors.index_type for segment in compacted.snapshot.segments] == [index_type]
@@ -418,7 +418,7 @@ def test_build_from_vectors_equals_build_with_encoding(tmp_path, tiny_bert):
     assert given.snapshot.manifest.encoder == encoded.snapshot.manifest.encoder  # queries go through the same path
     np.testing.assert_allclose(given.snapshot.segments[0].vectors.stored_vectors(),
                                encoded.snapshot.segments[0].vectors.stored_vectors(), atol=1e-5)
-    assert [h.doc_id for h in given.search(docs["d3"], k=3)[0]] == [h.doc_id for h in encoded.search(docs["d3"], k=3)[0]]
+    assert [h.doc_id for h in given.search(docs["d3"], k=3)] == [h.doc_id for h in encoded.search(docs["d3"], k=3)]
 
 
 def test_bad_vectors_are_one_line_and_write_nothing(tiny_index, tmp_path, tiny_bert):
@@ -568,22 +568,28 @@ def test_an_open_raced_by_two_writes_opens_the_newer_version(tiny_index, tmp_pat
     assert not raced[0].exists() and index.snapshot.folder != raced[0] and len(index) == len(DOCS) - 2
 
 
-def test_a_write_returns_the_version_it_committed_and_leaves_its_index_on_the_old_one(tmp_path, tiny_bert):
-    """The API's contract: an `Index` is a snapshot of one version; `summary.open()` is the version a write
-    committed, so a caller goes on from its own write."""
+def test_an_index_sees_its_own_writes_and_a_summary_opens_the_version_a_write_made(tmp_path, tiny_bert):
+    """The API's contract, as Chroma's, LanceDB's and txtai's: `index.add(...)` then `index.search(...)` finds the
+    new document (records as a .jsonl holds them are taken); `summary.open()` is the version a write committed,
+    as another object; a search that began before a write finishes on its version."""
     from retriever.corpus import Document
 
     docs = sentences(30)
     built = Index.build(write_jsonl(tmp_path / "c.jsonl", docs), "snap", tmp_path / "ix", model=str(tiny_bert),
                         calibrator="sn", device="cpu")
     index = built.open()
+    before = index.snapshot
     assert len(index) == len(docs) and index.snapshot.folder == Path(built.folder)
-    added = index.add([Document("new", "a brand new sentence about lighthouses", None, "api", 1)])
-    assert len(index) == len(docs) and index.document("new") is None  # still the version it was opened on
+    added = index.add([{"_id": "new", "text": "a brand new sentence about lighthouses", "metadata": {"tags": ["x"]}}])
+    assert len(index) == len(docs) + 1 and index.document("new")["metadata"] == {"tags": ["x"]}
+    assert index.search("a brand new sentence about lighthouses", k=1)[0].doc_id == "new"
+    assert len(before) == len(docs) and before.document("new") is None  # the version left is unchanged
     newer = added.open()
     assert len(newer) == len(docs) + 1 and newer.document("new")["text"].startswith("a brand new")
     newest = newer.delete(["d0"]).open()
-    assert newest.document("d0") is None and newer.document("d0") is not None
+    assert newest.document("d0") is None and newer.document("d0") is None  # newer followed its own delete
+    index.add([Document("other", "another sentence", None, "api", 1)])  # on the current version, not its own
+    assert index.document("d0") is None and index.document("other") is not None
     assert newest.compact().open().snapshot.folder == Index.open("snap", tmp_path / "ix", device="cpu").snapshot.folder
 
 
@@ -602,8 +608,9 @@ def test_build_takes_documents_and_vectors_from_memory(tmp_path, tiny_bert):
                             calibrator="sn", device="cpu").open()
     assert from_memory.snapshot.manifest.source is None and len(from_memory) == 40
     query = docs["d17"]
-    assert [h.doc_id for h in from_memory.search(query, k=3)[0]] == [h.doc_id for h in from_file.search(query, k=3)[0]]
-    for bad, message in ((["not a document"], "not a retriever.corpus.Document"),
+    assert [h.doc_id for h in from_memory.search(query, k=3)] == [h.doc_id for h in from_file.search(query, k=3)]
+    for bad, message in ((["not a document"], "not a record .* or a retriever.corpus.Document"),
+                         ([{"_id": "x"}], 'record 1: missing "text"'),
                          ([Document("x", " ", None, "api", 1)], "non-empty"),
                          ([Document("x", "a \ud800", None, "api", 1)], "invalid character"),
                          (documents[:2] + documents[:1], "d0")):

@@ -50,7 +50,7 @@ def test_a_corpus_too_small_for_the_flow_builds_uncalibrated_and_says_so(tmp_pat
     assert index.snapshot.manifest.calibrator == {"name": "none"}
     assert index.snapshot.manifest.calibrator_fallback == {
         "asked": "flow", "reason": "only 1 document: too few to fit the flow (it needs at least 33 for 32 dimensions)"}
-    hits = index.search("the only document", k=5)[0]
+    hits = index.search("the only document", k=5)
     assert [hit.doc_id for hit in hits] == ["one.txt:1"]
 
     # refit is an explicit request: refused while too small, done (and the fallback forgotten) once big enough
@@ -61,7 +61,7 @@ def test_a_corpus_too_small_for_the_flow_builds_uncalibrated_and_says_so(tmp_pat
     Index.open("one", tmp_path, device="cpu").refit("flow")
     refitted = Index.open("one", tmp_path, device="cpu")
     assert refitted.snapshot.manifest.calibrator["name"] == "flow" and refitted.snapshot.manifest.calibrator_fallback is None
-    assert refitted.search("The only document there is.", k=1)[0][0].doc_id == "one.txt:1"
+    assert refitted.search("The only document there is.", k=1)[0].doc_id == "one.txt:1"
 
 
 def test_enough_documents_but_a_fit_sample_too_small_is_refused(tmp_path, tiny_bert):
@@ -161,7 +161,7 @@ def test_describe_and_remove_indexes(tmp_path, tiny_bert):
         remove_index(tmp_path, "mine")
     assert (tmp_path / "mine").is_dir()
     Index.build(corpus, "first", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")  # the name is free
-    assert Index.open("first", tmp_path).search(DOCS["dog"], k=1)[0][0].doc_id == "dog"
+    assert Index.open("first", tmp_path).search(DOCS["dog"], k=1)[0].doc_id == "dog"
 
 
 def no_space(*args, **kwargs):
@@ -255,7 +255,7 @@ def test_add_with_upsert_replaces_the_documents_whose_ids_are_taken(tmp_path, ti
     assert any("replaced 1 document" in note for note in summary.notes)
     after = summary.open()
     assert len(after) == 4 and "ships" in after.document("b")["text"] and "cats" in after.document("a")["text"]
-    found = [hit.doc_id for hit in after.search("a note about ships number b", k=4, mode="keyword")[0]]
+    found = [hit.doc_id for hit in after.search("a note about ships number b", k=4, mode="keyword")]
     assert found.count("b") == 1  # the old document of that id is gone from every search
 
 

@@ -272,7 +272,7 @@ def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, ti
     fresh = Index.open("fresh", index_dir, device="cpu")
     np.testing.assert_allclose(resumed.snapshot.segments[0].vectors.stored_vectors(),
                                fresh.snapshot.segments[0].vectors.stored_vectors(), atol=1e-6)
-    assert [h.doc_id for h in resumed.search(docs["d7"], k=5)[0]] == [h.doc_id for h in fresh.search(docs["d7"], k=5)[0]]
+    assert [h.doc_id for h in resumed.search(docs["d7"], k=5)] == [h.doc_id for h in fresh.search(docs["d7"], k=5)]
 
 
 def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tmp_path, tiny_bert, encoded_texts,

@@ -50,7 +50,7 @@ def reference_bm25(records: list[dict], query: str, k1: float = 1.2, b: float = 
 
 
 def keyword_scores(index: Index, query: str) -> dict[str, float]:
-    [hits] = index.search(query, k=max(len(index), 1), mode="keyword")
+    hits = index.search(query, k=max(len(index), 1), mode="keyword")
     return {hit.doc_id: hit.score for hit in hits}
 
 
@@ -70,7 +70,7 @@ def test_keyword_scores_are_bm25_over_the_whole_version(tmp_path, tiny_bert):
         got = keyword_scores(index, query)
         assert set(got) == set(expected)
         assert all(got[doc] == pytest.approx(expected[doc], rel=1e-5) for doc in expected)
-    assert index.search("nothing known here", k=5, mode="keyword") == [[]]
+    assert index.search("nothing known here", k=5, mode="keyword") == []
 
 
 def test_the_best_few_found_by_maxscore_are_the_best_of_every_match(tmp_path, tiny_bert):
@@ -86,7 +86,7 @@ def test_the_best_few_found_by_maxscore_are_the_best_of_every_match(tmp_path, ti
     for query in ("harbour lighthouse storm", "harbour lighthouse keeper rocks", "keeper tide", "harbour"):
         expected = sorted(reference_bm25(records, query).items(), key=lambda item: (-item[1], order[item[0]]))
         for k in (1, 5, 20):
-            hits = index.search(query, k=k, mode="keyword")[0]
+            hits = index.search(query, k=k, mode="keyword")
             assert [hit.doc_id for hit in hits] == [doc for doc, _ in expected[:k]], (query, k)
 
 
@@ -103,7 +103,7 @@ def test_three_segments_rank_exactly_as_the_same_documents_in_one_in_every_mode(
     def same(first: Index, second: Index) -> None:
         for query in ("lighthouse keeper at night", "storm fog bell", "a boat near the island coast"):
             for mode in ("dense", "keyword", "hybrid"):
-                one, three = first.search(query, k=20, mode=mode)[0], second.search(query, k=20, mode=mode)[0]
+                one, three = first.search(query, k=20, mode=mode), second.search(query, k=20, mode=mode)
                 assert [hit.doc_id for hit in one] == [hit.doc_id for hit in three], (query, mode)
                 assert [hit.score for hit in one] == pytest.approx([hit.score for hit in three], abs=1e-5)
 
@@ -157,7 +157,7 @@ def test_documents_given_in_python_get_a_keyword_index_too(tmp_path, tiny_bert):
                  enumerate(["the lighthouse keeper lit the lamp", "a ship hit the rocks in fog", "gulls over cliffs"])]
     index = Index.build(documents, "py", tmp_path / "ix", model=str(tiny_bert), calibrator="none",
                         device="cpu").open()
-    assert [hit.doc_id for hit in index.search("lamp", k=3, mode="keyword")[0]] == ["p0"]
+    assert [hit.doc_id for hit in index.search("lamp", k=3, mode="keyword")] == ["p0"]
 
 
 def test_modes_fusions_and_weights_are_checked(tmp_path, tiny_bert):
@@ -178,7 +178,7 @@ def test_stop_words_leave_a_query_that_has_other_words(tmp_path, tiny_bert):
     index = Index.build(write_corpus(tmp_path / "s.jsonl", records), "s", tmp_path / "ix", model=str(tiny_bert),
                         calibrator="none", device="cpu").open()
     def scores(query: str, stop_words: bool) -> dict[str, float]:
-        return {hit.doc_id: hit.score for hit in index.search(query, k=3, mode="keyword", stop_words=stop_words)[0]}
+        return {hit.doc_id: hit.score for hit in index.search(query, k=3, mode="keyword", stop_words=stop_words)}
 
     assert scores("the storm", True) == pytest.approx(reference_bm25(records, "storm"))
     assert scores("the storm", False) == pytest.approx(reference_bm25(records, "the storm"))

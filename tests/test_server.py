@@ -64,7 +64,7 @@ def test_get_search_answers_in_the_cli_schema_with_the_version(client, index_dir
     assert first == {"rank": 1, "doc_id": "d7", "score": first["score"], "dense_score": first["dense_score"],
                      "keyword_score": first["keyword_score"], "dense_rank": 1, "keyword_rank": 1, "title": "note 7",
                      "text": text, "metadata": None, "passage": text, "span": [0, len(text)]}
-    expected = index.search(text, 3)[0]
+    expected = index.search(text, 3)
     assert [hit["doc_id"] for hit in record["results"]] == [hit.doc_id for hit in expected]
     # The server encodes on ONNX Runtime, the library here on PyTorch: the same numbers to float precision.
     assert [hit["score"] for hit in record["results"]] == pytest.approx([hit.score for hit in expected], abs=1e-4)
@@ -278,7 +278,7 @@ def test_search_modes_answer_with_each_side_s_scores_and_ranks(client, index_dir
         answer = client.get("/search", params={"q": text, "k": 5, "mode": mode}).json()
         assert answer["mode"] == answer["queries"][0]["mode"] == mode
         hits = answer["queries"][0]["results"]
-        expected = index.search(text, 5, mode=mode)[0]
+        expected = index.search(text, 5, mode=mode)
         assert [hit["doc_id"] for hit in hits] == [hit.doc_id for hit in expected]
         assert hits[0]["doc_id"] == "d7"
         assert (hits[0]["dense_score"] is None) == (mode == "keyword")
@@ -286,7 +286,7 @@ def test_search_modes_answer_with_each_side_s_scores_and_ranks(client, index_dir
     posted = client.post("/search", json={"queries": [text], "k": 5, "mode": "hybrid", "fusion": "rrf",
                                           "weight": 0.7}).json()["queries"][0]["results"]
     assert [hit["doc_id"] for hit in posted] == [hit.doc_id for hit in index.search(text, 5, mode="hybrid",
-                                                                                     fusion="rrf", weight=0.7)[0]]
+                                                                                     fusion="rrf", weight=0.7)]
     assert "mode" in one_line_error(client.get("/search", params={"q": text, "mode": "fuzzy"}), 422)
     assert "weight" in one_line_error(client.post("/search", json={"queries": [text], "weight": 1.5}), 422)
     assert '"mode": "dense" only' in one_line_error(client.get("/search", params={"q": text, "space": "raw",
@@ -317,7 +317,7 @@ def test_a_hybrid_answer_never_depends_on_what_was_batched_with_it(index_dir):
     index = Index.open("notes", index_dir, device="cpu")
     texts = [record["text"] for record in documents(120)[:3]]
     options = SearchOptions(k=5, mode="hybrid")
-    alone = index.search(texts[1], options)[0]
+    alone = index.search(texts[1], options)
     encoder = load_encoder(index.snapshot)
     encode, holding, release = encoder.encode, threading.Event(), threading.Event()
 
@@ -351,17 +351,17 @@ def test_min_score_leaves_out_weak_hits_and_an_empty_answer_means_no_good_match(
     text = documents(120)[7]["text"]
     index = Index.open("notes", index_dir, device="cpu")
     for mode in ("dense", "hybrid"):
-        everything = index.search(text, 10, mode=mode)[0]
+        everything = index.search(text, 10, mode=mode)
         scores = sorted(hit.dense_score for hit in everything)
         floor = (scores[4] + scores[5]) / 2  # half the hits below, none near it (the server's encoder may differ
         # from this one in the last digits)
-        kept = index.search(text, 10, mode=mode, min_score=floor)[0]
+        kept = index.search(text, 10, mode=mode, min_score=floor)
         assert [hit.doc_id for hit in kept] == [hit.doc_id for hit in everything if hit.dense_score >= floor]
         assert [hit.rank for hit in kept] == list(range(1, len(kept) + 1))
         assert 0 < len(kept) < len(everything)
         served = client.get("/search", params={"q": text, "k": 10, "mode": mode, "min_score": floor}).json()
         assert [hit["doc_id"] for hit in served["queries"][0]["results"]] == [hit.doc_id for hit in kept]
-    raw = index.search(text, 10, space="raw", min_score=0.5)[0]
+    raw = index.search(text, 10, space="raw", min_score=0.5)
     assert all(hit.dense_score >= 0.5 for hit in raw)
     nothing = client.post("/search", json={"queries": ["zzz qqq"], "k": 5, "mode": "dense", "min_score": 1.0})
     assert nothing.json()["queries"][0]["results"] == []

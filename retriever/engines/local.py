@@ -19,7 +19,7 @@ import numpy as np
 
 from retriever.engines.steps import fitted_out_dim, note
 from retriever.calibration import Calibrator
-from retriever.corpus import Document, check_documents, corpus_format, iter_corpus
+from retriever.corpus import Document, corpus_format, given_documents, iter_corpus
 from retriever.engines.base import BuildEngine
 from retriever.text import counted
 from retriever.errors import RetrieverError, param
@@ -77,8 +77,7 @@ class LocalEngine(BuildEngine):
     def check(self) -> None:
         corpus = self.corpus
         if isinstance(corpus, (list, tuple)):
-            self._given = list(corpus)
-            check_documents(self._given)
+            self._given = given_documents(corpus)
             self.resume = False  # nothing on disk to resume from
         elif Path(corpus).is_dir():
             raise RetrieverError(f"{corpus}: a folder; the local engine builds from one corpus file, "

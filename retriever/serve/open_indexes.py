@@ -100,8 +100,9 @@ class OpenIndexes:
                     snapshot.close()
                     raise UnavailableError(str(error), parameter=error.parameter) from None
             searcher = Searcher(snapshot, self.remote)
-            served = Served(Index(snapshot, encoder=self._encoders[key], searcher=searcher), searcher,
-                            self._encoders[key])
+            # The server swaps versions itself (`using`), each request on the one it began with.
+            index = Index(snapshot, encoder=self._encoders[key], searcher=searcher, follow_writes=False)
+            served = Served(index, searcher, self._encoders[key])
             with self._leases.lock:
                 previous = self._held.get(name)
                 self._held[name] = served
