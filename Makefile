@@ -1,7 +1,9 @@
 # Two commands do the whole set-up on a fresh machine with Python 3.10+ and pip:
-#   make demo   installs into .venv, builds a calibrated index over the standard library's docs (into the index
-#               home, ~/.local/share/retriever/indexes unless RETRIEVER_HOME says otherwise), searches it
-#   make test   installs into .venv (with test extras and Ray for `--engine ray`) and runs the test suite
+#   make demo   installs the package into .venv, builds a calibrated index over the standard library's docs (into
+#               the index home, ~/.local/share/retriever/indexes unless RETRIEVER_HOME says otherwise), searches it
+#   make test   installs into .venv with the test extras and Ray (for `--engine ray`), and Debian's chromium and
+#               chromium-driver for the browser tests (apt-get, as root or through sudo: said before it runs;
+#               BROWSER=no skips it, and those tests then fail), then runs the test suite
 # CPU machines get the CPU build of torch pinned; on a CUDA machine: make demo TORCH=torch
 
 PYTHON ?= python3
@@ -9,6 +11,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 DATA ?= ../shared/data
+BROWSER ?= yes
+# pip shows what it collects and installs (a quiet install of a few minutes looks hung); setuptools' banner about
+# editable installs, a warning for package authors, is left out.
+PIP := PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --progress-bar on
 
 .PHONY: install browser demo test bench clean
 
@@ -16,9 +22,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Re-run pip only when the dependency list changes.
+# Re-run pip only when the dependency list changes. The demo needs the package alone; the tests add their
+# extras and Ray.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet "$(TORCH)" -e ".[dev,ray]"
+	@echo "installing retriever and $(TORCH) into $(VENV) (a few minutes on a fresh machine)"
+	$(PIP) "$(TORCH)" -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	@echo "installing the test extras and Ray into $(VENV)"
+	$(PIP) "$(TORCH)" -e ".[dev,ray]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -32,15 +45,19 @@ demo: install
 	@echo "serve it (HTTP API + search page on http://127.0.0.1:8000): $(BIN)/retriever serve"
 	@echo "the retriever command is in $(BIN): run 'source $(BIN)/activate' to use it by name"
 
-# The search page's browser test drives Debian's chromium through chromium-driver (root or sudo installs them).
+# The page tests drive Debian's chromium through chromium-driver. Installing them needs root (or sudo, which may
+# ask for a password): said first, in plain words, and skipped with BROWSER=no.
 browser:
-	@command -v chromedriver >/dev/null 2>&1 || { \
+	@command -v chromedriver >/dev/null 2>&1 || [ "$(BROWSER)" = no ] || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; else \
-	    echo "the browser test needs chromium and chromium-driver: apt-get install chromium chromium-driver" >&2; exit 1; fi; \
+	    echo "the browser tests need chromium and chromium-driver: apt-get install chromium chromium-driver" \
+	         "(or make test BROWSER=no to go on without them)" >&2; exit 1; fi; \
+	  echo "make test: installing Debian's chromium and chromium-driver for the browser tests with" \
+	       "$${SUDO:-root's} apt-get (make test BROWSER=no skips this)"; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
 	    chromium chromium-driver >/dev/null; }
 
-test: install browser
+test: $(VENV)/.installed-test browser
 	RETRIEVER_DATA=$(DATA) $(BIN)/python -m pytest --durations=15
 
 clean:
