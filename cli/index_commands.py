@@ -58,6 +58,14 @@ def _one_name(positional: str | None, name: str | None) -> str | None:
     return positional or name
 
 
+def _index_then(arguments: list[str], name: str | None, command: str, what: str) -> tuple[str | None, str]:
+    """The arguments of a command that takes [INDEX] WHAT (show, add, rollback): (the index they or --name name,
+    or None; WHAT). Told apart by their number: WHAT alone, or the index before it."""
+    if len(arguments) > 2:
+        raise RetrieverError(f"{command} takes one {what} (and, before it, the index if --name is not given)")
+    return _one_name(arguments[0] if len(arguments) == 2 else None, name), arguments[-1]
+
+
 def _pick(home: Path, name: str | None, writing: bool = False) -> str:
     from retriever.versions.home import pick_index
 
@@ -200,17 +208,18 @@ def build(
                                             f"{index_options(home, name)})" if existed else ""))
     if vectors is None:
         share = summary.timings["encode"] / summary.seconds if summary.seconds else 0.0
-        _say(f"{_long_documents(summary)}; encoding took {share:.0%} of the time")
+        _say("; ".join(filter(None, (_long_documents(summary), f"encoding took {share:.0%} of the time"))))
     _say(f"search it with: retriever search \"...\" {index_options(home, name)}")
 
 
 def _long_documents(summary) -> str:
-    """What became of the documents longer than the encoder reads: cut into passages, or truncated."""
+    """What became of the documents longer than the encoder reads: cut into passages, or truncated ("" for no
+    such document: a count of none is no news)."""
     said = []
     if summary.cut:
         said.append(f"{counted(summary.cut, 'document')} longer than the encoder reads cut into passages "
                     f"({summary.passages:,} vectors in all)")
-    if summary.truncated or not summary.cut:
+    if summary.truncated:
         said.append(f"{counted(summary.truncated, 'document')} truncated at the max length")
     return "; ".join(said)
 
@@ -330,7 +339,7 @@ def search(
         _say(f"note: {note}")
     if queries is None:
         batch = [(None, query)]
-        results = index.search(query, settings)
+        results = [index.search(query, settings)]
     else:
         batch = read_queries(queries, encoding=encoding)
         results = index.search([text for _, text in batch], settings, progress=True)
@@ -344,7 +353,8 @@ def search(
 def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: float | None = None) -> None:
     """One query's results. A doc id is shown whole, on one line while it fits (it is what `show` and `delete`
     take); the text is a one-line snippet of where the document matched (its best passage) filling the rest of the
-    width, or with FULL all of it, wrapped. Hybrid
+    width, or with FULL all of it, wrapped. Where ids leave the text too little width, each id goes on a line of
+    its own above its text. Hybrid
     results say where each side ranked them ("3/-": third in the dense list, not in the keyword list)."""
     title = terminal_safe(title)
     if not hits and min_score is not None:
@@ -356,19 +366,20 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
     rank, score, ids = (max([cell_len(row[i]) for row in rows] + [len(header)])
                         for i, header in enumerate(("rank", "score", "doc id")))
     # Widths set here, not left to rich, which would squeeze the ids first. Overhead: 1 + 3 per column (a border
-    # and a space each side). The ids get their full width unless that leaves the text under 20 columns; then
-    # they fold onto more lines, still whole.
+    # and a space each side). Beside whole ids, a text under 30 columns says too little (`fileinput.filelinen…`
+    # at 80 columns): then the ids are STACKED, each above its text in one column that takes the width.
     side = max([cell_len(cell) for cell in sides] + [len("d/k")]) + 3 if sides else 0
     fixed = 13 + rank + score + side
-    ids = min(ids, max(stdout.width - fixed - 20, 6))
-    room = max(stdout.width - fixed - ids, 10)
+    stacked = stdout.width - fixed - ids < 30
+    room = max(stdout.width - fixed + 3 if stacked else stdout.width - fixed - ids, 10)
     table = Table(title=Text(title if full else _snippet(title, stdout.width)), title_justify="left")
     table.add_column("rank", justify="right", no_wrap=True, width=rank)
     table.add_column("score", justify="right", no_wrap=True, width=score)
     if sides:
         table.add_column("d/k", justify="right", no_wrap=True, width=side - 3)
-    table.add_column("doc id", overflow="fold", width=ids)
-    table.add_column("text", overflow="fold", max_width=room)
+    if not stacked:
+        table.add_column("doc id", overflow="fold", width=ids)
+    table.add_column("doc id / text" if stacked else "text", overflow="fold", max_width=room)
     for number, ((rank, score, doc_id), hit) in enumerate(zip(rows, hits)):
         cell = Text()
         if hit.title:
@@ -379,7 +390,8 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
         cell.append(terminal_safe(hit.text if full else snippet))
         if not full:
             cell.truncate(room, overflow="ellipsis")
-        table.add_row(rank, score, *([sides[number]] if sides else []), Text(doc_id, overflow="fold"), cell)
+        shown = [Text.assemble(doc_id, "\n", cell)] if stacked else [Text(doc_id, overflow="fold"), cell]
+        table.add_row(rank, score, *([sides[number]] if sides else []), *shown)
     stdout.print(table)
 
 
@@ -396,12 +408,9 @@ def show(
     Control characters are shown escaped (\\x1b, \\u202e); --json is exact JSON, with them as \\u escapes."""
     from retriever.index import Index
 
-    if len(ids) > 2:
-        raise RetrieverError("show takes one document id (and, before it, the index if --name is not given)")
+    index, doc_id = _index_then(ids, name, "show", "document id")
     home = _home(index_dir)
-    index = _one_name(ids[0] if len(ids) == 2 else None, name)
     index = _pick(home, index)
-    doc_id = ids[-1]
     opened = Index.open(index, home, device="cpu")
     row = opened.document(doc_id)
     if row is None:
@@ -422,7 +431,9 @@ def show(
 
 
 def add(
-    corpus: Annotated[Path, typer.Argument(help="new documents, in any corpus format build accepts")],
+    arguments: Annotated[list[str], typer.Argument(
+        help="CORPUS: new documents, in any corpus format build accepts (the index by --name, or the only one), or "
+        "INDEX CORPUS", show_default=False, metavar="[INDEX] CORPUS")],
     name: options.IndexName = None,
     vectors: Annotated[Optional[Path], typer.Option(
         "--vectors", help="their precomputed raw vectors (.npy or folder of shards), made with the index's encoder "
@@ -439,12 +450,13 @@ def add(
     it is, not copied. Waits while another process writes the same index."""
     from retriever.index import Index
 
+    name, corpus = _index_then(arguments, name, "add", "corpus")
     home = _home(index_dir)
     index = Index.open(_pick(home, name, writing=True), home, device=device)
     on_interrupt(UNCHANGED.format(name=index.name))
-    summary = index.add(corpus, encoding, progress=True, vectors=vectors, upsert=upsert)
+    summary = index.add(Path(corpus), encoding, progress=True, vectors=vectors, upsert=upsert)
     _report("updated", summary, "added")
-    if vectors is None:
+    if vectors is None and _long_documents(summary):
         _say(_long_documents(summary))
 
 
@@ -469,6 +481,7 @@ def delete(
 
 
 def compact(
+    index: Annotated[Optional[str], typer.Argument(help="the index to compact (or --name)", show_default=False)] = None,
     name: options.IndexName = None,
     index_dir: options.IndexDir = None,
 ) -> None:
@@ -479,7 +492,7 @@ def compact(
     from retriever.index import Index
 
     home = _home(index_dir)
-    index = Index.open(_pick(home, name, writing=True), home, device="cpu")
+    index = Index.open(_pick(home, _one_name(index, name), writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
     before = len(index.snapshot.segments)
     summary = index.compact()
@@ -487,6 +500,7 @@ def compact(
 
 
 def refit(
+    index: Annotated[Optional[str], typer.Argument(help="the index to refit (or --name)", show_default=False)] = None,
     name: options.IndexName = None,
     calibrator: Annotated[Optional[str], typer.Option(
         "--calibrator", "-c", help=f"{options.CALIBRATORS} " + default("the index's own"))] = None,
@@ -501,7 +515,7 @@ def refit(
     from retriever.index import Index
 
     home = _home(index_dir)
-    index = Index.open(_pick(home, name, writing=True), home, device="cpu")
+    index = Index.open(_pick(home, _one_name(index, name), writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
     summary = index.refit(calibrator, {"seed": seed} if seed is not None else None, fit_queries=fit_queries,
                           progress=True)
@@ -586,6 +600,8 @@ def verify(
 
 
 def versions(
+    index: Annotated[Optional[str], typer.Argument(help="the index whose versions to list (or --name)",
+                                                   show_default=False)] = None,
     name: options.IndexName = None,
     as_json: Json = False,
     index_dir: options.IndexDir = None,
@@ -595,7 +611,7 @@ def versions(
     from retriever.versions.catalog import version_records
 
     home = _home(index_dir)
-    name = _pick(home, name)
+    name = _pick(home, _one_name(index, name))
     records = version_records(home, name)
     if as_json:
         _print_json({"name": name, "versions": records})
@@ -619,8 +635,9 @@ def versions(
 
 
 def rollback(
-    version: Annotated[str, typer.Argument(help="a kept version's number, as `retriever versions` lists it",
-                                           show_default=False)],
+    arguments: Annotated[list[str], typer.Argument(
+        help="VERSION: a kept version's number, as `retriever versions` lists it (the index by --name, or the only "
+        "one), or INDEX VERSION", show_default=False, metavar="[INDEX] VERSION")],
     name: options.IndexName = None,
     index_dir: options.IndexDir = None,
 ) -> None:
@@ -628,6 +645,7 @@ def rollback(
     kept, so a rollback is undone the same way. Refuses at once while another process writes the index."""
     from retriever.index import Index
 
+    name, version = _index_then(arguments, name, "rollback", "version")
     home = _home(index_dir)
     name = _pick(home, name, writing=True)
     on_interrupt(UNCHANGED.format(name=name))
@@ -679,6 +697,8 @@ def remove(
 
 
 def info(
+    index: Annotated[Optional[str], typer.Argument(help="the index to describe (or --name)",
+                                                   show_default=False)] = None,
     name: options.IndexName = None,
     as_json: Json = False,
     index_dir: options.IndexDir = None,
@@ -687,7 +707,7 @@ def info(
     from retriever.index import Index
 
     home = _home(index_dir)
-    details = Index.open(_pick(home, name), home, device="cpu").info()
+    details = Index.open(_pick(home, _one_name(index, name)), home, device="cpu").info()
     if as_json:
         print(json.dumps(details, indent=2))
         return

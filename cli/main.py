@@ -67,10 +67,9 @@ def encode(
     encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
     interrupts.on_interrupt(f"{out} is incomplete; re-run the same command to resume")
     result = encode_corpus(file, out, encoder, encoding=encoding, total=total, progress=True)
-    stderr_console.print(
-        f"wrote {out} ({result.count:,} x {encoder.dim}), {counted(result.truncated, 'text')} truncated at "
-        f"{encoder.max_length} tokens", markup=False, highlight=False,
-    )
+    truncated = (f", {counted(result.truncated, 'text')} truncated at {encoder.max_length} tokens"
+                 if result.truncated else "")  # a count of none is no news
+    stderr_console.print(f"wrote {out} ({result.count:,} x {encoder.dim}){truncated}", markup=False, highlight=False)
 
 
 # The index and bench commands live in their own modules; registered after `encode`, in workflow order.

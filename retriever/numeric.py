@@ -27,7 +27,15 @@ def anisotropy(vectors: np.ndarray, seed: int = 0, pairs: int = 20_000) -> dict:
     distinct = first != second
     mean_cosine = float((unit[first[distinct]] * unit[second[distinct]]).sum(1).mean()) if distinct.any() else 0.0
     centered = np.asarray(unit - unit.mean(0), dtype=np.float64)
-    variances = np.clip(np.linalg.eigvalsh(centered.T @ centered), 0, None)
+    # The (dim x dim) covariance and the (rows x rows) Gram matrix share their nonzero eigenvalues: the smaller is
+    # solved (a small index's 40 x 40 rather than MiniLM's 384 x 384).
+    gram = centered @ centered.T if len(centered) < centered.shape[1] else centered.T @ centered
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency, and ours
+
+    # On one BLAS thread: an eigenproblem this size gains nothing from more, and where the cores are busy OpenBLAS's
+    # threads wait on each other (seconds instead of milliseconds: `retriever info` felt it).
+    with threadpool_limits(1, user_api="blas"):
+        variances = np.clip(np.linalg.eigvalsh(gram), 0, None)
     total = float(variances.sum())
     return {"mean_cosine": round(mean_cosine, 4),
             "top_direction_share": round(float(variances[-1]) / total, 4) if total > 0 else 0.0}

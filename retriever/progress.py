@@ -12,7 +12,7 @@ stderr_console = Console(stderr=True)
 
 
 class RateColumn(TextColumn):
-    """Items per second, e.g. '812 it/s'."""
+    """Items per second, e.g. '812 it/s'; '…' until a rate is known, nothing for a stage done before one was."""
 
     def __init__(self, unit: str = "it"):
         super().__init__("")
@@ -20,7 +20,9 @@ class RateColumn(TextColumn):
 
     def render(self, task):
         speed = task.finished_speed or task.speed
-        return f"{speed:,.0f} {self.unit}/s" if speed else f"- {self.unit}/s"
+        if speed:
+            return f"{speed:,.0f} {self.unit}/s"
+        return "" if task.finished else "…"
 
 
 @contextmanager

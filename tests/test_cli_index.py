@@ -293,7 +293,7 @@ def test_search_in_the_raw_space_compares_with_the_calibrated_ranking(built, cli
 
     index = Index.open("docs", built, device="cpu")
     raw = raw_hits(index, encoder_of(index).encode([TEXTS[1]]), 3)[0]
-    assert [hit.doc_id for hit in index.search(TEXTS[1], 3, space="raw")[0]] == [hit.doc_id for hit in raw]
+    assert [hit.doc_id for hit in index.search(TEXTS[1], 3, space="raw")] == [hit.doc_id for hit in raw]
     done = cli("search", TEXTS[1], "--name", "docs", "-k", "3", "--space", "raw", "--json", "--index-dir", built)
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)

@@ -19,6 +19,7 @@ the calibrator (calibrator.json), so the manifest, `retriever info` and `retriev
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,11 @@ class AutoCalibrator(Calibrator):
         record = None
         if candidates:
             for candidate in candidates:
-                candidate.fit(X)
+                # Quietly: what a fit warns of (whitening's singular covariance, fewer vectors than dimensions) is
+                # nobody's to act on here: auto rejects most candidates, and its check measured the one it keeps.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    candidate.fit(X)
             baseline = score_queries(check, chosen.transform)
             results = compare(check, baseline, [(c.name, score_queries(check, c.transform)) for c in candidates],
                               seed=self.seed)
