@@ -322,18 +322,51 @@ def test_a_worker_killed_mid_build_is_restarted_and_the_build_is_the_same(passag
     assert_same_index(Index.open("killed", tmp_path, device="cpu"), Index.open("local", local_index, device="cpu"))
 
 
+# Loaded by every Python process Ray starts (it starts them with the driver's environment): once
+# retriever.engines.workers is imported there, each batch an encode actor takes waits SLOW_BATCH seconds first. A
+# build of 12 batches then lasts long enough for the killer to kill an actor as often as it means to however
+# loaded the machine is, instead of racing a build that may finish first.
+SLOW_BATCH = 0.5
+SLOW_WORKERS = f"""
+import importlib.abc, importlib.util, sys, time
+
+class _Slow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "retriever.engines.workers":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loaded = spec.loader.exec_module
+
+        def exec_module(module):
+            loaded(module)
+            encode = module.EncodeWorker.__call__
+
+            def slow(worker, batch):
+                time.sleep({SLOW_BATCH})
+                return encode(worker, batch)
+            module.EncodeWorker.__call__ = slow
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Slow())
+"""
+
+
 @pytest.mark.timeout(300)
 def test_a_worker_that_keeps_dying_fails_the_build_in_one_line_and_keeps_the_previous_index(passages, model,
-                                                                                            tmp_path):
+                                                                                            tmp_path, monkeypatch):
     from retriever.engines.ray_build import WORKER_RESTARTS
 
     Index.build(passages, "kept", tmp_path, model=model, calibrator="none")
     current = (tmp_path / "kept").resolve()
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_WORKERS)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "slow"),
+                                                                   os.environ.get("PYTHONPATH")])))
     with ActorKiller(".versions/kept/*.partial/shards/*.npy", tmp_path, after_shards=0,
                      times=WORKER_RESTARTS + 1) as killer:
         with pytest.raises(RetrieverError, match=f"^an encode worker died {WORKER_RESTARTS + 1} times") as failure:
-            # Batches of 100 (12): enough work that no actor finishes the build between two of the killer's looks,
-            # also on a loaded machine.
             Index.build(passages, "kept", tmp_path, model=model, engine="ray", calibrator="none",
                         ray_options=RayOptions(batch_rows=100), replace=True)
     assert len(killer.killed) == WORKER_RESTARTS + 1
