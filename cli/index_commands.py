@@ -238,7 +238,11 @@ def _name_from(corpus: Path) -> str:
 
 
 def list_indexes(
-    as_json: Json = False,
+    as_json: Annotated[bool, typer.Option("--json", help=(
+        'print {"index_dir", "indexes": [{"name", "version", "documents", "passages", "model", "calibrator", '
+        '"calibrator_asked" (after a fallback), "index_type", "written", "folder", "fields"} (a damaged one: '
+        '"name", "written", "folder", "problem")], "interrupted_builds": [{"name", "documents", "encoded", "model", '
+        '"since", "folder"}]} instead of a table'))] = False,
     index_dir: options.IndexDir = None,
 ) -> None:
     """List the indexes in the index folder: documents, model, calibrator, index type, when last written."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import re
 import os
 import subprocess
 import sys
@@ -100,6 +101,9 @@ def test_list_shows_every_index_and_json(cli, built_home, tmp_path, tiny_bert, m
     assert [(r["name"], r["documents"], r["calibrator"], r["index_type"]) for r in listed["indexes"]] == [
         ("more", 4, "none", "flat"), ("docs", 4, "none", "flat")]
     assert listed["indexes"][0]["calibrator_asked"] == "flow" and listed["indexes"][1]["model"] == str(tiny_bert)
+    # Every field it prints is one its --help names (a field added without a word there fails here).
+    documented = set(re.findall(r'"(\w+)"', " ".join(cli("list", "--help").stdout.split()).replace("│", "")))
+    assert {key for record in listed["indexes"] for key in record} | set(listed) <= documented
     empty = cli("list", "--index-dir", tmp_path / "nothing-here")
     assert empty.returncode == 0 and empty.stdout == ""
     assert "no index in" in empty.stderr and "retriever build CORPUS --index-dir" in empty.stderr

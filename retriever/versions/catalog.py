@@ -21,8 +21,10 @@ from retriever.versions.manifest import Manifest
 
 def describe_indexes(index_dir: str | Path) -> list[dict]:
     """One record per index in INDEX_DIR, most recently written first, with name, version (its number), documents,
-    passages (a vector each: as many as documents where none is cut), model, calibrator, index_type, written (when its current version was written, ISO 8601 UTC) and folder, read
-    from each manifest after the cheap checks; an index that fails them has "problem" instead."""
+    passages (a vector each: as many as documents where none is cut), model, calibrator, calibrator_asked (only
+    after a fallback), index_type, written (when its current version was written, ISO 8601 UTC), folder and fields
+    (its metadata paths), read from each manifest after the cheap checks; an index that fails them has name,
+    written, folder and "problem" instead."""
     records = []
     for name in list_indexes(index_dir):
         link = Path(index_dir) / name
