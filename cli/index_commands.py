@@ -365,6 +365,9 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
         stdout.print(Text(f"{title if full else _snippet(title, stdout.width)}\n  no good match: no hit has a dense "
                           f"score of at least {min_score:g}"))
         return
+    if not hits:  # a filter that selects nothing, or keywords no document holds: said, not an empty table
+        stdout.print(Text(f"{title if full else _snippet(title, stdout.width)}\n  no hits"))
+        return
     rows = [(str(hit.rank), f"{hit.score:.3f}", terminal_safe(hit.doc_id)) for hit in hits]
     sides = [f"{hit.dense_rank or '-'}/{hit.keyword_rank or '-'}" for hit in hits] if mode == "hybrid" else None
     rank, score, ids = (max([cell_len(row[i]) for row in rows] + [len(header)])

@@ -24,8 +24,8 @@ def serve(
         "query on a CPU); auto: onnx on a CPU when onnxruntime is installed")] = "auto",
     index_dir: options.IndexDir = None,
     api_key: Annotated[Optional[str], typer.Option(
-        "--api-key", help="require Authorization: Bearer KEY on every request but the page and /health (read and "
-        "write); also $RETRIEVER_API_KEY [default: none: no key on 127.0.0.1]")] = None,
+        "--api-key", help="require Authorization: Bearer KEY on every request but the page, /health and /docs "
+        "(read and write); also $RETRIEVER_API_KEY [default: none: no key on 127.0.0.1]")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(
         "--api-key-file", help="read the read-write key from the first line of this file (keeps it out of ps) [default: none]")] = None,
     read_only_api_key: Annotated[Optional[str], typer.Option(

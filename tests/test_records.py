@@ -306,6 +306,8 @@ def test_a_filter_on_a_field_no_document_has_is_said_and_still_runs(tmp_path, cl
     assert done.stderr.count("\n") == 1 and "'nope'" in done.stderr and "lang, origin, origin.site" in done.stderr
     quiet = cli("search", "tea", "--name", "c", "--where", '{"origin.site": "s1", "title": {"$exists": false}}')
     assert quiet.returncode == 0 and "no document has" not in quiet.stderr
+    nothing = cli("search", "tea", "--name", "c", "--where", '{"nope": 1}')
+    assert nothing.returncode == 0 and nothing.stdout.rstrip().endswith("no hits")  # said, not an empty table
 
 
 def test_the_server_stores_records_as_exported_filters_them_and_warns_of_unknown_fields(tmp_path, tiny_bert):
@@ -330,6 +332,9 @@ def test_the_server_stores_records_as_exported_filters_them_and_warns_of_unknown
         warned = client.post("/search", json={"index": "docs", "queries": ["tea"], "k": 5, "mode": "keyword",
                                               "where": {"nope": {"$exists": False}}}).json()
         assert warned["queries"][0]["results"] and "'nope'" in warned["warnings"][0]
+        refused = client.get("/search", params={"q": "tea", "k": 0, "index": "docs"})
+        assert refused.status_code == 422 and refused.json()["code"] == "bad_input" and \
+            refused.json()["parameter"] == "k"  # the shape of every other error
         assert client.delete("/indexes/docs/documents/n%00ul").status_code == 200
         assert client.get("/indexes/docs/documents/n%00ul").status_code == 404
         assert client.get("/indexes/docs/documents/seed").status_code == 200

@@ -141,9 +141,10 @@ def test_a_shard_searches_the_version_it_is_asked_for(index_dir, tmp_path):
     before = Index.open("notes", index_dir, device="cpu")
     shard = ShardServer(str(index_dir), 0, 1)
     query = embed(before, [QUERIES[1]])
-    first = shard.top_lists("notes", str(before.snapshot.folder), query, DensePlan(5), None)
-    before.add(write_corpus(tmp_path / "more.jsonl", [{"_id": "new", "text": QUERIES[1]}]))
-    again = shard.top_lists("notes", str(before.snapshot.folder), query, DensePlan(5), None)
+    version = str(before.snapshot.folder)
+    first = shard.top_lists("notes", version, query, DensePlan(5), None)
+    before.add(write_corpus(tmp_path / "more.jsonl", [{"_id": "new", "text": QUERIES[1]}]))  # `before` moves on
+    again = shard.top_lists("notes", version, query, DensePlan(5), None)
     assert [found[2].tolist() for found in again] == [found[2].tolist() for found in first]
 
 

@@ -179,8 +179,11 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     async def validation_error(request: Request, problem: RequestValidationError):
         problems = problem.errors()
         if any(item.get("type") == "json_invalid" for item in problems):
-            return error(400, "the request body is not valid JSON")
-        return error(422, "; ".join(_describe(item) for item in problems[:3]))
+            return error(400, "the request body is not valid JSON", code="bad_input", parameter=None)
+        # The shape of every other error: a code, and the field at fault (the first one's top-level name).
+        fields = [str(part) for part in problems[0].get("loc", ()) if part not in ("body", "query")] if problems else []
+        return error(422, "; ".join(_describe(item) for item in problems[:3]), code="bad_input",
+                     parameter=fields[0] if fields else None)
 
     @app.exception_handler(OSError)
     async def storage_error(request: Request, problem: OSError):
