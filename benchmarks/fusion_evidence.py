@@ -82,8 +82,7 @@ class PoolBM25:
 
 
 def fused_ranks(dense: np.ndarray, keyword: np.ndarray, weights: tuple[float, ...]) -> dict[float, int]:
-    """The 1-based rank of pool position 0 (the target) in the zscore fusion at each weight, or 0 outside the
-    fused top-10."""
+    """The rank of pool position 0 (the target) in the zscore fusion at each weight (`target_rank`)."""
     from retriever.search.fusion import Candidates, ListZScore, top_list
 
     keys = np.arange(len(dense))
@@ -95,23 +94,20 @@ def fused_ranks(dense: np.ndarray, keyword: np.ndarray, weights: tuple[float, ..
     keyword_rank = np.zeros(len(dense), int)
     keyword_rank[keyword_top] = np.arange(1, len(keyword_top) + 1)
     candidates = Candidates(union, dense[union], keyword[union], dense_rank[union], keyword_rank[union])
-    ranks = {}
-    for weight in weights:
-        fused = ListZScore().scores(candidates, weight)
-        order = union[top_list(fused, union, 10)]
-        ranks[weight] = int(np.flatnonzero(order == 0)[0]) + 1 if 0 in order else 0
-    return ranks
+    return {weight: target_rank(ListZScore().scores(candidates, weight), union) for weight in weights}
 
 
 def ndcg(rank: int) -> float:
     return 1.0 / np.log2(rank + 1) if 0 < rank <= 10 else 0.0
 
 
-def rank_of_first(scores: np.ndarray) -> int:
-    """The 1-based rank of position 0 by SCORES (ties broken by position), or 0 outside the top 10."""
+def target_rank(scores: np.ndarray, keys: np.ndarray | None = None) -> int:
+    """The 1-based rank of key 0, the target, by SCORES of KEYS (default: the pool's positions; ties broken by the
+    lower key, as search breaks them), or 0 outside the top 10."""
     from retriever.search.fusion import top_list
 
-    order = top_list(scores, np.arange(len(scores)), 10)
+    keys = np.arange(len(scores)) if keys is None else keys
+    order = keys[top_list(scores, keys, 10)]
     return int(np.flatnonzero(order == 0)[0]) + 1 if 0 in order else 0
 
 
@@ -137,8 +133,8 @@ def run(model: str, tasks: list[str], seed: int) -> dict:
         sampled = [documents[i] for i in order[:2 * QUERIES]]
         pseudo = make_pseudo_queries(sampled, seed=seed, limit=QUERIES)
         used = {query.source for query in pseudo}  # positions in SAMPLED, that is in ORDER
-        others = [documents[i] for position, i in enumerate(order) if position not in used][:DISTRACTORS]
-        stored = [document_text(Document("", text, title, "", 0)) for title, text in others]
+        distractors = [documents[i] for position, i in enumerate(order) if position not in used][:DISTRACTORS]
+        stored = [document_text(Document("", text, title, "", 0)) for title, text in distractors]
         targets = [query.target if query.target is not None else
                    document_text(Document("", sampled[query.source][1], sampled[query.source][0], "", 0))
                    for query in pseudo]
@@ -156,10 +152,8 @@ def run(model: str, tasks: list[str], seed: int) -> dict:
             dense = np.concatenate([[query_vectors[number] @ target_vectors[number]],
                                     stored_vectors @ query_vectors[number]]).astype(np.float32)
             ranks = fused_ranks(dense, keyword, WEIGHTS)
-            rows.append({"kind": query.kind, "dense": ndcg(rank_of_first(dense)),
-                         "keyword": ndcg(rank_of_first(keyword)),
+            rows.append({"kind": query.kind, "dense": ndcg(target_rank(dense)), "keyword": ndcg(target_rank(keyword)),
                          **{f"zscore@{weight}": ndcg(rank) for weight, rank in ranks.items()}})
-        del stored_keywords
         summary = {}
         for label, kinds in (("all", None), ("meaning", MEANING), *((kind, (kind,)) for kind in
                                                                     ("title", "sentence", "span", "known-item"))):

@@ -150,14 +150,14 @@ class DocumentTable:
         self._check_writable()
         if len(rowids) != len(documents):
             raise RetrieverError(f"{len(documents)} documents but {len(rowids)} row ids")
+        ids = np.asarray(rowids).tolist()
         with self.db:
             rows = ((rowid, d.doc_id, d.title, d.text, self._source_id(d.source), d.line,
                      json.dumps(d.metadata, ensure_ascii=False) if d.metadata else None)
-                    for rowid, d in zip(np.asarray(rowids).tolist(), documents))
+                    for rowid, d in zip(ids, documents))
             self.db.executemany("INSERT INTO documents (rowid, doc_id, title, text, source, line, metadata) "
                                 "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-            self._stage(((rowid, d.metadata) for rowid, d in zip(np.asarray(rowids).tolist(), documents)
-                         if d.metadata), "main")
+            self._stage(((rowid, d.metadata) for rowid, d in zip(ids, documents) if d.metadata), "main")
 
     def _stage(self, metadata: Iterable[tuple[int, dict]], schema: str) -> None:
         """Stage the fields rows of METADATA ((row id, metadata) pairs), numbering new paths in SCHEMA's paths."""
@@ -192,6 +192,7 @@ class DocumentTable:
         """Copy OTHER's rows, except the row ids in DROPPED, in row id order (SQLite streams it); returns the count."""
         self._check_writable()
         self.db.execute("ATTACH DATABASE ? AS other", (f"{other.path.resolve().as_uri()}?mode=ro&immutable=1",))
+        dropped_ids = json.dumps(np.asarray(dropped, dtype=np.int64).tolist())
         try:
             with self.db:
                 self.db.execute("INSERT OR IGNORE INTO sources (path) SELECT path FROM other.sources")
@@ -200,11 +201,8 @@ class DocumentTable:
                     "SELECT d.rowid, d.doc_id, d.title, d.text, (SELECT m.id FROM main.sources m WHERE m.path = s.path), "
                     f"d.line, {'d.metadata' if other.has_metadata else 'NULL'} "
                     "FROM other.documents d LEFT JOIN other.sources s ON s.id = d.source "
-                    "WHERE d.rowid NOT IN (SELECT value FROM json_each(?)) ORDER BY d.rowid",
-                    (json.dumps(np.asarray(dropped, dtype=np.int64).tolist()),),
-                )
+                    "WHERE d.rowid NOT IN (SELECT value FROM json_each(?)) ORDER BY d.rowid", (dropped_ids,))
                 copied = cursor.rowcount
-                dropped_ids = json.dumps(np.asarray(dropped, dtype=np.int64).tolist())
                 if _has_table(self.db, "fields", "other"):  # its path numbers are its own: matched by path
                     kept = "f.doc NOT IN (SELECT value FROM json_each(?))"
                     self.db.execute("INSERT OR IGNORE INTO main.paths (path) SELECT DISTINCT p.path FROM other.fields "
