@@ -240,7 +240,8 @@ def _name_from(corpus: Path) -> str:
 def list_indexes(
     as_json: Annotated[bool, typer.Option("--json", help=(
         'print {"index_dir", "indexes": [{"name", "version", "documents", "passages", "model", "calibrator", '
-        '"calibrator_asked" (after a fallback), "index_type", "written", "folder", "fields"} (a damaged one: '
+        '"calibrator_asked" (after a fallback), "hybrid_weight", "index_type", "written", "folder", "fields"} (a '
+        'damaged one: '
         '"name", "written", "folder", "problem")], "interrupted_builds": [{"name", "documents", "encoded", "model", '
         '"since", "folder"}]} instead of a table'))] = False,
     index_dir: options.IndexDir = None,
@@ -280,6 +281,7 @@ def list_indexes(
         calibrator = record["calibrator"]
         if "calibrator_asked" in record:
             calibrator += f" ({record['calibrator_asked']} asked: too few documents)"
+        calibrator += f"\nhybrid weight {record['hybrid_weight']}"
         documents = f"{record['documents']:,}" + (f"\n{record['passages']:,} passages"
                                                   if record.get("passages", record["documents"]) != record["documents"]
                                                   else "")
@@ -584,6 +586,15 @@ def check(
                "calibration does not help this corpus with confidence")
     _say(f"{verdict}: auto would choose {chosen} ({record['auto']['reason']}); this index uses "
          f"{current['calibrator']}{': ' + current['name'] if current['calibrator'] != current['name'] else ''}")
+    hybrid = Table(title=_plain("hybrid search's weight: what this check decides now, and what the index records "
+                                "(search --weight overrides both)"), show_header=False, title_justify="left")
+    for key, value in [*_hybrid_rows(record["hybrid"]["now"], "now"),
+                       *_hybrid_rows({k: v for k, v in record["hybrid"]["recorded"].items() if k != "evidence"},
+                                     "recorded")]:
+        cell = _plain(value)
+        cell.overflow = "fold"
+        hybrid.add_row(key, cell)
+    stdout.print(hybrid)
 
 
 def verify(
@@ -759,6 +770,7 @@ def info(
         ("search modes", ", ".join(details["search_modes"]) + f"; default {details['default_mode']}"
                          + ("" if details["default_mode"] == "hybrid" else
                             " (no keyword index: `retriever compact` adds one)")),
+        *_hybrid_rows(details["hybrid"]),
         ("metadata fields", ", ".join(details["metadata_fields"]) or "none"),
         ("created", manifest["created"] + (f", refitted {manifest['refitted']}" if "refitted" in manifest else "")),
         ("versions", ", ".join(f"{k} {v}" for k, v in manifest["versions"].items())),
@@ -773,6 +785,29 @@ def info(
         cell.overflow = "fold"  # a long path folds whole: it is the one value users copy
         table.add_row(key, cell)
     stdout.print(table)
+
+
+def _hybrid_rows(record: dict, label: str = "hybrid") -> list[tuple[str, str]]:
+    """The hybrid decision (`search.fusion_check`) as `info` and `check` show it: the weight and why, then its
+    evidence on a line of its own."""
+    from retriever.search.fusion_check import describe
+
+    rows = [(label, describe(record))]
+    evidence = record.get("evidence")
+    if evidence:
+        parts = []
+        for group, found in evidence["groups"].items():
+            if "ndcg@10" not in found:
+                continue
+            scores = found["ndcg@10"]
+            gap = found.get("dense_minus_keyword")
+            fused = ", ".join(f"{label.split('@')[1]} {value:.2f}" for label, value in scores.items() if "@" in label)
+            parts.append(f"{group} ({found['queries']:,}): dense {scores['dense']:.2f}, keyword {scores['keyword']:.2f}"
+                         + (f", dense - keyword {gap['difference']:+.2f} [{gap['interval'][0]:+.2f}, "
+                            f"{gap['interval'][1]:+.2f}]" if gap else "") + f"; fused at weight {fused}")
+        rows.append((f"{label} evidence", f"nDCG@10 of {evidence['pseudo_queries']:,} pseudo-queries among "
+                                          f"{evidence['pool']:,} documents: " + "; ".join(parts)))
+    return rows
 
 
 def _check_summary(check: dict) -> str:

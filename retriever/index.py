@@ -35,6 +35,7 @@ from retriever.calibration import (
     too_few_to_fit,
 )
 from retriever.calibration.diagnostics import isotropy, retrieval_check
+from retriever.calibration.pseudo_queries import make_check_set
 from retriever.corpus import Document, corpus_format, given_documents, iter_corpus
 from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
@@ -59,6 +60,7 @@ from retriever.encode.passages import PassageSettings
 from retriever.errors import RetrieverError, param
 from retriever.filters import parse_where
 from retriever.numeric import l2_normalize
+from retriever.search.fusion_check import hybrid_check, recorded_hybrid
 from retriever.search.options import MODES, SearchOptions
 from retriever.search.results import SearchHit, cut
 from retriever.search.searcher import Searcher
@@ -192,18 +194,25 @@ class Index:
             "metadata_fields": snapshot.manifest.metadata_fields,
             "search_modes": list(MODES) if default_mode == "hybrid" else ["dense"],
             "default_mode": default_mode,
+            "hybrid": recorded_hybrid(snapshot.manifest.hybrid),
             "isotropy": isotropy(snapshot.raw_sample(sample, seed), snapshot.calibrator, seed),
         }
 
     def check(self, fit_sample: int | None = DEFAULT_FIT_SAMPLE, seed: int = 0, progress: bool = False) -> dict:
         """Does calibration help this corpus? The retrieval check on the index's own documents, without labels
         (`calibration.diagnostics.retrieval_check`): what auto would choose now, and how the index's own
-        calibrator does."""
+        calibrator does; and hybrid search's weight on the same pseudo-queries (`search.fusion_check`): "hybrid",
+        what the check decides now ("now") beside what the version records ("recorded")."""
         snapshot = self.snapshot
         documents_at, vectors_at, passages = snapshot.check_sources()
-        return retrieval_check(self.name, passages, documents_at, vectors_at, snapshot.raw_sample,
-                               self._encoder_for(snapshot), snapshot.calibrator, snapshot.manifest.calibrator["name"],
-                               fit_sample, seed, progress)
+        encoder = self._encoder_for(snapshot)
+        check = make_check_set(passages, documents_at, vectors_at, encoder, seed, progress=progress)
+        record = retrieval_check(self.name, passages, documents_at, vectors_at, snapshot.raw_sample, encoder,
+                                 snapshot.calibrator, snapshot.manifest.calibrator["name"], fit_sample, seed, progress,
+                                 check=check)
+        record["hybrid"] = {"now": hybrid_check(check, snapshot.calibrator.transform, seed),
+                            "recorded": recorded_hybrid(snapshot.manifest.hybrid)}
+        return record
 
     def _encoder_for(self, snapshot: Snapshot) -> Encoder:
         """The encoder SNAPSHOT's manifest records: this index's own (loaded on first use, once), or for another
@@ -288,7 +297,7 @@ class Index:
             runner = LocalEngine(spec, progress, corpus=corpus, vectors=vectors, encoder=encoder, resume=resume,
                                  chunk_rows=chunk_rows, vector_spans=vector_spans)
         index_dir = resolve_index_dir(index_dir)
-        summary = run_build(runner, name, index_dir, replace)
+        summary = run_build(runner, name, index_dir, replace, hybrid_check=hybrid_check)
         summary.opener = _version_opener(Path(summary.folder), name, index_dir, device)
         return summary
 
@@ -458,8 +467,10 @@ class Index:
             spec = IndexSpec.from_dict(spec_record).for_dim(calibrated_sample.shape[1])
             template = train_template(spec, calibrated_sample)
             writer.replace_calibrator(fitted, spec, template)
+            # The dense side changed: the hybrid weight is decided again, in the new space (a calibrator that
+            # takes no check leaves no evidence, and the default stays).
             writer.manifest = writer.manifest.replace(
-                dim=int(calibrated_sample.shape[1]), refitted=now_iso(),
+                dim=int(calibrated_sample.shape[1]), refitted=now_iso(), hybrid=hybrid_check(check, fitted.transform, seed),
                 fit={"sample": len(sample), "of": len(current), "seed": seed,
                      **({"queries": fitted_query_count(query_vectors, fit_sample), "queries_from": queries_from}
                         if query_vectors is not None else {})})

@@ -188,6 +188,16 @@ def test_build_defaults_to_auto_and_info_list_and_check_show_the_retrieval_check
     table = cli("check", "docs", "--index-dir", home)
     assert "retrieval check of index 'docs': 600 pseudo-queries" in table.stdout and "…" not in table.stdout
     assert f"auto would choose {record['auto']['chosen']}" in table.stderr
+    # hybrid search's weight, decided on the same pseudo-queries at build and again by check, shown by all three
+    hybrid = details["hybrid"]
+    assert hybrid == details["manifest"]["hybrid"] and hybrid["fusion"] == "zscore"
+    assert hybrid["evidence"]["pseudo_queries"] == 600 and hybrid["weight"] in (0.5, 0.7, 0.9)
+    assert set(hybrid["evidence"]["groups"]) == {"meaning", "known-item"}
+    assert f"dense weight {hybrid['weight']}" in shown and "hybrid evidence" in shown
+    assert json.loads(cli("list", "--json", "--index-dir", home).stdout)["indexes"][0]["hybrid_weight"] == hybrid["weight"]
+    assert record["hybrid"]["recorded"] == hybrid  # the same seed and calibrator: the same evidence, the same weight
+    assert record["hybrid"]["now"]["weight"] == hybrid["weight"]
+    assert "hybrid search's weight" in table.stdout and f"dense weight {hybrid['weight']}" in table.stdout
 
 
 def test_refit_with_auto_checks_the_stored_documents(prose_corpus, tiny_bert, cli, tmp_path):
@@ -198,6 +208,8 @@ def test_refit_with_auto_checks_the_stored_documents(prose_corpus, tiny_bert, cl
     decision = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", home).stdout)[
         "manifest"]["calibrator"]["decision"]
     assert decision["check"]["pseudo_queries"] == 600
+    hybrid = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", home).stdout)["hybrid"]
+    assert hybrid["evidence"]["pseudo_queries"] == 600  # the named calibrator's build had none; refit checked
 
 
 def test_fit_queries_fits_the_calibrator_on_documents_and_queries(tiny_bert, cli, tmp_path):

@@ -38,11 +38,18 @@ class CheckSet:
     targets: np.ndarray  # (p, d)
     kinds: np.ndarray  # (p,) str: each query's kind
     distractors: np.ndarray  # (m, d): other corpus documents
+    # The texts, for the hybrid check's keyword side (`retriever.search.fusion_check`); None where only vectors
+    # were given. pool_texts: the targets' texts then the distractors', as the vectors are ordered.
+    query_texts: list[str] | None = None
+    pool_texts: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.kinds = np.asarray(self.kinds, dtype=str)
         if not (len(self.queries) == len(self.targets) == len(self.kinds)):
             raise ValueError("a check set needs one target and one kind per query")
+        if (self.query_texts is None) != (self.pool_texts is None) or (self.query_texts is not None and (
+                len(self.query_texts) != len(self.queries) or len(self.pool_texts) != self.pool_size)):
+            raise ValueError("a check set's texts need one per query and one per pool document")
 
     def __len__(self) -> int:
         return len(self.queries)

@@ -10,7 +10,7 @@ import numpy as np
 
 from retriever.calibration import AutoCalibrator, Calibrator, make_calibrator
 from retriever.calibration.auto import supported_kinds, voting_kinds
-from retriever.calibration.check import CONFIDENCE, baseline_result, compare, score_queries
+from retriever.calibration.check import CONFIDENCE, CheckSet, baseline_result, compare, score_queries
 from retriever.calibration.pseudo_queries import make_check_set
 from retriever.errors import RetrieverError
 from retriever.numeric import anisotropy, l2_normalize
@@ -18,13 +18,15 @@ from retriever.numeric import anisotropy, l2_normalize
 
 def retrieval_check(name: str, documents: int, documents_at, vectors_at, raw_sample: Callable[[int, int], np.ndarray],
                     encoder, calibrator: Calibrator, calibrator_name: str, fit_sample: int | None, seed: int = 0,
-                    progress: bool = False) -> dict:
+                    progress: bool = False, check: CheckSet | None = None) -> dict:
     """The retrieval check on index NAME's own DOCUMENTS, without labels: pseudo-queries made from them
     (`pseudo_queries`, reading DOCUMENTS_AT and VECTORS_AT, encoded by ENCODER), searched through the raw
     vectors, through `auto`'s candidates fitted on RAW_SAMPLE(size, seed), and through the index's own
     CALIBRATOR (recorded as CALIBRATOR_NAME). Returns the check's record (`AutoCalibrator.decision["check"]`) with
-    what auto would choose now ("auto") and the index's own calibrator's result ("current")."""
-    check = make_check_set(documents, documents_at, vectors_at, encoder, seed, progress=progress)
+    what auto would choose now ("auto") and the index's own calibrator's result ("current"). CHECK: the
+    pseudo-queries, already made (`make_check_set`: what the caller checks something else on too)."""
+    if check is None:
+        check = make_check_set(documents, documents_at, vectors_at, encoder, seed, progress=progress)
     if not len(check):
         raise RetrieverError(f"index '{name}' has no document long enough to cut a pseudo-query from (a title and "
                              "3 words of text, or 6 words): there is nothing to check with")

@@ -168,4 +168,14 @@ def make_check_set(rows: int, documents_at: Callable[[np.ndarray], list[tuple[st
     others = rng.choice(rows, size=min(rows, distractors + len(sources)), replace=False)
     others = np.sort(others[~np.isin(others, sources)][:distractors])
     pool = vectors_at(others) if len(others) else np.empty((0, dim), np.float32)
-    return CheckSet(queries, targets, np.asarray([query.kind for query in made], dtype=str), pool)
+    # The texts too, for the hybrid check's keyword side: a target as encoded, a stored document as the keyword
+    # index reads it (title and text).
+    stored_texts = {}
+    if (~rewritten).any() or len(others):
+        wanted = np.unique(np.concatenate([sources[~rewritten], others]))
+        stored_texts = dict(zip(wanted.tolist(), (f"{title} {text}" if title else text
+                                                  for title, text in documents_at(wanted))))
+    target_texts = [query.target if query.target is not None else stored_texts[int(source)]
+                    for query, source in zip(made, sources.tolist())]
+    return CheckSet(queries, targets, np.asarray([query.kind for query in made], dtype=str), pool,
+                    [query.query for query in made], target_texts + [stored_texts[i] for i in others.tolist()])

@@ -51,6 +51,7 @@ from retriever.store.spec import IndexSpec
 from retriever.versions.writer import IndexWriter
 
 if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
+    from retriever.calibration.check import CheckSet
     from retriever.encode.encoder import Encoder
 
 
@@ -133,9 +134,13 @@ class BuildEngine(ABC):
         return self.spec.passages.checked(encoder.max_length).to_record()
 
 
-def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = True) -> ChangeSummary:
+def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = True,
+              hybrid_check: Callable[[CheckSet | None, Callable[[np.ndarray], np.ndarray], int], dict] | None = None,
+              ) -> ChangeSummary:
     """Build index NAME in INDEX_DIR with ENGINE (see the module docstring); returns the ChangeSummary of the
-    committed version. REPLACE False: refuse a NAME that exists, once the arguments are checked."""
+    committed version. REPLACE False: refuse a NAME that exists, once the arguments are checked. HYBRID_CHECK(check
+    set or None, the fitted calibrator's transform, seed): the hybrid decision the manifest records
+    (`retriever.search.fusion_check.hybrid_check`, handed down by the library API, which sits above both)."""
     started = time.perf_counter()
     spec, timings, notes, progress = engine.spec, engine.timings, engine.notes, engine.progress
     engine.check()
@@ -175,6 +180,11 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
         calibrated_sample = fit(fitted, source, spec.fit_sample, seed, query_vectors, check)
         timings["fit"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        hybrid = hybrid_check(check, fitted.transform, seed) if hybrid_check is not None else None
+        del check
+        if hybrid is not None and "evidence" in hybrid:
+            timings["hybrid_check"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
         # Sized by the vectors it holds: a passage each.
@@ -191,7 +201,7 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         fit_record = fit_summary(prefitted, documents, spec.fit_sample, seed, query_vectors, queries_from)
         manifest = new_manifest(name, engine.corpus_record(), engine.encoder_config(encoder),
                                 fitted, fit_record, index_spec, segments, truncated, fallback,
-                                passages=engine.passages_record(encoder), **engine.manifest_extras())
+                                passages=engine.passages_record(encoder), hybrid=hybrid, **engine.manifest_extras())
         final = writer.commit(manifest)
         timings["write"] = time.perf_counter() - clock
     cut, passages = written_passages(final, [segment[0] for segment in segments])

@@ -151,9 +151,10 @@ def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: i
 def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
                  spec: IndexSpec, segments: Sequence[tuple], truncated: int, fallback: dict | None,
                  vectors_from: str | Path | None = None, engine: dict | None = None,
-                 passages: dict | None = None) -> Manifest:
+                 passages: dict | None = None, hybrid: dict | None = None) -> Manifest:
     """The manifest of a freshly built index of SEGMENTS ((name, rows) or (name, rows, vectors) in row id order,
-    ids from 1), whichever engine built it; PASSAGES: how long documents were cut (None: one vector each)."""
+    ids from 1), whichever engine built it; PASSAGES: how long documents were cut (None: one vector each); HYBRID:
+    the hybrid decision (`Manifest.hybrid`)."""
     documents = sum(segment[1] for segment in segments)
     return Manifest(
         name=name,
@@ -176,6 +177,7 @@ def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, cal
         versions=library_versions(),
         engine=engine or None,
         calibrator_fallback=fallback or None,
+        hybrid=hybrid,
     )
 
 

@@ -13,6 +13,7 @@ import numbers
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
 from retriever.errors import RetrieverError, param
 from retriever.filters import Filter, parse_where
 
@@ -27,9 +28,8 @@ MAX_K = 10_000
 # (10^8 asked for 37 GiB).
 MAX_WIDTH = 1_000_000
 MAX_RERANK = 1_000
-# Hybrid search's defaults, chosen by measurement (benchmarks/hybrid.py), and whether keyword search leaves out a
-# query's stop words.
-DEFAULT_FUSION, DEFAULT_WEIGHT, DEFAULT_STOP_WORDS = "zscore", 0.7, False
+# Whether keyword search leaves out a query's stop words (hybrid search's fusion and weight: `retriever.defaults`).
+DEFAULT_STOP_WORDS = False
 # Each side's list in hybrid search: at least this many candidates, or k.
 HYBRID_CANDIDATES = 100
 
@@ -49,7 +49,9 @@ class SearchOptions:
     mode: str | None = _option(None, "dense (the calibrated vectors), keyword (BM25) or hybrid (both, fused)", str,
                                "hybrid where the index has a keyword index, else dense", choices=MODES)
     fusion: str | None = _option(None, "hybrid: how the two rankings are fused", str, DEFAULT_FUSION, choices=FUSIONS)
-    weight: float | None = _option(None, "hybrid: the dense side's share, 0 to 1", float, str(DEFAULT_WEIGHT),
+    weight: float | None = _option(None, "hybrid: the dense side's share, 0 to 1", float,
+                                   f"the index's own (`info` shows it and why; {DEFAULT_WEIGHT} unless its corpus's "
+                                   "check moved it)",
                                    ge=0.0, le=1.0)
     where: Filter | None = _option(
         None, 'only documents this filter selects, e.g. {"year": {"$gte": 2020}} (equality, $ne, $in, $nin, $all, '
@@ -117,9 +119,10 @@ class SearchOptions:
                                  f"{', '.join(spec.name for spec in fields(cls))}")
         return replace(options, **settings) if options is not None else cls(**settings)
 
-    def resolved(self, index: str, has_keywords: bool) -> SearchOptions:
+    def resolved(self, index: str, has_keywords: bool, hybrid: dict | None = None) -> SearchOptions:
         """These options for index INDEX: the mode it searches in (dense for the raw space; unset: hybrid where
-        HAS_KEYWORDS, else dense), refused where it needs the keyword index the index lacks."""
+        HAS_KEYWORDS, else dense), refused where it needs the keyword index the index lacks; for hybrid search,
+        the fusion and weight the index records (HYBRID, `Manifest.hybrid`) where these options leave them unset."""
         if self.space == "raw":
             return self if self.mode == "dense" else replace(self, mode="dense")
         mode = self.mode or ("hybrid" if has_keywords else "dense")
@@ -128,6 +131,9 @@ class SearchOptions:
                                  f"existed): compacting it adds one, or search with {param('mode', 'dense')}")
         if mode == "keyword" and self.min_score is not None:
             raise _keyword_min_score()
+        if mode == "hybrid" and hybrid is not None and (self.fusion is None or self.weight is None):
+            return replace(self, mode=mode, fusion=self.fusion or hybrid["fusion"],
+                           weight=float(hybrid["weight"]) if self.weight is None else self.weight)
         return self if mode == self.mode else replace(self, mode=mode)
 
     @property

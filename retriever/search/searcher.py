@@ -39,8 +39,9 @@ class Searcher:
         self.matches = MatchCache(snapshot)
 
     def resolve(self, options: SearchOptions) -> SearchOptions:
-        """OPTIONS for this version: the mode set (`SearchOptions.resolved`)."""
-        return options.resolved(self.snapshot.name, self.snapshot.has_keywords)
+        """OPTIONS for this version: the mode set, and for hybrid search the version's own fusion and weight where
+        OPTIONS leave them unset (`SearchOptions.resolved`)."""
+        return options.resolved(self.snapshot.name, self.snapshot.has_keywords, self.snapshot.manifest.hybrid)
 
     def plan(self, options: SearchOptions) -> QueryPlan:
         """How OPTIONS run over this version (`plan.plan_query`), with the filter's matches found (or remembered)."""

@@ -11,6 +11,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from retriever.defaults import DEFAULT_WEIGHT
 from retriever.errors import ConflictError, RetrieverError, param
 from retriever.versions.folder import kept_versions
 from retriever.versions.home import check_name, index_path, list_indexes
@@ -22,7 +23,8 @@ from retriever.versions.manifest import Manifest
 def describe_indexes(index_dir: str | Path) -> list[dict]:
     """One record per index in INDEX_DIR, most recently written first, with name, version (its number), documents,
     passages (a vector each: as many as documents where none is cut), model, calibrator, calibrator_asked (only
-    after a fallback), index_type, written (when its current version was written, ISO 8601 UTC), folder and fields
+    after a fallback), hybrid_weight (hybrid search's dense weight, `Manifest.hybrid`), index_type, written (when its
+    current version was written, ISO 8601 UTC), folder and fields
     (its metadata paths), read from each manifest after the cheap checks; an index that fails them has name,
     written, folder and "problem" instead."""
     records = []
@@ -39,7 +41,8 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
             record.update(version=manifest.version, documents=manifest.documents, passages=manifest.live_vectors,
                           model=manifest.encoder["model"],
                           calibrator=calibrator_label(manifest.calibrator), index_type=str(manifest.index["type"]),
-                          fields=manifest.metadata_fields)
+                          fields=manifest.metadata_fields,
+                          hybrid_weight=float(manifest.hybrid["weight"]) if manifest.hybrid else DEFAULT_WEIGHT)
             if manifest.calibrator_fallback:
                 record["calibrator_asked"] = str(manifest.calibrator_fallback["asked"])
         except (RetrieverError, KeyError, TypeError) as error:

@@ -118,6 +118,9 @@ class Manifest:
     engine: dict | None = None
     calibrator_fallback: dict | None = None  # what was asked for, when too few documents made the build fall back
     refitted: str | None = None
+    # Hybrid search's fusion and dense weight for this corpus, why, and the evidence (`search.fusion_check`);
+    # None: written before the check, searched with the defaults.
+    hybrid: dict | None = None
     files: dict[str, FileEntry] = field(default_factory=dict)
     checksum: str | None = None
     extra: dict = field(default_factory=dict)

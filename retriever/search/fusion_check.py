@@ -1,0 +1,182 @@
+"""The hybrid check: how each side of hybrid search does on the corpus's own pseudo-queries, and the dense weight
+the corpus is given from it (issue 44).
+
+The pseudo-queries are `auto`'s (`retriever.calibration.check.CheckSet`, with their texts): each is searched over
+the check's pool (every pseudo-query's target and the distractors) by both sides as the index searches, dense by
+cosine of the calibrated vectors and keyword by BM25 (the keyword index's tokenizer, k1 and b, every query word
+kept), and the two top lists fused by `zscore` at each weight of `WEIGHTS`. nDCG@10 of each query's target, apart
+for the kinds that judge meaning (title, sentence, span: the target never holds the query as given) and for
+known-item queries (a document's own rare words: keyword search's best case).
+
+What the evidence may decide was studied on 14 labeled tasks (benchmarks/fusion_evidence.py, benchmarks/
+fusion_adaptive.py): the weight that does best on pseudo-queries is biased toward keywords by construction (it
+follows the mix of kinds, not the corpus), and neither it nor per-query score shapes predict the labeled best
+weight; the default weight was measured best where every side reads its corpus well. So the evidence moves the
+weight only when one side plainly fails this corpus, outside the range the default was measured on:
+
+- dense search loses to keywords even on the meaning kinds (the interval of the difference wholly below 0): the
+  encoder reads this corpus poorly, and both sides get the same share (`EVEN_WEIGHT`);
+- keyword search loses to dense even on known-item queries (its best case, interval wholly above 0): the keyword
+  side reads this corpus poorly, and the dense side gets `DENSE_LEANING_WEIGHT`;
+- otherwise the measured default (`DEFAULT_WEIGHT`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+
+from retriever.calibration.check import CONFIDENCE, CheckSet, paired_bootstrap
+from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
+from retriever.numeric import l2_normalize
+from retriever.search.fusion import Candidates, ListZScore, top_list
+from retriever.store.keywords import B, K1, Tokenizer
+
+WEIGHTS = (0.5, 0.6, 0.7, 0.8, 0.9)  # the fused figures the record shows beside the sides'
+MEANING = ("title", "sentence", "span")
+KNOWN_ITEM = "known-item"
+# Fewer pseudo-queries of a group than this give an interval too wide to move anything: the default stays.
+MIN_QUERIES = 30
+EVEN_WEIGHT = 0.5
+DENSE_LEANING_WEIGHT = 0.9
+CANDIDATES = 100  # each side's list, as hybrid search reads it (`options.HYBRID_CANDIDATES`)
+BATCH = 64  # queries scored against the pool at once
+
+
+class PoolBM25:
+    """BM25 as the keyword index scores (its tokenizer, k1, b and idf) over a pool of texts, tokenized once."""
+
+    def __init__(self, texts: list[str]):
+        self.tokenize = Tokenizer.get()
+        postings: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        lengths = np.zeros(len(texts), np.float32)
+        for position, text in enumerate(texts):
+            terms = self.tokenize(text)
+            lengths[position] = sum(terms.values())
+            for term, count in terms.items():
+                postings[term][0].append(position)
+                postings[term][1].append(count)
+        self.size = len(texts)
+        self.norms = K1 * (1 - B + B * lengths / max(float(lengths.mean()) if len(lengths) else 0.0, 1e-9))
+        self.postings = {term: (np.asarray(at), np.asarray(counts, np.float32)) for term, (at, counts) in
+                         postings.items()}
+
+    def scores(self, query: str) -> np.ndarray:
+        """QUERY's BM25 over the pool (0 where no query term occurs)."""
+        scores = np.zeros(self.size, np.float32)
+        for term, count in self.tokenize(query).items():
+            if term not in self.postings:
+                continue
+            at, counts = self.postings[term]
+            idf = np.log1p((self.size - len(at) + 0.5) / (len(at) + 0.5))
+            scores[at] += count * idf * counts * (K1 + 1) / (counts + self.norms[at])
+        return scores
+
+
+def target_ndcg(scores: np.ndarray, keys: np.ndarray, target: int) -> float:
+    """nDCG@10 of TARGET (one relevant key) in the top 10 of KEYS by SCORES, ties broken as search breaks them."""
+    order = keys[top_list(scores, keys, 10)]
+    found = np.flatnonzero(order == target)
+    return float(1.0 / np.log2(found[0] + 2)) if len(found) else 0.0
+
+
+def query_results(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
+    """Per pseudo-query nDCG@10 of its target: "dense", "keyword" and "zscore@w" for each of WEIGHTS."""
+    pool = l2_normalize(transform(np.concatenate([check.targets, check.distractors])))
+    queries = l2_normalize(transform(check.queries))
+    keywords = PoolBM25(list(check.pool_texts))
+    keys = np.arange(len(pool))
+    zscore = ListZScore()
+    found: dict[str, list[float]] = {label: [] for label in ("dense", "keyword", *(f"zscore@{w}" for w in WEIGHTS))}
+    for start in range(0, len(queries), BATCH):
+        similarities = queries[start : start + BATCH] @ pool.T
+        for offset, dense in enumerate(similarities):
+            number = start + offset
+            keyword = keywords.scores(check.query_texts[number])
+            dense_top = top_list(dense, keys, CANDIDATES)
+            keyword_top = top_list(keyword, keys, CANDIDATES) if keyword.any() else np.empty(0, np.int64)
+            union = np.union1d(dense_top, keyword_top)
+            dense_rank, keyword_rank = np.zeros(len(pool), np.int64), np.zeros(len(pool), np.int64)
+            dense_rank[dense_top] = np.arange(1, len(dense_top) + 1)
+            keyword_rank[keyword_top] = np.arange(1, len(keyword_top) + 1)
+            candidates = Candidates(union, dense[union], keyword[union], dense_rank[union], keyword_rank[union])
+            found["dense"].append(target_ndcg(dense, keys, number))
+            found["keyword"].append(target_ndcg(keyword, keys, number) if keyword.any() else 0.0)
+            for weight in WEIGHTS:
+                found[f"zscore@{weight}"].append(target_ndcg(zscore.scores(candidates, weight), union, number))
+    return {label: np.asarray(values) for label, values in found.items()}
+
+
+def hybrid_check(check: CheckSet | None, transform: Callable[[np.ndarray], np.ndarray], seed: int = 0) -> dict:
+    """The hybrid decision for an index whose vectors TRANSFORM calibrates (a calibrator's), from CHECK's
+    pseudo-queries (None, or without texts: no evidence, the default stays): {"fusion", "weight", "reason",
+    "evidence"}, as the manifest records it."""
+    if check is None or check.query_texts is None or not len(check):
+        return decision(None)
+    results = query_results(check, transform)
+    groups = {"meaning": np.isin(check.kinds, MEANING), KNOWN_ITEM: check.kinds == KNOWN_ITEM}
+    evidence: dict = {"pseudo_queries": len(check), "pool": check.pool_size, "confidence": CONFIDENCE, "groups": {}}
+    for group, chosen in groups.items():
+        record: dict = {"queries": int(chosen.sum())}
+        if chosen.sum():
+            record["ndcg@10"] = {label: _points(values[chosen].mean()) for label, values in results.items()}
+        if chosen.sum() >= MIN_QUERIES:
+            differences = results["dense"][chosen] - results["keyword"][chosen]
+            low, high = paired_bootstrap(differences, check.kinds[chosen], CONFIDENCE, seed=seed)
+            record["dense_minus_keyword"] = {"difference": _points(differences.mean()),
+                                             "interval": [_points(low), _points(high)]}
+        evidence["groups"][group] = record
+    return decision(evidence)
+
+
+def decision(evidence: dict | None) -> dict:
+    """The fusion and dense weight EVIDENCE (`hybrid_check`'s; None: none was gathered) supports, and why."""
+    record = {"fusion": DEFAULT_FUSION, "weight": DEFAULT_WEIGHT}
+    if evidence is None:
+        return {**record, "reason": "not checked (no pseudo-queries: the calibrator was named, or the build had no "
+                                    "text to cut them from): the measured default"}
+    meaning = evidence["groups"]["meaning"].get("dense_minus_keyword")
+    known = evidence["groups"][KNOWN_ITEM].get("dense_minus_keyword")
+    if meaning is not None and meaning["interval"][1] < 0:
+        return {**record, "weight": EVEN_WEIGHT, "evidence": evidence,
+                "reason": (f"dense search loses to keywords even on pseudo-queries of meaning ({meaning['difference']:+.1f}"
+                           f" nDCG@10, interval {_interval(meaning)}): the encoder reads this corpus poorly, so both "
+                           "sides weigh the same")}
+    if known is not None and known["interval"][0] > 0:
+        return {**record, "weight": DENSE_LEANING_WEIGHT, "evidence": evidence,
+                "reason": (f"keyword search loses to dense even on known-item pseudo-queries, its best case "
+                           f"({known['difference']:+.1f} nDCG@10 for dense, interval {_interval(known)}): the keyword "
+                           "side reads this corpus poorly, so the dense side leads")}
+    if meaning is None or known is None:
+        return {**record, "evidence": evidence,
+                "reason": f"too few pseudo-queries of meaning or known-item kind (fewer than {MIN_QUERIES}) to move "
+                          "the weight: the measured default"}
+    return {**record, "evidence": evidence,
+            "reason": (f"each side reads this corpus as well as where the default was measured (dense "
+                       f"{meaning['difference']:+.1f} on meaning, keyword {-known['difference']:+.1f} on known-item "
+                       "pseudo-queries): the measured default")}
+
+
+def recorded_hybrid(record: dict | None) -> dict:
+    """An index's hybrid decision as its manifest records it (`Manifest.hybrid`), or for an index written before
+    the check, the defaults it is searched with."""
+    if record is not None:
+        return record
+    return {"fusion": DEFAULT_FUSION, "weight": DEFAULT_WEIGHT,
+            "reason": "written before the hybrid check: the measured default"}
+
+
+def describe(record: dict) -> str:
+    """One line for `info` and `check`: the fusion, the weight and why."""
+    return f"{record['fusion']}, dense weight {record['weight']}: {record['reason']}"
+
+
+def _interval(difference: dict) -> str:
+    low, high = difference["interval"]
+    return f"{low:+.1f} to {high:+.1f}"
+
+
+def _points(value: float) -> float:
+    return round(100 * float(value), 2)

@@ -1,0 +1,125 @@
+"""The hybrid check (`retriever.search.fusion_check`): each side on the corpus's pseudo-queries, and the weight."""
+
+import numpy as np
+import pytest
+
+from retriever.calibration.check import CheckSet
+from retriever.corpus import Document
+from retriever.defaults import DEFAULT_WEIGHT
+from retriever.index import Index
+from retriever.search.fusion_check import (
+    DENSE_LEANING_WEIGHT,
+    EVEN_WEIGHT,
+    MIN_QUERIES,
+    PoolBM25,
+    decision,
+    hybrid_check,
+    recorded_hybrid,
+)
+from retriever.search.options import SearchOptions
+
+WORDS = [f"w{i:03d}" for i in range(400)]
+
+
+def check_set(dense_finds: bool, words_find: bool, kinds: list[str], seed: int = 0) -> CheckSet:
+    """A check set of one query per target: its vector is its target's (DENSE_FINDS) or noise, and its words are
+    its target's own rare ones (WORDS_FIND) or words no document holds."""
+    rng = np.random.default_rng(seed)
+    count, dim = len(kinds), 16
+    targets = rng.standard_normal((count, dim)).astype(np.float32)
+    distractors = rng.standard_normal((200, dim)).astype(np.float32)
+    queries = targets + 0.05 * rng.standard_normal((count, dim)).astype(np.float32) if dense_finds else \
+        rng.standard_normal((count, dim)).astype(np.float32)
+    texts = [" ".join(rng.choice(WORDS[:300], 8, replace=False)) + f" unique{i}x unique{i}y" for i in range(count)]
+    pool = texts + [" ".join(rng.choice(WORDS[:300], 8, replace=False)) for _ in range(200)]
+    query_texts = [f"unique{i}x unique{i}y" if words_find else f"absent{i} nowhere{i}" for i in range(count)]
+    return CheckSet(queries, targets, kinds, distractors, query_texts, pool)
+
+
+def kinds(meaning: int, known: int) -> list[str]:
+    return ["span"] * meaning + ["known-item"] * known
+
+
+def identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def test_pool_bm25_ranks_as_bm25_does():
+    bm25 = PoolBM25(["apple banana", "apple apple cherry", "cherry date elderberry fig", "grape"])
+    scores = bm25.scores("apple")
+    assert scores[1] > scores[0] > 0 and scores[2] == scores[3] == 0  # more occurrences, shorter text: higher
+    rare = bm25.scores("grape")
+    common = bm25.scores("cherry")
+    assert rare.max() > common.max()  # a rarer term weighs more (idf)
+    assert not bm25.scores("nothing here").any()
+
+
+def test_a_dense_side_that_finds_nothing_gives_both_sides_the_same_weight():
+    made = hybrid_check(check_set(dense_finds=False, words_find=True, kinds=kinds(60, 60)), identity)
+    assert made["weight"] == EVEN_WEIGHT and "encoder reads this corpus poorly" in made["reason"]
+    meaning = made["evidence"]["groups"]["meaning"]
+    assert meaning["queries"] == 60 and meaning["dense_minus_keyword"]["interval"][1] < 0
+    assert meaning["ndcg@10"]["keyword"] == 100.0
+
+
+def test_a_keyword_side_that_finds_nothing_lets_the_dense_side_lead():
+    made = hybrid_check(check_set(dense_finds=True, words_find=False, kinds=kinds(60, 60)), identity)
+    assert made["weight"] == DENSE_LEANING_WEIGHT and "keyword side reads this corpus poorly" in made["reason"]
+    assert made["evidence"]["groups"]["known-item"]["ndcg@10"]["dense"] == 100.0
+
+
+def test_both_sides_working_keep_the_measured_default():
+    made = hybrid_check(check_set(dense_finds=True, words_find=True, kinds=kinds(60, 60)), identity)
+    assert made["weight"] == DEFAULT_WEIGHT and "measured default" in made["reason"]
+    assert made["evidence"]["groups"]["meaning"]["ndcg@10"]["zscore@0.7"] == 100.0
+
+
+def test_too_few_pseudo_queries_move_nothing():
+    made = hybrid_check(check_set(dense_finds=False, words_find=True, kinds=kinds(MIN_QUERIES - 1, 60)), identity)
+    assert made["weight"] == DEFAULT_WEIGHT and "too few" in made["reason"]
+    assert "dense_minus_keyword" not in made["evidence"]["groups"]["meaning"]
+    assert decision(None)["weight"] == DEFAULT_WEIGHT and "not checked" in decision(None)["reason"]
+    # no texts (vectors given alone) or no check: the default, said so
+    bare = check_set(True, True, kinds(40, 40))
+    bare.query_texts = bare.pool_texts = None
+    assert hybrid_check(bare, identity) == decision(None) == hybrid_check(None, identity)
+
+
+def test_the_check_uses_the_calibrators_space():
+    check = check_set(dense_finds=True, words_find=False, kinds=kinds(60, 60))
+    scrambled = hybrid_check(check, lambda x: np.sin(97 * x))  # a map that keeps no neighbourhood
+    assert scrambled["evidence"]["groups"]["known-item"]["ndcg@10"]["dense"] < 20
+
+
+def test_a_search_takes_the_recorded_weight_unless_it_names_one():
+    recorded = {"fusion": "zscore", "weight": EVEN_WEIGHT, "reason": "test"}
+    assert SearchOptions().resolved("i", True, recorded).dense_weight == EVEN_WEIGHT
+    assert SearchOptions(weight=0.8).resolved("i", True, recorded).dense_weight == 0.8
+    assert SearchOptions(mode="dense").resolved("i", True, recorded).weight is None
+    assert SearchOptions().resolved("i", True, None).dense_weight == DEFAULT_WEIGHT
+    assert recorded_hybrid(None)["weight"] == DEFAULT_WEIGHT and "before" in recorded_hybrid(None)["reason"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_bert):
+    """An index built with auto on 300 real documents."""
+    from retriever.demo_corpus import documents
+
+    home = tmp_path_factory.mktemp("hybrid") / "indexes"
+    docs = [Document(d["_id"], d["text"], d.get("title"), "", n) for n, d in enumerate(documents(300), start=1)]
+    Index.build(docs, "docs", home, model=str(tiny_bert), device="cpu")
+    return home
+
+
+def test_an_index_searches_with_the_weight_its_manifest_records(built):
+    with Index.open("docs", built, device="cpu") as index:
+        hybrid = index.snapshot.manifest.hybrid
+        assert hybrid["evidence"]["pseudo_queries"] > 0
+        weight = hybrid["weight"]
+        default = index.search("read a file", 10)
+        named = index.search("read a file", 10, weight=weight)
+        other = index.search("read a file", 10, weight=0.0)
+        assert [h.doc_id for h in default] == [h.doc_id for h in named]
+        assert [h.score for h in default] == [h.score for h in named]
+        assert [h.score for h in default] != [h.score for h in other]
+        assert index.info()["hybrid"] == hybrid
