@@ -1,7 +1,8 @@
 # Two commands do the whole set-up on a fresh machine with Python 3.10+ and pip:
 #   make demo   installs the package into .venv, builds a calibrated index over the standard library's docs (into
 #               the index home, ~/.local/share/retriever/indexes unless RETRIEVER_HOME says otherwise), searches it
-#   make test   installs into .venv with the test extras and Ray (for `--engine ray`), and Debian's chromium and
+#   make test   installs into .venv with the test extras, Ray (for `--engine ray`), LangChain and Haystack (for
+#               their adapters and the frameworks' own test suites), and Debian's chromium and
 #               chromium-driver for the browser tests (apt-get, as root or through sudo: said before it runs;
 #               BROWSER=no skips it, and those tests then fail), then runs the test suite
 # CPU machines get the CPU build of torch pinned; on a CUDA machine: make demo TORCH=torch
@@ -30,8 +31,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	@echo "installing the test extras and Ray into $(VENV)"
-	$(PIP) "$(TORCH)" -e ".[dev,ray]"
+	@echo "installing the test extras, Ray, LangChain and Haystack into $(VENV)"
+	$(PIP) "$(TORCH)" -e ".[dev,ray,langchain,haystack]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -8,6 +8,7 @@
     {"tags": {"$size": 2}}                           a list of that many elements (a list inside it is a list too)
     {"year": {"$exists": true}}                      the field is there (even as null) / is not
     {"$and": [{...}, {...}]}, {"$or": [...]}         several conditions; several keys in one object are all required
+    {"$not": {...}}                                  every document the condition does not select
 
 A field is a metadata path (`retriever.metadata`: keys joined by dots, `origin.site`, `metadata.` in front
 optional) or one of the document's own fields: `doc_id`, `title`, `source` (the corpus file it came from) and
@@ -107,8 +108,14 @@ class _Compiler:
                     raise FilterError(f"{key} takes a list of objects")
                 joiner = " AND " if key == "$and" else " OR "
                 parts.append("(" + joiner.join(self.all_of(item, depth + 1) for item in value) + ")")
+            elif key == "$not":
+                # Every condition compiles to SQL that is true or false, never NULL (`some`), so NOT is its
+                # complement: what a framework's NOT (Haystack's) means.
+                if not isinstance(value, dict):
+                    raise FilterError(f"$not takes one object of conditions, got {_kind(value)}")
+                parts.append(f"(NOT {self.all_of(value, depth + 1)})")
             elif key.startswith("$"):
-                raise FilterError(f"unknown operator {key!r} at the top of a condition; known there: $and, $or "
+                raise FilterError(f"unknown operator {key!r} at the top of a condition; known there: $and, $or, $not "
                                   f"(a metadata key that starts with $ is reached as {PREFIX}{key})")
             else:
                 parts.append(self.field(key, value))

@@ -56,6 +56,7 @@ from retriever.engines.stages import (
     write_segment_vectors,
 )
 from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, written_passages
+from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
 from retriever.errors import RetrieverError, param
 from retriever.filters import parse_where
@@ -142,28 +143,89 @@ class Index:
 
     # --- reading -------------------------------------------------------------------------------------------
 
-    def search(self, queries: str | Sequence[str], options: SearchOptions | int | None = None, /, *,
-               progress: bool = False, **settings: Any) -> list[SearchHit] | list[list[SearchHit]]:
+    def search(self, queries: str | Sequence[str] | None, options: SearchOptions | int | None = None, /, *,
+               progress: bool = False, vectors: np.ndarray | Sequence | None = None,
+               **settings: Any) -> list[SearchHit] | list[list[SearchHit]]:
         """The top-k documents of one query (a string), or a list of them for each of several (a list).
 
         OPTIONS: a `SearchOptions` (or just k), and its fields as keywords (SETTINGS: k, mode, fusion, weight,
         where, min_score, space, stop_words, nprobe, ef_search, rerank; over OPTIONS' where both are given):
         `index.search("a query", 5, mode="hybrid")`.
         Dense search runs through exactly the encode path the manifest records: the encoder, the saved
-        calibrator, L2 normalization (`retriever.search.searcher.Searcher` takes vectors already encoded)."""
-        if isinstance(queries, str):
-            return self.search([queries], options, progress=progress, **settings)[0]
-        queries = list(queries)
-        check_queries(queries)
+        calibrator, L2 normalization (`retriever.search.searcher.Searcher` takes vectors already encoded).
+
+        VECTORS: the queries' raw vectors, already computed (in the encoder's space, uncalibrated: the index
+        calibrates them), a row per query, or one vector for one query; nothing is encoded. QUERIES may then be
+        None for dense search (the texts are what keyword and hybrid search read). An index built from vectors
+        computed elsewhere (`retriever.encode.external`) is searched so."""
+        if queries is None and vectors is not None and np.ndim(vectors) == 1 or isinstance(queries, str):
+            vectors = None if vectors is None else np.asarray(vectors).reshape(1, -1)
+            return self.search(None if queries is None else [queries], options, progress=progress, vectors=vectors,
+                               **settings)[0]
+        if queries is not None:
+            queries = list(queries)
+            check_queries(queries)
+        elif vectors is None:
+            raise RetrieverError("no query given: give query texts, or their vectors")
+        raw = None if vectors is None else self._query_vectors(vectors, queries)
         if not isinstance(options, (SearchOptions, type(None))):
             options, settings = None, {"k": options, **settings}
         options = self._searcher.resolve(SearchOptions.of(options, **settings))
+        if queries is None and options.mode != "dense":
+            raise RetrieverError(f"{options.mode} search reads the query texts: give them beside their vectors, or "
+                                 f"search by vectors alone with {param('mode', 'dense')}")
         if options.mode == "keyword":
             return cut(self._searcher.search(queries, None, options), options)
-        raw = self._encoder_for(self.snapshot).encode(queries, progress=progress)
+        if raw is None:
+            raw = self._encoder_for(self.snapshot).encode(queries, progress=progress)
         if options.space == "raw":
             return cut(self._searcher.search_raw(raw, options), options)
-        return cut(self._searcher.search(queries, self.snapshot.calibrate(raw), options), options)
+        texts = queries if queries is not None else [""] * len(raw)  # dense search reads no text
+        return cut(self._searcher.search(texts, self.snapshot.calibrate(raw), options), options)
+
+    def _query_vectors(self, vectors: np.ndarray | Sequence, queries: list[str] | None) -> np.ndarray:
+        """Given query VECTORS as float32 rows, checked against the QUERIES they stand for and the index's encoder."""
+        dim = self.snapshot.manifest.encoder["dim"]
+        try:
+            raw = np.asarray(vectors, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise RetrieverError(f"{param('vectors')} must be numbers: a row of {dim} per query") from None
+        if raw.ndim != 2 or raw.shape[1] != dim:
+            raise RetrieverError(f"{param('vectors')} has shape {raw.shape}; index '{self.name}' takes "
+                                 f"{dim}-dimensional vectors, a row per query")
+        if queries is not None and len(queries) != len(raw):
+            raise RetrieverError(f"{counted(len(raw), 'query vector')} for {len(queries):,} quer"
+                                 f"{'y' if len(queries) == 1 else 'ies'}: give a vector per query")
+        if not len(raw):
+            raise RetrieverError("no query given: give query texts, or their vectors")
+        if not np.isfinite(raw).all():
+            raise RetrieverError(f"{param('vectors')} holds a NaN or infinite value")
+        return raw
+
+    def documents(self, doc_ids: Sequence[str] | None = None, where: str | dict | None = None) -> list[dict]:
+        """Stored documents, as `document` gives each: those of DOC_IDS that are here, in DOC_IDS' order (an id not
+        here is left out), or every document the filter WHERE selects (`retriever.filters`; without it, all), in
+        the order they were written."""
+        snapshot = self.snapshot
+        if doc_ids is not None:
+            if where is not None:
+                raise RetrieverError(f"give document ids or {param('where')}: one of the two, not both")
+            wanted = list(dict.fromkeys(doc_ids))
+            found = snapshot.live_rowids(wanted)
+            rows = snapshot.rows(np.array([rowid for rowid, _ in found.values()], dtype=np.int64))
+            return [rows[found[doc_id][0]] for doc_id in wanted if doc_id in found]
+        compiled = parse_where(where)
+        if compiled is not None:
+            rowids = snapshot.matching(compiled)
+        else:
+            parts = [np.empty(0, np.int64)]
+            for segment in snapshot.segments:
+                with snapshot.reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                    parts.append(segment.documents.rowids())
+            rowids = np.concatenate(parts)
+            rowids = rowids[~np.isin(rowids, snapshot.tombstones)]
+        rows = snapshot.rows(rowids)
+        return [rows[rowid] for rowid in rowids.tolist()]
 
     def document(self, doc_id: str) -> dict | None:
         """The stored document DOC_ID (doc_id, title, text, source, line, metadata), or None if it is not here."""
@@ -506,6 +568,10 @@ def load_encoder(snapshot: Snapshot, runtime: str = "torch") -> Encoder:
     Runtime for its forward pass."""
     from retriever.encode.encoder import Encoder
 
+    if is_external(snapshot.manifest.encoder):
+        raise RetrieverError(f"index '{snapshot.name}' holds vectors computed outside it "
+                             f"({snapshot.manifest.encoder['model']}): search it with query vectors "
+                             f"({param('vectors')}), or open it with the encoder that made them")
     try:
         return Encoder.from_config(snapshot.manifest.encoder, device=snapshot.device, runtime=runtime)
     except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have

@@ -142,3 +142,12 @@ def raw_hits(index, raw, k: int, **settings):
     from retriever.search.searcher import Searcher
 
     return Searcher(index.snapshot).search_raw(raw, SearchOptions(k=k, space="raw", **settings))
+
+
+def sick_sentences(data: Path, count: int = 200) -> list[str]:
+    """COUNT distinct real sentences from SICK's trial file in DATA (a small real corpus, in file order)."""
+    seen: dict[str, None] = {}
+    for line in (data / "sick" / "SICK_trial.txt").read_text(encoding="utf-8").splitlines()[1:]:
+        for sentence in line.split("\t")[1:3]:
+            seen.setdefault(sentence.strip(), None)
+    return [sentence for sentence in seen if sentence][:count]

@@ -50,6 +50,10 @@ def selected(documents: list[Document], where: dict) -> set[str]:
                 if not any(holds(metadata, c) for c in condition):
                     return False
                 continue
+            if key == "$not":
+                if holds(metadata, condition):
+                    return False
+                continue
             ops = condition if isinstance(condition, dict) else {"$eq": condition}
             present, value = key in metadata, metadata.get(key)
             for op, wanted in ops.items():
@@ -78,6 +82,9 @@ WHERES = [
     {"year": {"$exists": False}}, {"lang": {"$in": ["de", "fr"]}}, {"group": {"$nin": [1, 2, 3]}},
     {"even": True}, {"$or": [{"group": 1}, {"$and": [{"lang": "de"}, {"group": {"$lte": 3}}]}]},
     {"year": {"$gt": 2020}}, {"lang": {"$gt": "e"}}, {"year": {"$gt": "2020"}},  # a string against numbers: none
+    # $not: the complement, missing fields included (Haystack's NOT), and nested under $or
+    {"$not": {"year": {"$gt": 2020}}}, {"$not": {"group": {"$lt": 50}, "lang": "en"}},
+    {"$or": [{"$not": {"even": True}}, {"group": 2}]},
 ]
 
 
@@ -110,7 +117,8 @@ def test_document_fields_are_filterable_too(table):
     ('{"lang": ', "not valid JSON"),
     ("[1, 2]", "must be a JSON object"),
     ('{"lang": {"$regex": "e"}}', "unknown operator '$regex'"),
-    ('{"$not": {"lang": "en"}}', "unknown operator '$not'"),
+    ('{"$nor": [{"lang": "en"}]}', "unknown operator '$nor'"),
+    ('{"$not": [{"lang": "en"}]}', "$not takes one object of conditions, got a list"),
     ('{"group": {"$gt": true}}', "$gt compares with a number or a string"),
     ('{"group": {"$in": []}}', "$in takes a non-empty list"),
     ('{"group": {"$in": 3}}', "$in takes a non-empty list"),

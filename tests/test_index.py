@@ -52,7 +52,7 @@ def test_the_index_is_a_small_api(tiny_index):
     it reads (`snapshot`); the plumbing lives in the layers below it."""
     names = {name for name in dir(tiny_index) if not name.startswith("_")}
     assert names == {"name", "snapshot", "build", "open", "search", "add", "delete", "compact", "refit", "document",
-                     "info", "check", "versions", "rollback", "close"}
+                     "documents", "info", "check", "versions", "rollback", "close"}
 
 
 def test_manifest_records_everything_needed_to_reproduce(tiny_index, tiny_bert):
@@ -618,3 +618,33 @@ def test_build_takes_documents_and_vectors_from_memory(tmp_path, tiny_bert):
             Index.build(bad, "bad", tmp_path / "ix", encoder=encoder, calibrator="none", device="cpu")
     with pytest.raises(RetrieverError, match="2-D floating-point"):
         Index.build(documents, "bad", tmp_path / "ix", vectors=np.arange(40), encoder=encoder, device="cpu")
+
+
+def test_an_index_of_vectors_from_outside_is_searched_by_query_vectors_and_lists_its_documents(tmp_path):
+    from retriever.encode.external import ExternalEncoder
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(6, 8)).astype(np.float32)
+    records = [{"_id": f"v{i}", "text": f"note {i} on {'tea' if i % 2 else 'rain'}", "metadata": {"i": i}}
+               for i in range(6)]
+    summary = Index.build(records, "outside", tmp_path, vectors=vectors, encoder=ExternalEncoder("mine", 8))
+    index = summary.open()
+    assert index.snapshot.manifest.encoder["model"] == "external:mine"
+    assert index.snapshot.manifest.calibrator["name"] == "auto"  # kept raw: no model to make pseudo-queries with
+    dense = index.search(None, k=2, mode="dense", vectors=vectors[3])  # one vector: one query's hits
+    assert dense[0].doc_id == "v3" and dense[0].score == pytest.approx(1.0, abs=1e-5)
+    batch = index.search(None, k=1, mode="dense", vectors=vectors[[1, 4]])
+    assert [hits[0].doc_id for hits in batch] == ["v1", "v4"]
+    hybrid = index.search("tea", k=3, vectors=vectors[1])
+    assert hybrid[0].doc_id == "v1"
+    with pytest.raises(RetrieverError, match="hybrid search reads the query texts"):
+        index.search(None, k=1, vectors=vectors[0])
+    with pytest.raises(RetrieverError, match="search it with query vectors"):
+        index.search("tea", k=1)
+    with pytest.raises(RetrieverError, match="takes 8-dimensional vectors"):
+        index.search(None, k=1, mode="dense", vectors=np.ones(5))
+    index.add([{"_id": "v1", "text": "note 1 again"}], vectors=vectors[:1], upsert=True)
+    assert [row["doc_id"] for row in index.documents()] == ["v0", "v2", "v3", "v4", "v5", "v1"]
+    assert [row["doc_id"] for row in index.documents(["v5", "nope", "v0"])] == ["v5", "v0"]
+    assert [row["doc_id"] for row in index.documents(where={"i": {"$gte": 4}})] == ["v4", "v5"]
+    assert index.documents(["v1"])[0]["text"] == "note 1 again"

@@ -280,8 +280,9 @@ def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, se
 def check_set(calibrator: Calibrator, rows: int, documents_at, vectors_at, encoder, seed: int,
               progress: bool = False) -> CheckSet | None:
     """The pseudo-queries CALIBRATOR checks its candidates on (`pseudo_queries.make_check_set`), or None for a
-    calibrator that takes none."""
-    if not calibrator.uses_check or calibrator.fitted:
+    calibrator that takes none, or where ENCODER cannot encode text (vectors computed outside the index with no model
+    to encode pseudo-queries: `encode.external.ExternalEncoder`; auto then keeps the raw vectors and says why)."""
+    if not calibrator.uses_check or calibrator.fitted or not getattr(encoder, "encodes_text", True):
         return None
     return make_check_set(rows, documents_at, vectors_at, encoder, seed, progress=progress)
 

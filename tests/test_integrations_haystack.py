@@ -1,0 +1,134 @@
+"""The Haystack adapter (`retriever.integrations.haystack`): Haystack's own standard suite for document stores,
+unmodified, then what the suite does not ask: the retriever components (embedding, BM25, hybrid), documents
+without embeddings, the dimension check, serialisation, and one end-to-end check against `retriever search`."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("haystack")
+from haystack import Document  # noqa: E402
+from haystack.document_stores.errors import DuplicateDocumentError  # noqa: E402
+from haystack.testing.document_store import DocumentStoreBaseTests  # noqa: E402
+
+from retriever.errors import RetrieverError  # noqa: E402
+from retriever.integrations.haystack import (  # noqa: E402
+    RetrieverBM25Retriever,
+    RetrieverDocumentStore,
+    RetrieverEmbeddingRetriever,
+    RetrieverHybridRetriever,
+    haystack_filter,
+)
+
+
+class TestRetrieverDocumentStore(DocumentStoreBaseTests):
+    @pytest.fixture()
+    def document_store(self, tmp_path):
+        return RetrieverDocumentStore(name="hs", index_dir=tmp_path)
+
+    def test_write_documents(self, document_store):
+        """The default policy (NONE) is FAIL, as Haystack's InMemoryDocumentStore has it."""
+        doc = Document(content="test doc")
+        assert document_store.write_documents([doc]) == 1
+        with pytest.raises(DuplicateDocumentError):
+            document_store.write_documents([doc])
+        self.assert_documents_are_equal(document_store.filter_documents(), [doc])
+
+
+def unit(*values: float, dim: int = 4) -> list[float]:
+    vector = [float(v) for v in values] + [0.0] * (dim - len(values))
+    return vector
+
+
+@pytest.fixture()
+def store(tmp_path):
+    store = RetrieverDocumentStore(name="hs", index_dir=tmp_path)
+    store.write_documents([
+        Document(id="tea", content="tea grows on the hills", meta={"lang": "en"}, embedding=unit(1, 0.1)),
+        Document(id="rain", content="rain falls on the hills", meta={"lang": "en"}, embedding=unit(0.1, 1)),
+        Document(id="plain", content="hills without an embedding", meta={"lang": "de"}),
+    ])
+    return store
+
+
+def test_the_three_retrievers_and_documents_without_embeddings(store):
+    dense = RetrieverEmbeddingRetriever(document_store=store, top_k=3).run(query_embedding=unit(1, 0))["documents"]
+    assert [d.id for d in dense] == ["tea", "rain"]  # the document without an embedding is not dense-searchable
+    assert dense[0].score == pytest.approx(1 / (1 + 0.01) ** 0.5, abs=1e-5) and dense[0].embedding == unit(1, 0.1)
+    bm25 = RetrieverBM25Retriever(document_store=store, top_k=3).run(query="embedding hills")["documents"]
+    assert bm25[0].id == "plain" and bm25[0].embedding is None and bm25[0].score > 0
+    hybrid = RetrieverHybridRetriever(document_store=store, top_k=3)
+    assert [d.id for d in hybrid.run(query="rain", query_embedding=unit(0, 1))["documents"]][0] == "rain"
+    filtered = RetrieverBM25Retriever(document_store=store, filters={"field": "meta.lang", "operator": "==",
+                                                                   "value": "en"}).run(query="hills")["documents"]
+    assert sorted(d.id for d in filtered) == ["rain", "tea"]
+    again = RetrieverHybridRetriever.from_dict(hybrid.to_dict())
+    assert again.document_store.count_documents() == 3 and again.top_k == 3
+
+
+def test_the_first_embedding_fixes_the_dimension(tmp_path, store):
+    with pytest.raises(RetrieverError, match="5 dimensions; store 'hs' holds 4-dimensional"):
+        store.write_documents([Document(content="too wide", embedding=[1.0] * 5)])
+    late = RetrieverDocumentStore(name="late", index_dir=tmp_path)
+    late.write_documents([Document(id="a", content="no embedding yet")])
+    late.write_documents([Document(id="b", content="the first embedding", embedding=unit(0, 0, 1, dim=3))])
+    assert late.index.snapshot.manifest.encoder["dim"] == 3 and late.count_documents() == 2
+    found = late.embedding_retrieval(unit(0, 0, 1, dim=3), top_k=5)
+    assert [d.id for d in found] == ["b"]
+    assert [d.id for d in late.filter_documents({"field": "content", "operator": "==",
+                                                 "value": "no embedding yet"})] == ["a"]
+
+
+def test_haystack_filters_translate_to_the_one_engine():
+    assert haystack_filter({"field": "meta.x", "operator": "==", "value": None}) == {
+        "$or": [{"metadata.x": None}, {"metadata.x": {"$exists": False}}]}
+    assert haystack_filter({"operator": "NOT", "conditions": [{"field": "id", "operator": "in", "value": ["a"]}]}) \
+        == {"$not": {"$and": [{"doc_id": {"$in": ["a"]}}]}}
+    from haystack.errors import FilterError
+
+    with pytest.raises(FilterError, match="filters name meta.<key>, id or content"):
+        haystack_filter({"field": "embedding", "operator": "==", "value": 1})
+
+
+# --- end to end: MiniLM's vectors, brought as Haystack documents' embeddings ----------------------------------
+
+@pytest.fixture(scope="module")
+def sick(tmp_path_factory):
+    """The same small real corpus in a Haystack store (embeddings from the default model, given as documents
+    bring them) and in an index `retriever build` made with that model, both uncalibrated."""
+    import json
+    import os
+    from pathlib import Path
+
+    from retriever.encode.encoder import Encoder
+    from retriever.index import Index
+    from tests.helpers import sick_sentences
+
+    data = Path(os.environ.get("RETRIEVER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    sentences = sick_sentences(data, 150)
+    index_dir = tmp_path_factory.mktemp("hs-sick")
+    corpus = index_dir / "sick.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(sentences)))
+    encoder = Encoder(device="cpu")
+    Index.build(corpus, "built", index_dir, calibrator="none", encoder=encoder, device="cpu")
+    store = RetrieverDocumentStore(name="hs", index_dir=index_dir)
+    vectors = encoder.encode(sentences)
+    store.write_documents([Document(id=f"s{i}", content=t, embedding=v.tolist())
+                           for i, (t, v) in enumerate(zip(sentences, vectors))])
+    return store, encoder, index_dir
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "keyword", "dense"])
+def test_the_retrievers_give_retriever_search_s_top_5(sick, cli, mode):
+    import json
+
+    store, encoder, index_dir = sick
+    query = "a man is playing a guitar"
+    embedding = encoder.encode([query])[0].tolist()
+    found = {"hybrid": lambda: RetrieverHybridRetriever(store, top_k=5).run(query=query, query_embedding=embedding),
+             "keyword": lambda: RetrieverBM25Retriever(store, top_k=5).run(query=query),
+             "dense": lambda: RetrieverEmbeddingRetriever(store, top_k=5).run(query_embedding=embedding)}[mode]()
+    done = cli("search", query, "--name", "built", "-k", "5", "--mode", mode, "--json", "--index-dir", index_dir)
+    assert done.returncode == 0, done.stderr
+    assert [d.id for d in found["documents"]] == [hit["doc_id"] for hit in json.loads(done.stdout)["results"]]
+    assert len(found["documents"]) == 5
