@@ -323,7 +323,7 @@ def search(
     Stored text is printed with control characters escaped (\\x1b, \\u202e): a document cannot drive the terminal.
     --json is exact JSON, with those characters as \\u escapes."""
     from retriever.corpus import read_queries
-    from retriever.filters import unknown_fields_note
+    from retriever.filters import kind_mismatch_note, unknown_fields_note
     from retriever.index import Index
     from retriever.search.options import SearchOptions
     from retriever.search.results import search_record
@@ -340,9 +340,10 @@ def search(
     # More than the index holds would allocate room for nothing; the mode shown is the one the index searches in.
     settings = replace(settings, k=min(k, max(len(index), 1)))
     mode = settings.resolved(index.name, index.snapshot.has_keywords).mode
-    note = unknown_fields_note(settings.where, index.snapshot.manifest.metadata_fields)
-    if note:
-        _say(f"note: {note}")
+    for note in (unknown_fields_note(settings.where, index.snapshot.manifest.metadata_fields),
+                 kind_mismatch_note(settings.where, index.snapshot.field_kinds)):
+        if note:
+            _say(f"note: {note}")
     if queries is None:
         batch = [(None, query)]
         results = [index.search(query, settings)]

@@ -63,6 +63,8 @@ class Filter:
     parameters: tuple = field(compare=False)
     source: dict = field(compare=False, repr=False)
     paths: tuple[str, ...] = field(default=(), compare=False)
+    # (path, kind, value) of each value a metadata path is compared with: what `kind_mismatch_note` reads.
+    compared: tuple[tuple[str, int, object], ...] = field(default=(), compare=False, repr=False)
 
 
 def parse_where(where: str | dict | Filter | None) -> Filter | None:
@@ -84,13 +86,14 @@ def parse_where(where: str | dict | Filter | None) -> Filter | None:
     compiler = _Compiler()
     sql = compiler.all_of(where, 1)
     return Filter(json.dumps(where, sort_keys=True), sql, tuple(compiler.parameters), where,
-                  tuple(dict.fromkeys(compiler.paths)))
+                  tuple(dict.fromkeys(compiler.paths)), tuple(compiler.compared))
 
 
 class _Compiler:
     def __init__(self):
         self.parameters: list = []
         self.paths: list[str] = []
+        self.compared: list[tuple[str, int, object]] = []
         self.conditions = 0
         self.listed = 0
 
@@ -160,17 +163,24 @@ class _Compiler:
                 raise FilterError(f"$in, $nin and $all list {self.listed:,} values; at most {MAX_LISTED:,} in one "
                                   "filter")
             values = [self.scalar(item, where) for item in value]
+            self.note_compared(name, values)
             if op == "$all":  # each value once, of its kind: true is not 1 (Python's dict would take them as one)
                 distinct = dict.fromkeys((kind_of(value), value) for value in values)
                 return _balanced([self.some(name, self.equal(item)) for _, item in distinct], " AND ")
             return self.some(name, self.one_of(values), negated=op == "$nin")
         if op in ("$eq", "$ne"):
+            self.note_compared(name, [self.scalar(value, where)])
             return self.some(name, self.equal(self.scalar(value, where)), negated=op == "$ne")
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise FilterError(f"{where}: {op} compares with a number or a string, got {_kind(value)}")
         self.scalar(value, where)
+        self.note_compared(name, [value])
         kind = STRING if isinstance(value, str) else NUMBER
         return self.some(name, lambda k, v: f"{k} = {self.bind(kind)} AND {v} {COMPARISONS[op]} {self.bind(value)}")
+
+    def note_compared(self, name: str, values: list) -> None:
+        if name not in _OWN:
+            self.compared.extend((field_path(name), kind_of(value), value) for value in values if value is not None)
 
     def some(self, name: str, condition: Condition | None, negated: bool = False) -> str:
         """SQL true for a document where one value at NAME satisfies CONDITION (None: any value is there), or,
@@ -238,6 +248,41 @@ def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20
     listed = ", ".join(fields[:shown]) + (f" and {len(fields) - shown:,} more" if len(fields) > shown else "")
     return (f"no document has the field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; the "
             f"index's metadata fields: {listed or 'none'} (and the document's own: {', '.join(sorted(RESERVED))})")
+
+
+_KIND_NAMES = {BOOLEAN: "true/false", NUMBER: "numbers", STRING: "text"}
+
+
+def kind_mismatch_note(where: Filter | None, kinds: Callable[[list[str]], dict[str, set[int]]]) -> str | None:
+    """One line naming a value WHERE compares a metadata path with whose kind no document's value there has, while
+    they hold values of another kind (`{"year": "2020"}` where years are numbers): such a condition selects
+    nothing, quietly. KINDS(paths): the kinds of value each path holds in the index (`Snapshot.field_kinds`);
+    asked only when WHERE compares values. None when every compared value's kind is there."""
+    if where is None or not where.compared:
+        return None
+    held = kinds(sorted({path for path, _, _ in where.compared}))
+    for path, kind, value in where.compared:
+        scalars = held.get(path, set()) & set(_KIND_NAMES)
+        if scalars and kind not in held[path] and kind in _KIND_NAMES:
+            names = " and ".join(_KIND_NAMES[k] for k in sorted(scalars))
+            return (f"field {path!r} holds {names} in this index, and the filter compares it with {_kind(value)} "
+                    f"({_KIND_NAMES[kind]}): that condition matches no value there"
+                    + (f"; write {_as_kind(value, min(scalars))}" if _as_kind(value, min(scalars)) else ""))
+    return None
+
+
+def _as_kind(value: object, kind: int) -> str | None:
+    """VALUE written as KIND, where it reads as one ("2020" as 2020, 2020 as "2020"), for the note's fix."""
+    if kind == NUMBER and isinstance(value, str):
+        try:
+            return json.dumps(int(value) if value.strip().lstrip("-").isdigit() else float(value))
+        except ValueError:
+            return None
+    if kind == STRING and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return json.dumps(str(value))
+    if kind == BOOLEAN and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower()
+    return None
 
 
 def _balanced(parts: list[str], joiner: str) -> str:

@@ -352,3 +352,25 @@ def test_a_filter_that_matches_k_gets_k_even_where_the_probes_find_fewer(filtere
     assert not plan.dense.exact
     scores, ids = searcher.dense.top(searcher.snapshot.calibrate(queries), plan.dense, plan.matches)
     assert (ids >= 0).sum(axis=1).tolist() == [300] * len(queries) and np.isin(ids, plan.matches.rowids).all()
+
+
+def test_a_value_of_a_kind_the_field_never_holds_is_named_with_its_fix():
+    from retriever.filters import kind_mismatch_note
+    from retriever.metadata import LIST, NUMBER, STRING
+
+    held = {"year": {NUMBER}, "tags": {LIST, STRING}, "mixed": {NUMBER, STRING}}
+    asked: list = []
+
+    def kinds(paths):
+        asked.append(paths)
+        return {path: held[path] for path in paths if path in held}
+
+    note = kind_mismatch_note(parse_where({"year": "2020"}), kinds)
+    assert "'year' holds numbers" in note and note.endswith("write 2020")
+    assert "write \"7\"" in kind_mismatch_note(parse_where({"tags": {"$in": ["a", 7]}}), kinds)
+    assert "write" not in kind_mismatch_note(parse_where({"year": {"$gte": "soon"}}), kinds)  # no number reads so
+    for fine in ({"year": {"$gte": 2020}}, {"tags": "a"}, {"mixed": "x"}, {"missing": "x"}, {"year": None},
+                 {"year": {"$exists": True}}, {"title": "x"}):
+        assert kind_mismatch_note(parse_where(fine), kinds) is None, fine
+    asked.clear()
+    assert kind_mismatch_note(parse_where({"year": {"$exists": True}}), kinds) is None and not asked  # no value: no look

@@ -431,6 +431,11 @@ def test_filters_over_http_get_and_post_and_bad_ones_are_422(tmp_path, tiny_bert
         sneaky = client.post("/search", json={"queries": [text], "k": 60, "mode": "dense",
                                                "where": {"lang": "en' OR '1'='1"}})
         assert sneaky.status_code == 200 and sneaky.json()["queries"][0]["results"] == []
+        # a number written as text matches nothing, and the answer says why and how to write it
+        quoted = client.get("/search", params={"q": text, "where": '{"number": "8"}'}).json()
+        assert quoted["queries"][0]["results"] == [] and "'number' holds numbers" in quoted["warnings"][0]
+        assert quoted["warnings"][0].endswith("write 8")
+        assert "warnings" not in client.get("/search", params={"q": text, "where": '{"number": 8}'}).json()
         added = client.post("/indexes/meta/documents", json={"documents": [
             {"_id": "new", "text": "a new note", "metadata": {"lang": "fr", "number": 99}}]})
         assert added.status_code == 201

@@ -40,7 +40,7 @@ from urllib.parse import unquote_to_bytes
 from retriever.corpus import documents_from_records
 from retriever.errors import (NO_VALUE, ConflictError, DamagedIndexError, NotFoundError, RetrieverError,
                               UnavailableError, param)
-from retriever.filters import FilterError, unknown_fields_note
+from retriever.filters import FilterError, kind_mismatch_note, unknown_fields_note
 from retriever.index import Index
 from retriever.search.options import SearchOptions
 from retriever.search.results import SearchHit, search_record
@@ -329,9 +329,10 @@ def render_answer(served: Served, texts: list[str], ids: list[str | None], hits:
     if chars > MAX_ANSWER_CHARS:
         raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
                             f"{MAX_ANSWER_CHARS // 2**20} M per request (lower k or send fewer queries at once)")
-    note = unknown_fields_note(options.where, served.snapshot.manifest.metadata_fields)
+    notes = [note for note in (unknown_fields_note(options.where, served.snapshot.manifest.metadata_fields),
+                               kind_mismatch_note(options.where, served.snapshot.field_kinds)) if note]
     return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
-                   "mode": options.mode, "k": options.k, **({"warnings": [note]} if note else {}),
+                   "mode": options.mode, "k": options.k, **({"warnings": notes} if notes else {}),
                    "queries": [search_record(query_id, text, found, options.mode)
                                for query_id, text, found in zip(ids, texts, hits)]})
 

@@ -30,7 +30,7 @@ import numpy as np
 from retriever.corpus import Document
 from retriever.errors import DamagedIndexError, RetrieverError
 from retriever.filters import Filter, FilterError
-from retriever.metadata import flattened
+from retriever.metadata import OBJECT, flattened
 
 COLUMNS = ("rowid", "doc_id", "title", "text", "source", "line", "metadata")
 
@@ -319,6 +319,21 @@ class DocumentTable:
                         self._stage(self._stored_metadata(), "temp")
                     self._put_in_order("temp")
                 self._has_fields = True
+
+    def field_kinds(self, paths: list[str]) -> dict[str, set[int]]:
+        """The kinds of value (`retriever.metadata`: NULL ... OBJECT) each of PATHS holds here; a path no document
+        has is left out."""
+        self._ensure_fields()
+        found: dict[str, set[int]] = {}
+        with self._filter_lock:
+            for path in paths:
+                # One seek of the (path, kind, ...) key per kind: a path a million documents hold costs no scan.
+                kinds = {kind for kind in range(OBJECT + 1) if self.db.execute(
+                    "SELECT EXISTS (SELECT 1 FROM fields WHERE path = (SELECT id FROM paths WHERE path = ?) AND "
+                    "kind = ?)", (path, kind)).fetchone()[0]}
+                if kinds:
+                    found[path] = kinds
+        return found
 
     def metadata_fields(self) -> list[str]:
         """Every metadata path (`retriever.metadata.flattened`) some document here has, sorted."""

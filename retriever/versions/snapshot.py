@@ -234,6 +234,15 @@ class Snapshot:
         found = np.concatenate(parts) if parts else np.empty(0, np.int64)
         return found[~np.isin(found, self.tombstones)] if len(self.tombstones) else found
 
+    def field_kinds(self, paths: list[str]) -> dict[str, set[int]]:
+        """The kinds of value each metadata path of PATHS holds over every segment (`DocumentTable.field_kinds`)."""
+        found: dict[str, set[int]] = {}
+        for segment in self.segments:
+            with self.reading(f"{SEGMENTS}/{segment.name}/{DOCUMENTS}"):
+                for path, kinds in segment.documents.field_kinds(paths).items():
+                    found.setdefault(path, set()).update(kinds)
+        return found
+
     # --- vectors ---------------------------------------------------------------------------------------------
 
     def calibrate(self, raw: np.ndarray) -> np.ndarray:
