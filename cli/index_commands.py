@@ -273,21 +273,28 @@ def list_indexes(
     table.add_column("written (UTC)", no_wrap=True, min_width=16)
     table.add_column("calibrator", overflow="fold", min_width=10)
     fields = [record for record in records if record.get("fields")]
+    reasons: list[str] = []
     for record in records:
         written = datetime.fromisoformat(record["written"]).strftime("%Y-%m-%d %H:%M")
         if "problem" in record:
             table.add_row(_plain(record["name"]), "", "", "", written, _plain(record["problem"]))
             continue
-        calibrator = record["calibrator"]
+        # The cell says what was chosen; why (auto's evidence) goes under the table, whole: folded into a
+        # column of 80 it was unreadable.
+        calibrator, _, why = record["calibrator"].partition(" (")
+        if why:
+            reasons.append(f"'{record['name']}' {calibrator}: {why[:-1] if why.endswith(')') else why}")
         if "calibrator_asked" in record:
             calibrator += f" ({record['calibrator_asked']} asked: too few documents)"
-        calibrator += f"\nhybrid weight {record['hybrid_weight']}"
+        calibrator += f"\nhybrid {record['hybrid_weight']}"
         documents = f"{record['documents']:,}" + (f"\n{record['passages']:,} passages"
                                                   if record.get("passages", record["documents"]) != record["documents"]
                                                   else "")
         table.add_row(_plain(record["name"]), documents, _plain(record["model"]),
                       _plain(record["index_type"]), written, _plain(calibrator))
     stdout.print(table)
+    for reason in reasons:
+        stdout.print(_plain(reason))
     for record in fields:  # under the table: a column would not fit 80 columns
         stdout.print(_plain(f"'{record['name']}' metadata fields (--where): {', '.join(record['fields'])}"))
 

@@ -264,6 +264,9 @@ def test_tables_and_help_read_well_at_80_columns(built, cli):
     header = next((line for line in listed.stdout.splitlines() if "name" in line), listed.stdout + listed.stderr)
     assert all(column in header for column in ("documents", "model", "type", "written (UTC)", "calibrator")), listed.stdout
     assert max(len(line) for line in listed.stdout.splitlines()) <= 80, listed.stdout
+    cells = [line.split("│")[6].strip() for line in listed.stdout.splitlines() if line.count("│") == 7]
+    assert cells[0].startswith(("auto: ", "none", "flow", "whitening")) and cells[1].startswith("hybrid 0.")
+    assert "(" not in "".join(cells)  # auto's evidence is under the table, whole, not folded into a narrow column
     info = subprocess.run([sys.executable, "-m", "cli.main", "info", "--name", "docs", "--index-dir", str(built)],
                           env=env, capture_output=True, text=True, timeout=120)
     folder = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["folder"]
