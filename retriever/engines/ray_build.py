@@ -328,7 +328,8 @@ class RayEngine(BuildEngine):
     def documents_at(self, writer: IndexWriter):
         # auto's pseudo-queries: the driver reads the sampled documents' texts from the corpus files, in row order;
         # where documents were cut, a position is a passage (`shard_passages` say whose, and where).
-        documents_at = stream_texts(chain.from_iterable(iter_corpus(path, self.spec.encoding) for path in self._paths))
+        documents_at = stream_texts(lambda: chain.from_iterable(iter_corpus(path, self.spec.encoding)
+                                                                for path in self._paths))
         if self._vectors == self._documents:
             return documents_at
         passages = np.concatenate([shard_passages(self._shard_dir, first) for first, _ in self._shards])

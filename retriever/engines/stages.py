@@ -307,11 +307,13 @@ def passage_cutter(encoder, settings: PassageSettings) -> PassageCutter | None:
     return PassageCutter(encoder.tokenizer, settings.checked(encoder.max_length), encoder.max_length)
 
 
-def stream_texts(documents: Iterable[Document]):
-    """DOCUMENTS_AT for `make_check_set` from documents read in order (a corpus no table holds yet): one pass."""
+def stream_texts(documents: Callable[[], Iterable[Document]]):
+    """DOCUMENTS_AT for `make_check_set` from documents read in order (a corpus no table holds yet): each call
+    reads DOCUMENTS() afresh, as far as its last wanted position (the check asks twice: the sample, then the hybrid
+    check's distractors)."""
     def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
         wanted, found = set(positions.tolist()), {}
-        for number, document in enumerate(documents):
+        for number, document in enumerate(documents()):
             if number in wanted:
                 found[number] = (document.title, document.text)
                 if len(found) == len(wanted):
