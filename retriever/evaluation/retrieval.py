@@ -176,10 +176,11 @@ class EmbeddingEncoder:
 
 def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder, calibrator: str,
                 searches: dict[str, dict], seed: int = 0, depth: int = 100, fit_queries: bool = False,
-                on_fitted: Callable[[object], None] | None = None, passages=None) -> dict[str, Run]:
+                on_fitted: Callable[[object], None] | None = None, passages=None,
+                on_snapshot: Callable[[object], None] | None = None) -> dict[str, Run]:
     """`evaluate_searches`' runs (label -> query id -> {doc id: score}), before scoring. The set's documents are
     built as `retriever build` builds them, cut into passages as PASSAGES say (a `PassageSettings`; None: the
-    default), each text encoded by EMBED."""
+    default), each text encoded by EMBED. ON_FITTED(calibrator) and ON_SNAPSHOT(snapshot) see the built version."""
     from retriever.corpus import Document
     from retriever.encode.passages import PassageSettings
     from retriever.index import Index
@@ -201,6 +202,8 @@ def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray]
         with Snapshot.open("bench", Path(folder) / "indexes", device="cpu") as snapshot:
             if on_fitted is not None:
                 on_fitted(snapshot.calibrator)
+            if on_snapshot is not None:  # what the build decided (its manifest), before anything is searched
+                on_snapshot(snapshot)
             searcher = Searcher(snapshot)  # the search path of `Index.search` and the server's batches
             vectors = snapshot.calibrate(raw_queries)
             for label, settings in searches.items():

@@ -23,7 +23,6 @@ weight only when one side plainly fails this corpus, outside the range the defau
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 
 import numpy as np
@@ -32,7 +31,7 @@ from retriever.calibration.check import CONFIDENCE, CheckSet, paired_bootstrap
 from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
 from retriever.numeric import l2_normalize
 from retriever.search.fusion import Candidates, ListZScore, top_list
-from retriever.store.keywords import B, K1, Tokenizer
+from retriever.store.keywords import B, K1, Tokenizer, text_postings
 
 WEIGHTS = (0.5, 0.6, 0.7, 0.8, 0.9)  # the fused figures the record shows beside the sides'
 MEANING = ("title", "sentence", "span")
@@ -50,18 +49,11 @@ class PoolBM25:
 
     def __init__(self, texts: list[str]):
         self.tokenize = Tokenizer.get()
-        postings: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-        lengths = np.zeros(len(texts), np.float32)
-        for position, text in enumerate(texts):
-            terms = self.tokenize(text)
-            lengths[position] = sum(terms.values())
-            for term, count in terms.items():
-                postings[term][0].append(position)
-                postings[term][1].append(count)
+        postings, lengths = text_postings(texts)
         self.size = len(texts)
-        self.norms = K1 * (1 - B + B * lengths / max(float(lengths.mean()) if len(lengths) else 0.0, 1e-9))
-        self.postings = {term: (np.asarray(at), np.asarray(counts, np.float32)) for term, (at, counts) in
-                         postings.items()}
+        mean = float(lengths.mean()) if len(lengths) else 0.0
+        self.norms = (K1 * (1 - B + B * lengths / max(mean, 1e-9))).astype(np.float32)
+        self.postings = {term: (at, many.astype(np.float32)) for term, (at, many) in postings.items()}
 
     def scores(self, query: str) -> np.ndarray:
         """QUERY's BM25 over the pool (0 where no query term occurs)."""
