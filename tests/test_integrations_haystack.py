@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("haystack")
 from haystack import Document  # noqa: E402
 from haystack.document_stores.errors import DuplicateDocumentError  # noqa: E402
+from haystack.errors import FilterError  # noqa: E402
 from haystack.testing.document_store import DocumentStoreBaseTests  # noqa: E402
 
 from retriever.errors import RetrieverError  # noqa: E402
@@ -132,3 +133,46 @@ def test_the_retrievers_give_retriever_search_s_top_5(sick, cli, mode):
     assert done.returncode == 0, done.stderr
     assert [d.id for d in found["documents"]] == [hit["doc_id"] for hit in json.loads(done.stdout)["results"]]
     assert len(found["documents"]) == 5
+
+
+def test_two_stores_on_one_index_see_each_others_writes_and_lose_nothing(tmp_path):
+    """An indexing pipeline and a query pipeline hold a store each (or one is restored by from_dict): each reads
+    the other's writes, and the first embedding's rebuild keeps what either wrote."""
+    first = RetrieverDocumentStore(name="kb", index_dir=tmp_path)
+    second = RetrieverDocumentStore(name="kb", index_dir=tmp_path)  # made before the index exists
+    first.write_documents([Document(id="1", content="one without an embedding")])
+    assert second.count_documents() == 1
+    second.write_documents([Document(id="2", content="two", embedding=unit(1, 0))])  # the rebuild, done by second
+    first.write_documents([Document(id="3", content="three", embedding=unit(0, 1))])
+    reopened = RetrieverDocumentStore.from_dict(first.to_dict())
+    assert sorted(d.id for d in reopened.filter_documents()) == ["1", "2", "3"]
+    assert [d.id for d in second.embedding_retrieval(unit(0, 1), top_k=1)] == ["3"]
+    first.delete_documents(["2"])
+    assert sorted(d.id for d in second.filter_documents()) == ["1", "3"]
+
+
+def test_in_and_not_in_read_a_missing_field_as_none_and_offset_dates_are_refused(tmp_path):
+    store = RetrieverDocumentStore(name="hs", index_dir=tmp_path)
+    store.write_documents([Document(id="a", content="a"), Document(id="b", content="b", meta={"f": "s.txt"}),
+                           Document(id="c", content="c", meta={"f": None}), Document(id="d", content="d",
+                                                                                   meta={"f": "t.txt"})])
+
+    def ids(operator, value):
+        return sorted(d.id for d in store.filter_documents({"field": "meta.f", "operator": operator, "value": value}))
+
+    assert ids("in", [None, "s.txt"]) == ["a", "b", "c"] and ids("in", [None]) == ["a", "c"]
+    assert ids("not in", [None]) == ["b", "d"] and ids("not in", [None, "s.txt"]) == ["d"]
+    assert ids("in", ["s.txt"]) == ["b"] and ids("not in", ["s.txt"]) == ["a", "c", "d"]
+    for offset in ("2021-05-01T08:30:00+00:00", "20210501", "2021-W17"):
+        with pytest.raises(FilterError, match="without a UTC offset"):
+            store.filter_documents({"field": "meta.date", "operator": ">", "value": offset})
+
+
+def test_a_named_calibrator_waits_for_the_first_embeddings(tmp_path):
+    store = RetrieverDocumentStore(name="hs", index_dir=tmp_path, calibrator="whitening")
+    store.write_documents([Document(id=str(i), content=f"text {i}") for i in range(5)])  # nothing to whiten yet
+    assert store.index.snapshot.manifest.calibrator["name"] == "none"
+    rng = __import__("numpy").random.default_rng(0)
+    store.write_documents([Document(id=f"e{i}", content=f"embedded {i}", embedding=rng.standard_normal(8).tolist())
+                           for i in range(40)])
+    assert store.index.snapshot.manifest.calibrator["name"] == "whitening" and store.count_documents() == 45

@@ -4,6 +4,7 @@ write otherwise, and the framework's import, refused in one line naming the extr
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -11,7 +12,9 @@ from types import ModuleType
 import numpy as np
 
 from retriever.errors import NotFoundError, RetrieverError
+from retriever.filters import parse_where
 from retriever.index import Index
+from retriever.versions.home import index_path, resolve_index_dir
 
 
 def require(module: str, extra: str, package: str) -> ModuleType:
@@ -25,30 +28,59 @@ def require(module: str, extra: str, package: str) -> ModuleType:
 class LazyIndex:
     """The index NAME in INDEX_DIR behind a framework's store. A store exists before its index does: until the first
     write there is no index on disk, and the store reads as empty (no documents, no hits); the first write builds
-    the index (`build`), every later one adds to it (`Index.add`)."""
+    the index (`build`), every later one adds to it (`Index.add`).
+
+    A store sees every write to its index, as the frameworks' other stores do: its own (the `Index` follows them)
+    and those of another store on the same index, in this process or another (`index` opens the current version
+    again when the index's link has moved). WRITE_LOCK: what a store holds around a write, so that two threads'
+    first writes build the index once and the second adds to it."""
 
     def __init__(self, name: str, index_dir: str | Path | None, device: str = "auto"):
         if not isinstance(name, str) or not name:
             raise RetrieverError("a store needs the name of its index (name='...')")
         self.name, self.index_dir, self.device = name, index_dir, device
-        self.index: Index | None = None
+        self._link = index_path(resolve_index_dir(index_dir), name)
+        self._index: Index | None = None
+        self._open_lock = threading.Lock()
+        self.write_lock = threading.RLock()
+
+    @property
+    def index(self) -> Index | None:
+        """The index's current version (None until the first write makes it)."""
         try:
-            self.index = Index.open(name, index_dir, device=device)
-        except NotFoundError:
-            pass  # made by the first write
+            folder = self._link.resolve(strict=True)
+        except FileNotFoundError:
+            return self._index  # not made yet (or removed under the store: what it had stays readable)
+        held = self._index
+        if held is None or Path(held.snapshot.folder) != folder:
+            with self._open_lock:
+                held = self._index
+                if held is None or Path(held.snapshot.folder) != folder:
+                    try:
+                        # The version held before is not closed: a search on another thread may still read it.
+                        self._index = held = Index.open(self.name, self.index_dir, device=self.device)
+                    except NotFoundError:
+                        pass
+        return held
 
     def built(self, summary) -> Index:
         """Take the index a build (SUMMARY, its ChangeSummary) made, from now on."""
-        if self.index is not None:
-            self.index.close()
-        self.index = summary.open()
-        return self.index
+        with self._open_lock:
+            self._index = summary.open()
+        return self._index
 
     def count(self) -> int:
-        return len(self.index) if self.index is not None else 0
+        index = self.index
+        return len(index) if index is not None else 0
 
     def documents(self, doc_ids: Sequence[str] | None = None, where: dict | None = None) -> list[dict]:
-        return self.index.documents(doc_ids, where) if self.index is not None else []
+        index = self.index
+        return index.documents(doc_ids, where) if index is not None else []
+
+    def any_matching(self, where: dict) -> bool:
+        """Whether some document WHERE selects is here (its row ids only: no document is read)."""
+        index = self.index
+        return index is not None and len(index.snapshot.matching(parse_where(where))) > 0
 
     def present(self, doc_ids: Sequence[str]) -> list[str]:
         """Those of DOC_IDS the index holds, in their order."""
@@ -57,10 +89,11 @@ class LazyIndex:
     def delete(self, doc_ids: Sequence[str]) -> int:
         """Delete those of DOC_IDS that are here (an id that is not is no error, as both frameworks want);
         returns how many were."""
-        found = self.present(doc_ids)
-        if found:
-            self.index.delete(found)
-        return len(found)
+        with self.write_lock:
+            found = self.present(doc_ids)
+            if found:
+                self.index.delete(found)
+            return len(found)
 
 
 def vector_rows(vectors: Sequence[Sequence[float]], what: str) -> np.ndarray:

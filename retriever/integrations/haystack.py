@@ -16,15 +16,15 @@ what, and the limits: docs/frameworks.md.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from retriever.encode.external import ExternalEncoder, is_external
-from retriever.errors import RetrieverError
+from retriever.errors import ConflictError, RetrieverError
 from retriever.filters import parse_where
 from retriever.index import Index
 from retriever.integrations._records import LazyIndex, require, vector_rows
@@ -46,6 +46,7 @@ _NOTHING = {"doc_id": {"$exists": False}}
 _EVERYTHING = {"doc_id": {"$exists": True}}
 _COMPARISONS = {">": "$gt", ">=": "$gte", "<": "$lt", "<=": "$lte"}
 _FIELDS = {"id": "doc_id", "content": "text"}
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?")
 EXTERNAL_NAME = "haystack"
 
 
@@ -104,16 +105,17 @@ class RetrieverDocumentStore:
                     continue
                 del chosen[document.id]  # OVERWRITE: the last one stays, where it was given
             chosen[document.id] = document
-        present = set(self._store.present(list(chosen)))
-        if present and policy == DuplicatePolicy.FAIL:
-            raise DuplicateDocumentError(f"{len(present)} of these ids are in the store already, e.g. "
-                                         f"'{sorted(present)[0]}'")
-        if policy == DuplicatePolicy.SKIP:
-            chosen = {doc_id: d for doc_id, d in chosen.items() if doc_id not in present}
-        if not chosen:
-            return 0
-        self._write(list(chosen.values()), upsert=policy == DuplicatePolicy.OVERWRITE)
-        return len(chosen)
+        with self._store.write_lock:  # what is here is decided on the version the write then adds to
+            present = set(self._store.present(list(chosen)))
+            if present and policy == DuplicatePolicy.FAIL:
+                raise DuplicateDocumentError(f"{len(present)} of these ids are in the store already, e.g. "
+                                             f"'{sorted(present)[0]}'")
+            if policy == DuplicatePolicy.SKIP:
+                chosen = {doc_id: d for doc_id, d in chosen.items() if doc_id not in present}
+            if not chosen:
+                return 0
+            self._write(list(chosen.values()), upsert=policy == DuplicatePolicy.OVERWRITE)
+            return len(chosen)
 
     def delete_documents(self, document_ids: list[str]) -> None:
         """Delete the documents of DOCUMENT_IDS (an id not here is no error)."""
@@ -153,7 +155,7 @@ class RetrieverDocumentStore:
 
     def _has_vectors(self) -> bool:
         """Whether some document brought an embedding (before that, the index's vectors are placeholders)."""
-        return bool(self._store.documents(where={"metadata." + HIDDEN + ".dense": True})[:1])
+        return self._store.any_matching({f"metadata.{HIDDEN}.dense": True})
 
     def _query_vector(self, query_embedding: Sequence[float]) -> np.ndarray:
         vector = vector_rows([list(query_embedding)], "query_embedding")
@@ -164,6 +166,8 @@ class RetrieverDocumentStore:
         return vector[0]
 
     def _write(self, documents: list[Document], upsert: bool) -> None:
+        """Write DOCUMENTS (under the store's write lock): added to the index, or the index built by the first
+        write, or built again by the first embedding after documents with none."""
         given = [d.embedding for d in documents if d.embedding is not None]
         rows = vector_rows(given, "embedding") if given else None
         index = self.index
@@ -178,13 +182,21 @@ class RetrieverDocumentStore:
         if index is None or (placeholders and dim != stored_dim):
             # The first write, or the first embedding after documents with none: the dimension is fixed now, and
             # the documents already here (none with an embedding) are written again beside the new ones.
-            kept = [row for row in self._store.documents() if row["doc_id"] not in {r["_id"] for r in records}]
+            written = {record["_id"] for record in records}
+            kept = [row for row in self._store.documents() if row["doc_id"] not in written]
             records = [{"_id": row["doc_id"], "text": row["text"], "metadata": row["metadata"]} for row in kept] \
                 + records
             vectors = np.concatenate([_placeholders(len(kept), dim), vectors])
-            self._store.built(Index.build(records, self.name, self.index_dir, vectors=vectors,
-                                          encoder=ExternalEncoder(EXTERNAL_NAME, dim), device=self.device,
-                                          replace=index is not None, **self.build_options))
+            # Placeholders alone give a calibrator nothing to fit: it is fitted when the first embeddings come.
+            options = {**self.build_options, **({} if rows is not None else {"calibrator": "none"})}
+            try:
+                self._store.built(Index.build(records, self.name, self.index_dir, vectors=vectors,
+                                              encoder=ExternalEncoder(EXTERNAL_NAME, dim), device=self.device,
+                                              replace=index is not None, **options))
+            except ConflictError:
+                if index is not None or self.index is None:
+                    raise
+                self._write(documents, upsert)  # another process built it first: add to what it built
         else:
             index.add(records, vectors=vectors, upsert=upsert)
 
@@ -296,18 +308,26 @@ def _comparison(condition: dict) -> dict:
             return _NOTHING
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise FilterError(f"'{operator}' compares with a number or an ISO date, got {type(value).__name__}")
-        if isinstance(value, str):
-            try:
-                datetime.fromisoformat(value)
-            except ValueError:
-                raise FilterError(f"'{operator}' compares strings only as ISO dates; {value!r} is not one") from None
+        if isinstance(value, str) and not _ISO_DATE.fullmatch(value):
+            # Compared as text, which orders dates of this one form as time does; an offset or another form
+            # (20210501, week dates) would not order so, and is refused rather than answered wrongly.
+            raise FilterError(f"'{operator}' compares strings only as ISO dates without a UTC offset "
+                              f"(2021-05-01 or 2021-05-01T08:00:00); {value!r} is not one")
         return {field: {_COMPARISONS[operator]: value}}
     if operator in ("in", "not in"):
         if not isinstance(value, list):
             raise FilterError(f"'{operator}' takes a list of values, got {type(value).__name__}")
         if not value:
             return _NOTHING if operator == "in" else _EVERYTHING
-        return {field: {"$in" if operator == "in" else "$nin": [_scalar(v, operator) for v in value]}}
+        listed = [_scalar(v, operator) for v in value if v is not None]
+        if len(listed) == len(value):
+            return {field: {"$in" if operator == "in" else "$nin": listed}}
+        # None in the list: a missing field reads as None, as == None reads it.
+        missing = {"$or": [{field: None}, {field: {"$exists": False}}]}
+        if operator == "in":
+            return {"$or": [{field: {"$in": listed}}, missing]} if listed else missing
+        present = {field: {"$exists": True, "$ne": None}}
+        return {"$and": [{field: {"$nin": listed}}, present]} if listed else present
     raise FilterError(f"unknown comparison operator {operator!r}; known: ==, !=, >, >=, <, <=, in, not in")
 
 
