@@ -85,6 +85,69 @@ def test_a_store_reopens_its_index_and_refuses_a_mismatch(notes, tmp_path):
     assert again.similarity_search("tea", k=3) == [] and len(again.index) == 0
 
 
+def test_another_embeddings_class_of_the_same_width_is_refused(notes, tmp_path):
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    class OtherEmbedding(DeterministicFakeEmbedding):
+        pass
+
+    width = len(fake_embeddings().embed_query("x"))
+    with pytest.raises(RetrieverError, match="made by DeterministicFakeEmbedding, not by OtherEmbedding"):
+        RetrieverVectorStore(embedding=OtherEmbedding(size=width), name="notes", index_dir=tmp_path)
+    assert len(notes.index) == 3
+
+
+def test_ids_are_any_value_but_none_made_strings(tmp_path):
+    store = RetrieverVectorStore(embedding=fake_embeddings(), name="ids", index_dir=tmp_path)
+    assert store.add_texts(["zero", "one"], ids=[0, 1]) == ["0", "1"]  # 0 is an id, not "no id"
+    assert [d.page_content for d in store.get_by_ids(["0"])] == ["zero"]
+    made = store.add_texts(["new"], ids=[None])
+    assert len(made[0]) == 36 and store.get_by_ids(made)[0].page_content == "new"  # None: a uuid4
+    with pytest.raises(ValueError, match=r"ids\[1\] is empty"):
+        store.add_texts(["a", "b"], ids=["a", ""])
+    assert len(store.index) == 3
+
+
+def test_search_by_vector_is_dense_and_takes_langchain_s_options(notes):
+    vector = fake_embeddings().embed_query("der Regen fällt")
+    assert [d.id for d in notes.similarity_search_by_vector(vector, k=1, mode="dense")] == ["d"]
+    assert [d.id for d in notes.similarity_search_by_vector(vector, k=1, score_threshold=0.5)] == ["d"]
+    with pytest.raises(RetrieverError, match="search by vector is dense search .* no mode='keyword'"):
+        notes.similarity_search_by_vector(vector, mode="keyword")
+
+
+def test_max_marginal_relevance_trades_relevance_for_novelty(notes, tmp_path):
+    notes.add_texts(["tea grows on hills"], [{"lang": "en"}], ids=["t2"])  # a duplicate of "t": the same vector
+    query = "tea grows on hills"
+    dense = [d.id for d in notes.similarity_search(query, k=4, mode="dense")]
+    assert set(dense[:2]) == {"t", "t2"}
+    # All relevance: dense search's order. Mostly novelty: the duplicate waits behind the other documents.
+    assert [d.id for d in notes.max_marginal_relevance_search(query, k=4, lambda_mult=1.0)] == dense
+    novel = [d.id for d in notes.max_marginal_relevance_search(query, k=2, fetch_k=4, lambda_mult=0.25)]
+    assert novel[0] == dense[0] and novel[1] not in ("t", "t2")
+    retriever = notes.as_retriever(search_type="mmr", search_kwargs={"k": 2, "fetch_k": 4, "lambda_mult": 0.25})
+    assert [d.id for d in retriever.invoke(query)] == novel
+    by_vector = notes.max_marginal_relevance_search_by_vector(fake_embeddings().embed_query(query), k=2, fetch_k=4,
+                                                              lambda_mult=0.25)
+    assert [d.id for d in by_vector] == novel
+    import asyncio
+
+    assert [d.id for d in asyncio.run(notes.amax_marginal_relevance_search(query, k=2, fetch_k=4,
+                                                                           lambda_mult=0.25))] == novel
+    filtered = notes.as_retriever(search_type="mmr", search_kwargs={"k": 3, "filter": {"lang": "en"}})
+    assert sorted(d.id for d in filtered.invoke(query)) == ["r", "t", "t2"]
+    assert len(notes.max_marginal_relevance_search(query, k=5, fetch_k=2)) == 4  # k above fetch_k: still k
+    with pytest.raises(RetrieverError, match="max-marginal-relevance search is dense search .* no mode='hybrid'"):
+        notes.max_marginal_relevance_search(query, mode="hybrid")
+    with pytest.raises(RetrieverError, match="no space='raw'"):
+        notes.max_marginal_relevance_search(query, space="raw")
+    keyword_store = RetrieverVectorStore(embedding=fake_embeddings(), name="notes", index_dir=tmp_path,
+                                         mode="keyword")  # the store's mode is for similarity search
+    assert [d.id for d in keyword_store.max_marginal_relevance_search(query, k=2, lambda_mult=0.25)] == novel
+    empty = RetrieverVectorStore(embedding=fake_embeddings(), name="empty", index_dir=tmp_path)
+    assert empty.max_marginal_relevance_search(query) == []
+
+
 def test_importing_without_langchain_names_the_extra(monkeypatch):
     import subprocess
     import sys
@@ -128,3 +191,44 @@ def test_the_retriever_gives_retriever_search_s_top_5(sick_store, cli, mode):
     assert done.returncode == 0, done.stderr
     assert [d.id for d in found] == [hit["doc_id"] for hit in json.loads(done.stdout)["results"]]
     assert len(found) == 5
+
+
+@pytest.mark.filterwarnings("ignore:whitening fitted on")
+def test_max_marginal_relevance_with_the_index_s_own_encoder(sick_store):
+    store, _ = sick_store
+    query = "a man is playing a guitar"
+    dense = [d.id for d in store.similarity_search(query, k=5, mode="dense")]
+    assert [d.id for d in store.max_marginal_relevance_search(query, k=5, lambda_mult=1.0)] == dense
+    novel = store.as_retriever(search_type="mmr", search_kwargs={"k": 5, "lambda_mult": 0.3}).invoke(query)
+    assert len({d.id for d in novel}) == 5 and novel[0].id == dense[0]
+
+
+def test_max_marginal_relevance_reads_a_long_document_by_its_matching_passage(tmp_path):
+    from tests.helpers import DOCS, sentences
+
+    # Past the 256 tokens MiniLM reads, a document is cut into passages; this one's last holds the guitar
+    # sentence. Dense search ranks it by that passage, and so must max-marginal-relevance search's relevance.
+    long_text = " ".join(sentences(40).values()) + " " + DOCS["guitar"]
+    store = RetrieverVectorStore(embedding=None, name="long", index_dir=tmp_path, calibrator="none")
+    store.add_texts([long_text, *DOCS.values()], ids=["long", *DOCS])
+    assert store.index.snapshot.manifest.live_vectors > len(DOCS) + 2  # the long one: three passages or more
+    query = "a man is playing a guitar"
+    dense = [d.id for d in store.similarity_search(query, k=4, mode="dense")]
+    assert "long" in dense[:2]
+    assert [d.id for d in store.max_marginal_relevance_search(query, k=4, lambda_mult=1.0)] == dense
+
+
+def test_stores_on_one_index_see_each_others_writes_and_concurrent_first_adds_all_land(tmp_path):
+    import asyncio
+
+    early = RetrieverVectorStore(embedding=fake_embeddings(), name="shared", index_dir=tmp_path)  # before any index
+    writer = RetrieverVectorStore(embedding=fake_embeddings(), name="shared", index_dir=tmp_path)
+
+    async def four_batches():
+        await asyncio.gather(*[writer.aadd_texts([f"batch {i} text"], ids=[f"b{i}"]) for i in range(4)])
+    asyncio.run(four_batches())
+    assert sorted(d.id for d in early.get_by_ids([f"b{i}" for i in range(4)])) == ["b0", "b1", "b2", "b3"]
+    early.add_texts(["from the early store"], ids=["e"])
+    writer.delete(["b0"])
+    assert sorted(d.id for d in early.get_by_ids(["b0", "b1", "e"])) == ["b1", "e"]
+    assert [d.id for d in writer.similarity_search("from the early store", k=1)] == ["e"]

@@ -9,9 +9,10 @@ With `embedding=` a LangChain `Embeddings`, the vectors come from it (`embed_doc
 `embed_query` for queries) and the index is built from them, calibrated as it decides (`encode.external`); with
 `embedding=None`, the index's own encoder and calibrator encode both, exactly as `retriever search` does. Searches
 are hybrid (dense and BM25 fused) where the index has a keyword index, as everywhere in retriever; `mode="dense"` or
-`mode="keyword"` (on the store, or per search) picks one side. Filters are LangChain's usual metadata dicts
-(`{"lang": "en"}`, `{"year": {"$gte": 2020}}`, `$and`/`$or`/`$not`, `$in`, `$nin`, `$between`...), translated to
-retriever's filter language (`retriever.filters`) over the documents' metadata. docs/frameworks.md has the rest.
+`mode="keyword"` (on the store, or per search) picks one side. Max-marginal-relevance search (`search_type="mmr"`)
+re-ranks dense search's candidates by the vectors the index stores for them. Filters are LangChain's usual metadata
+dicts (`{"lang": "en"}`, `{"year": {"$gte": 2020}}`, `$and`/`$or`/`$not`, `$in`, `$nin`, `$between`...), translated
+to retriever's filter language (`retriever.filters`) over the documents' metadata. docs/frameworks.md has the rest.
 """
 
 from __future__ import annotations
@@ -19,20 +20,26 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from retriever.encode.external import ExternalEncoder, is_external
-from retriever.errors import RetrieverError
-from retriever.index import Index
+import numpy as np
+
+from retriever.encode.external import PREFIX, ExternalEncoder, is_external
+from retriever.errors import ConflictError, RetrieverError
+from retriever.index import Index, load_encoder
 from retriever.integrations._records import LazyIndex, require, vector_rows
 from retriever.search.options import MODES
+from retriever.search.top_lists import passage_vectors
+
+if TYPE_CHECKING:
+    from retriever.encode.encoder import Encoder
 
 _core = require("langchain_core", "langchain", "langchain-core")
 from langchain_core.documents import Document  # noqa: E402
 from langchain_core.embeddings import Embeddings  # noqa: E402
 from langchain_core.runnables.config import run_in_executor  # noqa: E402
 from langchain_core.vectorstores import VectorStore  # noqa: E402
-
+from langchain_core.vectorstores.utils import maximal_marginal_relevance  # noqa: E402
 
 
 class RetrieverVectorStore(VectorStore):
@@ -47,6 +54,7 @@ class RetrieverVectorStore(VectorStore):
         if mode is not None and mode not in MODES:
             raise RetrieverError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
         self._embedding = embedding
+        self._encoder: Encoder | None = None  # the index's own, for MMR's query vectors (embedding=None)
         self.mode = mode
         self.build_options = build_options
         self._store = LazyIndex(name, index_dir, device)
@@ -63,13 +71,20 @@ class RetrieverVectorStore(VectorStore):
         return self._store.index
 
     def _check_encoder(self, index: Index) -> None:
-        external = is_external(index.snapshot.manifest.encoder)
+        record = index.snapshot.manifest.encoder
+        external = is_external(record)
         if self._embedding is not None and not external:
-            raise RetrieverError(f"index '{index.name}' encodes with its own model "
-                                 f"({index.snapshot.manifest.encoder['model']}): open it with embedding=None")
+            raise RetrieverError(f"index '{index.name}' encodes with its own model ({record['model']}): open it "
+                                 "with embedding=None")
         if self._embedding is None and external:
-            raise RetrieverError(f"index '{index.name}' holds vectors made outside it "
-                                 f"({index.snapshot.manifest.encoder['model']}): open it with that embedding=")
+            raise RetrieverError(f"index '{index.name}' holds vectors made outside it ({record['model']}): open it "
+                                 "with that embedding=")
+        # Another model's vectors, even of the same width, are in another space: added to this index they would
+        # be compared with vectors they have nothing in common with.
+        if self._embedding is not None and record["model"] != PREFIX + type(self._embedding).__name__:
+            raise RetrieverError(f"index '{index.name}' holds vectors made by {record['model'][len(PREFIX):]}, not "
+                                 f"by {type(self._embedding).__name__}: open it with a "
+                                 f"{record['model'][len(PREFIX):]}, or give another name")
 
     # --- writing -------------------------------------------------------------------------------------------
 
@@ -82,7 +97,11 @@ class RetrieverVectorStore(VectorStore):
             raise ValueError(f"{len(metadatas)} metadatas for {len(texts)} texts")
         if ids is not None and len(ids) != len(texts):
             raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
-        ids = [str(doc_id) if doc_id else str(uuid.uuid4()) for doc_id in (ids or [None] * len(texts))]
+        # Any id but None is the caller's, made a string as LangChain's stores do (0 is "0", not a new uuid).
+        ids = [str(uuid.uuid4()) if doc_id is None else str(doc_id) for doc_id in (ids or [None] * len(texts))]
+        if "" in ids:
+            raise ValueError(f"ids[{ids.index('')}] is empty: a document id is a non-empty string (None: a new "
+                             "uuid)")
         if not texts:
             return []
         last = {doc_id: number for number, doc_id in enumerate(ids)}  # a repeated id: its last text stays
@@ -93,16 +112,23 @@ class RetrieverVectorStore(VectorStore):
         if self._embedding is not None:
             vectors = vector_rows(self._embedding.embed_documents([texts[n] for n in kept]),
                                   f"{type(self._embedding).__name__}.embed_documents")
-        index = self._store.index
-        if index is None:
-            options: dict[str, Any] = dict(self.build_options)
-            if vectors is not None:
-                embedding = self._embedding
-                options.update(vectors=vectors, encoder=ExternalEncoder(type(embedding).__name__, vectors.shape[1],
-                                                                        embed=embedding.embed_documents))
-            self._store.built(Index.build(records, self._store.name, self._store.index_dir,
-                                          device=self._store.device, **options))
-        else:
+        with self._store.write_lock:  # two threads' first adds: one builds, the other then adds
+            index = self._store.index
+            if index is None:
+                options: dict[str, Any] = dict(self.build_options)
+                if vectors is not None:
+                    embedding = self._embedding
+                    options.update(vectors=vectors, encoder=ExternalEncoder(
+                        type(embedding).__name__, vectors.shape[1], embed=embedding.embed_documents))
+                try:
+                    self._store.built(Index.build(records, self._store.name, self._store.index_dir,
+                                                  device=self._store.device, **options))
+                    return ids
+                except ConflictError:  # another process built it first: add to what it built
+                    index = self._store.index
+                    if index is None:
+                        raise
+                    self._check_encoder(index)
             index.add(records, vectors=vectors, upsert=True)
         return ids
 
@@ -138,11 +164,32 @@ class RetrieverVectorStore(VectorStore):
     def similarity_search_by_vector(self, embedding: list[float], k: int = 4, filter: dict | None = None,
                                     **kwargs: Any) -> list[Document]:
         """The top K documents for a query vector (dense search: there is no text for the keyword side)."""
+        _dense_only(kwargs, "search by vector")
         if self._store.index is None:
             return []
         hits = self._store.index.search(None, k=k, where=langchain_filter(filter), mode="dense",
                                         vectors=vector_rows([embedding], "embedding")[0], **kwargs)
         return [_document(hit) for hit in hits]
+
+    def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5,
+                                      filter: dict | None = None, **kwargs: Any) -> list[Document]:
+        """K documents for QUERY, each chosen for its relevance (LAMBDA_MULT's share, 0 to 1) and for how unlike
+        the ones chosen before it it is (the rest), among the FETCH_K that dense search finds. Cosines are in the
+        index's space, as dense search ranks; KWARGS: retriever's dense search options (min_score, nprobe, ...)."""
+        _dense_only(kwargs, "max-marginal-relevance search")
+        if self._store.index is None:
+            return []
+        return self._max_marginal_relevance(self._query_vector(query), k, fetch_k, lambda_mult, filter, **kwargs)
+
+    def max_marginal_relevance_search_by_vector(self, embedding: list[float], k: int = 4, fetch_k: int = 20,
+                                                lambda_mult: float = 0.5, filter: dict | None = None,
+                                                **kwargs: Any) -> list[Document]:
+        """`max_marginal_relevance_search` for a query vector (as `similarity_search_by_vector` takes it)."""
+        _dense_only(kwargs, "max-marginal-relevance search")
+        if self._store.index is None:
+            return []
+        return self._max_marginal_relevance(vector_rows([embedding], "embedding")[0], k, fetch_k, lambda_mult,
+                                            filter, **kwargs)
 
     def _similarity_search_with_relevance_scores(self, query: str, k: int = 4,
                                                  **kwargs: Any) -> list[tuple[Document, float]]:
@@ -167,9 +214,45 @@ class RetrieverVectorStore(VectorStore):
         kwargs.pop("score_threshold", None)  # LangChain's own, applied by the caller to relevance scores
         vectors = None
         if self._embedding is not None and kwargs["mode"] != "keyword":
-            vectors = vector_rows([self._embedding.embed_query(query)],
-                                  f"{type(self._embedding).__name__}.embed_query")[0]
+            vectors = self._query_vector(query)
         return index.search(query, k=k, where=langchain_filter(filter), vectors=vectors, **kwargs)
+
+    def _query_vector(self, query: str) -> np.ndarray:
+        """QUERY's raw vector (uncalibrated): the embedding's, or the index's own encoder's."""
+        if self._embedding is not None:
+            return vector_rows([self._embedding.embed_query(query)],
+                               f"{type(self._embedding).__name__}.embed_query")[0]
+        if self._encoder is None:
+            # The store's own instance of the encoder the index records, loaded at its first use: the one the
+            # index loads for its searches by text is private to it.
+            self._encoder = load_encoder(self._store.index.snapshot)
+        return self._encoder.encode([query])[0]
+
+    def _max_marginal_relevance(self, query: np.ndarray, k: int, fetch_k: int, lambda_mult: float,
+                                filter: dict | None, **kwargs: Any) -> list[Document]:
+        space = kwargs.pop("space", "calibrated")
+        if space != "calibrated":
+            raise RetrieverError("max-marginal-relevance search compares the vectors in the index's space: it "
+                                 f"takes no space={space!r}")
+        index = self._store.index
+        # max(k, fetch_k): a K above FETCH_K still gets K documents.
+        hits = index.search(None, k=max(k, fetch_k), where=langchain_filter(filter), mode="dense", vectors=query,
+                            **kwargs)
+        if not hits:
+            return []
+        snapshot = index.snapshot
+        found = snapshot.live_rowids([hit.doc_id for hit in hits])
+        rowids = np.array([found[hit.doc_id][0] for hit in hits], np.int64)
+        # The vectors the index stores, as dense search scored them: no document is embedded again.
+        stored = passage_vectors(snapshot, rowids)
+        calibrated = snapshot.calibrate(query.reshape(1, -1))[0]
+        # A document cut into passages stands for the passage the search matched it by: its nearest the query.
+        _, best_keys = stored.best(calibrated, rowids)
+        row_of = {(owner, key): row for row, (owner, key) in enumerate(zip(stored.owners.tolist(),
+                                                                           stored.keys.tolist()))}
+        vectors = stored.vectors[[row_of[rowid, key] for rowid, key in zip(rowids.tolist(), best_keys.tolist())]]
+        chosen = maximal_marginal_relevance(calibrated, vectors.tolist(), lambda_mult=lambda_mult, k=k)
+        return [_document(hits[number]) for number in chosen]
 
     # --- making one ----------------------------------------------------------------------------------------
 
@@ -181,6 +264,15 @@ class RetrieverVectorStore(VectorStore):
         store = cls(embedding=embedding, name=name, index_dir=index_dir, **kwargs)
         store.add_texts(texts, metadatas, ids=ids)
         return store
+
+
+def _dense_only(kwargs: dict, search: str) -> None:
+    """Take from a search's KWARGS what SEARCH, which is dense, settles itself: a mode (dense or none; anything else
+    refused in one line) and LangChain's score_threshold (for relevance scores, which it gives none of)."""
+    mode = kwargs.pop("mode", None)
+    if mode not in (None, "dense"):
+        raise RetrieverError(f"{search} is dense search (it ranks by vectors alone): it takes no mode={mode!r}")
+    kwargs.pop("score_threshold", None)
 
 
 def langchain_filter(filter: dict | None) -> dict | None:
