@@ -169,8 +169,9 @@ class _Compiler:
                 return _balanced([self.some(name, self.equal(item)) for _, item in distinct], " AND ")
             return self.some(name, self.one_of(values), negated=op == "$nin")
         if op in ("$eq", "$ne"):
-            self.note_compared(name, [self.scalar(value, where)])
-            return self.some(name, self.equal(self.scalar(value, where)), negated=op == "$ne")
+            value = self.scalar(value, where)
+            self.note_compared(name, [value])
+            return self.some(name, self.equal(value), negated=op == "$ne")
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise FilterError(f"{where}: {op} compares with a number or a string, got {_kind(value)}")
         self.scalar(value, where)

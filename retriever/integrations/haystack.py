@@ -345,23 +345,33 @@ def _scalar(value: Any, operator: str) -> Any:
     return value
 
 
-@component
-class RetrieverEmbeddingRetriever:
-    """Documents nearest a query embedding, from a RetrieverDocumentStore (documents without one are never
-    returned)."""
+class _StoreRetriever:
+    """What the three retrievers share: their store, default filters and top_k, and their serialisation (the
+    store's own with them)."""
 
     def __init__(self, document_store: RetrieverDocumentStore, filters: dict | None = None, top_k: int = 10):
         if not isinstance(document_store, RetrieverDocumentStore):
             raise ValueError("document_store must be a RetrieverDocumentStore")
         self.document_store, self.filters, self.top_k = document_store, filters, top_k
 
+    def _settings(self) -> dict[str, Any]:
+        return {}
+
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, document_store=self.document_store.to_dict(), filters=self.filters,
-                               top_k=self.top_k)
+                               top_k=self.top_k, **self._settings())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RetrieverEmbeddingRetriever:
-        return _retriever_from_dict(cls, data)
+    def from_dict(cls, data: dict[str, Any]):
+        parameters = data.get("init_parameters", {})
+        parameters["document_store"] = RetrieverDocumentStore.from_dict(parameters["document_store"])
+        return default_from_dict(cls, data)
+
+
+@component
+class RetrieverEmbeddingRetriever(_StoreRetriever):
+    """Documents nearest a query embedding, from a RetrieverDocumentStore (documents without one are never
+    returned)."""
 
     @component.output_types(documents=list[Document])
     def run(self, query_embedding: list[float], filters: dict | None = None, top_k: int | None = None):
@@ -370,21 +380,8 @@ class RetrieverEmbeddingRetriever:
 
 
 @component
-class RetrieverBM25Retriever:
+class RetrieverBM25Retriever(_StoreRetriever):
     """Documents for a query's keywords (BM25), from a RetrieverDocumentStore."""
-
-    def __init__(self, document_store: RetrieverDocumentStore, filters: dict | None = None, top_k: int = 10):
-        if not isinstance(document_store, RetrieverDocumentStore):
-            raise ValueError("document_store must be a RetrieverDocumentStore")
-        self.document_store, self.filters, self.top_k = document_store, filters, top_k
-
-    def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(self, document_store=self.document_store.to_dict(), filters=self.filters,
-                               top_k=self.top_k)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RetrieverBM25Retriever:
-        return _retriever_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, filters: dict | None = None, top_k: int | None = None):
@@ -393,36 +390,24 @@ class RetrieverBM25Retriever:
 
 
 @component
-class RetrieverHybridRetriever:
+class RetrieverHybridRetriever(_StoreRetriever):
     """Documents for a query's keywords and its embedding, the two rankings fused (retriever's hybrid search:
-    FUSION and WEIGHT as `retriever search --fusion --weight` take them; None: the index's defaults)."""
+    FUSION and WEIGHT as `retriever search --fusion --weight` take them; None: the index's own)."""
 
     def __init__(self, document_store: RetrieverDocumentStore, filters: dict | None = None, top_k: int = 10,
                  fusion: str | None = None, weight: float | None = None):
-        if not isinstance(document_store, RetrieverDocumentStore):
-            raise ValueError("document_store must be a RetrieverDocumentStore")
-        self.document_store, self.filters, self.top_k = document_store, filters, top_k
+        # Named, not super(): Haystack's @component makes a new class, which zero-argument super() does not know.
+        _StoreRetriever.__init__(self, document_store, filters, top_k)
         self.fusion, self.weight = fusion, weight
 
-    def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(self, document_store=self.document_store.to_dict(), filters=self.filters,
-                               top_k=self.top_k, fusion=self.fusion, weight=self.weight)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RetrieverHybridRetriever:
-        return _retriever_from_dict(cls, data)
+    def _settings(self) -> dict[str, Any]:
+        return {"fusion": self.fusion, "weight": self.weight}
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, query_embedding: list[float], filters: dict | None = None, top_k: int | None = None):
         return {"documents": self.document_store.hybrid_retrieval(
             query, query_embedding, filters if filters is not None else self.filters, top_k or self.top_k,
             fusion=self.fusion, weight=self.weight)}
-
-
-def _retriever_from_dict(cls, data: dict[str, Any]):
-    parameters = data.get("init_parameters", {})
-    parameters["document_store"] = RetrieverDocumentStore.from_dict(parameters["document_store"])
-    return default_from_dict(cls, data)
 
 
 __all__ = ["RetrieverDocumentStore", "RetrieverEmbeddingRetriever", "RetrieverBM25Retriever",
