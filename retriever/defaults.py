@@ -5,6 +5,7 @@
 # on this many gives STS-B within 0.2 of one fitted on all of them, and fits in about 20 s on two cores.
 DEFAULT_FIT_SAMPLE = 200_000
 
-# Hybrid search's fusion and the dense side's share of it, chosen by measurement (benchmarks/hybrid.py); an index
-# records the weight its own corpus was given (`retriever.search.fusion_check`), searches override it.
-DEFAULT_FUSION, DEFAULT_WEIGHT = "zscore", 0.7
+# Hybrid search's fusion and the dense side's share of it, chosen by measurement (benchmarks/hybrid.py for the
+# weight, benchmarks/fusion_adaptive.py for the fusion); an index records the weight its own corpus was given
+# (`retriever.search.fusion_check`), searches override it.
+DEFAULT_FUSION, DEFAULT_WEIGHT = "zscore-union", 0.7

@@ -190,7 +190,7 @@ def test_build_defaults_to_auto_and_info_list_and_check_show_the_retrieval_check
     assert f"auto would choose {record['auto']['chosen']}" in table.stderr
     # hybrid search's weight, decided on the same pseudo-queries at build and again by check, shown by all three
     hybrid = details["hybrid"]
-    assert hybrid == details["manifest"]["hybrid"] and hybrid["fusion"] == "zscore"
+    assert hybrid == details["manifest"]["hybrid"] and hybrid["fusion"] == "zscore-union"
     assert hybrid["evidence"]["pseudo_queries"] == 600 and hybrid["weight"] in (0.5, 0.7, 0.9)
     assert set(hybrid["evidence"]["groups"]) == {"meaning", "known-item"}
     assert f"dense weight {hybrid['weight']}" in shown and "hybrid evidence" in shown

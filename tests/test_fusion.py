@@ -30,6 +30,22 @@ def test_zscore_standardises_each_side_by_its_own_listed_scores():
     assert scores == pytest.approx(0.25 * dense + 0.75 * keyword, rel=1e-5)
 
 
+def test_zscore_union_standardises_both_sides_over_the_same_candidates():
+    scores = make_fusion("zscore-union").scores(candidates(), 0.25)
+    dense, keyword = np.array([0.9, 0.2, 0.7, 0.1]), np.array([0.0, 9.0, 5.0, 1.0])
+    expected = 0.25 * (dense - dense.mean()) / dense.std() + 0.75 * (keyword - keyword.mean()) / keyword.std()
+    assert scores == pytest.approx(expected, rel=1e-5)
+
+
+def test_zscore_union_gives_a_side_that_scores_every_candidate_alike_no_say():
+    """No query word occurs in any candidate (the keyword side's scores are all 0): the dense side alone orders
+    them, at any weight, and nothing is divided by a vanishing spread."""
+    found = Candidates(np.array([1, 2, 3]), np.array([0.2, 0.6, 0.4], np.float32), np.zeros(3, np.float32),
+                       np.array([3, 1, 2]), np.zeros(3, int))
+    fused = make_fusion("zscore-union").scores(found, 0.3)
+    assert np.argsort(-fused).tolist() == [1, 2, 0] and np.all(np.abs(fused) < 10)
+
+
 def test_null_reads_each_score_against_its_distribution_over_the_index():
     scores = make_fusion("null").scores(candidates(), 0.5)
     expected = 0.5 * (np.array([0.9, 0.2, 0.7, 0.1]) - 0.1) / 0.2 + 0.5 * (np.array([0, 9, 5, 1]) - 0.5) / 2.0

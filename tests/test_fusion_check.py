@@ -5,7 +5,7 @@ import pytest
 
 from retriever.calibration.check import CheckSet
 from retriever.corpus import Document
-from retriever.defaults import DEFAULT_WEIGHT
+from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
 from retriever.index import Index
 from retriever.search.fusion_check import (
     DENSE_LEANING_WEIGHT,
@@ -92,7 +92,7 @@ def test_a_keyword_side_that_finds_nothing_lets_the_dense_side_lead():
 def test_both_sides_working_keep_the_measured_default():
     made = hybrid_check(check_set(dense_finds=True, words_find=True, kinds=kinds(60, 60)), identity)
     assert made["weight"] == DEFAULT_WEIGHT and "measured default" in made["reason"]
-    assert made["evidence"]["groups"]["meaning"]["ndcg@10"]["zscore@0.7"] == 100.0
+    assert made["evidence"]["groups"]["meaning"]["ndcg@10"][f"{DEFAULT_FUSION}@0.7"] == 100.0
 
 
 def test_too_few_pseudo_queries_move_nothing():

@@ -9,6 +9,9 @@ dense side's WEIGHT (the keyword side gets 1 - WEIGHT) to one fused score per ca
   rank), a side contributing nothing where the candidate is not in its top list; scores never meet.
 - `zscore`: each side's scores standardised by the mean and spread of that side's own top list for this query,
   then weighted: a score reads as "how far above this query's typical candidate".
+- `zscore-union`: each side's scores standardised by their mean and spread over every candidate, the union of
+  both lists: both sides read against the same documents, so a z-score means the same on each side (the default:
+  `benchmarks/results/fusion_adaptive.md`).
 - `null`: each score read against its distribution over the whole index for this query (mean and spread of the
   query's score over every live document, `Candidates.dense_null` and `keyword_null`): "how far above a random
   document". For calibrated vectors (isotropic, unit length) the dense null is the known N(0, 1/d); for raw
@@ -79,6 +82,18 @@ class ListZScore(Fusion):
             return (scores - listed.mean()) / max(spread, 1e-6)
         return (weight * standard(candidates.dense, candidates.dense_rank)
                 + (1 - weight) * standard(candidates.keyword, candidates.keyword_rank))
+
+
+class UnionZScore(Fusion):
+    name = "zscore-union"
+
+    def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
+        def standard(scores: np.ndarray) -> np.ndarray:
+            spread = float(scores.std())
+            if spread <= 1e-6:  # one candidate, or a side that scores them all alike (no query word occurs): no say
+                return np.zeros(len(scores))
+            return (scores - scores.mean()) / spread
+        return weight * standard(candidates.dense) + (1 - weight) * standard(candidates.keyword)
 
 
 class NullZScore(Fusion):

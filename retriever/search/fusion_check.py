@@ -4,7 +4,7 @@ the corpus is given from it (issue 44).
 The pseudo-queries are `auto`'s (`retriever.calibration.check.CheckSet`, with their texts): each is searched over
 the check's pool (every pseudo-query's target and the distractors) by both sides as the index searches, dense by
 cosine of the calibrated vectors and keyword by BM25 (the keyword index's tokenizer, k1 and b, every query word
-kept), and the two top lists fused by `zscore` at each weight of `WEIGHTS`. nDCG@10 of each query's target, apart
+kept), and the two top lists fused by the default fusion at each weight of `WEIGHTS`. nDCG@10 of each query's target, apart
 for the kinds that judge meaning (title, sentence, span: the target never holds the query as given) and for
 known-item queries (a document's own rare words: keyword search's best case).
 
@@ -30,7 +30,7 @@ import numpy as np
 from retriever.calibration.check import CONFIDENCE, CheckSet, paired_bootstrap
 from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
 from retriever.numeric import l2_normalize
-from retriever.search.fusion import Candidates, ListZScore, top_list
+from retriever.search.fusion import Candidates, make_fusion, top_list
 from retriever.store.keywords import B, K1, Tokenizer, text_postings
 
 WEIGHTS = (0.5, 0.6, 0.7, 0.8, 0.9)  # the fused figures the record shows beside the sides'
@@ -75,13 +75,15 @@ def target_ndcg(scores: np.ndarray, keys: np.ndarray, target: int) -> float:
 
 
 def query_results(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
-    """Per pseudo-query nDCG@10 of its target: "dense", "keyword" and "zscore@w" for each of WEIGHTS."""
+    """Per pseudo-query nDCG@10 of its target: "dense", "keyword" and "FUSION@w" for each of WEIGHTS (FUSION: the
+    default fusion's name)."""
     pool = l2_normalize(transform(np.concatenate([check.targets, check.distractors])))
     queries = l2_normalize(transform(check.queries))
     keywords = PoolBM25(list(check.pool_texts))
     keys = np.arange(len(pool))
-    zscore = ListZScore()
-    found: dict[str, list[float]] = {label: [] for label in ("dense", "keyword", *(f"zscore@{w}" for w in WEIGHTS))}
+    fusion = make_fusion(DEFAULT_FUSION)
+    found: dict[str, list[float]] = {label: [] for label in ("dense", "keyword",
+                                                             *(f"{fusion.name}@{w}" for w in WEIGHTS))}
     for start in range(0, len(queries), BATCH):
         similarities = queries[start : start + BATCH] @ pool.T
         for offset, dense in enumerate(similarities):
@@ -97,7 +99,7 @@ def query_results(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]
             found["dense"].append(target_ndcg(dense, keys, number))
             found["keyword"].append(target_ndcg(keyword, keys, number) if keyword.any() else 0.0)
             for weight in WEIGHTS:
-                found[f"zscore@{weight}"].append(target_ndcg(zscore.scores(candidates, weight), union, number))
+                found[f"{fusion.name}@{weight}"].append(target_ndcg(fusion.scores(candidates, weight), union, number))
     return {label: np.asarray(values) for label, values in found.items()}
 
 

@@ -19,7 +19,7 @@ from retriever.filters import Filter, parse_where
 
 MODES = ("dense", "keyword", "hybrid")
 SPACES = ("calibrated", "raw")  # the index's own vectors, or the uncalibrated ones (to compare)
-FUSIONS = ("null", "rrf", "zscore")  # `retriever.search.fusion`'s registry (a test keeps the two equal)
+FUSIONS = ("null", "rrf", "zscore", "zscore-union")  # `retriever.search.fusion`'s registry (a test keeps the two equal)
 # The most results a query gets: k x queries scores and ids are allocated before anything is found (a k of 10^9
 # asked for 7.45 GiB). Ten thousand covers recall@1000 evaluation ten times over.
 MAX_K = 10_000
