@@ -77,6 +77,10 @@ RETRIEVAL_TASKS: dict[str, RetrievalTask] = {
               ("python-doc-page", "a Python documentation page's title retrieves its paragraphs, from passages/"),
               ("linux-doc-page", "a Linux kernel documentation page's title retrieves its paragraphs, from "
                                  "passages/"))),
+        *(RetrievalTask(name, f"a {source.removesuffix('-doc')} documentation page's title retrieves its "
+                        "paragraphs, from passages/", lambda data, name=name, source=source:
+                        passage_tasks.doc_page(Path(data), source, name))
+          for name, source in passage_tasks.FRESH_DOC_PAGES),
     )
 }
 
