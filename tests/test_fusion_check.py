@@ -21,18 +21,21 @@ from retriever.search.options import SearchOptions
 WORDS = [f"w{i:03d}" for i in range(400)]
 
 
-def check_set(dense_finds: bool, words_find: bool, kinds: list[str], seed: int = 0) -> CheckSet:
-    """A check set of one query per target: its vector is its target's (DENSE_FINDS) or noise, and its words are
-    its target's own rare ones (WORDS_FIND) or words no document holds."""
+def check_set(dense_finds: bool | list[bool], words_find: bool | list[bool], kinds: list[str],
+              seed: int = 0) -> CheckSet:
+    """A check set of one query per target: its vector is its target's (DENSE_FINDS, for all or per query) or
+    noise, and its words are its target's own rare ones (WORDS_FIND) or words no document holds."""
     rng = np.random.default_rng(seed)
     count, dim = len(kinds), 16
+    dense_finds = np.broadcast_to(dense_finds, count)
+    words_find = np.broadcast_to(words_find, count)
     targets = rng.standard_normal((count, dim)).astype(np.float32)
     distractors = rng.standard_normal((200, dim)).astype(np.float32)
-    queries = targets + 0.05 * rng.standard_normal((count, dim)).astype(np.float32) if dense_finds else \
-        rng.standard_normal((count, dim)).astype(np.float32)
+    queries = np.where(dense_finds[:, None], targets + 0.05 * rng.standard_normal((count, dim)),
+                       rng.standard_normal((count, dim))).astype(np.float32)
     texts = [" ".join(rng.choice(WORDS[:300], 8, replace=False)) + f" unique{i}x unique{i}y" for i in range(count)]
     pool = texts + [" ".join(rng.choice(WORDS[:300], 8, replace=False)) for _ in range(200)]
-    query_texts = [f"unique{i}x unique{i}y" if words_find else f"absent{i} nowhere{i}" for i in range(count)]
+    query_texts = [f"unique{i}x unique{i}y" if words_find[i] else f"absent{i} nowhere{i}" for i in range(count)]
     return CheckSet(queries, targets, kinds, distractors, query_texts, pool)
 
 
@@ -89,10 +92,36 @@ def test_a_keyword_side_that_finds_nothing_lets_the_dense_side_lead():
     assert made["evidence"]["groups"]["known-item"]["ndcg@10"]["dense"] == 100.0
 
 
-def test_both_sides_working_keep_the_measured_default():
-    made = hybrid_check(check_set(dense_finds=True, words_find=True, kinds=kinds(60, 60)), identity)
+def test_dense_search_better_on_meaning_and_keywords_on_known_items_keep_the_measured_default():
+    # as on the corpora the default was measured on: the meaning queries' words miss, the known items' vectors miss
+    made = hybrid_check(check_set(dense_finds=[True] * 60 + [False] * 60, words_find=[False] * 60 + [True] * 60,
+                                  kinds=kinds(60, 60)), identity)
     assert made["weight"] == DEFAULT_WEIGHT and "measured default" in made["reason"]
     assert made["evidence"]["groups"]["meaning"]["ndcg@10"][f"{DEFAULT_FUSION}@0.7"] == 100.0
+
+
+def test_dense_search_not_shown_better_on_meaning_gives_both_sides_the_same_weight():
+    # both sides find every target: dense reads meaning no better than keywords here
+    made = hybrid_check(check_set(dense_finds=True, words_find=True, kinds=kinds(60, 60)), identity)
+    assert made["weight"] == EVEN_WEIGHT and "not shown better than keywords" in made["reason"]
+
+
+def gaps(meaning: list[float], known: list[float]) -> dict:
+    def group(interval):
+        return {"queries": 100, "dense_minus_keyword": {"difference": sum(interval) / 2, "interval": interval}}
+    return {"pseudo_queries": 200, "groups": {"meaning": group(meaning), "known-item": group(known)}}
+
+
+@pytest.mark.parametrize("meaning, known, weight", [
+    ([-3.0, -1.0], [-30.0, -20.0], EVEN_WEIGHT),  # dense loses on meaning
+    ([-0.5, 1.5], [-30.0, -20.0], EVEN_WEIGHT),  # dense not shown better on meaning
+    ([0.0, 2.0], [-30.0, -20.0], EVEN_WEIGHT),  # an interval reaching 0 shows nothing
+    ([0.5, 2.0], [-30.0, -20.0], DEFAULT_WEIGHT),  # as where the default was measured
+    ([2.0, 5.0], [1.0, 3.0], DENSE_LEANING_WEIGHT),  # keywords lose even on known items
+    ([-0.5, 1.5], [1.0, 3.0], EVEN_WEIGHT),  # neither side shown better: the same share
+])
+def test_the_rule_reads_the_intervals(meaning, known, weight):
+    assert decision(gaps(meaning, known))["weight"] == weight
 
 
 def test_too_few_pseudo_queries_move_nothing():
