@@ -17,7 +17,7 @@ dense side's WEIGHT (the keyword side gets 1 - WEIGHT) to one fused score per ca
   document". For calibrated vectors (isotropic, unit length) the dense null is the known N(0, 1/d); for raw
   vectors it is estimated from the version's own documents.
 
-Which is the default, and its weight, is a measured choice (`benchmarks/hybrid.py`).
+Which is the default, and its weight, is a measured choice (`benchmarks/hybrid.py`, `benchmarks/fusion_adaptive.py`).
 """
 
 from __future__ import annotations
