@@ -121,7 +121,8 @@ def report(files: list[Path]) -> str:
     for path in files:
         found = json.loads(path.read_text())
         labels = list(found["tasks"][0]["vs before"])
-        lines += [f"## {found['model']}", "", "| variant | dev: worst | dev: mean | held-out: worst | held-out: mean |",
+        lines += [f"## {found['model']}", "", f"Command: `{found.get('command', 'not recorded')}`.", "",
+                  "| variant | dev: worst | dev: mean | held-out: worst | held-out: mean |",
                   "|---|---:|---:|---:|---:|"]
         for label in labels:
             dev = [t["vs before"][label] for t in found["tasks"] if t["split"] == "dev"]

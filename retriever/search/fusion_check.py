@@ -4,9 +4,9 @@ the corpus is given from it (issue 44).
 The pseudo-queries are `auto`'s (`retriever.calibration.check.CheckSet`, with their texts): each is searched over
 the check's pool (every pseudo-query's target and the distractors) by both sides as the index searches, dense by
 cosine of the calibrated vectors and keyword by BM25 (the keyword index's tokenizer, k1 and b, every query word
-kept), and the two top lists fused by the default fusion at each weight of `WEIGHTS`. nDCG@10 of each query's target, apart
-for the kinds that judge meaning (title, sentence, span: the target never holds the query as given) and for
-known-item queries (a document's own rare words: keyword search's best case).
+kept), and the two top lists fused by the default fusion at each weight of `WEIGHTS`. nDCG@10 of each query's
+target, apart for the kinds that judge meaning (title, sentence, span: the target never holds the query as given)
+and for known-item queries (a document's own rare words: keyword search's best case).
 
 What the evidence may decide was studied on 14 labeled tasks (benchmarks/fusion_evidence.py, benchmarks/
 fusion_adaptive.py): the weight that does best on pseudo-queries is biased toward keywords by construction (it
