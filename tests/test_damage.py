@@ -264,7 +264,7 @@ def test_a_crafted_manifest_cannot_reach_outside_its_version(home, tmp_path):
 PLANTED = {
     "a segment's vector search": ("retriever.store.vectors:VectorStore.search", "dense"),
     "the keyword scoring": ("retriever.store.keywords:QueryMatches.candidates", "keyword"),
-    "the fusion": ("retriever.search.fusion:ListZScore.scores", "hybrid"),
+    "the fusion": ("retriever.search.fusion:UnionZScore.scores", "hybrid"),  # the default fusion
     "the plan": ("retriever.search.searcher:Searcher.plan", "dense"),
 }
 
