@@ -29,19 +29,20 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.fusion_per_query import capture, per_query_ndcg, standard  # noqa: E402
 from benchmarks.hybrid import DEV, HELD_OUT  # noqa: E402
+from retriever.search.fusion import Candidates, make_fusion  # noqa: E402
 
 Side = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (one side's scores, its ranks) -> standardised scores
 
 
-def own_list(scores: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """`zscore`: by the side's own top list."""
-    return standard(scores, ranks)
+def as_searched(fusion_name: str) -> Side:
+    """One side standardised as the product's fusion FUSION_NAME does it: that fusion at weight 1, the side given
+    as its dense side (the other side, all zeros, weighs nothing)."""
+    fusion = make_fusion(fusion_name)
+    return lambda scores, ranks: fusion.scores(Candidates(ranks, scores, np.zeros_like(scores), ranks, ranks), 1.0)
 
 
-def union(scores: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """`zscore-union`: by every candidate, both lists'."""
-    spread = float(scores.std())
-    return (scores - scores.mean()) / spread if spread > 1e-6 else np.zeros(len(scores))
+own_list = as_searched("zscore")  # by the side's own top list
+union = as_searched("zscore-union")  # by every candidate, both lists'
 
 
 def robust(scores: np.ndarray, ranks: np.ndarray) -> np.ndarray:
