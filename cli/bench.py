@@ -156,7 +156,7 @@ def _print_tables(report) -> None:
         heading = "Retrieval through the index (BEIR metrics)"
         _print_table(console, heading if scored else f"{title} · {heading}", headers, rows,
                      "x100; calibrators fitted on each corpus by the index build; (keyword), (hybrid): that search "
-                     "mode on the same index; nDCG@10 ignores a hit identical to the query")
+                     "mode on the same index; nDCG@10 ignores a hit that is the query itself (its id and text)")
     if report.lexical is not None:
         headers, rows = lexical_table(report.lexical)
         _print_table(console, "Similarity vs lexical overlap (BERT-flow Table 6)", headers, rows,

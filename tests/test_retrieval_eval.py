@@ -81,6 +81,37 @@ def test_load_beir_reads_graded_qrels_and_skips_unjudged(tmp_path):
         load_beir(tmp_path, split="dev")
 
 
+def test_a_document_that_only_shares_the_query_number_counts_and_one_without_text_stays_relevant(tmp_path):
+    """The classic collections number queries and documents from 1 alike: document 2 answering query 2 is a hit,
+    not the query itself. A document without text is left out of the corpus (no index holds it) but stays judged."""
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"_id": "1", "text": "what is lift"}, {"_id": "2", "text": "lift of a wing in a slipstream"},
+        {"_id": "3", "title": "", "text": ""}]))
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "1", "text": "what is lift"}) + "\n"
+                                            + json.dumps({"_id": "2", "text": "wing lift"}) + "\n")
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\t2\t1\n2\t2\t1\n2\t3\t1\n")
+    loaded = load_beir(tmp_path)
+    assert loaded.ignore_identical == frozenset({"1"})  # document 1 holds query 1's text: it is the query itself
+    assert "3" not in loaded.corpus and loaded.skipped == 1 and loaded.qrels["2"] == {"2": 1, "3": 1}
+    run = {"1": {"1": 0.9, "2": 0.8}, "2": {"2": 0.9, "1": 0.5}}
+    scores = per_query(run, loaded.qrels, loaded.ignore_identical)
+    assert scores["mrr@10"].tolist() == [100.0, 100.0]  # query 2's hit on document 2 counts
+    assert scores["recall@100"].tolist() == [100.0, 50.0]  # document 3 is never found
+
+
+def test_the_classic_collections_load_as_published(shared_data):
+    from retriever.evaluation.registry import resolve_tasks
+
+    found = {task.name: task.load(shared_data) for task in resolve_tasks("ir-classic")}
+    assert {name: (len(rset.queries), sum(map(len, rset.qrels.values()))) for name, rset in found.items()} == {
+        "cranfield": (225, 1612), "cisi": (76, 3114), "cacm": (52, 796)}
+    cranfield = found["cranfield"]
+    assert len(cranfield.corpus) == 1398 and cranfield.skipped == 2  # documents 471 and 995 are empty
+    assert cranfield.qrels["225"]["225"] == 2 and "225" not in cranfield.ignore_identical
+    assert all(not rset.ignore_identical for rset in found.values())
+
+
 def test_built_in_sets_from_the_shared_data(shared_data):
     qnli = qnli_retrieval(shared_data)
     assert qnli.describe()["queries"] == len(qnli.qrels) > 2000

@@ -6,7 +6,7 @@ from __future__ import annotations
 from retriever.errors import RetrieverError
 from retriever.evaluation.data import Task
 from retriever.evaluation.retrieval import RetrievalTask
-from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS, beir_task
+from retriever.evaluation.retrieval_tasks import IR_CLASSIC, RETRIEVAL_TASKS, beir_task
 from retriever.evaluation.tasks import qnli, sickr, sts12, sts13, sts14, sts15, sts16, stsb
 
 # Order of the BERT-flow tables: STS-B, SICK-R, STS12–16; then QNLI.
@@ -17,6 +17,7 @@ GROUPS: dict[str, list[str]] = {
     "sts": ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"],
     "all": list(TASKS),
     "retrieval": ["qnli-retrieval", "stsb-dup", "sickr-dup"],
+    "ir-classic": list(IR_CLASSIC),
 }
 
 
@@ -26,7 +27,7 @@ def _canonical(name: str) -> str:
 
 
 KNOWN = (f"choose from {', '.join([*TASKS, *RETRIEVAL_TASKS])}, beir:PATH (a BEIR folder) or the groups sts, "
-         "retrieval, all")
+         "retrieval, ir-classic, all")
 
 
 def get_task(name: str) -> Task:

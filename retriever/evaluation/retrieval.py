@@ -7,8 +7,10 @@ STS12-16 as duplicate retrieval, where the query itself, also in the corpus unde
 ignores identical ids) and from the passages are declared in `retriever.evaluation.retrieval_tasks`.
 
 Metrics follow trec_eval as BEIR runs it (`pytrec_eval`): nDCG@10 with linear gains, Recall@100, MRR@10; a hit
-whose id equals the query id is dropped before cutting; ties in score are broken by document id, descending, as
-trec_eval does; a query with no relevant document is not scored. `tests/test_retrieval_eval.py` checks every
+that is the query itself (a document under the query's id holding the query's text: the duplicate tasks, BEIR's
+Quora) is dropped before cutting, but a document that only shares its number with a query is not (the classic
+collections number both from 1, and Cranfield's document 225 answers its query 225); ties in score are broken by
+document id, descending, as trec_eval does; a query with no relevant document is not scored. `tests/test_retrieval_eval.py` checks every
 metric against pytrec_eval on fixed runs.
 
 `evaluate_searches` builds a real index from the set's raw vectors (the calibrator fitted on the corpus by
@@ -42,23 +44,36 @@ class RetrievalSet:
     corpus: dict[str, tuple[str | None, str]]  # doc id -> (title, text)
     queries: dict[str, str]  # query id -> text
     qrels: Qrels  # only queries with at least one relevant (grade > 0) document
+    # The queries whose hit under their own id is the query itself, dropped before scoring (`per_query`): True for
+    # every query, or the ids of those that are.
+    ignore_identical: bool | frozenset[str] = True
+    skipped: int = 0  # corpus documents left out: no text to index (a relevant one then counts as never found)
 
     def describe(self) -> dict:
-        return {"documents": len(self.corpus), "queries": len(self.queries),
-                "relevant": sum(sum(1 for grade in found.values() if grade > 0) for found in self.qrels.values())}
+        described = {"documents": len(self.corpus), "queries": len(self.queries),
+                     "relevant": sum(sum(1 for grade in found.values() if grade > 0) for found in self.qrels.values())}
+        return {**described, "documents_without_text": self.skipped} if self.skipped else described
 
 
 # --- sources -------------------------------------------------------------------------------------------------
 
 
 def load_beir(folder: str | Path, split: str = "test", name: str | None = None) -> RetrievalSet:
+    """A BEIR folder's set. Documents without text are left out (an index holds none; `skipped` counts them, and
+    their judgments stay: a relevant one is never found, as in the collection), and a hit is dropped as the query
+    itself only where the document under the query's id holds the query's text."""
     folder = Path(folder)
     corpus_path = next((folder / f for f in ("corpus.jsonl", "corpus.jsonl.gz") if (folder / f).is_file()), None)
     qrels_path = folder / "qrels" / f"{split}.tsv"
     for path, what in ((corpus_path, "corpus.jsonl"), (folder / "queries.jsonl", "queries.jsonl"), (qrels_path, f"qrels/{split}.tsv")):
         if path is None or not path.is_file():
             raise RetrieverError(f"{folder} is not a BEIR folder: no {what}")
-    corpus = {str(r["_id"]): (r.get("title") or None, r["text"]) for r in _jsonl(corpus_path)}
+    corpus, empty = {}, set()
+    for record in _jsonl(corpus_path):
+        if str(record.get("text") or "").strip():
+            corpus[str(record["_id"])] = (record.get("title") or None, record["text"])
+        else:
+            empty.add(str(record["_id"]))
     queries = {str(r["_id"]): r["text"] for r in _jsonl(folder / "queries.jsonl")}
     qrels: Qrels = {}
     for number, line in enumerate(qrels_path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -68,9 +83,14 @@ def load_beir(folder: str | Path, split: str = "test", name: str | None = None) 
         if len(fields) != 3:
             raise RetrieverError(f"{qrels_path} line {number}: expected query-id, corpus-id, score")
         query, doc, grade = fields[0], fields[1], int(fields[2])
-        if grade > 0 and query in queries and doc in corpus:
+        if grade > 0 and query in queries and (doc in corpus or doc in empty):
             qrels.setdefault(query, {})[doc] = grade
-    return RetrievalSet(name or folder.name, corpus, {q: queries[q] for q in qrels}, qrels)
+    themselves = frozenset(query for query in qrels if query in corpus and _same_text(corpus[query][1], queries[query]))
+    return RetrievalSet(name or folder.name, corpus, {q: queries[q] for q in qrels}, qrels, themselves, len(empty))
+
+
+def _same_text(first: str, second: str) -> bool:
+    return " ".join(first.split()) == " ".join(second.split())
 
 
 @dataclass(frozen=True)
@@ -90,20 +110,22 @@ class RetrievalTask:
 # --- metrics -------------------------------------------------------------------------------------------------
 
 
-def ranked(run_for_query: dict[str, float], query_id: str, ignore_identical: bool = True) -> list[str]:
-    """Document ids best first: score descending, ties by id descending (trec_eval's order)."""
-    items = [(doc, score) for doc, score in run_for_query.items() if not (ignore_identical and doc == query_id)]
+def ranked(run_for_query: dict[str, float], query_id: str, ignore_identical: bool | frozenset[str] = True) -> list[str]:
+    """Document ids best first: score descending, ties by id descending (trec_eval's order). IGNORE_IDENTICAL: drop
+    the hit under the query's own id (True), or only for the query ids it holds."""
+    drop = query_id in ignore_identical if isinstance(ignore_identical, frozenset) else ignore_identical
+    items = [(doc, score) for doc, score in run_for_query.items() if not (drop and doc == query_id)]
     items.sort(key=lambda item: item[0], reverse=True)
     items.sort(key=lambda item: item[1], reverse=True)  # stable: equal scores keep the id order
     return [doc for doc, _ in items]
 
 
-def evaluate_run(run: Run, qrels: Qrels, ignore_identical: bool = True) -> dict[str, float]:
+def evaluate_run(run: Run, qrels: Qrels, ignore_identical: bool | frozenset[str] = True) -> dict[str, float]:
     """Mean nDCG@10, Recall@100 and MRR@10 (x100) over the queries of QRELS with a relevant document."""
     return {metric: float(values.mean()) for metric, values in per_query(run, qrels, ignore_identical).items()}
 
 
-def per_query(run: Run, qrels: Qrels, ignore_identical: bool = True) -> dict[str, np.ndarray]:
+def per_query(run: Run, qrels: Qrels, ignore_identical: bool | frozenset[str] = True) -> dict[str, np.ndarray]:
     """Each of METRICS (x100) per query of QRELS with a relevant document, in QRELS' order: what a paired test
     of two runs on the same queries compares."""
     values: dict[str, list[float]] = {metric: [] for metric in METRICS}
@@ -146,7 +168,7 @@ def evaluate_searches(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.nd
     `SearchOptions` settings: mode, fusion, weight), exactly as `retriever search` and the server do;
     score each. Returns label -> metrics. ON_FITTED, when given, is called with the index's fitted calibrator
     (the benchmark records what `auto` decided)."""
-    return {label: evaluate_run(run, rset.qrels) for label, run in
+    return {label: evaluate_run(run, rset.qrels, rset.ignore_identical) for label, run in
             search_runs(rset, embed, encoder, calibrator, searches, seed, depth, fit_queries, on_fitted,
                         passages).items()}
 

@@ -1,6 +1,7 @@
 """The retrieval tasks, declared as data (as `retriever.evaluation.tasks` declares the pair tasks): QNLI dev as
 question -> answering sentence(s), STS-B, SICK-R and STS12-16 as duplicate retrieval, four tasks built from the
-passages (`passage_tasks`), and any BEIR folder. Each is a `RetrievalTask` whose loader gives a `RetrievalSet`;
+passages (`passage_tasks`), the three classic test collections of `ir-classic/` (Cranfield, CISI, CACM: real
+questions with human judgments, the yardstick for defaults), and any BEIR folder. Each is a `RetrievalTask` whose loader gives a `RetrievalSet`;
 `retriever.evaluation.retrieval` scores them through a real index.
 """
 
@@ -15,6 +16,12 @@ from retriever.evaluation.retrieval import Qrels, RetrievalSet, RetrievalTask, l
 from retriever.evaluation.tasks import qnli, sickr, sts12, sts13, sts14, sts15, sts16, stsb
 
 DUPLICATE_THRESHOLD = 4.0
+# The classic collections (the data folder's ir-classic/, in BEIR layout): real questions, judged by people.
+IR_CLASSIC = {
+    "cranfield": "Cranfield: 225 aeronautics questions over 1,400 abstracts, graded judgments (1-4)",
+    "cisi": "CISI: 76 judged information-science questions over 1,460 abstracts",
+    "cacm": "CACM: 52 judged computing questions over 3,204 titles and abstracts",
+}
 
 
 # The pair tasks these sets are built from, by name (the registry lists this module's tasks, so it is not used).
@@ -81,6 +88,8 @@ RETRIEVAL_TASKS: dict[str, RetrievalTask] = {
                         "paragraphs, from passages/", lambda data, name=name, source=source:
                         passage_tasks.doc_page(Path(data), source, name))
           for name, source in passage_tasks.FRESH_DOC_PAGES),
+        *(RetrievalTask(name, description, lambda data, name=name: load_beir(Path(data) / "ir-classic" / name, name=name))
+          for name, description in IR_CLASSIC.items()),
     )
 }
 

@@ -22,7 +22,7 @@ import platform
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ import numpy as np
 from retriever.errors import RetrieverError, param
 from retriever.evaluation.data import PairSubset, Task, resolve_data_dir
 from retriever.evaluation.evaluators import cosine_rows, evaluate, spearman_x100
-from retriever.evaluation.retrieval import RetrievalSet, RetrievalTask, evaluate_searches
+from retriever.evaluation.retrieval import RetrievalTask, evaluate_searches
 from retriever.evaluation.registry import TASKS, resolve_tasks
 from retriever.versions.integrity import sha256_file
 
@@ -249,8 +249,7 @@ class _Run:
         rset = task.load(self.plan.data_dir)
         if self.plan.limit is not None:
             kept = list(rset.queries)[: self.plan.limit]
-            rset = RetrievalSet(rset.name, rset.corpus, {q: rset.queries[q] for q in kept},
-                                {q: rset.qrels[q] for q in kept})
+            rset = replace(rset, queries={q: rset.queries[q] for q in kept}, qrels={q: rset.qrels[q] for q in kept})
         self.fit_sets[task.name] = {"source": "corpus+queries" if self.plan.fit_queries else "corpus",
                                     "sentences": len(rset.corpus) + (len(rset.queries) if self.plan.fit_queries else 0),
                                     **rset.describe()}
