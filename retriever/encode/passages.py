@@ -7,11 +7,15 @@ overlapping passages of at most `window` tokens, the title and the special token
 every passage, as it goes with a whole document). A cut falls at the end of a sentence where one lies in the
 window's second half (a line break counts as one), and the next passage starts `overlap` tokens back, moved forward
 to the first sentence start inside the overlap: a sentence is whole in at least one passage wherever the text has
-sentences short enough. A document the encoder reads whole is one passage whose text is exactly what a document
-always encoded (`corpus.document_text`), so its vector is today's.
+sentences short enough. Every cut falls between words: a word the tokenizer splits into pieces ("fr", "##ob", ...)
+stays whole. A document the encoder reads whole is one passage whose text is exactly what a document always encoded
+(`corpus.document_text`), so its vector is today's; a cut one gets passages in proportion to its text past the
+read.
 
-The window of the later passages is shorter than the encoder's by default (`DEFAULT_WINDOW`): a vector is the mean
-of its tokens, and a passage as long as the encoder reads dilutes any one sentence of it (measured on issue 42's
+The window of the later passages is shorter than the encoder's by default (`DEFAULT_WINDOW`). On real questions
+(`benchmarks/results/passages_real.md`) a window of 64 tokens and one as long as the encoder reads scored alike once
+a document is scored from its first passage and its best (`retriever.store.passages.document_scores`); on pages far
+longer than the read, a vector is the mean of its tokens and a long window dilutes any one part of it (issue 42's
 yardstick, `benchmarks/results/long_documents.md`).
 
 A passage is a character span of the document's text; the passages of the documents of a write are described by
@@ -162,19 +166,22 @@ def passage_text(title: str | None, text: str) -> str:
 def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int,
               first: int | None = None) -> list[tuple[int, int]]:
     """Character spans of TEXT cut from its tokens (their OFFSETS) into runs of at most BUDGET tokens, each next
-    run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one. FIRST: the
-    first run is the first FIRST tokens as they are (what an encoder reading that many sees), cut anywhere."""
+    run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one, and always
+    between words (a word the tokenizer splits into pieces is never cut, unless one word is longer than a run).
+    FIRST: the first run is the first FIRST tokens as they are (what an encoder reading that many sees); its span
+    ends at the last whole word in them."""
     count = len(offsets)
     if count <= (budget if first is None else first):
         return [(0, len(text))]
     starts = np.fromiter((start for start, _ in offsets), np.int64, count)
     ends = np.fromiter((end for _, end in offsets), np.int64, count)
     sentence_end = _sentence_ends(text, starts, ends)
+    word_start = _word_starts(text, starts, ends)
     spans = []
     begin = 0
     if first is not None:
-        spans.append((0, int(ends[first - 1])))
-        begin = _next_start(sentence_end, first, max(first - overlap, 1), overlap)
+        spans.append((0, int(ends[_word_back(word_start, first, 0) - 1])))
+        begin = _word_back(word_start, _next_start(sentence_end, first, max(first - overlap, 1), overlap), 0)
     while True:
         last = begin + budget  # one past the run's last token
         if last >= count:
@@ -182,10 +189,10 @@ def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overla
             return spans
         half = begin + budget // 2
         found = np.flatnonzero(sentence_end[half:last])
-        if len(found):
-            last = half + int(found[-1]) + 1
+        last = half + int(found[-1]) + 1 if len(found) else _word_back(word_start, last, begin)
         spans.append((int(starts[begin]), int(ends[last - 1])))
-        begin = _next_start(sentence_end, last, max(last - overlap, begin + 1), overlap)
+        following = _next_start(sentence_end, last, max(last - overlap, begin + 1), overlap)
+        begin = _word_back(word_start, following, begin)
 
 
 def _next_start(sentence_end: np.ndarray, last: int, following: int, overlap: int) -> int:
@@ -196,6 +203,32 @@ def _next_start(sentence_end: np.ndarray, last: int, following: int, overlap: in
         if len(found):
             following += int(found[0])
     return following
+
+
+def _word_back(word_start: np.ndarray, position: int, floor: int) -> int:
+    """POSITION moved back to the start of the word its token belongs to, but never to FLOOR or before; where the
+    word starts at or before FLOOR (one word longer than a run), the next word's start after POSITION, or POSITION
+    itself if there is none."""
+    back = position
+    while back > floor and not word_start[back]:
+        back -= 1
+    if back > floor:
+        return back
+    ahead = position
+    while ahead < len(word_start) and not word_start[ahead]:
+        ahead += 1
+    return ahead if ahead < len(word_start) else position
+
+
+def _word_starts(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each token starts a word: the first token, and any token not glued to a letter or digit that ends
+    the token before it (WordPiece's "##ob" of "frobnicator" is glued to "fr"; "." and "g" of "e.g" are not)."""
+    result = np.ones(len(starts), bool)
+    for number in range(1, len(starts)):
+        start = int(starts[number])
+        if start == int(ends[number - 1]) and 0 < start < len(text) and text[start - 1].isalnum() and text[start].isalnum():
+            result[number] = False
+    return result
 
 
 def _sentence_ends(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
