@@ -44,7 +44,7 @@ from retriever.engines.steps import (
 from retriever.calibration import DEFAULT_CALIBRATOR, DEFAULT_FIT_SAMPLE, Calibrator
 from retriever.errors import RetrieverError
 from retriever.versions.catalog import refuse_replacing
-from retriever.engines.stages import check_set, fit
+from retriever.engines.stages import check_set, document_reads, fit
 from retriever.encode.passages import PassageSettings
 from retriever.store.arrays import VectorSource
 from retriever.store.spec import IndexSpec
@@ -108,8 +108,13 @@ class BuildEngine(ABC):
 
     @abstractmethod
     def documents_at(self, writer: IndexWriter) -> Callable[[np.ndarray], list[tuple[str | None, str]]]:
-        """(title, text) of the passages at 0-based vector positions (a document's, where it is one passage), for
-        the retrieval check's pseudo-queries."""
+        """(title, text) of the documents at 0-based positions (row id - 1), for the retrieval check's
+        pseudo-queries."""
+
+    @abstractmethod
+    def passage_rows(self, writer: IndexWriter) -> np.ndarray | None:
+        """The (key, start, end) rows of the encoded vectors, row for row, where some document was cut into
+        passages; None where each document is one vector."""
 
     @abstractmethod
     def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
@@ -170,15 +175,19 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
             note(notes, fallback_note(fallback, index_dir, name), progress)
 
         source, truncated = engine.encode(writer, encoder)
+        # The calibrator is fitted, and auto's check run, on the documents' own vectors (what the encoder reads of
+        # each, a cut document's first passage): the space the corpus's documents define, whatever passages
+        # follow, and so the same one a build without passages fits.
+        reads = document_reads(source, engine.passage_rows(writer))
 
         clock = time.perf_counter()
         seed = getattr(fitted, "seed", 0)
-        check = check_set(fitted, source.rows, engine.documents_at(writer), source.take, encoder, seed, progress)
+        check = check_set(fitted, reads.rows, engine.documents_at(writer), reads.take, encoder, seed, progress)
         if check is not None:
             timings["pseudo_queries"] = time.perf_counter() - clock
         clock = time.perf_counter()
         query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
-        calibrated_sample = fit(fitted, source, spec.fit_sample, seed, query_vectors, check)
+        calibrated_sample = fit(fitted, reads, spec.fit_sample, seed, query_vectors, check)
         timings["fit"] = time.perf_counter() - clock
         clock = time.perf_counter()
         hybrid = hybrid_check(check, fitted.transform, seed) if hybrid_check is not None else None

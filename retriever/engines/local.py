@@ -187,12 +187,15 @@ class LocalEngine(BuildEngine):
         return VectorSource(writer.folder / ENCODED), state.truncated
 
     def documents_at(self, writer: IndexWriter) -> Callable[[np.ndarray], list[tuple[str | None, str]]]:
-        path, passages = self._segment / DOCUMENTS, split_segment(writer.folder / ENCODED, self._state.documents)
+        path = self._segment / DOCUMENTS
 
         def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
             with DocumentTable.open(path) as table:
-                return table_texts(table, passages=passages)(positions)
+                return table_texts(table)(positions)
         return documents_at
+
+    def passage_rows(self, writer: IndexWriter) -> np.ndarray | None:
+        return split_segment(writer.folder / ENCODED, self._state.documents)
 
     def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
                        template) -> list[tuple[str, int]]:

@@ -56,7 +56,6 @@ from retriever.store.layout import segment_name
 from retriever.engines.stages import CHUNK_ROWS, stream_texts
 from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import VectorSource
-from retriever.store.passages import PASSAGE_BITS
 from retriever.store.spec import IndexSpec
 from retriever.versions.writer import IndexWriter
 
@@ -326,22 +325,13 @@ class RayEngine(BuildEngine):
         return VectorSource(self._shard_dir), truncated  # shards are named by first row id: file order is row order
 
     def documents_at(self, writer: IndexWriter):
-        # auto's pseudo-queries: the driver reads the sampled documents' texts from the corpus files, in row order;
-        # where documents were cut, a position is a passage (`shard_passages` say whose, and where).
-        documents_at = stream_texts(lambda: chain.from_iterable(iter_corpus(path, self.spec.encoding)
-                                                                for path in self._paths))
-        if self._vectors == self._documents:
-            return documents_at
-        passages = np.concatenate([shard_passages(self._shard_dir, first) for first, _ in self._shards])
+        # auto's pseudo-queries: the driver reads the sampled documents' texts from the corpus files, in row order.
+        return stream_texts(lambda: chain.from_iterable(iter_corpus(path, self.spec.encoding) for path in self._paths))
 
-        def passages_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
-            rows = passages[positions]
-            rowids = rows[:, 0] >> PASSAGE_BITS
-            wanted = np.unique(rowids)
-            texts = dict(zip(wanted.tolist(), documents_at(wanted - 1)))
-            return [(texts[rowid][0], texts[rowid][1][start:end])
-                    for rowid, (start, end) in zip(rowids.tolist(), rows[:, 1:].tolist())]
-        return passages_at
+    def passage_rows(self, writer: IndexWriter) -> np.ndarray | None:
+        if self._vectors == self._documents:
+            return None
+        return np.concatenate([shard_passages(self._shard_dir, first) for first, _ in self._shards])
 
     def write_segments(self, writer: IndexWriter, source: VectorSource, calibrator: Calibrator, spec: IndexSpec,
                        template) -> list[tuple[str, int]]:

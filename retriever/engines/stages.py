@@ -34,11 +34,11 @@ from retriever.errors import RetrieverError
 from retriever.numeric import l2_normalize
 from retriever.versions.integrity import sha256_file
 from retriever.progress import progress_bar, stderr_console
-from retriever.store.arrays import NpyAppender, VectorSource, load_npy
+from retriever.store.arrays import NpyAppender, RowSubset, VectorSource, load_npy
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import RawWriter
 from retriever.store.layout import VECTORS
-from retriever.store.passages import document_of, passage_keys
+from retriever.store.passages import passage_keys, passage_numbers
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
 
@@ -287,16 +287,19 @@ def check_set(calibrator: Calibrator, rows: int, documents_at, vectors_at, encod
     return make_check_set(rows, documents_at, vectors_at, encoder, seed, progress=progress)
 
 
-def table_texts(table: DocumentTable, first_rowid: int = 1, passages: np.ndarray | None = None):
-    """DOCUMENTS_AT for `make_check_set`: (title, text) of 0-based positions in TABLE, from FIRST_ROWID on; with
-    PASSAGES (the (key, start, end) rows of a split segment, `split_segment`), of the passages at those positions."""
+def table_texts(table: DocumentTable, first_rowid: int = 1):
+    """DOCUMENTS_AT for `make_check_set`: (title, text) of 0-based positions in TABLE, from FIRST_ROWID on."""
     def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
-        if passages is None:
-            return [(row["title"], row["text"]) for row in table.get(positions + first_rowid, ("title", "text"))]
-        rows = np.asarray(passages[positions], np.int64)
-        found = table.get(document_of(rows[:, 0]), ("title", "text"))
-        return [(row["title"], row["text"][start:end]) for row, (start, end) in zip(found, rows[:, 1:].tolist())]
+        return [(row["title"], row["text"]) for row in table.get(positions + first_rowid, ("title", "text"))]
     return documents_at
+
+
+def document_reads(source: VectorSource, passages: np.ndarray | None):
+    """SOURCE's rows that are documents' own vectors: each document's first passage where PASSAGES (the (key,
+    start, end) rows of SOURCE, row for row) say documents were cut, else every row."""
+    if passages is None:
+        return source
+    return RowSubset(source, np.flatnonzero(passage_numbers(np.asarray(passages[:, 0], np.int64)) == 0))
 
 
 def passage_cutter(encoder, settings: PassageSettings) -> PassageCutter | None:

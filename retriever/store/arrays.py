@@ -241,6 +241,22 @@ class ArraySource:
         return None  # nothing on disk: a build from memory does not resume
 
 
+class RowSubset:
+    """Some rows of a source (ROWS, ascending positions in it), read as a source of their own: row i is SOURCE's
+    row ROWS[i]. A build fits its calibrator on its documents' own vectors this way, among their passages'."""
+
+    def __init__(self, source: VectorSource | ArraySource, rows: np.ndarray):
+        self.source, self.positions = source, np.asarray(rows, dtype=np.int64)
+        self.rows, self.dim, self.path = len(self.positions), source.dim, source.path
+
+    def blocks(self, start: int = 0, rows: int = BLOCK_ROWS) -> Iterator[np.ndarray]:
+        for first in range(start, self.rows, rows):
+            yield self.take(np.arange(first, min(first + rows, self.rows)))
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return self.source.take(self.positions[np.asarray(rows, dtype=np.int64)])
+
+
 def vector_source(vectors) -> VectorSource | ArraySource:
     """VECTORS as a source: a .npy file or folder of shards, or an array in memory."""
     return ArraySource(vectors) if isinstance(vectors, np.ndarray) else VectorSource(vectors)

@@ -29,6 +29,7 @@ from retriever.filters import Filter
 from retriever.numeric import l2_normalize
 from retriever.store.arrays import load_npy, npy_layout
 from retriever.store.layout import DOCUMENTS, PASSAGES, RAW, ROWIDS
+from retriever.store.passages import passage_numbers
 from retriever.store.segment import Segment
 from retriever.store.vectors import load_template
 from retriever.store.spec import IndexSpec
@@ -128,7 +129,8 @@ class Snapshot:
 
     @property
     def has_keywords(self) -> bool:
-        """Whether every segment has a keyword index (those written before keyword search have none)."""
+        """Whether every segment has a keyword index (those written before keyword search have none, and those
+        written when a cut document was scored by its passages alone have none this release reads)."""
         return all(segment.keywords is not None for segment in self.segments)
 
     def close(self) -> None:
@@ -254,6 +256,10 @@ class Snapshot:
         with self.reading(f"{SEGMENTS}/{segment.name}/{RAW}"):
             return segment.raw_for(keys)
 
+    def live_documents(self, segment: Segment) -> np.ndarray:
+        """SEGMENT's mask of documents that are not deleted (row for row with its row ids)."""
+        return ~np.isin(np.asarray(segment.rowids), self.tombstones)
+
     def live_vectors(self, segment: Segment) -> np.ndarray:
         """SEGMENT's mask of vectors whose documents are not deleted (row for row with its raw vectors)."""
         return ~np.isin(segment.documents_of(np.asarray(segment.keys)), self.tombstones)
@@ -271,30 +277,35 @@ class Snapshot:
         return (np.concatenate(raws) if raws else np.empty((0, dim), np.float32),
                 np.concatenate(ids) if ids else np.empty(0, np.int64))
 
+    def document_vectors(self, segment: Segment) -> np.ndarray:
+        """SEGMENT's mask of its live documents' own vectors (row for row with its raw vectors): what the encoder
+        read of each document, a cut document's first passage. What a calibrator is fitted and checked on."""
+        keys = np.asarray(segment.keys)
+        own = passage_numbers(keys) == 0 if segment.split else np.ones(len(keys), bool)
+        return own & self.live_vectors(segment)
+
     def raw_sample(self, size: int, seed: int = 0) -> np.ndarray:
-        """At most SIZE raw vectors (float32) of documents in the index (passages' vectors), drawn uniformly with
-        SEED; a value that is not finite (what a flipped bit in a float16 file can make) is a damaged segment, not
-        something to fit on."""
-        total = sum(len(segment.keys) for segment in self.segments)
-        rows = fit_sample_rows(total, size, seed)
+        """At most SIZE raw vectors (float32) of the documents in the index (their own vectors, `document_vectors`),
+        drawn uniformly with SEED; a value that is not finite (what a flipped bit in a float16 file can make) is a
+        damaged segment, not something to fit on."""
+        positions = [np.flatnonzero(self.document_vectors(segment)) for segment in self.segments]
+        rows = fit_sample_rows(sum(len(held) for held in positions), size, seed)
         parts, offset = [], 0
-        for segment in self.segments:
-            count = len(segment.keys)
-            local = np.arange(count) if rows is None else rows[(rows >= offset) & (rows < offset + count)] - offset
+        for segment, held in zip(self.segments, positions):
+            local = held if rows is None else held[rows[(rows >= offset) & (rows < offset + len(held))] - offset]
             if len(local):
                 vectors = np.asarray(segment.raw[local], dtype=np.float32)
                 if not np.isfinite(vectors).all():
                     raise self.damaged(f"{SEGMENTS}/{segment.name}/{RAW}", "it holds values that are not finite")
-                owners = segment.documents_of(np.asarray(segment.keys[local]))
-                parts.append(vectors[~np.isin(owners, self.tombstones)])
-            offset += count
+                parts.append(vectors)
+            offset += len(held)
         return np.concatenate(parts) if parts else np.empty((0, self.manifest.encoder["dim"]), np.float32)
 
     def check_sources(self):
-        """DOCUMENTS_AT and VECTORS_AT over the passages of the documents in the index (deleted ones left out),
-        for `calibration.pseudo_queries.make_check_set`: position i is the i-th live vector, segment by segment;
-        and how many there are."""
-        live = [np.asarray(segment.keys)[self.live_vectors(segment)] for segment in self.segments]
+        """DOCUMENTS_AT and VECTORS_AT over the documents in the index (deleted ones left out), for
+        `calibration.pseudo_queries.make_check_set`: position i is the i-th live document, segment by segment, its
+        text whole and its vector its own (`document_vectors`); and how many there are."""
+        live = [np.asarray(segment.keys)[self.document_vectors(segment)] for segment in self.segments]
         keys = np.concatenate(live) if live else np.empty(0, np.int64)
         owner = np.concatenate([np.full(len(ids), number) for number, ids in enumerate(live)]) if live else keys
 
@@ -308,15 +319,12 @@ class Snapshot:
                             found[slot] = value
             return found
 
-        def passage_texts(segment: Segment, ids: np.ndarray) -> list[tuple[str | None, str]]:
-            rows = segment.documents.get(segment.documents_of(ids), ("title", "text"))
-            spans = segment.spans_of(ids)
-            if spans is None:
-                return [(row["title"], row["text"]) for row in rows]
-            return [(row["title"], row["text"][start:end]) for row, (start, end) in zip(rows, spans.tolist())]
+        def texts(segment: Segment, ids: np.ndarray) -> list[tuple[str | None, str]]:
+            return [(row["title"], row["text"])
+                    for row in segment.documents.get(segment.documents_of(ids), ("title", "text"))]
 
         def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
-            return each_segment(positions, passage_texts)
+            return each_segment(positions, texts)
 
         def vectors_at(positions: np.ndarray) -> np.ndarray:
             dim = self.manifest.encoder["dim"]
