@@ -90,6 +90,36 @@ def test_an_index_from_before_metadata_filters_on_its_own_fields_and_takes_docum
     verify_index("notes", old_index)
 
 
+PASSAGES_FIXTURE = Path(__file__).parent / "fixtures" / "index-772c492"
+
+
+def test_an_index_whose_keywords_scored_passages_alone_searches_dense_until_compaction_writes_them_anew(tmp_path):
+    """`tests/fixtures/index-772c492` was written by commit 772c492 (before issue 54) from 384-d vectors given per
+    passage: 20 notes and 3 pages of 6 passages, its keyword index a unit per passage. Today's keyword side scores
+    documents whole: such a segment reads as one without a keyword index until compaction writes both anew."""
+    from retriever.errors import RetrieverError
+
+    folder = tmp_path / "indexes"
+    shutil.copytree(PASSAGES_FIXTURE, folder, symlinks=True)
+    verify_index("pages", folder)
+    with Index.open("pages", folder, device="cpu") as index:
+        assert index.snapshot.segments[0].split and index.snapshot.segments[0].keywords_stale
+        assert index.info()["default_mode"] == "dense"
+        with pytest.raises(RetrieverError, match="has no keyword index this release reads .* compacting it adds one"):
+            index.search("violin harbour", mode="keyword")
+        raw, rowids = index.snapshot.raw_vectors()
+        before = search_vectors(index, l2_normalize(index.snapshot.calibrate(raw[:5])), 3)
+    Index.open("pages", folder, device="cpu").compact()
+    verify_index("pages", folder)
+    with Index.open("pages", folder, device="cpu") as index:
+        segment = index.snapshot.segments[0]
+        assert segment.passage_keywords is not None and index.info()["default_mode"] == "hybrid"
+        hits = index.search("part 5 of page 2", k=3, mode="keyword")
+        assert hits[0].doc_id == "page2" and hits[0].passage.startswith("Part 5 of page 2")
+        np.testing.assert_array_equal(search_vectors(index, l2_normalize(index.snapshot.calibrate(raw[:5])), 3)[1],
+                                      before[1])
+
+
 def _where(clause: dict):
     from retriever.filters import parse_where
 

@@ -207,15 +207,18 @@ def test_max_marginal_relevance_reads_a_long_document_by_its_matching_passage(tm
     from tests.helpers import DOCS, sentences
 
     # Past the 256 tokens MiniLM reads, a document is cut into passages; this one's last holds the guitar
-    # sentence. Dense search ranks it by that passage, and so must max-marginal-relevance search's relevance.
+    # sentence. Dense search scores it from its first passage and that one, and max-marginal-relevance search's
+    # relevance must be that score, not the matching passage's cosine alone.
     long_text = " ".join(sentences(40).values()) + " " + DOCS["guitar"]
     store = RetrieverVectorStore(embedding=None, name="long", index_dir=tmp_path, calibrator="none")
     store.add_texts([long_text, *DOCS.values()], ids=["long", *DOCS])
     assert store.index.snapshot.manifest.live_vectors > len(DOCS) + 2  # the long one: three passages or more
     query = "a man is playing a guitar"
-    dense = [d.id for d in store.similarity_search(query, k=4, mode="dense")]
-    assert "long" in dense[:2]
-    assert [d.id for d in store.max_marginal_relevance_search(query, k=4, lambda_mult=1.0)] == dense
+    dense = [d.id for d in store.similarity_search(query, k=6, mode="dense")]
+    assert dense[0] == "guitar" and "long" in dense
+    assert [d.id for d in store.max_marginal_relevance_search(query, k=6, lambda_mult=1.0)] == dense
+    diverse = [d.id for d in store.max_marginal_relevance_search(query, k=2, lambda_mult=0.3)]
+    assert diverse[0] == "guitar" and diverse[1] != "long"  # the long one matched by the guitar sentence itself
 
 
 def test_stores_on_one_index_see_each_others_writes_and_concurrent_first_adds_all_land(tmp_path):

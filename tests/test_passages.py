@@ -12,7 +12,7 @@ from retriever.errors import RetrieverError
 from retriever.index import Index
 from retriever.search.options import SearchOptions
 from retriever.search.searcher import Searcher
-from retriever.store.passages import best_per_document, document_of, keys_of, passage_keys
+from retriever.store.passages import coverages, document_of, document_scores, keys_of, passage_keys
 from tests.helpers import SUBJECTS, THINGS, VERBS, long_text
 
 WINDOW = 32
@@ -82,6 +82,20 @@ def test_cut_spans_cuts_without_sentences_too():
     assert spans[0] == (0, 5 * 29 + 4) and spans[1][0] == 5 * 25 and spans[-1][1] == 5 * 99 + 4
 
 
+def test_passages_start_and_end_between_words():
+    # "frobnicator" as WordPiece pieces, glued: fr|ob|nica|tor; a cut may fall only before "fr" or after "tor".
+    text = " ".join(["frobnicator quux"] * 30)
+    offsets = []
+    for at in range(0, len(text), len("frobnicator quux ")):
+        offsets += [(at, at + 2), (at + 2, at + 4), (at + 4, at + 8), (at + 8, at + 11), (at + 12, at + 16)]
+    for budget, overlap, first in ((7, 2, None), (9, 3, 11), (6, 0, 8)):
+        spans = cut_spans(text, offsets, budget=budget, overlap=overlap, first=first)
+        assert len(spans) > 3 and spans[-1][1] == len(text)
+        for start, end in spans:
+            assert start == 0 or text[start - 1] == " ", text[start:end]
+            assert end == len(text) or text[end] == " ", text[start:end]
+
+
 def test_settings_are_checked_against_the_encoder():
     assert PassageSettings().checked(256) == PassageSettings(64, 8)
     assert PassageSettings().checked(64) == PassageSettings(64, 8)
@@ -96,9 +110,15 @@ def test_passage_keys_name_their_documents():
     keys = passage_keys(np.array([3, 7, 8]), np.array([2, 1, 3]))
     assert document_of(keys).tolist() == [3, 3, 7, 8, 8, 8]
     assert keys_of(keys, np.array([8, 3])).tolist() == [keys[0], keys[1], keys[3], keys[4], keys[5]]
-    scores = np.array([[0.1, 0.9, 0.5, 0.8, 0.2, 0.7]], np.float32)
-    best, rowids, passages = best_per_document(scores, keys[None, :], 2)
-    assert rowids.tolist() == [[3, 8]] and passages.tolist() == [[keys[1], keys[3]]]
+
+
+def test_a_cut_document_weighs_its_first_passage_by_the_share_of_text_it_spans():
+    keys = passage_keys(np.array([3, 7, 8]), np.array([2, 1, 3]))
+    spans = np.array([[0, 30], [25, 120], [0, 50], [0, 40], [35, 90], [85, 160]])
+    np.testing.assert_allclose(coverages(keys, spans), [0.25, 0.25, 1.0, 0.25, 0.25, 0.25])
+    # first 0.2 and best 0.6 with a quarter of the text read: mostly the best passage; one passage: its score
+    np.testing.assert_allclose(document_scores(np.array([0.2, 0.5]), np.array([0.6, 0.5]), np.array([0.25, 1.0])),
+                               [0.5, 0.5])
 
 
 def test_the_index_keeps_a_vector_per_passage_and_counts_both(index):
@@ -110,18 +130,27 @@ def test_the_index_keeps_a_vector_per_passage_and_counts_both(index):
     assert info["documents"] == 43 and info["passages"] == len(segment.keys)
 
 
-def test_dense_search_scores_a_document_by_its_best_passage_exactly(index):
+def test_dense_search_scores_a_document_from_its_first_and_best_passages_exactly(index):
     snapshot = index.snapshot
     segment = snapshot.segments[0]
     queries = snapshot.calibrate(index._encoder_for(snapshot).encode(["The orchestra sold the budget on page 1 "
                                                                       "line 33.", "A dog painted a violin"]))
     scores, rowids = Searcher(snapshot).dense_top(queries, SearchOptions(k=10, mode="dense"))
-    # Brute force: every passage scored, a document by its best.
+    # Brute force: every passage scored; a document by its first passage, weighed by the share of its text that
+    # passage spans, and its best passage by the rest.
     stored = segment.vectors.stored_vectors()
     order = np.argsort(segment.vectors.ids())
     passage_scores = queries @ stored[order].T
     owners = segment.documents_of(np.asarray(segment.keys))
-    expected = [sorted({owner: max(passage_scores[q][owners == owner]) for owner in set(owners.tolist())}.items(),
+    spans = np.asarray(segment.spans)
+
+    def score(q: int, owner: int) -> float:
+        mine = np.flatnonzero(owners == owner)
+        share = spans[mine[0], 1] / spans[mine[-1], 1]
+        return share * passage_scores[q][mine[0]] + (1 - share) * max(passage_scores[q][mine])
+
+    assert any(np.count_nonzero(owners == owner) > 1 for owner in rowids[0])  # cut documents among the hits
+    expected = [sorted({owner: score(q, owner) for owner in set(owners.tolist())}.items(),
                        key=lambda item: -item[1])[:10] for q in range(len(queries))]
     assert rowids.tolist() == [[owner for owner, _ in row] for row in expected]
     np.testing.assert_allclose(scores, [[score for _, score in row] for row in expected], atol=1e-5)
@@ -174,6 +203,22 @@ def test_a_build_without_passages_keeps_one_vector_per_document(tiny_bert, tmp_p
     assert not index.snapshot.segments[0].split and index.snapshot.manifest.passages is None
     index = index.add([Document("late", long_text(9), "Late page", "c", 1)]).open()
     assert not index.snapshot.segments[1].split  # an add is cut as the build was: not at all
+
+
+def test_the_calibrator_is_fitted_on_the_documents_own_vectors(tiny_bert, tmp_path):
+    """Fitted on what the encoder reads of each document (a cut one's first passage), not on every passage: the
+    same calibrator a build without passages fits, so a document's own vector is calibrated exactly alike."""
+    built = {setting.enabled: Index.build(corpus(), f"p{setting.enabled}", tmp_path, model=str(tiny_bert),
+                                          max_length=WINDOW, calibrator="whitening", device="cpu",
+                                          passages=setting).open()
+             for setting in (PassageSettings(), PassageSettings(enabled=False))}
+    probe = np.random.default_rng(0).normal(size=(5, built[True].snapshot.manifest.encoder["dim"])).astype(np.float32)
+    assert built[True].snapshot.segments[0].split and not built[False].snapshot.segments[0].split
+    np.testing.assert_allclose(built[True].snapshot.calibrate(probe), built[False].snapshot.calibrate(probe), atol=1e-6)
+    # A refit reads the same vectors from the stored raw ones (float16 here): both indexes refit alike.
+    refitted = {cut: index.refit(calibrator="whitening").open() for cut, index in built.items()}
+    np.testing.assert_allclose(refitted[True].snapshot.calibrate(probe), refitted[False].snapshot.calibrate(probe),
+                               atol=1e-6)
 
 
 def test_refit_and_check_see_passage_vectors(index):
@@ -272,6 +317,60 @@ def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path):
         for fast, slow in zip(pruned, exact):
             assert fast.rowids.tolist() == slow.rowids.tolist()
             np.testing.assert_allclose(fast.scores, slow.scores, rtol=1e-6)
+
+
+def _bm25(texts: list[str], query: str, also: list[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Okapi BM25 (k1 1.2, b 0.75, Lucene's idf) of QUERY over TEXTS, written out: what the index must compute; and
+    of ALSO, each scored as a text of its length among TEXTS would be (TEXTS' statistics)."""
+    from retriever.store.keywords import Tokenizer
+
+    tokenize = Tokenizer.get()
+    counts, others = [tokenize(text) for text in texts], [tokenize(text) for text in also]
+    average = np.mean([sum(found.values()) for found in counts])
+    scores = [np.zeros(len(texts)), np.zeros(len(also))]
+    for term, many in tokenize(query).items():
+        holding = sum(term in found for found in counts)
+        idf = np.log1p((len(texts) - holding + 0.5) / (holding + 0.5))
+        for side, units in zip(scores, (counts, others)):
+            for i, found in enumerate(units):
+                if term in found:
+                    tf, length = found[term], sum(found.values())
+                    side[i] += many * idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * length / average))
+    return scores[0], scores[1]
+
+
+def test_keyword_search_scores_a_document_whole_and_by_its_best_passage(index):
+    """Documents are scored whole (BM25 over the documents); a cut one also by its best passage, scored as a
+    document of the passage's length: the first passage's share of the text weighs the document, the rest the
+    better of it and that passage. Every score checked against BM25 written out."""
+    snapshot = index.snapshot
+    segment = snapshot.segments[0]
+    rows = snapshot.rows(np.asarray(segment.rowids))
+    documents = [rows[rowid] for rowid in np.asarray(segment.rowids).tolist()]
+    owners = segment.documents_of(np.asarray(segment.keys))
+    spans = np.asarray(segment.spans)
+    passages = [f"{rows[owner]['title'] or ''} {rows[owner]['text'][start:end]}"
+                for owner, (start, end) in zip(owners.tolist(), spans.tolist())]
+    share = np.array([spans[owners == rowid][0, 1] / spans[owners == rowid][-1, 1]
+                      for rowid in np.asarray(segment.rowids)])
+    assert (share < 1).sum() == 3 and (share[share < 1] < 0.5).all()  # the three long pages
+    for query in ("harbour violin page 2", "dog painted ancient map", "sailor line 30"):
+        whole, parts = _bm25([f"{row['title'] or ''} {row['text']}" for row in documents], query, passages)
+        best = np.maximum(whole, [parts[owners == rowid].max() for rowid in np.asarray(segment.rowids)])
+        expected = share * whole + (1 - share) * best
+        hits = search(index, query, k=8, mode="keyword")
+        assert [hit.doc_id for hit in hits] == [documents[i]["doc_id"] for i in np.argsort(-expected, kind="stable")[:8]]
+        np.testing.assert_allclose([hit.score for hit in hits], np.sort(expected)[::-1][:8], rtol=1e-5)
+
+
+def test_keyword_search_without_cut_documents_is_plain_bm25(tiny_bert, tmp_path):
+    documents = corpus(longs=0)
+    index = Index.build(documents, "p", tmp_path, model=str(tiny_bert), max_length=WINDOW, calibrator="none",
+                        device="cpu").open()
+    assert not index.snapshot.segments[0].split
+    expected = _bm25([document.text for document in documents], "dog harbour")[0]
+    hits = search(index, "dog harbour", k=5, mode="keyword")
+    np.testing.assert_allclose([hit.score for hit in hits], np.sort(expected)[::-1][:5], rtol=1e-5)
 
 
 def test_long_documents_scored_from_memory_score_as_read(index, monkeypatch):

@@ -28,6 +28,7 @@ from retriever.encode.external import PREFIX, ExternalEncoder, is_external
 from retriever.errors import ConflictError, RetrieverError
 from retriever.index import Index, load_encoder
 from retriever.integrations._records import LazyIndex, require, vector_rows
+from retriever.numeric import l2_normalize
 from retriever.search.options import MODES
 from retriever.search.top_lists import passage_vectors
 
@@ -39,7 +40,6 @@ from langchain_core.documents import Document  # noqa: E402
 from langchain_core.embeddings import Embeddings  # noqa: E402
 from langchain_core.runnables.config import run_in_executor  # noqa: E402
 from langchain_core.vectorstores import VectorStore  # noqa: E402
-from langchain_core.vectorstores.utils import maximal_marginal_relevance  # noqa: E402
 
 
 class RetrieverVectorStore(VectorStore):
@@ -246,12 +246,14 @@ class RetrieverVectorStore(VectorStore):
         # The vectors the index stores, as dense search scored them: no document is embedded again.
         stored = passage_vectors(snapshot, rowids)
         calibrated = snapshot.calibrate(query.reshape(1, -1))[0]
-        # A document cut into passages stands for the passage the search matched it by: its nearest the query.
+        # Relevance is each document's score as dense search gave it; for likeness, a document cut into passages
+        # stands for the passage the search matched it by, its nearest the query.
         _, best_keys = stored.best(calibrated, rowids)
         row_of = {(owner, key): row for row, (owner, key) in enumerate(zip(stored.owners.tolist(),
                                                                            stored.keys.tolist()))}
         vectors = stored.vectors[[row_of[rowid, key] for rowid, key in zip(rowids.tolist(), best_keys.tolist())]]
-        chosen = maximal_marginal_relevance(calibrated, vectors.tolist(), lambda_mult=lambda_mult, k=k)
+        relevance = np.array([hit.dense_score for hit in hits], np.float32)
+        chosen = maximal_marginal_relevance(relevance, vectors, lambda_mult, k)
         return [_document(hits[number]) for number in chosen]
 
     # --- making one ----------------------------------------------------------------------------------------
@@ -322,3 +324,19 @@ def _document(found: Any) -> Document:
 
 
 __all__ = ["RetrieverVectorStore", "langchain_filter"]
+
+
+def maximal_marginal_relevance(relevance: np.ndarray, vectors: np.ndarray, lambda_mult: float, k: int) -> list[int]:
+    """Maximal marginal relevance (Carbonell and Goldstein, SIGIR 1998) over candidates of RELEVANCE (their scores
+    for the query) and VECTORS: each next pick maximises LAMBDA_MULT x its relevance - (1 - LAMBDA_MULT) x its
+    highest cosine to those picked; the positions of the K picked, in order. LangChain's own takes the query's
+    cosine to each vector as relevance, which for a document scored from two passages is not the search's score."""
+    vectors = l2_normalize(np.asarray(vectors, np.float32))
+    chosen: list[int] = []
+    for _ in range(min(k, len(relevance))):
+        marginal = np.asarray(relevance, np.float32).copy()
+        if chosen:  # the first pick is the most relevant; each later one is penalised for its likeness
+            marginal = lambda_mult * marginal - (1 - lambda_mult) * (vectors @ vectors[chosen].T).max(axis=1)
+        marginal[chosen] = -np.inf
+        chosen.append(int(np.argmax(marginal)))
+    return chosen

@@ -12,13 +12,13 @@ import numpy as np
 
 from retriever.search.plan import DensePlan, Matches, exhaustive
 from retriever.search.top_lists import PassageVectors, TopList, merge_top_lists, passage_vectors, segment_top_lists
-from retriever.store.passages import best_per_document
+from retriever.store.passages import document_scores
 from retriever.numeric import l2_normalize
 from retriever.versions.snapshot import Snapshot
 
 NULL_SAMPLE = 4096  # stored vectors sampled for the dense score's distribution (fusion "null")
 # Documents of at least this many passages keep their vectors in memory once read (`DenseSearcher.scores_of`):
-# hybrid search scores each keyword candidate by its best passage, and long documents, which hold many words, are
+# hybrid search scores each keyword candidate from its passages, and long documents, which hold many words, are
 # keyword candidates again and again. At most LONG_DOCUMENT_BYTES of them are kept (the least recent go).
 LONG_DOCUMENT_PASSAGES = 32
 LONG_DOCUMENT_BYTES = 256 * 2**20
@@ -57,8 +57,9 @@ class DenseSearcher:
 
     def top_passages(self, queries: np.ndarray, plan: DensePlan,
                      matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each query's top plan.k documents for calibrated, L2-normalized QUERIES, each scored by its best
-        passage: (scores, row ids, that passage's vector key), deleted documents excluded (with MATCHES, among
+        """Each query's top plan.k documents for calibrated, L2-normalized QUERIES, each scored from its first and
+        best passages (`passages.document_scores`): (scores, row ids, the best passage's vector key), deleted
+        documents excluded (with MATCHES, among
         those only); rows padded with id -1 where fewer exist. A filter that matches k documents gets k: where the
         walk found fewer among the matches (they lay outside the buckets probed or the beam), those queries score
         every match."""
@@ -80,7 +81,8 @@ class DenseSearcher:
         return merge_top_lists(lists, plan.k, len(queries))
 
     def scores_of(self, query: np.ndarray, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each of ROWIDS' best passage for QUERY (in the index's space): (its cosine, its vector key)."""
+        """Each of ROWIDS' score for QUERY in the index's space (`passages.document_scores`: a document of one
+        passage, its cosine) and its best passage's vector key."""
         if not len(rowids):
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
         return self._passage_vectors(rowids).best(query, rowids)
@@ -109,7 +111,7 @@ class DenseSearcher:
             for start, end in zip(starts.tolist(), ends.tolist()):
                 if end - start >= LONG_DOCUMENT_PASSAGES and int(owners[start]) not in self._long:
                     part = PassageVectors(owners[start:end], read.keys[start:end],
-                                          np.ascontiguousarray(read.vectors[start:end]))
+                                          np.ascontiguousarray(read.vectors[start:end]), read.coverage[start:end])
                     self._long[int(owners[start])] = part
                     self._long_bytes += part.vectors.nbytes
             while self._long and self._long_bytes > LONG_DOCUMENT_BYTES:
@@ -138,25 +140,42 @@ class DenseSearcher:
 def search_raw(snapshot: Snapshot, raw: np.ndarray, k: int,
                matches: Matches | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact cosine ranking in the uncalibrated space: RAW encoder outputs of queries against every stored raw
-    vector, a document scored by its best passage (deleted documents excluded; with MATCHES, only those):
-    (scores, row ids, best passages' keys). What the index would return without calibration, to compare with."""
+    vector, a cut document scored from its first and best passages as in the index's space
+    (`passages.document_scores`; deleted documents excluded; with MATCHES, only those): (scores, row ids, best
+    passages' keys). What the index would return without calibration, to compare with."""
     queries = l2_normalize(np.asarray(raw, dtype=np.float32))
     best = (np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64),
             np.full((len(queries), k), -1, np.int64))
     for segment in snapshot.segments:
         # From the mapping, not the file path: a server may still answer from a version since pruned.
-        for start in range(0, len(segment.keys), RAW_BLOCK):
-            keys = np.asarray(segment.keys[start : start + RAW_BLOCK])
-            owners = segment.documents_of(keys)
-            block = np.asarray(segment.raw[start : start + RAW_BLOCK], dtype=np.float32)
+        all_keys = segment.keys
+        owners_all = segment.documents_of(np.asarray(all_keys))
+        start = 0
+        while start < len(all_keys):
+            # Blocks end between documents: a document's passages are scored together.
+            end = min(start + RAW_BLOCK, len(all_keys))
+            if end < len(all_keys):
+                end = int(np.searchsorted(owners_all, owners_all[end - 1], side="right"))
+            keys, owners = np.asarray(all_keys[start:end]), owners_all[start:end]
+            block = np.asarray(segment.raw[start:end], dtype=np.float32)
+            start = end
             keep = ~np.isin(owners, snapshot.tombstones) if matches is None else matches.contains(owners)
             if not keep.any():
                 continue
+            keys, owners = keys[keep], owners[keep]
             scores = queries @ l2_normalize(block[keep]).T
-            shape = scores.shape
-            # A block's top k documents hold every document of the overall top k whose best passage is in it.
-            found = best_per_document(scores, np.broadcast_to(keys[keep], shape), k,
-                                      np.broadcast_to(owners[keep], shape))
-            merged = [np.concatenate([old, new], axis=1) for old, new in zip(best, found)]
-            best = best_per_document(merged[0], merged[2], k, merged[1])
+            runs = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+            highest = np.maximum.reduceat(scores, runs, axis=1)
+            documents = document_scores(scores[:, runs], highest, segment.coverage_of(keys[runs])[None, :])
+            # Each document's best passage: the first reaching its highest score.
+            lengths = np.diff(np.r_[runs, len(owners)])
+            reaching = scores == np.repeat(highest, lengths, axis=1)
+            position = np.where(reaching, np.arange(len(owners))[None, :], len(owners))
+            best_keys = keys[np.minimum.reduceat(position, runs, axis=1)]
+            merged_scores = np.concatenate([best[0], documents], axis=1)
+            merged_ids = np.concatenate([best[1], np.broadcast_to(owners[runs], documents.shape)], axis=1)
+            merged_keys = np.concatenate([best[2], best_keys], axis=1)
+            order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
+            best = tuple(np.take_along_axis(values, order, axis=1)
+                         for values in (merged_scores, merged_ids, merged_keys))
     return best

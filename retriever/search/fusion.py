@@ -121,3 +121,17 @@ def top_list(scores: np.ndarray, keys: np.ndarray, count: int) -> np.ndarray:
         threshold = -np.partition(-scores, count - 1)[count - 1]
         chosen = np.flatnonzero(scores >= threshold)  # every tie at the threshold, so the keys can decide
     return chosen[np.lexsort((keys[chosen], -scores[chosen]))[:count]]
+
+
+def scored_candidates(dense: np.ndarray, keyword: np.ndarray, count: int) -> Candidates:
+    """The candidates of one query whose every document is scored on both sides (DENSE and KEYWORD, document for
+    document; a keyword score of 0 where no query term occurs): the union of each side's top COUNT, ties to the
+    lower position, as hybrid search reads an index's lists (a side that matches nothing lists nothing)."""
+    keys = np.arange(len(dense))
+    dense_top = top_list(dense, keys, count)
+    keyword_top = top_list(keyword, keys, count) if keyword.any() else np.empty(0, np.int64)
+    union = np.union1d(dense_top, keyword_top)
+    dense_rank, keyword_rank = np.zeros(len(dense), np.int64), np.zeros(len(dense), np.int64)
+    dense_rank[dense_top] = np.arange(1, len(dense_top) + 1)
+    keyword_rank[keyword_top] = np.arange(1, len(keyword_top) + 1)
+    return Candidates(union, dense[union], keyword[union], dense_rank[union], keyword_rank[union])

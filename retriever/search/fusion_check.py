@@ -33,7 +33,7 @@ import numpy as np
 from retriever.calibration.check import CONFIDENCE, CheckSet, paired_bootstrap
 from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
 from retriever.numeric import l2_normalize
-from retriever.search.fusion import Candidates, make_fusion, top_list
+from retriever.search.fusion import make_fusion, scored_candidates, top_list
 from retriever.store.keywords import B, K1, Tokenizer, text_postings
 
 WEIGHTS = (0.5, 0.6, 0.7, 0.8, 0.9)  # the fused figures the record shows beside the sides'
@@ -92,17 +92,12 @@ def query_results(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]
         for offset, dense in enumerate(similarities):
             number = start + offset
             keyword = keywords.scores(check.query_texts[number])
-            dense_top = top_list(dense, keys, CANDIDATES)
-            keyword_top = top_list(keyword, keys, CANDIDATES) if keyword.any() else np.empty(0, np.int64)
-            union = np.union1d(dense_top, keyword_top)
-            dense_rank, keyword_rank = np.zeros(len(pool), np.int64), np.zeros(len(pool), np.int64)
-            dense_rank[dense_top] = np.arange(1, len(dense_top) + 1)
-            keyword_rank[keyword_top] = np.arange(1, len(keyword_top) + 1)
-            candidates = Candidates(union, dense[union], keyword[union], dense_rank[union], keyword_rank[union])
+            candidates = scored_candidates(dense, keyword, CANDIDATES)
             found["dense"].append(target_ndcg(dense, keys, number))
             found["keyword"].append(target_ndcg(keyword, keys, number) if keyword.any() else 0.0)
             for weight in WEIGHTS:
-                found[f"{fusion.name}@{weight}"].append(target_ndcg(fusion.scores(candidates, weight), union, number))
+                found[f"{fusion.name}@{weight}"].append(target_ndcg(fusion.scores(candidates, weight),
+                                                                    candidates.rowids, number))
     return {label: np.asarray(values) for label, values in found.items()}
 
 

@@ -40,8 +40,8 @@ def _candidates(query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarr
                 side: KeywordList, dense_null: tuple[float, float], with_null: bool, dense: DenseSearcher,
                 keyword: KeywordSearcher) -> tuple[Candidates, np.ndarray]:
     """One query's candidates: the union of the dense top list (DENSE_IDS, DENSE_SCORES, DENSE_KEYS) and the
-    keyword top list (SIDE), each scored on both sides (a document's dense score is its best passage's); and each
-    candidate's best passage key."""
+    keyword top list (SIDE), each scored on both sides (as each side scores a document); and each candidate's best
+    passage key."""
     listed = dense_ids[dense_ids >= 0]
     union = np.union1d(listed, side.rowids)
     dense_rank, keyword_rank = ranks(union, listed), ranks(union, side.rowids)
@@ -56,7 +56,7 @@ def _candidates(query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarr
     keyword_part = np.zeros(len(union), np.float32)
     keyword_part[keyword_rank > 0] = side.scores[keyword_rank[keyword_rank > 0] - 1]
     keyword_part[keyword_rank == 0] = keyword.scores_of(side.matches, union[keyword_rank == 0])
-    keyword_null = side.matches.null() if with_null else (0.0, 1.0)
+    keyword_null = keyword.null(side.matches) if with_null else (0.0, 1.0)
     return Candidates(union, dense_part, keyword_part, dense_rank, keyword_rank, dense_null, keyword_null), keys
 
 

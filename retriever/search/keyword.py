@@ -1,5 +1,15 @@
 """The keyword side: BM25 top lists over every segment of one version (`retriever.store.keywords` scores), and
-what hybrid search needs of this side (a candidate's score, a query's score distribution)."""
+what hybrid search needs of this side (a candidate's score, a query's score distribution).
+
+A document is scored whole, by BM25 over the version's documents: its length normalisation is the right evidence
+for documents of a few hundred words. A document cut into passages has a second piece of evidence, its best
+passage, scored as a document of the passage's length would be (the documents' statistics); the two weigh as on
+the dense side (`store.passages.document_scores`): the document by the share of its text the encoder reads of it,
+its best (the better of itself and its best passage) by the rest. A document a little longer than the encoder
+reads is scored about as before; a page far longer than the rest, which its length normalisation buries below
+short paragraphs sharing a word, competes at a passage's length through its best passage (Callan, SIGIR 1994:
+passage evidence helps combined with the document's). A document that is one passage scores its BM25 exactly.
+"""
 
 from __future__ import annotations
 
@@ -14,103 +24,232 @@ from retriever.errors import DamagedIndexError
 from retriever.search.plan import Matches
 from retriever.search.top_lists import FIRST_PASSAGES, WIDEN
 from retriever.store.keywords import KeywordScorer, QueryMatches
+from retriever.store.passages import PASSAGE_BITS, document_scores
+from retriever.store.segment import Segment
 from retriever.versions.layout import SEGMENTS
 from retriever.versions.snapshot import Snapshot
 
 
 @dataclass
+class KeywordQuery:
+    """One query's BM25 matches over the version's documents, and over the passages of its segments where
+    documents are cut (None where none is: each document is then scored whole only)."""
+
+    documents: QueryMatches
+    passages: QueryMatches | None
+
+
+@dataclass
 class KeywordList:
     """One query's keyword side: its BM25 matches (to score any document) and its top list of documents, best
-    first, each scored by its best passage (KEYS: that passage's vector key)."""
+    first, with their scores and KEYS, each one's best passage's vector key (-1 where it is one passage)."""
 
-    matches: QueryMatches
+    matches: KeywordQuery
     rowids: np.ndarray
     scores: np.ndarray
     keys: np.ndarray
 
 
+@dataclass
+class _Found:
+    """Documents among one side's best units: row ids, each one's best unit score there and that unit's key, and
+    FLOOR, a score no unit left out reaches (0 where every matching unit was read)."""
+
+    rowids: np.ndarray
+    scores: np.ndarray
+    keys: np.ndarray
+    floor: float
+
+
 class KeywordSearcher:
-    """The keyword side over SNAPSHOT's segments. Safe to share between threads: the scorer (the version's BM25
-    statistics) is built once, under a lock, and never changes."""
+    """The keyword side over SNAPSHOT's segments. Safe to share between threads: the scorers (the version's BM25
+    statistics) are built once, under a lock, and never change."""
 
     def __init__(self, snapshot: Snapshot):
         self.snapshot = snapshot
-        self._scorer: KeywordScorer | None = None
+        self._scorers: tuple[KeywordScorer, KeywordScorer | None] | None = None
         self._lock = threading.Lock()
+        # The segments whose documents are cut, in the passages' scorer's order.
+        self._split = [number for number, segment in enumerate(snapshot.segments) if segment.split]
 
-    def scorer(self) -> KeywordScorer:
-        """BM25 over this version's live documents (built on first use, then kept: a version never changes)."""
-        scorer = self._scorer
-        if scorer is None:
+    def scorers(self) -> tuple[KeywordScorer, KeywordScorer | None]:
+        """BM25 over this version's live documents, and over the live passages of its segments where documents
+        are cut, scored with the documents' statistics (None where no document is cut); built on first use, then
+        kept: a version never changes."""
+        scorers = self._scorers
+        if scorers is None:
             with self._lock:
-                if self._scorer is None:
-                    snapshot = self.snapshot
+                if self._scorers is None:
+                    snapshot, segments = self.snapshot, self.snapshot.segments
                     try:  # the segments' statistics, read at open: only their disagreeing is the files' fault
-                        self._scorer = KeywordScorer([segment.keywords for segment in snapshot.segments],
-                                                     [snapshot.live_vectors(segment) for segment in snapshot.segments])
+                        documents = KeywordScorer([segment.keywords for segment in segments],
+                                                  [snapshot.live_documents(segment) for segment in segments])
+                        passages = None
+                        if self._split:
+                            passages = KeywordScorer([segments[number].passage_keywords for number in self._split],
+                                                     [snapshot.live_vectors(segments[number])
+                                                      for number in self._split], statistics=documents)
                     except DamagedIndexError as error:
                         raise snapshot.damaged(SEGMENTS, error) from error
-                scorer = self._scorer
-        return scorer
+                    self._scorers = (documents, passages)
+                scorers = self._scorers
+        return scorers
 
     def lists(self, texts: Sequence[str], depth: int, stop_words: bool,
               matches: Matches | None = None) -> list[KeywordList]:
         """Each text's keyword top DEPTH (with MATCHES, among those row ids), with its matches kept for scoring
         other candidates. STOP_WORDS: leave out a query's stop words where it has other words."""
-        scorer = self.scorer()
+        documents, passages = self.scorers()
         sides = []
         for text in texts:
             # The postings are read here (SQLite and their arrays): damaged ones are one line naming the index.
             with self.snapshot.reading(SEGMENTS, errors=(sqlite3.DatabaseError,)):
-                query = scorer.match(text, stop_words)
+                whole = documents.match(text, stop_words)
+                query = KeywordQuery(whole, passages.weighted(whole) if passages is not None else None)
             sides.append(KeywordList(query, *self._top(query, depth, matches)))
         return sides
 
-    def _top(self, query: QueryMatches, count: int,
+    def _top(self, query: KeywordQuery, count: int,
              matches: Matches | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The COUNT best documents over all segments, each by its best passage: (row ids, BM25 scores, passage
-        keys), best first; with MATCHES, among those row ids only (every match scored, then filtered: the scores
-        are the unfiltered index's). Passages are read twice as many as documents wanted, then WIDEN x more while
-        they name fewer documents and more match (long documents whose passages crowd the top)."""
+        """The COUNT best documents over all segments: (row ids, scores, best passage keys), best first, ties to
+        the lower row id (as `fusion.top_list` breaks them); with MATCHES, among those row ids only (every match
+        scored, then filtered: the scores are the unfiltered index's). Each side's best units are read, twice as
+        many as documents wanted, then WIDEN x more until the answer is sure: a document neither side read scores
+        at most the higher of the two sides' floors (its score is never above its best unit's), so the answer
+        stands once its last score reaches that (the threshold algorithm, Fagin et al., PODS 2001), or every
+        matching unit was read."""
         asked, every = count * FIRST_PASSAGES, matches is not None
         while True:
-            segments, positions, scores = query.every_match() if every else query.candidates(asked)
-            keys = np.empty(len(positions), np.int64)
-            rowids = np.empty(len(positions), np.int64)
-            for number, segment in enumerate(self.snapshot.segments):
-                mine = segments == number
-                keys[mine] = np.asarray(segment.keys)[positions[mine]]
-                rowids[mine] = segment.documents_of(keys[mine])
+            whole = self._best(query.documents, asked, every)
+            if query.passages is None:
+                rowids, scores, keys, floor = whole.rowids, whole.scores, np.full(len(whole.rowids), -1), whole.floor
+            else:
+                parts = self._best(query.passages, asked, every, self._split)
+                rowids = np.union1d(whole.rowids, parts.rowids)
+                scores, keys = self._combined(query, rowids, whole)
+                floor = max(whole.floor, parts.floor)
             if matches is not None:
                 kept = matches.contains(rowids)
                 rowids, scores, keys = rowids[kept], scores[kept], keys[kept]
-            # Every match read, or only the best ASKED passages of the version are sure to be among these (a
-            # segment prunes below an earlier one's ASKED-th score): documents come from those alone.
-            complete = every or not any((segments == number).sum() == asked
-                                        for number in range(len(self.snapshot.segments)))
-            if not complete and len(scores) > asked:
-                sure = scores >= np.partition(scores, len(scores) - asked)[len(scores) - asked]
-                rowids, scores, keys = rowids[sure], scores[sure], keys[sure]
-            # Best first, ties to the lower row id (as `fusion.top_list` breaks them); a document's first is its best.
-            order = np.lexsort((keys, rowids, -scores))
-            _, first = np.unique(rowids[order], return_index=True)
-            best = order[np.sort(first)[:count]]
-            if complete or len(best) == count:
-                return rowids[best], scores[best], keys[best]
+            order = np.lexsort((rowids, -scores))[:count]
+            if every or floor == 0 or (len(order) == count and float(scores[order[-1]]) >= floor):
+                return rowids[order], scores[order], keys[order]
             asked *= WIDEN
 
-    def scores_of(self, query: QueryMatches, rowids: np.ndarray) -> np.ndarray:
-        """QUERY's BM25 score of each of ROWIDS, by its best passage (0 where no query term occurs)."""
+    def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None) -> _Found:
+        """The documents of QUERY's best ASKED units (EVERY: of every matching unit), each by its best unit there:
+        the documents' units, or with NUMBERS (the version's segments QUERY's scorer reads, in its order), the
+        passages'."""
+        segments, positions, scores = query.every_match() if every else query.candidates(asked)
+        keys = np.full(len(positions), -1, np.int64)
+        rowids = np.empty(len(positions), np.int64)
+        for number in range(len(query.scorer.segments)):
+            mine = segments == number
+            if numbers is None:
+                rowids[mine] = np.asarray(self.snapshot.segments[number].rowids)[positions[mine]]
+            else:
+                segment = self.snapshot.segments[numbers[number]]
+                keys[mine] = np.asarray(segment.keys)[positions[mine]]
+                rowids[mine] = segment.documents_of(keys[mine])
+        # Every match read, or only the best ASKED units of the version are sure to be among these (a segment
+        # prunes below an earlier one's ASKED-th score): documents come from those alone, and no unit left out
+        # scores above the last of them.
+        complete = every or not any((segments == number).sum() == asked for number in range(len(query.scorer.segments)))
+        floor = 0.0
+        if not complete and len(scores) >= asked:
+            floor = float(np.partition(scores, len(scores) - asked)[len(scores) - asked])
+            sure = scores >= floor
+            rowids, scores, keys = rowids[sure], scores[sure], keys[sure]
+        # A document's first unit, best first (ties to the lower key), is its best.
+        order = np.lexsort((keys, rowids, -scores))
+        _, first = np.unique(rowids[order], return_index=True)
+        best = order[np.sort(first)]
+        return _Found(rowids[best], scores[best], keys[best], floor)
+
+    def _combined(self, query: KeywordQuery, rowids: np.ndarray,
+                  whole: _Found | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Each of ROWIDS' score (`store.passages.document_scores`) and best passage's key (-1 where the document
+        is one passage, or no passage of it holds a query term); WHOLE: document scores already known."""
+        if whole is None:
+            document = self.document_scores(query.documents, rowids)
+        else:
+            document = _known(rowids, whole.rowids, whole.scores,
+                              lambda missing: self.document_scores(query.documents, missing))
+        passage, keys, coverage = self.best_passages(query.passages, rowids)
+        # Where it matched: its best passage (a query term in it), whichever scored higher.
+        return document_scores(document, np.maximum(document, passage), coverage), np.where(passage > 0, keys, -1)
+
+    def scores_of(self, query: KeywordQuery, rowids: np.ndarray) -> np.ndarray:
+        """QUERY's score of each of ROWIDS (0 where no query term occurs in it)."""
+        if query.passages is None:
+            return self.document_scores(query.documents, rowids)
+        return self._combined(query, rowids)[0]
+
+    def document_scores(self, query: QueryMatches, rowids: np.ndarray) -> np.ndarray:
+        """QUERY's BM25 of the documents ROWIDS, each whole."""
         scores = np.zeros(len(rowids), np.float32)
         for number, segment in enumerate(self.snapshot.segments):
             mine = segment.contains(rowids)
-            if not mine.any():
-                continue
-            keys = segment.keys_of(np.sort(rowids[mine]))
-            passage_scores = query.scores(number, np.searchsorted(segment.keys, keys))
-            # Keys are grouped by document, in row id order: each document's best is one reduction over its run.
-            owners = segment.documents_of(keys)
-            starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
-            best = np.maximum.reduceat(passage_scores, starts) if len(keys) else passage_scores
-            scores[mine] = best[np.searchsorted(owners[starts], rowids[mine])]
+            if mine.any():
+                scores[mine] = query.scores(number, np.searchsorted(segment.rowids, rowids[mine]))
         return scores
+
+    def best_passages(self, query: QueryMatches, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """QUERY's best passage of each of ROWIDS: (its BM25, its key, the document's coverage); (0, -1, 1) for a
+        document in a segment where none is cut."""
+        scores = np.zeros(len(rowids), np.float32)
+        keys = np.full(len(rowids), -1, np.int64)
+        coverage = np.ones(len(rowids), np.float32)
+        for number, version_number in enumerate(self._split):
+            segment = self.snapshot.segments[version_number]
+            mine = segment.contains(rowids)
+            if mine.any():
+                scores[mine], keys[mine] = _best_of_documents(segment, query, number, rowids[mine])
+                coverage[mine] = segment.coverage_of(rowids[mine] << PASSAGE_BITS)
+        return scores, keys, coverage
+
+    def null(self, query: KeywordQuery) -> tuple[float, float]:
+        """The mean and standard deviation of QUERY's score over every live document (0 where no query term
+        occurs): every matching unit is scored."""
+        if query.passages is None:
+            return query.documents.null()
+        documents = query.documents.scorer.documents
+        if not documents:
+            return 0.0, 1.0
+        rowids = np.union1d(self._best(query.documents, 0, True).rowids,
+                            self._best(query.passages, 0, True, self._split).rowids)
+        scores = self.scores_of(query, rowids).astype(np.float64)
+        mean = float(scores.sum()) / documents
+        squares = float(np.square(scores).sum()) / documents
+        return mean, float(np.sqrt(max(squares - mean * mean, 0.0)))
+
+
+def _best_of_documents(segment: Segment, query: QueryMatches, number: int,
+                       rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The best passage (score, key) of each of ROWIDS, all in SEGMENT (number NUMBER of QUERY's scorer)."""
+    keys = segment.keys_of(np.sort(rowids))
+    passage_scores = query.scores(number, np.searchsorted(segment.keys, keys))
+    # Keys are grouped by document, in row id order: each document's best is one reduction over its run.
+    owners = segment.documents_of(keys)
+    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+    best = np.maximum.reduceat(passage_scores, starts)
+    runs = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(keys)]))
+    reaching = np.flatnonzero(passage_scores == best[runs])
+    first = reaching[np.unique(runs[reaching], return_index=True)[1]]  # the first passage reaching the best
+    at = np.searchsorted(owners[starts], rowids)
+    return best[at], keys[first][at]
+
+
+def _known(rowids: np.ndarray, found: np.ndarray, scores: np.ndarray, score_missing) -> np.ndarray:
+    """Each of ROWIDS' score: from SCORES where FOUND (row for row) holds it, else SCORE_MISSING(those row ids)."""
+    result = np.zeros(len(rowids), np.float32)
+    if len(found):
+        order = np.argsort(found)
+        at = np.minimum(np.searchsorted(found, rowids, sorter=order), len(found) - 1)
+        held = found[order[at]] == rowids
+        result[held] = scores[order[at[held]]]
+    else:
+        held = np.zeros(len(rowids), bool)
+    if (~held).any():
+        result[~held] = score_missing(rowids[~held])
+    return result

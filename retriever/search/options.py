@@ -127,8 +127,9 @@ class SearchOptions:
             return self if self.mode == "dense" else replace(self, mode="dense")
         mode = self.mode or ("hybrid" if has_keywords else "dense")
         if mode != "dense" and not has_keywords:
-            raise RetrieverError(f"index '{index}' has no keyword index (it was written before keyword search "
-                                 f"existed): compacting it adds one, or search with {param('mode', 'dense')}")
+            raise RetrieverError(f"index '{index}' has no keyword index this release reads (it was written before "
+                                 f"keyword search, or before documents were scored whole): compacting it adds one, "
+                                 f"or search with {param('mode', 'dense')}")
         if mode == "keyword" and self.min_score is not None:
             raise _keyword_min_score()
         if mode == "hybrid" and hybrid is not None and (self.fusion is None or self.weight is None):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from retriever.search.plan import DensePlan
-from retriever.store.passages import best_per_document
+from retriever.store.passages import PASSAGE_BITS, document_scores
 from retriever.store.segment import Segment
 from retriever.versions.snapshot import Snapshot
 
@@ -26,33 +26,40 @@ FIRST_PASSAGES, WIDEN = 2, 4
 
 @dataclass(frozen=True)
 class PassageVectors:
-    """Vectors of documents' passages in the index's space: each row's document (OWNERS), vector key and vector."""
+    """Vectors of documents' passages in the index's space: each row's document (OWNERS), vector key, vector and
+    its document's coverage (`passages.coverages`). A document's passages are one run of rows, its first passage
+    first (`passage_vectors` reads them document by document, in key order)."""
 
     owners: np.ndarray
     keys: np.ndarray
     vectors: np.ndarray
+    coverage: np.ndarray
 
     @classmethod
     def join(cls, parts: Iterable[PassageVectors], dim: int) -> PassageVectors:
         parts = list(parts)
         if not parts:
-            return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, dim), np.float32))
+            return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, dim), np.float32),
+                       np.empty(0, np.float32))
         return cls(*(np.concatenate([getattr(part, name) for part in parts])
-                     for name in ("owners", "keys", "vectors")))
+                     for name in ("owners", "keys", "vectors", "coverage")))
 
     def best(self, query: np.ndarray, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each of ROWIDS' best passage for QUERY: (its cosine, its key); (0, -1) for a row id without vectors.
-        A document's passages are one run of rows (`passage_vectors` reads them document by document)."""
+        """Each of ROWIDS' score for QUERY (`passages.document_scores`: its first passage and its best passage,
+        weighed by coverage; a document of one passage, that passage's cosine) and its best passage's key; (0, -1)
+        for a row id without vectors."""
         scores = np.zeros(len(rowids), np.float32)
         keys = np.full(len(rowids), -1, np.int64)
         if not len(self.owners):
             return scores, keys
         passage_scores = self.vectors @ query
         starts = np.flatnonzero(np.r_[True, self.owners[1:] != self.owners[:-1]])
-        best = np.maximum.reduceat(passage_scores, starts)
+        best = document_scores(passage_scores[starts], np.maximum.reduceat(passage_scores, starts),
+                               self.coverage[starts])
+        highest = np.maximum.reduceat(passage_scores, starts)
         # The first passage reaching its document's best, per run.
         runs = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(self.owners)]))
-        reaching = np.flatnonzero(passage_scores == best[runs])
+        reaching = np.flatnonzero(passage_scores == highest[runs])
         first = reaching[np.unique(runs[reaching], return_index=True)[1]]
         documents = self.owners[starts]
         order = np.argsort(documents, kind="stable")
@@ -68,8 +75,8 @@ def segment_top_lists(snapshot: Snapshot, numbers: Iterable[int], queries: np.nd
                       includes: dict[int, np.ndarray] | None = None) -> list[TopList]:
     """The top list of each of SNAPSHOT's segments NUMBERS for calibrated, L2-normalized QUERIES, as PLAN asks:
     deleted documents excluded, or with INCLUDES only those live row ids (per segment number; a segment without
-    any is skipped). A document scores by its best passage, and each list names plan.k distinct documents where
-    the segment has them (`_passage_top`)."""
+    any is skipped). A cut document scores from its first and best passages (`passages.document_scores`), and
+    each list names plan.k distinct documents where the segment has them (`_passage_top`)."""
     lists = []
     for number in numbers:
         segment = snapshot.segments[number]
@@ -99,11 +106,14 @@ def segment_top_lists(snapshot: Snapshot, numbers: Iterable[int], queries: np.nd
 def _passage_top(snapshot: Snapshot, segment: Segment, queries: np.ndarray, plan: DensePlan,
                  include: np.ndarray | None, exclude: np.ndarray | None,
                  documents: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A split segment's top plan.k documents (of its DOCUMENTS searched), each by its best passage: (scores, row
-    ids, passage keys). Each query asks for FIRST_PASSAGES x the candidates in passages, and WIDEN x more while its
-    passages name fewer than k documents and the segment holds more: exact on flat (k documents among the top
-    passages are the top k documents); on hnsw the beam widens with them; on IVF a query whose probed buckets gave
-    fewer passages than asked has no more to give."""
+    """A split segment's top plan.k documents (of its DOCUMENTS searched), each scored from its first and best
+    passages (`passages.document_scores`): (scores, row ids, best passage keys). Each query asks for
+    FIRST_PASSAGES x the candidates in passages, and WIDEN x more while its answer is not sure: a document none of
+    whose passages came back scores at most the last passage's score (a document's score is never above its best
+    passage's), so the answer is the top k once its k-th score reaches that, or every passage came back: exact on
+    flat (and wherever PLAN asks for exact search). An approximate walk widens only while it names fewer than k
+    documents: on hnsw the beam widens with the passages asked; on IVF a query whose probed buckets gave fewer
+    passages than asked has no more to give."""
     available = len(include) if include is not None else len(segment.keys) - len(exclude)
     k = plan.k
     wanted = min(k, documents)
@@ -112,6 +122,7 @@ def _passage_top(snapshot: Snapshot, segment: Segment, queries: np.ndarray, plan
     keys = np.full((len(queries), k), -1, np.int64)
     rows = np.arange(len(queries))
     asked = min(plan.candidates * FIRST_PASSAGES, max(available, 1))
+    exhaustive = plan.exact or segment.vectors.spec.kind.name == "flat"
     while len(rows):
         # hnsw: the beam is at least as wide as the passages asked for (it widens with them)
         graph = segment.vectors.spec.kind.graph
@@ -120,15 +131,47 @@ def _passage_top(snapshot: Snapshot, segment: Segment, queries: np.ndarray, plan
                                                           plan.exact)
         if plan.rerank > 1:
             found_scores, found_keys = _rerank(snapshot, segment, queries[rows], found_keys, asked)
-        best = best_per_document(found_scores, found_keys, k)
+        best = _documents_of_passages(snapshot, segment, queries[rows], found_scores, found_keys, k)
         scores[rows], rowids[rows], keys[rows] = best
+        returned = (found_keys >= 0).sum(axis=1)
         short = (best[1] >= 0).sum(axis=1) < wanted
+        if exhaustive:  # an approximate walk is not made exact by asking for more: only a short answer widens it
+            floor = np.where(returned > 0, found_scores[np.arange(len(rows)), np.maximum(returned - 1, 0)], -np.inf)
+            short |= (best[0][:, wanted - 1] if wanted else np.full(len(rows), np.inf, np.float32)) < floor
         if not graph:
-            short &= (found_keys >= 0).sum(axis=1) == asked
+            short &= returned == asked
         if asked >= available or not short.any():
             break
         rows, asked = rows[short], min(asked * WIDEN, available)
     return scores, rowids, keys
+
+
+def _documents_of_passages(snapshot: Snapshot, segment: Segment, queries: np.ndarray, found_scores: np.ndarray,
+                           found_keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each query's top K documents among those its FOUND passages (scores and keys, best first, -1 padding) name:
+    (scores, row ids, best passage keys), padded with -inf / -1. A document's best passage is its first found;
+    its first passage is scored from its vector when the search did not return it."""
+    documents = segment.documents_of(found_keys)
+    held = np.unique(documents[documents >= 0])
+    firsts = held << PASSAGE_BITS
+    first_scores = queries @ _vectors(snapshot, segment, firsts).T if len(held) else np.empty((len(queries), 0))
+    coverage = segment.coverage_of(firsts)
+    out_scores = np.full((len(queries), k), -np.inf, np.float32)
+    out_ids = np.full((len(queries), k), -1, np.int64)
+    out_keys = np.full((len(queries), k), -1, np.int64)
+    for row in range(len(queries)):
+        valid = documents[row] >= 0
+        ids, passage_scores, passage_keys = documents[row][valid], found_scores[row][valid], found_keys[row][valid]
+        order = np.argsort(-passage_scores, kind="stable")
+        unique, first = np.unique(ids[order], return_index=True)
+        at = np.searchsorted(held, unique)
+        combined = document_scores(first_scores[row, at], passage_scores[order][first], coverage[at])
+        # Best first, ties to the document whose best passage came first.
+        ranking = np.lexsort((first, -combined))[:k]
+        out_scores[row, : len(ranking)] = combined[ranking]
+        out_ids[row, : len(ranking)] = unique[ranking]
+        out_keys[row, : len(ranking)] = passage_keys[order][first][ranking]
+    return out_scores, out_ids, out_keys
 
 
 def merge_top_lists(lists: Iterable[TopList], k: int, queries: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -158,10 +201,16 @@ def passage_vectors(snapshot: Snapshot, rowids: np.ndarray, numbers: Iterable[in
         if not len(mine):
             continue
         keys = segment.keys_of(mine)
-        found = segment.vectors.vectors_of(keys)
-        vectors = found if found is not None else snapshot.calibrate(snapshot.raw_of(segment, keys))
-        parts.append(PassageVectors(segment.documents_of(keys), keys, np.asarray(vectors, np.float32)))
+        parts.append(PassageVectors(segment.documents_of(keys), keys, _vectors(snapshot, segment, keys),
+                                    segment.coverage_of(keys)))
     return PassageVectors.join(parts, snapshot.manifest.dim)
+
+
+def _vectors(snapshot: Snapshot, segment: Segment, keys: np.ndarray) -> np.ndarray:
+    """SEGMENT's vectors of KEYS in the index's space: those a search scores (flat, hnsw), else the raw vectors
+    calibrated as at build (IVF types keep no float vectors)."""
+    found = segment.vectors.vectors_of(keys)
+    return np.asarray(found if found is not None else snapshot.calibrate(snapshot.raw_of(segment, keys)), np.float32)
 
 
 def _rerank(snapshot: Snapshot, segment: Segment, queries: np.ndarray, ids: np.ndarray,

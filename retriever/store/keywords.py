@@ -3,12 +3,13 @@
     segments/<name>/keywords.db          (SQLite) the term dictionary, terms(term, start, count): where each
                                          term's postings are in the two arrays below; info(key, value):
                                          tokenizer, documents, tokens, lengths (uint32 tokens per position)
-                    keyword-postings.npy the segment positions (int32; position i is the segment's i-th vector key:
-                                         its i-th passage, or row id where no document is cut) of the units
-                                         holding each term, ascending within a term
+                    keyword-postings.npy the segment positions (int32; position i is the segment's i-th document,
+                                         in row id order) of the units holding each term, ascending within a term
                     keyword-counts.npy   how often (uint16) the term occurs there, in title and text together
+                    keyword-passage*     the same three for the segment's passages (position i is its i-th vector
+                                         key), where some document here is cut into passages
 
-All three are written once by `KeywordIndex.build` and then only read; the arrays are memory-mapped, so a term's
+Each set is written once by a `KeywordIndex` and then only read; the arrays are memory-mapped, so a term's
 postings are a view, whatever their length.
 
 Text is tokenized by FTS5's own tokenizer (unicode61, diacritics removed, porter stemming by default), for the
@@ -23,10 +24,14 @@ compiled (`retriever.store.keyword_kernels`).
 Scoring is Okapi BM25 (k1 1.2, b 0.75, the defaults of Lucene and FTS5; not tuned here) with Lucene's idf,
 log(1 + (N - df + 0.5) / (df + 0.5)), which stays positive for terms in most documents.
 
-The unit BM25 scores is the passage the encoder reads (`retriever.encode.passages`; a document that fits is one):
-a document scores by its best passage. Scored whole, a long document's length normalisation buried it below short
-paragraphs sharing one of its words; by its best passage it competes at a paragraph's length
-(`benchmarks/results/keyword_passages.md` measured document, passage and combined scores).
+Every document is scored whole, with the documents' statistics: BM25's length normalisation is the right evidence
+for documents of a few hundred words, and on real questions it beat scoring documents by their best passage
+(`benchmarks/results/passages_real.md`). Where documents are cut into passages (`retriever.encode.passages`), the
+passages are a second index, scored with the documents' statistics (`KeywordScorer.weighted`: a passage scores as a
+document of its length would), and a cut document's score weighs in its best passage
+(`retriever.search.keyword`): a page far longer than the rest, which its length normalisation buries below short
+paragraphs sharing a word, competes at a passage's length (Callan, SIGIR 1994: passage evidence helps combined with
+the document's, not instead of it).
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.store.layout import COUNTS, KEYWORDS, PASSAGES, POSTINGS, SPANS
+from retriever.store.layout import (COUNTS, KEYWORDS, PASSAGE_COUNTS, PASSAGE_KEYWORDS, PASSAGE_POSTINGS,
+                                    PASSAGES, POSTINGS, SPANS)
 from retriever.store.arrays import NpyAppender, load_npy
 from retriever.store.passages import document_of
 
@@ -97,27 +103,35 @@ class Tokenizer:
         return terms
 
 
+DOCUMENT_FILES = (KEYWORDS, POSTINGS, COUNTS)
+PASSAGE_FILES = (PASSAGE_KEYWORDS, PASSAGE_POSTINGS, PASSAGE_COUNTS)
+
+
 @dataclass(frozen=True)
 class KeywordIndex:
-    """The per-segment structure (`retriever.store.segment.STRUCTURES`): builds keywords.db from the segment's
+    """A per-segment structure (`retriever.store.segment.STRUCTURES`): the keyword index of the segment's
+    documents (UNITS "documents", a unit per document in row id order), or of its passages ("passages", a unit per
+    vector key, each with its document's title; written only where some document is cut), from the segment's
     finished document table."""
 
     tokenizer: str = DEFAULT_TOKENIZER
     name: str = "keywords"
-    files: tuple[str, ...] = (KEYWORDS, POSTINGS, COUNTS)
+    files: tuple[str, ...] = DOCUMENT_FILES
+    units: str = "documents"
 
     def build(self, folder: Path, documents) -> None:
-        """Write the keyword index into FOLDER for DOCUMENTS (a DocumentTable): a unit per passage where the
-        segment's documents are cut into passages (each with its document's title; positions follow the
-        passages' keys, `retriever.store.passages`), else per document (positions follow its row id order).
-        Each file is written under a temporary name and renamed when whole, the term dictionary last: a killed
-        write leaves no half index behind, and a segment is whole once its keywords.db is there."""
+        """Write this keyword index into FOLDER for DOCUMENTS (a DocumentTable). Each file is written under a
+        temporary name and renamed when whole, the term dictionary last: a killed write leaves no half index
+        behind, and the index is whole once its database is there."""
+        if self.units == "passages" and not (folder / PASSAGES).is_file():
+            return  # every document here is one passage: the documents' index is the passages' too
         partial = {name: folder / (name + ".partial") for name in self.files}
         for path in partial.values():
             path.unlink(missing_ok=True)
-        db = sqlite3.connect(partial[KEYWORDS])
-        postings = NpyAppender(partial[POSTINGS], None, "int32")
-        counts_file = NpyAppender(partial[COUNTS], None, "uint16")
+        database, postings_name, counts_name = self.files
+        db = sqlite3.connect(partial[database])
+        postings = NpyAppender(partial[postings_name], None, "int32")
+        counts_file = NpyAppender(partial[counts_name], None, "uint16")
         try:
             db.execute("PRAGMA journal_mode=OFF")
             db.execute("PRAGMA synchronous=OFF")
@@ -131,7 +145,8 @@ class KeywordIndex:
             db.execute("CREATE VIRTUAL TABLE temp.vocabulary USING fts5vocab(scratch, documents, 'instance')")
             count = 0
             batch: list[tuple[int, str, str]] = []
-            for title, text in _units(folder, documents):
+            for title, text in (_passages(folder, documents) if self.units == "passages" else
+                                (((document.title or ""), document.text) for _, document in documents.documents())):
                 batch.append((count, title, text))
                 count += 1
                 if len(batch) == 10000:
@@ -158,7 +173,7 @@ class KeywordIndex:
             db.close()
             postings.close()
             counts_file.close()
-        for name in (POSTINGS, COUNTS, KEYWORDS):
+        for name in (*self.files[1:], self.files[0]):
             partial[name].replace(folder / name)
 
 
@@ -186,18 +201,13 @@ def text_postings(texts: list[str], tokenizer: str = DEFAULT_TOKENIZER
         db.close()
 
 
-def _units(folder: Path, documents) -> Iterator[tuple[str, str]]:
-    """(title, text) of each unit the segment in FOLDER indexes, in order: its documents' passages where it has
-    them (a document scores by its best passage, so a long one is not weighed down by its length), else its
-    documents."""
-    spans = load_npy(folder / SPANS, mmap_mode="r") if (folder / PASSAGES).is_file() else None
-    owners = document_of(load_npy(folder / PASSAGES, mmap_mode="r")) if spans is not None else None
+def _passages(folder: Path, documents) -> Iterator[tuple[str, str]]:
+    """(title, text) of each passage of the segment in FOLDER, in key order."""
+    spans = load_npy(folder / SPANS, mmap_mode="r")
+    owners = document_of(load_npy(folder / PASSAGES, mmap_mode="r"))
     position = 0
     for rowid, document in documents.documents():
         title = document.title or ""
-        if spans is None:
-            yield title, document.text
-            continue
         end = int(np.searchsorted(owners, rowid, side="right"))
         for start, stop in np.asarray(spans[position:end]).tolist():
             yield title, document.text[start:stop]
@@ -205,23 +215,24 @@ def _units(folder: Path, documents) -> Iterator[tuple[str, str]]:
 
 
 class KeywordSegment:
-    """A segment's keyword index, opened read-only: its statistics in memory, its postings mapped."""
+    """A segment's keyword index (its FILES: `DOCUMENT_FILES` or `PASSAGE_FILES`), opened read-only: its
+    statistics in memory, its postings mapped."""
 
-    def __init__(self, folder: Path):
-        path = folder / KEYWORDS
+    def __init__(self, folder: Path, files: tuple[str, ...] = DOCUMENT_FILES):
+        path = folder / files[0]
         self.path = path
         if not path.is_file():
             raise RetrieverError(f"{path}: no keyword index there")
         self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False)
         try:
-            self._open(folder, path)
+            self._open(folder, path, files)
         except BaseException as error:
             self.db.close()
             if isinstance(error, sqlite3.DatabaseError):
                 raise RetrieverError(f"{path}: cannot open keyword index ({error})") from None
             raise
 
-    def _open(self, folder: Path, path: Path) -> None:
+    def _open(self, folder: Path, path: Path, files: tuple[str, ...]) -> None:
         info = dict(self.db.execute("SELECT key, value FROM info"))
         if info.get("format") != 2:
             raise RetrieverError(f"{path}: not a keyword index this version reads (format {info.get('format')})")
@@ -231,8 +242,8 @@ class KeywordSegment:
         if len(self.lengths) != self.documents:
             raise RetrieverError(f"{path}: {len(self.lengths)} lengths for {self.documents} documents")
         # Mapped, and seen as plain arrays: a query slices them per term, and slicing a np.memmap costs 6x more.
-        self.positions = np.asarray(load_npy(folder / POSTINGS, mmap_mode="r"))
-        self.counts = np.asarray(load_npy(folder / COUNTS, mmap_mode="r"))
+        self.positions = np.asarray(load_npy(folder / files[1], mmap_mode="r"))
+        self.counts = np.asarray(load_npy(folder / files[2], mmap_mode="r"))
         if self.positions.dtype != np.int32 or self.counts.dtype != np.uint16 or len(self.positions) != len(self.counts):
             raise RetrieverError(f"{folder}: keyword postings and counts do not match")
 
@@ -367,9 +378,12 @@ class QueryMatches:
 
 class KeywordScorer:
     """BM25 over a version's segments with the statistics of all its live documents. LIVE: each segment's mask of
-    live positions (tombstoned rows are False); SEGMENTS: their KeywordSegments, in the same order."""
+    live positions (tombstoned rows are False); SEGMENTS: their KeywordSegments, in the same order. STATISTICS: the
+    scorer whose documents' statistics these units are scored with (their number, average length and each term's
+    weight): passages are scored as documents of their own length would be (`weighted`)."""
 
-    def __init__(self, segments: Sequence[KeywordSegment], live: Sequence[np.ndarray], k1: float = K1, b: float = B):
+    def __init__(self, segments: Sequence[KeywordSegment], live: Sequence[np.ndarray], k1: float = K1, b: float = B,
+                 statistics: KeywordScorer | None = None):
         self.segments, self.k1, self.b = list(segments), k1, b
         self.k1_plus_1 = np.float32(k1 + 1)
         tokenizers = {segment.tokenizer for segment in self.segments}
@@ -380,6 +394,8 @@ class KeywordScorer:
         self.documents = int(sum(int(mask.sum()) for mask in live))
         tokens = sum(int(segment.lengths[mask].sum(dtype=np.int64)) for segment, mask in zip(self.segments, live))
         self.average_length = tokens / self.documents if self.documents else 0.0
+        if statistics is not None:
+            self.documents, self.average_length = statistics.documents, statistics.average_length
         self.dead = [np.flatnonzero(~np.asarray(mask)).astype(np.int32) for mask in live]  # tombstoned positions
         # BM25's length normalisation per position: k1 * (1 - b + b * length / average length)
         self.norms = [(k1 * (1 - b + b * segment.lengths.astype(np.float32) / max(self.average_length, 1e-9)))
@@ -402,6 +418,16 @@ class KeywordScorer:
                 weight = np.float32(count * np.log1p((n - frequency + 0.5) / (frequency + 0.5)))
                 found.append(TermPostings(term, weight, [held[term][:2] if term in held else None for held in postings],
                                           [held[term][2] if term in held else None for held in postings]))
+        return QueryMatches(self, found)
+
+    def weighted(self, query: QueryMatches) -> QueryMatches:
+        """QUERY's terms, with the weights QUERY gives them (its scorer's statistics), over these segments."""
+        terms = [term.term for term in query.terms]
+        postings = [segment.postings(terms) for segment in self.segments]
+        found = [TermPostings(term.term, term.weight, [held[term.term][:2] if term.term in held else None
+                                                       for held in postings],
+                              [held[term.term][2] if term.term in held else None for held in postings])
+                 for term in query.terms if any(term.term in held for held in postings)]
         return QueryMatches(self, found)
 
 

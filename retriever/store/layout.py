@@ -7,7 +7,10 @@
       passages.npy           PASSAGES, with SPANS: where a document is cut into passages, each raw vector's passage
       spans.npy              key and its character span (`retriever.store.passages`); absent: keyed by row id
       documents.db           DOCUMENTS: the documents (SQLite)
-      keywords.db            KEYWORDS, with POSTINGS and COUNTS: the keyword index (`retriever.store.keywords`)
+      keywords.db            KEYWORDS, with POSTINGS and COUNTS: the keyword index of the documents
+                             (`retriever.store.keywords`)
+      keyword-passages.db    PASSAGE_KEYWORDS, with PASSAGE_POSTINGS and PASSAGE_COUNTS: the keyword index of the
+                             passages, where documents are cut into passages
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import re
 VECTORS, RAW, ROWIDS, DOCUMENTS = "vectors.faiss", "raw.npy", "rowids.npy", "documents.db"
 PASSAGES, SPANS = "passages.npy", "spans.npy"
 KEYWORDS, POSTINGS, COUNTS = "keywords.db", "keyword-postings.npy", "keyword-counts.npy"
+PASSAGE_KEYWORDS, PASSAGE_POSTINGS, PASSAGE_COUNTS = ("keyword-passages.db", "keyword-passage-postings.npy",
+                                                      "keyword-passage-counts.npy")
 # A segment's folder name, as `segment_name` writes it: a manifest naming anything else ('../x') is refused.
 SEGMENT_NAME = re.compile(r"\d{6,9}")
 

@@ -9,6 +9,12 @@ A segment where some document is cut into passages (`retriever.encode.passages`)
 
 So a key says its document without a lookup (`document_of`), a document's keys are one contiguous run of the
 sorted keys (`KeyRuns.keys_of`), and tombstones and filters, which name documents, reach every passage.
+
+A cut document is scored from two pieces of evidence (`document_scores`): its own vector, what the encoder reads of
+it (its first passage), and its best passage. Each weighs by how much of the document it speaks for: the first
+passage by its COVERAGE, the share of the text it spans, the best passage by the rest. A document a little longer
+than the encoder reads is scored mostly as a whole (one sentence past the read should not outweigh the read); a
+page ten times longer mostly by its best passage. A document that is one passage has coverage 1.
 """
 
 from __future__ import annotations
@@ -51,23 +57,20 @@ def keys_of(sorted_keys: np.ndarray, rowids: np.ndarray) -> np.ndarray:
     return np.asarray(sorted_keys[positions], np.int64)
 
 
-def best_per_document(scores: np.ndarray, keys: np.ndarray, k: int,
-                      documents: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each row's top K documents from its passages' SCORES and KEYS (best first, padding id -1): a document scores
-    by its best passage. Returns (scores, row ids, best passage keys), each (q, k), padded with -inf / -1.
-    DOCUMENTS: the keys' documents where they are not `document_of(keys)` (a segment keyed by row id)."""
-    documents = document_of(keys) if documents is None else documents
-    rows = len(scores)
-    out_scores = np.full((rows, k), -np.inf, np.float32)
-    out_ids = np.full((rows, k), -1, np.int64)
-    out_keys = np.full((rows, k), -1, np.int64)
-    for row in range(rows):
-        valid = documents[row] >= 0
-        order = np.argsort(-scores[row][valid], kind="stable")
-        ids = documents[row][valid][order]
-        _, first = np.unique(ids, return_index=True)
-        first = np.sort(first)[:k]
-        out_scores[row, : len(first)] = scores[row][valid][order][first]
-        out_ids[row, : len(first)] = ids[first]
-        out_keys[row, : len(first)] = keys[row][valid][order][first]
-    return out_scores, out_ids, out_keys
+def document_scores(first: np.ndarray, best: np.ndarray, coverage: np.ndarray) -> np.ndarray:
+    """Cut documents' scores: their first passage's score FIRST weighed by its COVERAGE of the document, their best
+    passage's BEST by the rest (float32). Never above BEST, and equal to it where the document is one passage."""
+    coverage = np.asarray(coverage, np.float32)
+    return (coverage * np.asarray(first, np.float32) + (1 - coverage) * np.asarray(best, np.float32)).astype(np.float32)
+
+
+def coverages(keys: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Each passage's document's coverage (float32, row for row with KEYS, ascending passage keys, and their SPANS):
+    the share of the document's text its first passage spans, up to where its last passage ends."""
+    keys, spans = np.asarray(keys, np.int64), np.asarray(spans, np.int64).reshape(-1, 2)
+    if not len(keys):
+        return np.empty(0, np.float32)
+    starts = np.flatnonzero(np.r_[True, document_of(keys[1:]) != document_of(keys[:-1])])
+    ends = np.r_[starts[1:], len(keys)]
+    share = spans[starts, 1] / np.maximum(spans[ends - 1, 1], 1)
+    return np.repeat(np.minimum(share, 1.0), ends - starts).astype(np.float32)

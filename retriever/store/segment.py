@@ -7,7 +7,8 @@
                     spans.npy       its span in the document (`retriever.store.passages`); else keyed by row id
                     documents.db    the documents (SQLite), keyed by the same row ids
                     keywords.db     the keyword index (`retriever.store.keywords`): its term dictionary and
-                    keyword-*.npy   statistics, and the BM25 postings by position
+                    keyword-*.npy   statistics, and the BM25 postings by position, a unit per document
+                    keyword-passage*  the same with a unit per passage, where documents are cut into passages
 
                     + the files of each registered per-segment structure (`STRUCTURES`; the keyword index is one)
 
@@ -19,7 +20,8 @@ Every path that writes a segment (a build's engine, an add, a Ray worker, a merg
 which builds each structure in `STRUCTURES` from the finished document table; a refit, which changes only the
 vectors, carries them over with the documents (`document_files`). So a new per-segment structure is one entry
 here, not a change to every writer. A segment written before a structure existed simply lacks its files
-(`Segment.keywords` is None); compaction, which writes every segment again, gives it them.
+(`Segment.keywords` is None); compaction, which writes every segment again, gives it them. So does a segment whose
+keyword index scored passages alone (written before documents were scored whole, `keywords_stale`).
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ from typing import Protocol
 import numpy as np
 
 from retriever.errors import RetrieverError
-from retriever.store.layout import DOCUMENTS, KEYWORDS, PASSAGES, RAW, ROWIDS, SPANS, VECTORS
+from retriever.store.layout import DOCUMENTS, KEYWORDS, PASSAGE_KEYWORDS, PASSAGES, RAW, ROWIDS, SPANS, VECTORS
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
-from retriever.store.keywords import KeywordIndex, KeywordSegment
-from retriever.store.passages import document_of, keys_of
+from retriever.store.keywords import PASSAGE_FILES, KeywordIndex, KeywordSegment
+from retriever.store.passages import coverages, document_of, keys_of
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
 
@@ -51,7 +53,8 @@ class SegmentStructure(Protocol):
 
 
 # The structures every new segment gets, in order.
-STRUCTURES: list[SegmentStructure] = [KeywordIndex()]
+STRUCTURES: list[SegmentStructure] = [KeywordIndex(),
+                                      KeywordIndex(name="keyword-passages", files=PASSAGE_FILES, units="passages")]
 
 
 def document_files() -> tuple[str, ...]:
@@ -91,9 +94,12 @@ class Segment:
         self.name = folder.name
         self.vectors = VectorStore.load(folder / VECTORS, spec, device=device)
         self.documents = DocumentTable.open(folder / DOCUMENTS)
-        self.keywords: KeywordSegment | None = None
+        self.keywords: KeywordSegment | None = None  # a unit per document
+        self.passage_keywords: KeywordSegment | None = None  # a unit per passage, where documents are cut
+        self.keywords_stale = False  # its keyword index scores passages alone (written before documents were whole)
         self.passage_keys = self.spans = None
         self._keys_cache: list[tuple[object, np.ndarray]] = []
+        self._coverage: np.ndarray | None = None
         try:
             # Mapped now, read on demand: the mappings keep this segment readable after a later write prunes the
             # version folder it was opened from, as the open SQLite connections do for the documents and keywords.
@@ -107,8 +113,19 @@ class Segment:
                                          f"spans for {len(self.raw)} vectors")
             if (folder / KEYWORDS).is_file():
                 self.keywords = KeywordSegment(folder)
-                if self.keywords.documents != len(self.keys):  # a unit per passage (per document if none cut)
-                    raise RetrieverError(f"{folder / KEYWORDS}: {self.keywords.documents} units for "
+                if self.keywords.documents != len(self.rowids):
+                    if self.split and self.keywords.documents == len(self.keys) and not (folder / PASSAGE_KEYWORDS).is_file():
+                        self.keywords.close()  # an earlier release's: a unit per passage only
+                        self.keywords, self.keywords_stale = None, True
+                    else:
+                        raise RetrieverError(f"{folder / KEYWORDS}: {self.keywords.documents} units for "
+                                             f"{len(self.rowids)} documents")
+            if self.keywords is not None and self.split:
+                if not (folder / PASSAGE_KEYWORDS).is_file():
+                    raise RetrieverError(f"{folder}: documents cut into passages, but no keyword index of passages")
+                self.passage_keywords = KeywordSegment(folder, PASSAGE_FILES)
+                if self.passage_keywords.documents != len(self.keys):
+                    raise RetrieverError(f"{folder / PASSAGE_KEYWORDS}: {self.passage_keywords.documents} units for "
                                          f"{len(self.keys)} passages")
         except BaseException:
             self.close()  # no connection left open by a segment that failed to open
@@ -152,6 +169,16 @@ class Segment:
             return None
         return np.asarray(self.spans[np.searchsorted(self.passage_keys, keys)], np.int64).reshape(-1, 2)
 
+    def coverage_of(self, keys: np.ndarray) -> np.ndarray:
+        """The coverage (`passages.coverages`: the share of its document's text the first passage spans) of the
+        document of each vector KEYS names; 1 where every document here is one passage."""
+        keys = np.asarray(keys, np.int64)
+        if not self.split:
+            return np.ones(len(keys), np.float32)
+        if self._coverage is None:  # computed once from the spans (two racing threads compute the same array)
+            self._coverage = coverages(self.passage_keys, self.spans)
+        return self._coverage[np.searchsorted(self.passage_keys, keys)]
+
     def raw_for(self, keys: np.ndarray) -> np.ndarray:
         """The raw vectors (float32) of vector KEYS, all of which are in this segment."""
         positions = np.searchsorted(self.keys, keys)
@@ -175,9 +202,11 @@ class Segment:
         """Release the segment's files: the SQLite connection at once; the FAISS index and the memory maps (each
         holds a descriptor) as soon as nothing else refers to them. Calling it again does nothing."""
         self.documents.close()
-        if self.keywords is not None:
-            self.keywords.close()
-        self.vectors = self.raw = self.rowids = self.keywords = self.passage_keys = self.spans = None
+        for keywords in (self.keywords, self.passage_keywords):
+            if keywords is not None:
+                keywords.close()
+        self.vectors = self.raw = self.rowids = self.keywords = self.passage_keywords = None
+        self.passage_keys = self.spans = None
         self._keys_cache = []
 
 
