@@ -11,7 +11,8 @@ from typing import Protocol
 import numpy as np
 
 from retriever.search.plan import DensePlan, Matches, exhaustive
-from retriever.search.top_lists import PassageVectors, TopList, merge_top_lists, passage_vectors, segment_top_lists
+from retriever.search.top_lists import (PassageVectors, TopList, best_of, merge_top_lists, passage_vectors,
+                                        segment_top_lists)
 from retriever.store.passages import document_scores
 from retriever.numeric import l2_normalize
 from retriever.versions.snapshot import Snapshot
@@ -85,10 +86,11 @@ class DenseSearcher:
         passage, its cosine) and its best passage's vector key."""
         if not len(rowids):
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        return self._passage_vectors(rowids).best(query, rowids)
+        return best_of(self._passage_vectors(rowids), query, rowids)
 
-    def _passage_vectors(self, rowids: np.ndarray) -> PassageVectors:
-        """ROWIDS' passages' vectors: long documents' from memory where read before, the others read now."""
+    def _passage_vectors(self, rowids: np.ndarray) -> list[PassageVectors]:
+        """ROWIDS' passages' vectors, in parts: long documents' from memory where read before (each its own part,
+        never copied), the others read now."""
         with self._lock:
             held = {rowid: self._long[rowid] for rowid in rowids.tolist() if rowid in self._long}
             for rowid in held:
@@ -99,7 +101,7 @@ class DenseSearcher:
             read = (self.remote.passage_vectors(self.snapshot, missing) if self.remote is not None
                     else passage_vectors(self.snapshot, missing))
             self._remember_long(read)
-        return PassageVectors.join([*held.values(), read], self.snapshot.manifest.dim)
+        return [*held.values(), read]
 
     def _remember_long(self, read: PassageVectors) -> None:
         owners = read.owners

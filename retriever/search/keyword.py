@@ -13,9 +13,11 @@ passage evidence helps combined with the document's). A document that is one pas
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +50,10 @@ class KeywordList:
     rowids: np.ndarray
     scores: np.ndarray
     keys: np.ndarray
+
+
+# A best passage's key not looked up, and a score that is a bound (`KeywordSearcher._combined`).
+UNKNOWN, PENDING = -2, -3
 
 
 @dataclass
@@ -120,27 +126,43 @@ class KeywordSearcher:
         matching unit was read."""
         asked, every = count * FIRST_PASSAGES, matches is not None
         while True:
+            # The two sides' MaxScore runs release the GIL: the passages' runs in a thread beside the documents'.
+            pending = (None if query.passages is None else
+                       _side_threads().submit(self._best, query.passages, asked, every, self._split))
             whole = self._best(query.documents, asked, every)
-            if query.passages is None:
+            if pending is None:
                 rowids, scores, keys, floor = whole.rowids, whole.scores, np.full(len(whole.rowids), -1), whole.floor
             else:
-                parts = self._best(query.passages, asked, every, self._split)
+                parts = pending.result()
                 rowids = np.union1d(whole.rowids, parts.rowids)
-                scores, keys = self._combined(query, rowids, whole)
+                scores, keys = self._combined(query, rowids, whole, parts)
                 floor = max(whole.floor, parts.floor)
             if matches is not None:
                 kept = matches.contains(rowids)
                 rowids, scores, keys = rowids[kept], scores[kept], keys[kept]
             order = np.lexsort((rowids, -scores))[:count]
+            while query.passages is not None and (keys[order] == PENDING).any():
+                # Bounds among the best: those documents scored exactly (never above their bound), then again.
+                pending = order[keys[order] == PENDING]
+                scores[pending], keys[pending] = self._combined(query, rowids[pending], whole)
+                order = np.lexsort((rowids, -scores))[:count]
             if every or floor == 0 or (len(order) == count and float(scores[order[-1]]) >= floor):
-                return rowids[order], scores[order], keys[order]
+                rowids, scores, keys = rowids[order], scores[order], keys[order]
+                if query.passages is not None:
+                    # Where a document's own score decided, its best passage was not needed: found for the hits.
+                    unknown = keys == UNKNOWN
+                    if unknown.any():
+                        passage, found, _ = self.best_passages(query.passages, rowids[unknown])
+                        keys[unknown] = np.where(passage > 0, found, -1)
+                return rowids, scores, keys
             asked *= WIDEN
 
-    def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None) -> _Found:
+    def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None,
+              threshold: float = 0.0) -> _Found:
         """The documents of QUERY's best ASKED units (EVERY: of every matching unit), each by its best unit there:
         the documents' units, or with NUMBERS (the version's segments QUERY's scorer reads, in its order), the
-        passages'."""
-        segments, positions, scores = query.every_match() if every else query.candidates(asked)
+        passages'. THRESHOLD: units scoring below it are not wanted (the floor is then at least that)."""
+        segments, positions, scores = query.every_match() if every else query.candidates(asked, threshold)
         keys = np.full(len(positions), -1, np.int64)
         rowids = np.empty(len(positions), np.int64)
         for number in range(len(query.scorer.segments)):
@@ -155,9 +177,9 @@ class KeywordSearcher:
         # prunes below an earlier one's ASKED-th score): documents come from those alone, and no unit left out
         # scores above the last of them.
         complete = every or not any((segments == number).sum() == asked for number in range(len(query.scorer.segments)))
-        floor = 0.0
+        floor = 0.0 if every else threshold
         if not complete and len(scores) >= asked:
-            floor = float(np.partition(scores, len(scores) - asked)[len(scores) - asked])
+            floor = max(floor, float(np.partition(scores, len(scores) - asked)[len(scores) - asked]))
             sure = scores >= floor
             rowids, scores, keys = rowids[sure], scores[sure], keys[sure]
         # A document's first unit, best first (ties to the lower key), is its best.
@@ -166,18 +188,34 @@ class KeywordSearcher:
         best = order[np.sort(first)]
         return _Found(rowids[best], scores[best], keys[best], floor)
 
-    def _combined(self, query: KeywordQuery, rowids: np.ndarray,
-                  whole: _Found | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _combined(self, query: KeywordQuery, rowids: np.ndarray, whole: _Found | None = None,
+                  parts: _Found | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each of ROWIDS' score (`store.passages.document_scores`) and best passage's key (-1 where the document
-        is one passage, or no passage of it holds a query term); WHOLE: document scores already known."""
+        is one passage, or no passage of it holds a query term); WHOLE, PARTS: each side's best units already read
+        (document scores and best passages known: a document's best passage is among PARTS where any of its
+        passages is, and else below PARTS' floor, so where its own score reaches that floor its passage cannot
+        change its score; its key is then UNKNOWN; where it does not, the document is given its bound, the
+        floor, and the key PENDING, for `_top` to score it exactly should it rank among the best)."""
         if whole is None:
             document = self.document_scores(query.documents, rowids)
         else:
             document = _known(rowids, whole.rowids, whole.scores,
                               lambda missing: self.document_scores(query.documents, missing))
-        passage, keys, coverage = self.best_passages(query.passages, rowids)
+        if parts is None:
+            passage, keys, coverage = self.best_passages(query.passages, rowids)
+        else:
+            passage, keys = np.zeros(len(rowids), np.float32), np.full(len(rowids), -1, np.int64)
+            at, held = _find(rowids, parts.rowids)
+            passage[held], keys[held] = parts.scores[at[held]], parts.keys[at[held]]
+            # Every matching passage read (floor 0): a document none of whose passages came holds no query term.
+            # Else one below the floor (its best passage is, too) is given the floor: a bound, PENDING.
+            bounded = ~held & (document < parts.floor)
+            passage[bounded], keys[bounded] = parts.floor, PENDING
+            keys[~held & ~bounded & (parts.floor > 0)] = UNKNOWN
+            coverage = self.coverages(rowids)
         # Where it matched: its best passage (a query term in it), whichever scored higher.
-        return document_scores(document, np.maximum(document, passage), coverage), np.where(passage > 0, keys, -1)
+        return (document_scores(document, np.maximum(document, passage), coverage),
+                np.where((passage > 0) | (keys < -1), keys, -1))
 
     def scores_of(self, query: KeywordQuery, rowids: np.ndarray) -> np.ndarray:
         """QUERY's score of each of ROWIDS (0 where no query term occurs in it)."""
@@ -193,6 +231,16 @@ class KeywordSearcher:
             if mine.any():
                 scores[mine] = query.scores(number, np.searchsorted(segment.rowids, rowids[mine]))
         return scores
+
+    def coverages(self, rowids: np.ndarray) -> np.ndarray:
+        """Each of ROWIDS' coverage (`passages.coverages`; 1 in a segment where no document is cut)."""
+        coverage = np.ones(len(rowids), np.float32)
+        for version_number in self._split:
+            segment = self.snapshot.segments[version_number]
+            mine = segment.contains(rowids)
+            if mine.any():
+                coverage[mine] = segment.coverage_of(rowids[mine] << PASSAGE_BITS)
+        return coverage
 
     def best_passages(self, query: QueryMatches, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """QUERY's best passage of each of ROWIDS: (its BM25, its key, the document's coverage); (0, -1, 1) for a
@@ -224,32 +272,61 @@ class KeywordSearcher:
         return mean, float(np.sqrt(max(squares - mean * mean, 0.0)))
 
 
+_SIDE_THREADS: ThreadPoolExecutor | None = None
+_SIDE_THREADS_LOCK = threading.Lock()
+
+
+def _side_threads() -> ThreadPoolExecutor:
+    """The threads that read the passages' side of keyword queries (one pool for the process, made on first use;
+    a thread per core)."""
+    global _SIDE_THREADS
+    if _SIDE_THREADS is None:
+        with _SIDE_THREADS_LOCK:
+            if _SIDE_THREADS is None:
+                _SIDE_THREADS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                   thread_name_prefix="retriever-keyword")
+    return _SIDE_THREADS
+
+
 def _best_of_documents(segment: Segment, query: QueryMatches, number: int,
                        rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The best passage (score, key) of each of ROWIDS, all in SEGMENT (number NUMBER of QUERY's scorer)."""
-    keys = segment.keys_of(np.sort(rowids))
-    passage_scores = query.scores(number, np.searchsorted(segment.keys, keys))
-    # Keys are grouped by document, in row id order: each document's best is one reduction over its run.
-    owners = segment.documents_of(keys)
-    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
-    best = np.maximum.reduceat(passage_scores, starts)
-    runs = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(keys)]))
-    reaching = np.flatnonzero(passage_scores == best[runs])
-    first = reaching[np.unique(runs[reaching], return_index=True)[1]]  # the first passage reaching the best
-    at = np.searchsorted(owners[starts], rowids)
-    return best[at], keys[first][at]
+    """The best passage (score, key) of each of ROWIDS, all in SEGMENT (number NUMBER of QUERY's scorer); (0, -1)
+    where no passage of it holds a query term."""
+    documents = np.unique(rowids)
+    keys = np.asarray(segment.keys)
+    # A document's passages are one run of positions (keys ascend, grouped by document): read as runs.
+    lows = np.searchsorted(keys, documents << PASSAGE_BITS)
+    lengths = np.searchsorted(keys, (documents + 1) << PASSAGE_BITS) - lows
+    runs = np.repeat(np.arange(len(documents)), lengths)
+    positions = np.arange(len(runs), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths) + lows[runs]
+    best = np.zeros(len(documents), np.float32)
+    best_keys = np.full(len(documents), -1, np.int64)
+    if len(positions):
+        passage_scores = query.scores(number, positions)
+        starts = np.flatnonzero(lengths)
+        highest = np.maximum.reduceat(passage_scores, np.cumsum(lengths)[starts] - lengths[starts])
+        reaching = np.flatnonzero((passage_scores == highest[np.searchsorted(starts, runs)]) & (passage_scores > 0))
+        first = reaching[np.unique(runs[reaching], return_index=True)[1]]  # the first passage reaching the best
+        best[starts] = highest
+        best_keys[runs[first]] = keys[positions[first]]
+    at = np.searchsorted(documents, rowids)
+    return best[at], best_keys[at]
+
+
+def _find(rowids: np.ndarray, found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ROWIDS is in FOUND (any order), and whether it is there at all."""
+    if not len(found):
+        return np.zeros(len(rowids), np.int64), np.zeros(len(rowids), bool)
+    order = np.argsort(found)
+    at = order[np.minimum(np.searchsorted(found, rowids, sorter=order), len(found) - 1)]
+    return at, found[at] == rowids
 
 
 def _known(rowids: np.ndarray, found: np.ndarray, scores: np.ndarray, score_missing) -> np.ndarray:
     """Each of ROWIDS' score: from SCORES where FOUND (row for row) holds it, else SCORE_MISSING(those row ids)."""
     result = np.zeros(len(rowids), np.float32)
-    if len(found):
-        order = np.argsort(found)
-        at = np.minimum(np.searchsorted(found, rowids, sorter=order), len(found) - 1)
-        held = found[order[at]] == rowids
-        result[held] = scores[order[at[held]]]
-    else:
-        held = np.zeros(len(rowids), bool)
+    at, held = _find(rowids, found)
+    result[held] = scores[at[held]]
     if (~held).any():
         result[~held] = score_missing(rowids[~held])
     return result

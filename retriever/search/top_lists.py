@@ -8,7 +8,7 @@ distributed server's shards (`retriever.serve.shards`), which answer with these 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,27 +48,34 @@ class PassageVectors:
         """Each of ROWIDS' score for QUERY (`passages.document_scores`: its first passage and its best passage,
         weighed by coverage; a document of one passage, that passage's cosine) and its best passage's key; (0, -1)
         for a row id without vectors."""
-        scores = np.zeros(len(rowids), np.float32)
-        keys = np.full(len(rowids), -1, np.int64)
-        if not len(self.owners):
-            return scores, keys
-        passage_scores = self.vectors @ query
-        starts = np.flatnonzero(np.r_[True, self.owners[1:] != self.owners[:-1]])
-        best = document_scores(passage_scores[starts], np.maximum.reduceat(passage_scores, starts),
-                               self.coverage[starts])
-        highest = np.maximum.reduceat(passage_scores, starts)
-        # The first passage reaching its document's best, per run.
-        runs = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(self.owners)]))
-        reaching = np.flatnonzero(passage_scores == highest[runs])
-        first = reaching[np.unique(runs[reaching], return_index=True)[1]]
-        documents = self.owners[starts]
-        order = np.argsort(documents, kind="stable")
-        at = np.searchsorted(documents, rowids, sorter=order)
-        at = order[np.minimum(at, len(order) - 1)]
-        found = documents[at] == rowids
-        scores[found] = best[at[found]]
-        keys[found] = self.keys[first[at[found]]]
+        return best_of([self], query, rowids)
+
+
+def best_of(parts: Sequence[PassageVectors], query: np.ndarray, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`PassageVectors.best` over PARTS taken together (no document split between two), their vectors read where
+    they lie: a hybrid search scores the long documents it keeps in memory without copying them."""
+    scores = np.zeros(len(rowids), np.float32)
+    keys = np.full(len(rowids), -1, np.int64)
+    parts = [part for part in parts if len(part.owners)]
+    if not parts:
         return scores, keys
+    owners = np.concatenate([part.owners for part in parts])
+    passage_scores = np.concatenate([part.vectors @ query for part in parts])
+    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+    highest = np.maximum.reduceat(passage_scores, starts)
+    best = document_scores(passage_scores[starts], highest, np.concatenate([part.coverage for part in parts])[starts])
+    # The first passage reaching its document's best, per run.
+    runs = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(owners)]))
+    reaching = np.flatnonzero(passage_scores == highest[runs])
+    first = reaching[np.unique(runs[reaching], return_index=True)[1]]
+    documents = owners[starts]
+    order = np.argsort(documents, kind="stable")
+    at = np.searchsorted(documents, rowids, sorter=order)
+    at = order[np.minimum(at, len(order) - 1)]
+    found = documents[at] == rowids
+    scores[found] = best[at[found]]
+    keys[found] = np.concatenate([part.keys for part in parts])[first[at[found]]]
+    return scores, keys
 
 
 def segment_top_lists(snapshot: Snapshot, numbers: Iterable[int], queries: np.ndarray, plan: DensePlan,

@@ -294,13 +294,18 @@ class QueryMatches:
         """The exact scores of the documents at POSITIONS of segment number SEGMENT (0 where no term occurs): each
         term's contribution looked up in its postings and added in the terms' order (float64, then float32), the
         same numbers whichever way the documents were found."""
-        order = np.argsort(positions)  # ascending, each term's postings are searched from the last find on
-        ascending = np.asarray(positions, dtype=np.int32)[order]
+        # Ascending, each term's postings are searched from the last find on (a passage's runs come sorted).
+        ascending = np.asarray(positions, dtype=np.int32)
+        order = None if bool(np.all(ascending[1:] >= ascending[:-1])) else np.argsort(ascending)
+        if order is not None:
+            ascending = ascending[order]
         total = np.zeros(len(ascending), np.float64)
         norm, k1_plus_1 = self.scorer.norms[segment], self.scorer.k1_plus_1
         for term in self.terms:
             if term.postings[segment] is not None and len(ascending):
                 _kernels().add_looked_up(total, ascending, *term.postings[segment], term.weight, k1_plus_1, norm)
+        if order is None:
+            return total.astype(np.float32)
         scores = np.empty(len(ascending), np.float32)
         scores[order] = total
         return scores
@@ -310,14 +315,14 @@ class QueryMatches:
         tf = np.asarray(counts, dtype=np.float32)
         return term.weight * tf * self.scorer.k1_plus_1 / (tf + self.scorer.norms[segment][positions])
 
-    def candidates(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def candidates(self, count: int, threshold: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of matching live documents, sure to hold the COUNT best
-        (ties: the lower position first), found by MaxScore in each segment (`keyword_kernels.max_score`). A
-        segment's COUNT-th best score is a floor for the next segments': a document below it cannot be among the
-        COUNT best of the version."""
+        (ties: the lower position first) of those scoring at least THRESHOLD, found by MaxScore in each segment
+        (`keyword_kernels.max_score`). A segment's COUNT-th best score is a floor for the next segments': a
+        document below it cannot be among the COUNT best of the version."""
         if not self.terms:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
-        floor = 0.0
+        floor = threshold
         segments, positions, scores = [], [], []
         for number, (keywords, norm, dead) in enumerate(zip(self.scorer.segments, self.scorer.norms,
                                                             self.scorer.dead)):
