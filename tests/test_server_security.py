@@ -340,6 +340,15 @@ def test_invalid_utf8_in_urls_is_answered_without_a_500(client, path):
     assert response.headers["content-type"].startswith("application/json")
 
 
+@pytest.mark.parametrize("sent, stored", [("%FF", "\ufffd"), ("x%C3", "x\ufffd")])
+def test_invalid_utf8_in_a_path_is_a_400_and_deletes_nothing(client, sent, stored):
+    """The path's bad bytes once read as U+FFFD: the delete removed the document whose id is that character."""
+    assert client.post("/indexes/notes/documents", json={"documents": [{"_id": stored, "text": "x"}]}).status_code == 201
+    assert "not valid UTF-8" in one_line_error(client.delete(f"/indexes/notes/documents/{sent}"), 400)
+    quoted = "".join(f"%{byte:02X}" for byte in stored.encode("utf-8"))
+    assert client.get(f"/indexes/notes/documents/{quoted}").json()["document"]["doc_id"] == stored
+
+
 @pytest.mark.parametrize("query, parameter", [("q=%FF%FE", "q"), ("q=a+%ED%A0%80+b", "q"),
                                               ("q=dog&mode=hybr%C3", "mode"), ("q=dog&index=%FFx", "index")])
 def test_invalid_utf8_in_a_query_string_is_a_400_naming_the_parameter(client, query, parameter):

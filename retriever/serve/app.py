@@ -405,14 +405,20 @@ def _one_line(error: Exception) -> str:
 
 
 class QueryText:
-    """Refuses (400) a query string parameter that is not valid UTF-8, naming it: Starlette would read the bad bytes
-    as U+FFFD and search for that, where a JSON body holding them is refused."""
+    """Refuses (400) a URL path or a query string parameter that is not valid UTF-8, naming it: Starlette would read
+    the bad bytes as U+FFFD, and a delete of document `%FF` would remove the document whose id is U+FFFD, where a
+    JSON body holding them is refused."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
+            try:  # the path as sent (servers give it; the decoded one has lost the bad bytes)
+                unquote_to_bytes(scope.get("raw_path") or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                return await _error(400, "the URL path is not valid UTF-8 (percent-encode an id's UTF-8 bytes)",
+                                    code="bad_input", parameter=None)(scope, receive, send)
             for pair in scope.get("query_string", b"").split(b"&"):
                 name, _, value = (unquote_to_bytes(part.replace(b"+", b" ")) for part in pair.partition(b"="))
                 try:
