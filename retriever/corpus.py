@@ -253,7 +253,7 @@ def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1, queries: 
         where = f"{path} line {number}"
         try:
             # strict=False lets raw tabs and other control characters inside strings through: real dumps have them.
-            record = json.loads(line, strict=False)
+            record = json.loads(line, strict=False, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as error:
             raise RetrieverError(f"{where}: not valid JSON ({_json_problem(error)})") from None
         except RecursionError:
@@ -282,6 +282,8 @@ def _record_document(record: object, where: str, path: Path, number: int, querie
 def _json_problem(error: json.JSONDecodeError) -> str:
     """json's message, except for a trailing comma (`{"a": 1,}`): json reports the '}' after it as a missing
     property name or value, which points past the real mistake; name the comma and its column instead."""
+    if isinstance(error, RepeatedKeyError):
+        return error.msg
     document, position = error.doc, error.pos
     if position < len(document) and document[position] in "}]":
         before = document[:position].rstrip()
@@ -341,26 +343,43 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str, queries: bool 
         raise RetrieverError(f"{path} line {reader.line_num}: malformed {kind} ({error})") from None
 
 
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict (`json.loads`' object_pairs_hook), refusing a key given twice: JSON would keep
+    the last silently, and a record's metadata is kept as given."""
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        seen = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise RepeatedKeyError(f"the key {json.dumps(repeated)} is given twice in one object", "", 0)
+    return found
+
+
+class RepeatedKeyError(json.JSONDecodeError):
+    """A JSON object holding a key twice (`unique_keys`); its message is whole, with no position."""
+
+
 def _document(raw_id: object, raw_text: object, raw_title: object, where: str, path: Path, line: int,
               metadata: dict | None = None) -> Document:
     # bool is an int subclass; true/false as an id is almost certainly a mistake.
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
         raise RetrieverError(f"{where}: id must be a string or an integer, got {_shown(raw_id)}")
+    # Ids and texts are kept as given, outer whitespace too: ids are compared code point by code point (`dup` and
+    # `dup ` are two documents), and a text comes back as it was written.
     try:
-        doc_id = check_text(str(raw_id).strip(), f"{where}: the id")
+        doc_id = check_text(str(raw_id), f"{where}: the id")
     except ValueError:  # an int past Python's int-string conversion limit (a record built in Python)
         raise RetrieverError(f"{where}: {_too_long_integer()}") from None
-    if not doc_id:
-        raise RetrieverError(f"{where}: empty id")
+    if not doc_id.strip():
+        raise RetrieverError(f"{where}: empty id" if not doc_id else f"{where}: an id of whitespace only")
     if not isinstance(raw_text, str):
         raise RetrieverError(f'{where}: "text" must be a string, got {_shown(raw_text)}')
-    text = check_text(raw_text.strip(), f'{where}: "text"')
-    if not text:
+    text = check_text(raw_text, f'{where}: "text"')
+    if not text.strip():
         raise RetrieverError(f"{where}: empty text (document {doc_id!r})")
     if raw_title is not None and not isinstance(raw_title, str):
         raise RetrieverError(f'{where}: "title" must be a string, got {_shown(raw_title)}')
-    title = check_text(raw_title.strip(), f'{where}: "title"') if raw_title else None
-    return Document(doc_id=doc_id, text=text, title=title or None, source=str(path), line=line, metadata=metadata)
+    title = check_text(raw_title, f'{where}: "title"') if raw_title and raw_title.strip() else None
+    return Document(doc_id=doc_id, text=text, title=title, source=str(path), line=line, metadata=metadata)
 
 
 def _shown(value: object) -> str:

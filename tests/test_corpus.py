@@ -60,7 +60,7 @@ def test_jsonl_beir_layout(tmp_path):
     docs = read_corpus(path)
     assert [(d.doc_id, d.title, d.text, d.line) for d in docs] == [
         ("doc-a", "Alpha", "alpha text", 1),
-        ("7", None, "numeric id", 2),
+        ("7", None, "  numeric id  ", 2),  # a text is kept as given
         ("plain-id", None, "no title key", 4),
     ]
 
@@ -165,6 +165,11 @@ def test_unknown_encoding(tmp_path):
         ('{"_id": "d", "text": 5}', '"text" must be a string, got 5'),
         ('{"_id": true, "text": "t"}', "id must be a string or an integer, got true"),
         ('{"_id": "", "text": "t"}', "empty id"),
+        ('{"_id": "  ", "text": "t"}', "an id of whitespace only"),
+        # JSON would keep the last of a repeated key silently; metadata is kept as given.
+        ('{"_id": "d", "text": "t", "a": 1, "a": 2}', 'not valid JSON (the key "a" is given twice in one object)'),
+        ('{"_id": "d", "text": "t", "m": {"x": [{"k": 1, "k": 1}]}}',
+         'not valid JSON (the key "k" is given twice in one object)'),
         ('{"_id": "d", "text": "t", "title": 3}', '"title" must be a string, got 3'),
         # json blames the '}' after a trailing comma ("Expecting property name ... at column 26"): name the comma
         ('{"_id": "b", "text": "x",}', "not valid JSON (trailing comma at column 25)"),

@@ -67,6 +67,17 @@ def test_the_three_retrievers_and_documents_without_embeddings(store):
     assert again.document_store.count_documents() == 3 and again.top_k == 3
 
 
+def test_ids_and_contents_keep_their_outer_whitespace(tmp_path):
+    """Id ' w ' once came back 'w', content '  padded  ' as 'padded', and deleting 'pad' deleted 'pad '."""
+    store = RetrieverDocumentStore(name="spaces", index_dir=tmp_path)
+    written = [Document(id=" w ", content="  padded  "), Document(id="pad ", content="a line\n"),
+               Document(id="pad", content="another")]
+    assert store.write_documents(written) == 3
+    store.delete_documents(["pad"])
+    found = {document.id: document.content for document in store.filter_documents()}
+    assert found == {" w ": "  padded  ", "pad ": "a line\n"}
+
+
 def test_the_first_embedding_fixes_the_dimension(tmp_path, store):
     with pytest.raises(RetrieverError, match="5 dimensions; store 'hs' holds 4-dimensional"):
         store.write_documents([Document(content="too wide", embedding=[1.0] * 5)])
@@ -151,6 +162,28 @@ def test_two_stores_on_one_index_see_each_others_writes_and_lose_nothing(tmp_pat
     assert sorted(d.id for d in second.filter_documents()) == ["1", "3"]
 
 
+def test_a_filter_as_deep_as_filter_documents_takes_works_in_every_retrieval(store):
+    """The store's own condition (documents with an embedding) once wrapped the filter one level deeper."""
+    def nested(levels: int) -> dict:
+        clause = {"field": "meta.lang", "operator": "==", "value": "en"}
+        for _ in range(levels):
+            clause = {"operator": "AND", "conditions": [clause]}
+        return clause
+
+    deepest = 0
+    while True:
+        try:
+            store.filter_documents(nested(deepest + 1))
+        except FilterError:
+            break
+        deepest += 1
+    assert deepest >= 2
+    where = nested(deepest)
+    assert [d.id for d in store.embedding_retrieval(unit(1, 0), filters=where, top_k=3)] == ["tea", "rain"]
+    hybrid = RetrieverHybridRetriever(document_store=store, filters=where, top_k=3)
+    assert {d.id for d in hybrid.run(query="rain", query_embedding=unit(0, 1))["documents"]} == {"tea", "rain"}
+
+
 def test_in_and_not_in_read_a_missing_field_as_none_and_offset_dates_are_refused(tmp_path):
     store = RetrieverDocumentStore(name="hs", index_dir=tmp_path)
     store.write_documents([Document(id="a", content="a"), Document(id="b", content="b", meta={"f": "s.txt"}),
@@ -176,3 +209,78 @@ def test_a_named_calibrator_waits_for_the_first_embeddings(tmp_path):
     store.write_documents([Document(id=f"e{i}", content=f"embedded {i}", embedding=rng.standard_normal(8).tolist())
                            for i in range(40)])
     assert store.index.snapshot.manifest.calibrator["name"] == "whitening" and store.count_documents() == 45
+
+
+_PLAIN_WRITER = """
+import sys
+from haystack import Document
+from retriever.integrations.haystack import RetrieverDocumentStore
+store = RetrieverDocumentStore(name="race", index_dir=sys.argv[1])
+for batch in range(int(sys.argv[2])):
+    store.write_documents([Document(id=f"p{batch}-{n}", content=f"plain {batch} {n}") for n in range(3)])
+    print(batch, flush=True)  # acknowledged
+"""
+_EMBEDDING_WRITER = """
+import sys
+from haystack import Document
+from retriever.integrations.haystack import RetrieverDocumentStore
+store = RetrieverDocumentStore(name="race", index_dir=sys.argv[1])
+vector = [1.0] + [0.0] * 15
+store.write_documents([Document(id=f"e{n}", content=f"embedded {n}", embedding=vector) for n in range(3)])
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_the_first_embeddings_written_by_another_process_lose_no_acknowledged_write(tmp_path, trial):
+    """One process writes batches without embeddings while another gives the store its first embeddings, which
+    rebuilds the index: once, the rebuild read the store before a batch the first had been told was written, and
+    another batch failed on the embeddings' width."""
+    import subprocess
+    import sys
+
+    RetrieverDocumentStore(name="race", index_dir=tmp_path).write_documents([Document(id="seed", content="seed")])
+    plain = subprocess.Popen([sys.executable, "-c", _PLAIN_WRITER, str(tmp_path), "12"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    embedded = subprocess.Popen([sys.executable, "-c", _EMBEDDING_WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    (plain_out, plain_err), (embedded_out, embedded_err) = plain.communicate(timeout=300), embedded.communicate(300)
+    assert plain.returncode == 0 and embedded.returncode == 0, plain_err + embedded_err
+    acknowledged = {f"p{line}-{n}" for line in plain_out.split() for n in range(3)}
+    found = {d.id for d in RetrieverDocumentStore(name="race", index_dir=tmp_path).filter_documents()}
+    assert len(acknowledged) == 36 and acknowledged | {"seed", "e0", "e1", "e2"} == found
+
+
+_SAME_IDS_WRITER = """
+import sys
+from haystack import Document
+from haystack.document_stores.errors import DuplicateDocumentError
+from haystack.document_stores.types import DuplicatePolicy
+from retriever.integrations.haystack import RetrieverDocumentStore
+store = RetrieverDocumentStore(name="same", index_dir=sys.argv[1])
+policy = DuplicatePolicy[sys.argv[2]]
+for batch in range(5):
+    try:
+        written = store.write_documents([Document(id=f"d{batch}-{n}", content=f"doc {batch} {n}") for n in range(2)],
+                                        policy=policy)
+        print("wrote", written, flush=True)
+    except DuplicateDocumentError:
+        print("duplicate", flush=True)
+"""
+
+
+@pytest.mark.parametrize("policy", ["FAIL", "SKIP"])
+def test_two_processes_writing_the_same_ids_get_haystack_s_answers(tmp_path, policy):
+    """Once: ConflictError (another retriever process writing) under FAIL, and even under SKIP."""
+    import subprocess
+    import sys
+
+    writers = [subprocess.Popen([sys.executable, "-c", _SAME_IDS_WRITER, str(tmp_path), policy],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [writer.communicate(timeout=300) for writer in writers]
+    assert all(writer.returncode == 0 for writer in writers), [err for _, err in outputs]
+    lines = [line for out, _ in outputs for line in out.splitlines()]
+    written = sum(int(line.split()[1]) for line in lines if line.startswith("wrote"))
+    assert written == 10 and len(lines) == 10  # each batch written once: by one process, refused or skipped by the other
+    assert policy == "FAIL" or not any(line == "duplicate" for line in lines)
+    assert RetrieverDocumentStore(name="same", index_dir=tmp_path).count_documents() == 10

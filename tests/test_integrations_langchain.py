@@ -48,6 +48,11 @@ def test_filters_in_langchain_form_reach_the_metadata(notes):
     assert langchain_filter({"source": {"$in": ["a"]}}) == {"metadata.source": {"$in": ["a"]}}
     with pytest.raises(RetrieverError, match="unknown operator '\\$like'"):
         notes.similarity_search("hills", filter={"lang": {"$like": "e%"}})
+    # A metadata key that begins with "$" is a key like any other: once refused, its advice then finding nothing.
+    notes.add_texts(["dollar hills"], metadatas=[{"$k": 1}], ids=["dollar"])
+    assert found({"$k": 1}) == ["dollar"]
+    with pytest.raises(RetrieverError, match=r"\$between takes \[low, high\], got \[2019\]"):
+        found({"year": {"$between": [2019]}})  # once an "unknown operator"
 
 
 def test_modes_scores_and_the_retriever(notes):
@@ -106,6 +111,18 @@ def test_ids_are_any_value_but_none_made_strings(tmp_path):
     with pytest.raises(ValueError, match=r"ids\[1\] is empty"):
         store.add_texts(["a", "b"], ids=["a", ""])
     assert len(store.index) == 3
+
+
+def test_ids_and_texts_keep_their_outer_whitespace(tmp_path):
+    """`dup ` is not `dup`: the second add once overwrote the first, and the id it returned could not be read."""
+    store = RetrieverVectorStore(embedding=fake_embeddings(), name="spaces", index_dir=tmp_path)
+    store.add_texts(["first"], ids=["dup"])
+    assert store.add_texts(["  second\n"], ids=["dup "]) == ["dup "]
+    assert [d.page_content for d in store.get_by_ids(["dup"])] == ["first"]
+    assert [(d.id, d.page_content) for d in store.get_by_ids(["dup "])] == [("dup ", "  second\n")]
+    with pytest.raises(ValueError, match="whitespace"):
+        store.add_texts(["blank"], ids=["  "])
+    assert len(store.index) == 2
 
 
 def test_search_by_vector_is_dense_and_takes_langchain_s_options(notes):
@@ -235,3 +252,29 @@ def test_stores_on_one_index_see_each_others_writes_and_concurrent_first_adds_al
     writer.delete(["b0"])
     assert sorted(d.id for d in early.get_by_ids(["b0", "b1", "e"])) == ["b1", "e"]
     assert [d.id for d in writer.similarity_search("from the early store", k=1)] == ["e"]
+
+
+_FIRST_ADDS = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from tests.test_integrations_langchain import fake_embeddings
+from retriever.integrations.langchain import RetrieverVectorStore
+store = RetrieverVectorStore(embedding=fake_embeddings(), name="fresh", index_dir=sys.argv[1])
+for batch in range(6):
+    store.add_texts([f"{sys.argv[2]} batch {batch}"], ids=[f"{sys.argv[2]}{batch}"])
+"""
+
+
+def test_two_processes_first_adds_to_a_new_store_wait_for_each_other_and_all_land(tmp_path):
+    """The second process's first adds once raised ConflictError for as long as the other built the index."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    writers = [subprocess.Popen([sys.executable, "-c", _FIRST_ADDS, str(tmp_path), name, root],
+                                stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    for writer in writers:
+        assert writer.wait(timeout=300) == 0, writer.stderr.read()
+    store = RetrieverVectorStore(embedding=fake_embeddings(), name="fresh", index_dir=tmp_path)
+    assert len(store.get_by_ids([f"{name}{n}" for name in "ab" for n in range(6)])) == 12

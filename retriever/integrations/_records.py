@@ -3,6 +3,7 @@ write otherwise, and the framework's import, refused in one line naming the extr
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import threading
 from collections.abc import Sequence
@@ -25,6 +26,45 @@ def require(module: str, extra: str, package: str) -> ModuleType:
         raise ImportError(f"retriever.integrations.{extra} needs {package}: pip install 'retriever[{extra}]'") from None
 
 
+class StoreWriteLock:
+    """One writer at a time on a store's index, among this process's threads (a re-entrant lock) and other
+    processes (an exclusive `flock` on PATH, held by the outermost holder): a writer waits for the other, where
+    the index's own writer lock would refuse it (`ConflictError`) and leave its caller to retry."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._threads = threading.RLock()
+        self._depth = 0
+        self._file = None
+
+    def __enter__(self) -> StoreWriteLock:
+        self._threads.acquire()
+        try:
+            if self._depth == 0:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                handle = open(self.path, "a+b")
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+                except BaseException:
+                    handle.close()
+                    raise
+                self._file = handle
+            self._depth += 1
+        except BaseException:
+            self._threads.release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._depth -= 1
+            if self._depth == 0 and self._file is not None:
+                self._file.close()  # releases the flock
+                self._file = None
+        finally:
+            self._threads.release()
+
+
 class LazyIndex:
     """The index NAME in INDEX_DIR behind a framework's store. A store exists before its index does: until the first
     write there is no index on disk, and the store reads as empty (no documents, no hits); the first write builds
@@ -32,8 +72,9 @@ class LazyIndex:
 
     A store sees every write to its index, as the frameworks' other stores do: its own (the `Index` follows them)
     and those of another store on the same index, in this process or another (`index` opens the current version
-    again when the index's link has moved). WRITE_LOCK: what a store holds around a write, so that two threads'
-    first writes build the index once and the second adds to it."""
+    again when the index's link has moved). WRITE_LOCK: what a store holds around a write (`StoreWriteLock`), so
+    that two writers' first writes build the index once and the second adds to it, in threads or processes, and
+    what a write checks (ids present, the embeddings' width) is the version it then writes to."""
 
     def __init__(self, name: str, index_dir: str | Path | None, device: str = "auto"):
         if not isinstance(name, str) or not name:
@@ -42,7 +83,7 @@ class LazyIndex:
         self._link = index_path(resolve_index_dir(index_dir), name)
         self._index: Index | None = None
         self._open_lock = threading.Lock()
-        self.write_lock = threading.RLock()
+        self.write_lock = StoreWriteLock(self._link.parent / f".{name}.store-lock")
 
     @property
     def index(self) -> Index | None:

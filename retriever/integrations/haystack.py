@@ -218,8 +218,12 @@ def _record(document: Document) -> dict:
 
 def _with_embeddings(where: dict | None) -> dict:
     """WHERE, kept to the documents that brought an embedding (the hidden `dense` flag)."""
-    dense = {f"metadata.{HIDDEN}.dense": True}
-    return {"$and": [where, dense]} if where else dense
+    key = f"metadata.{HIDDEN}.dense"
+    if not where:
+        return {key: True}
+    # A clause's keys all hold: the flag joins WHERE's own level, so a filter within the documented depth stays
+    # within it (an `$and` around it once made one at the limit fail in embedding and hybrid retrieval only).
+    return {**where, key: True} if key not in where else {"$and": [where, {key: True}]}
 
 
 def _placeholders(rows: int, dim: int) -> np.ndarray:

@@ -99,9 +99,10 @@ class RetrieverVectorStore(VectorStore):
             raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
         # Any id but None is the caller's, made a string as LangChain's stores do (0 is "0", not a new uuid).
         ids = [str(uuid.uuid4()) if doc_id is None else str(doc_id) for doc_id in (ids or [None] * len(texts))]
-        if "" in ids:
-            raise ValueError(f"ids[{ids.index('')}] is empty: a document id is a non-empty string (None: a new "
-                             "uuid)")
+        blank = next((number for number, doc_id in enumerate(ids) if not doc_id.strip()), None)
+        if blank is not None:
+            raise ValueError(f"ids[{blank}] is {'empty' if not ids[blank] else 'whitespace only'}: a document id is a "
+                             "string with something in it, kept as given (None: a new uuid)")
         if not texts:
             return []
         last = {doc_id: number for number, doc_id in enumerate(ids)}  # a repeated id: its last text stays
@@ -297,9 +298,7 @@ def _clause(clause: dict) -> dict:
                 if isinstance(value, list) else value
         elif key == "$not":
             translated[key] = _clause(value) if isinstance(value, dict) else value
-        elif isinstance(key, str) and key.startswith("$"):
-            translated[key] = value  # refused by the filter engine, by name
-        else:
+        else:  # every other key is a metadata key, "$k" too: LangChain's filters have no other operators here
             translated[f"metadata.{key}"] = _condition(value)
     return translated
 
@@ -309,7 +308,9 @@ def _condition(condition: Any) -> Any:
         return condition
     spelled: dict = {}
     for op, value in condition.items():
-        if op == "$between" and isinstance(value, (list, tuple)) and len(value) == 2:
+        if op == "$between":
+            if not isinstance(value, (list, tuple)) or len(value) != 2:
+                raise RetrieverError(f"$between takes [low, high], got {value!r}")
             spelled["$gte"], spelled["$lte"] = value
         else:
             spelled[op] = value
