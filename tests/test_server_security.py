@@ -188,7 +188,7 @@ def test_a_non_ascii_or_unprintable_key_is_refused_at_start_up(tmp_path, monkeyp
     assert_one_line_error(cli("serve", "--api-key-file", tmp_path / "key", "--index-dir", tmp_path), "--api-key",
                           "ASCII")
     monkeypatch.setenv("RETRIEVER_READ_ONLY_API_KEY", "clé-0123456789abcdef")
-    assert_one_line_error(cli("serve", "--index-dir", tmp_path), "--read-only-api-key", "ASCII")
+    assert_one_line_error(cli("serve", "--index-dir", tmp_path), "$RETRIEVER_READ_ONLY_API_KEY", "ASCII")
 
 
 def test_serving_beyond_loopback_needs_a_key_or_an_explicit_flag(caplog):
@@ -221,6 +221,9 @@ def test_keys_come_from_the_option_a_file_or_the_environment(tmp_path, monkeypat
         resolve_key(None, tmp_path / "empty", "RETRIEVER_API_KEY", "--api-key")
     result = cli("serve", "--api-key", "short")
     assert result.returncode == 1 and "at least 16" in result.stderr
+    monkeypatch.setenv("RETRIEVER_API_KEY", "schlüssel-0123456789abcdef")  # named where it came from
+    with pytest.raises(RetrieverError, match=r"^\$RETRIEVER_API_KEY holds .* beyond ASCII"):
+        resolve_key(None, None, "RETRIEVER_API_KEY", "--api-key")
 
 
 # ---- no server paths, damage, storage errors ---------------------------------------------------------------
@@ -355,6 +358,33 @@ def test_invalid_utf8_in_a_query_string_is_a_400_naming_the_parameter(client, qu
     """As POST refuses the same bytes: never searched as U+FFFD."""
     response = client.get(f"/search?{query}")
     assert f"'{parameter}'" in one_line_error(response, 400) and response.json()["parameter"] == parameter
+
+
+@pytest.mark.parametrize("method, path, body, field", [
+    ("post", "/search", {"queries": ["dog"], "wehre": {"lang": "en"}}, "wehre"),
+    ("post", "/search", {"queries": [{"text": "dog", "idd": "q1"}]}, "idd"),
+    ("post", "/indexes/notes/documents", {"documents": [{"_id": "n", "text": "x"}], "upsrt": True}, "upsrt"),
+    ("post", "/indexes", {"name": "other", "documents": [{"_id": "n", "text": "x"}], "calibrater": "none"},
+     "calibrater"),
+    ("get", "/search?q=dog&wehre=lang%3Den", None, "wehre"),
+])
+def test_a_field_the_api_does_not_know_is_a_422_naming_it(client, method, path, body, field):
+    """A misspelt filter once answered 200, unfiltered."""
+    response = client.post(path, json=body) if method == "post" else client.get(path)
+    assert field in one_line_error(response, 422)
+
+
+@pytest.mark.parametrize("body", ['{"documents": [{"_id": "n", "text": "x", "metadata": {"a": 1, "a": 2}}]}',
+                                  '{"documents": [{"_id": "n", "_id": "m", "text": "x"}]}'])
+def test_a_key_given_twice_in_a_json_object_is_refused_not_collapsed(client, body):
+    response = client.post("/indexes/notes/documents", content=body, headers={"content-type": "application/json"})
+    assert "given twice" in one_line_error(response, 400)
+    assert client.get("/indexes/notes/documents/n").status_code == 404
+
+
+def test_a_query_parameter_given_twice_is_a_422_naming_it(client):
+    response = client.get("/search?q=dog&k=1&k=50")
+    assert "'k'" in one_line_error(response, 422) and response.json()["parameter"] == "k"
 
 
 @pytest.mark.parametrize("body", ['{"queries": ["dog"], "k": true}', '{"queries": ["dog"], "k": "3"}',

@@ -132,7 +132,9 @@ def resolve_key(value: str | None, file: str | Path | None, env_name: str, what:
     """A key from the option's VALUE, else from FILE (its first line), else from the environment variable."""
     if value is not None and file is not None:
         raise RetrieverError(f"{what}: give the key or a file that holds it, not both")
+    source = what  # an error names where the key came from
     if file is not None:
+        source = f"{what}-file {file}"
         try:
             lines = Path(file).read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as error:
@@ -141,8 +143,8 @@ def resolve_key(value: str | None, file: str | Path | None, env_name: str, what:
             raise RetrieverError(f"{what}: {file} is empty; put the key on its first line")
         value = lines[0].strip()
     elif value is None:
-        value = os.environ.get(env_name) or None
-    return check_key(value, what) if value is not None else None
+        value, source = os.environ.get(env_name) or None, f"${env_name}"
+    return check_key(value, source) if value is not None else None
 
 
 def is_loopback(host: str) -> bool:

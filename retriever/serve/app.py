@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import unquote_to_bytes
 
-from retriever.corpus import documents_from_records
+from retriever.corpus import documents_from_records, unique_keys
 from retriever.errors import (NO_VALUE, ConflictError, DamagedIndexError, NotFoundError, RetrieverError,
                               UnavailableError, param)
 from retriever.filters import FilterError, kind_mismatch_note, unknown_fields_note
@@ -72,6 +72,7 @@ try:
     from fastapi import Body, FastAPI, Query, Request
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
+    from fastapi.routing import APIRoute
     from fastapi.openapi.docs import get_swagger_ui_html
     from fastapi.responses import FileResponse, JSONResponse, Response
     from fastapi.staticfiles import StaticFiles
@@ -150,6 +151,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     app = FastAPI(title="retriever", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Search calibrated (BERT-flow) indexes; every answer names the index version it "
                               "comes from.")
+    app.router.route_class = UniqueKeysRoute
     app.state.indexes = indexes
     app.state.server_state = state
     app.add_middleware(QueryText)
@@ -178,8 +180,11 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, problem: RequestValidationError):
         problems = problem.errors()
-        if any(item.get("type") == "json_invalid" for item in problems):
-            return error(400, "the request body is not valid JSON", code="bad_input", parameter=None)
+        invalid = [item for item in problems if item.get("type") == "json_invalid"]
+        if invalid:
+            reason = (invalid[0].get("ctx") or {}).get("error", "")
+            return error(400, "the request body is not valid JSON" + (f": {reason}" if "given twice" in reason else ""),
+                         code="bad_input", parameter=None)
         # The shape of every other error: a code, and the field at fault (the first one's top-level name).
         fields = [str(part) for part in problems[0].get("loc", ()) if part not in ("body", "query")] if problems else []
         return error(422, "; ".join(_describe(item) for item in problems[:3]), code="bad_input",
@@ -404,6 +409,26 @@ def _one_line(error: Exception) -> str:
     return str(error) if isinstance(error, RetrieverError) else f"{type(error).__name__}: {error}"
 
 
+class UniqueKeysRequest(Request):
+    """A request whose JSON body refuses a key given twice in one object (`corpus.unique_keys`): read as JSON
+    does, the last would silently win."""
+
+    async def json(self):
+        if not hasattr(self, "_json"):
+            self._json = json.loads(await self.body(), object_pairs_hook=unique_keys)
+        return self._json
+
+
+class UniqueKeysRoute(APIRoute):
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def route(request: Request):
+            return await handler(UniqueKeysRequest(request.scope, request.receive))
+
+        return route
+
+
 class QueryText:
     """Refuses (400) a URL path or a query string parameter that is not valid UTF-8, naming it: Starlette would read
     the bad bytes as U+FFFD, and a delete of document `%FF` would remove the document whose id is U+FFFD, where a
@@ -419,6 +444,7 @@ class QueryText:
             except UnicodeDecodeError:
                 return await _error(400, "the URL path is not valid UTF-8 (percent-encode an id's UTF-8 bytes)",
                                     code="bad_input", parameter=None)(scope, receive, send)
+            seen = set()
             for pair in scope.get("query_string", b"").split(b"&"):
                 name, _, value = (unquote_to_bytes(part.replace(b"+", b" ")) for part in pair.partition(b"="))
                 try:
@@ -426,6 +452,10 @@ class QueryText:
                 except UnicodeDecodeError:
                     return await _error(400, "a query parameter's name is not valid UTF-8", code="bad_input",
                                         parameter=None)(scope, receive, send)
+                if name and name in seen:  # one would be silently kept: say which
+                    return await _error(422, f"the query parameter '{name}' is given more than once",
+                                        code="bad_input", parameter=name)(scope, receive, send)
+                seen.add(name)
                 try:
                     value.decode("utf-8")
                 except UnicodeDecodeError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
 
 from retriever.search.options import SearchOptions
 from retriever.text import check_queries, check_text
@@ -59,18 +59,24 @@ def _search_fields(strict: bool) -> dict[str, Any]:
     return found
 
 
+# A field the API does not know is refused (422 naming it), never ignored: a misspelt filter (`wehre`) would
+# otherwise answer unfiltered, a misspelt `upsrt` refuse as a conflict.
+_STRICT = ConfigDict(extra="forbid")
+
+
 class QueryItem(BaseModel):
+    model_config = _STRICT
     id: Optional[StrictStr] = Field(None, description="echoed back as query_id")
     text: StrictStr
 
 
 _INDEX = (Optional[StrictStr], Field(None, description="the index's name (optional when there is only one)"))
 SearchRequest = create_model(
-    "SearchRequest",
+    "SearchRequest", __config__=_STRICT,
     queries=(list[Union[StrictStr, QueryItem]], Field(..., description=f"at most {MAX_QUERIES}: texts, or {{id, text}}")),
     index=_INDEX, **_search_fields(strict=True))
 SearchQuery = create_model(
-    "SearchQuery", q=(str, Field(..., description="the query text")),
+    "SearchQuery", __config__=_STRICT, q=(str, Field(..., description="the query text")),
     index=(Optional[str], _INDEX[1]), **_search_fields(strict=False))
 
 
@@ -80,12 +86,14 @@ def search_options(request: BaseModel) -> SearchOptions:
 
 
 class AddRequest(BaseModel):
+    model_config = _STRICT
     documents: list[dict] = Field(..., description=f"BEIR records: _id (or id), text, optional title; at most "
                                                    f"{MAX_DOCUMENTS}")
     upsert: bool = Field(False, description="replace documents whose ids are already in the index (else 409)")
 
 
 class CreateRequest(BaseModel):
+    model_config = _STRICT
     name: StrictStr = Field(..., description="the new index's name")
     documents: list[dict] = Field(..., description=f"BEIR records: _id (or id), text, optional title; at most "
                                                    f"{MAX_DOCUMENTS} (add more with POST /indexes/NAME/documents)")
