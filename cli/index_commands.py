@@ -158,7 +158,7 @@ def build(
         "a vector each, the document scoring by its best (--no-passages: one vector per document, its text past "
         "--max-length unseen by dense search)")] = True,
     passage_window: Annotated[Optional[int], typer.Option(
-        "--passage-window", help="tokens per passage, title included " + default("the encoder's max length"))] = None,
+        "--passage-window", help="tokens per passage, title included " + default("64, or the encoder's max length if less"))] = None,
     passage_overlap: Annotated[Optional[int], typer.Option(
         "--passage-overlap", help="tokens a passage repeats from the one before " + default("an eighth of the "
                                                                                              "window"))] = None,

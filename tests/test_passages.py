@@ -167,6 +167,10 @@ def test_each_hit_says_where_it_matched(index, mode):
         assert hit.text[start:end] == hit.passage and 0 <= start < end <= len(hit.text)
     if mode == "keyword":  # the sentence is in one passage of that page (or two, overlapping): one shown
         assert hits[0].doc_id == "long2" and sentence in hits[0].passage
+    if mode == "hybrid":  # the keyword side's passage where it has one (it holds the query's words)
+        by_keywords = {hit.doc_id: hit.span for hit in search(index, sentence, k=50, mode="keyword")}
+        shown = [(hit.doc_id, hit.span) for hit in hits if hit.keyword_rank and hit.doc_id.startswith("long")]
+        assert shown and all(span == by_keywords[doc_id] for doc_id, span in shown)
 
 
 def test_deletes_filters_and_compaction_reach_every_passage(index):
@@ -179,6 +183,22 @@ def test_deletes_filters_and_compaction_reach_every_passage(index):
     compacted = index.compact().open()
     assert [(hit.doc_id, round(hit.score, 5), hit.span) for hit in search(compacted, query, k=10, mode="hybrid")] == before
     assert compacted.snapshot.manifest.documents == 42 and compacted.check()
+
+
+def test_a_title_longer_than_the_window_leaves_each_passage_half_of_it_for_text(tokenizer, tiny_bert, tmp_path):
+    """With a 300-word title every passage was title only: its text never reached dense search. The title is cut
+    to at most half the window, so each passage is read whole (its text, up to the other half, at a sentence's end
+    where one falls in the run's second half)."""
+    title = " ".join(f"heading{number % 7} subject" for number in range(150))
+    document = Document("titled", long_text(3), title, "c", 1)
+    passages = PassageCutter(tokenizer, PassageSettings().checked(WINDOW), WINDOW).cut([document])
+    assert passages.spans.tolist()[-1][1] == len(document.text)
+    for (start, end), text in zip(passages.spans.tolist()[1:], passages.texts[1:]):
+        assert text.endswith(document.text[start:end]) and text.startswith("heading0 subject")
+        assert len(tokenizer(text)["input_ids"]) <= WINDOW  # read whole: title cut short, at a word's end
+    summary = Index.build([document, Document("short", "a short note", None, "c", 2)], "t", tmp_path,
+                          model=str(tiny_bert), max_length=WINDOW, calibrator="none", device="cpu")
+    assert summary.truncated == 0  # once: every passage counted as a truncated document
 
 
 def test_an_add_is_cut_as_the_build_was_and_merges_with_one_vector_segments(tiny_bert, tmp_path):
@@ -389,3 +409,10 @@ def test_long_documents_scored_from_memory_score_as_read(index, monkeypatch):
     np.testing.assert_array_equal(reordered[0], first[0][::-1])
     np.testing.assert_array_equal(reordered[1], first[1][::-1])
     assert (first[1][-3:] >> 16).tolist() == [41, 42, 43]  # the long documents' best passages, named by key
+
+
+@pytest.mark.parametrize("window", [0, 15, -5])
+def test_a_window_too_short_is_refused_zero_included(window):
+    """0 once built with the default window, where 15 and -5 were refused."""
+    with pytest.raises(RetrieverError, match="too short"):
+        PassageSettings(window=window).checked(256)

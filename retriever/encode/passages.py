@@ -59,7 +59,7 @@ class PassageSettings:
         """These settings for an encoder reading MAX_LENGTH tokens, the window resolved; a bad value refused."""
         if not self.enabled:
             return self
-        window = self.window or min(DEFAULT_WINDOW, max_length)
+        window = min(DEFAULT_WINDOW, max_length) if self.window is None else self.window  # 0 is refused, not 64
         if window > max_length:
             raise RetrieverError(f"{param('passage_window', window)} is more than the encoder reads: at most "
                                  f"{max_length} tokens")
@@ -125,15 +125,19 @@ class PassageCutter:
         room = self.window - self.specials
         spans_of: dict[int, list[tuple[int, int]]] = {}
         truncated = 0
+        titles_of: dict[int, str | None] = {}
         if long:
-            titles = [documents[i].title or "" for i in long]
-            title_tokens = self._lengths(titles)
+            titles = self._backend.encode_batch([documents[i].title or "" for i in long], add_special_tokens=False)
             encodings = self._backend.encode_batch([documents[i].text for i in long], add_special_tokens=False)
-            for i, title_length, encoding in zip(long, title_tokens, encodings):
-                title_room = title_length + (1 if title_length else 0)
-                budget = max(room - title_room, self.window // 2)
+            for i, title, encoding in zip(long, titles, encodings):
+                title_room = len(title.ids) + (1 if title.ids else 0)
                 # The first passage is what the encoder reads of the whole document (its vector today's).
                 first = max(fits - title_room, 1)
+                # A passage's text has at least half the window: a title longer than the rest goes with each
+                # passage cut short, at a word's end (else the encoder, reading title first, would see no text).
+                titles_of[i] = _title_within(documents[i].title, title.offsets, room - self.window // 2 - 1)
+                kept = self._lengths([titles_of[i]])[0] if titles_of[i] else 0
+                budget = room - (kept + 1 if kept else 0)
                 spans = cut_spans(documents[i].text, encoding.offsets, budget, self.overlap, first)
                 if len(spans) > MAX_PASSAGES:
                     spans, truncated = spans[:MAX_PASSAGES], truncated + 1
@@ -147,7 +151,7 @@ class PassageCutter:
             else:
                 all_spans.extend(spans)
                 passage_texts.append(text)  # the whole text: the encoder reads its first `max_length` tokens
-                passage_texts.extend(passage_text(document.title, document.text[start:end]) for start, end in spans[1:])
+                passage_texts.extend(passage_text(titles_of[i], document.text[start:end]) for start, end in spans[1:])
             offsets.append(len(all_spans))
         return Passages(np.asarray(all_spans, np.int64).reshape(-1, 2), np.asarray(offsets, np.int64),
                         passage_texts, truncated)
@@ -156,6 +160,25 @@ class PassageCutter:
         if not texts:
             return []
         return [len(encoding.ids) for encoding in self._backend.encode_batch(texts, add_special_tokens=False)]
+
+
+def _title_within(title: str | None, offsets: Sequence[tuple[int, int]], tokens: int) -> str | None:
+    """TITLE as a passage carries it: whole where it has at most TOKENS tokens (their OFFSETS), else cut after its
+    last whole word within them (None where not one fits)."""
+    if not title or len(offsets) <= tokens:
+        return title or None
+    if tokens <= 0:
+        return None
+    starts = np.fromiter((start for start, _ in offsets), np.int64, len(offsets))
+    ends = np.fromiter((end for _, end in offsets), np.int64, len(offsets))
+    word_start = _word_starts(title, starts, ends)
+    # The token after the last kept one must start a word: step back to the start of the word it is in.
+    cut = tokens
+    while cut > 0 and not word_start[cut]:
+        cut -= 1
+    if cut == 0:
+        return None
+    return title[: int(ends[cut - 1])].rstrip() or None
 
 
 def passage_text(title: str | None, text: str) -> str:

@@ -50,9 +50,11 @@ def _candidates(query: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarr
     dense_part[dense_rank > 0] = dense_scores[dense_rank[dense_rank > 0] - 1]
     keys[dense_rank > 0] = dense_keys[dense_rank[dense_rank > 0] - 1]
     dense_part[dense_rank == 0], keys[dense_rank == 0] = dense.scores_of(query, union[dense_rank == 0])
-    # Where it matched: its best passage on the side that ranked it higher (the dense side's on a tie).
-    keyword_first = (keyword_rank > 0) & ((dense_rank == 0) | (keyword_rank < dense_rank))
-    keys[keyword_first] = side.keys[keyword_rank[keyword_first] - 1]
+    # Where it matched: the keyword side's best passage wherever that side listed the document with a passage
+    # holding query words (what a reader looks for in it), else the dense side's. By the better rank instead, a
+    # 60,000-word page showed the query's own sentence in 50 of 80 hybrid hits against 70 of 80 keyword hits.
+    listed_keys = np.where(keyword_rank > 0, side.keys[np.maximum(keyword_rank, 1) - 1] if len(side.keys) else -1, -1)
+    keys = np.where(listed_keys >= 0, listed_keys, keys)
     keyword_part = np.zeros(len(union), np.float32)
     keyword_part[keyword_rank > 0] = side.scores[keyword_rank[keyword_rank > 0] - 1]
     keyword_part[keyword_rank == 0] = keyword.scores_of(side.matches, union[keyword_rank == 0])
