@@ -260,7 +260,7 @@ sys.path.insert(0, sys.argv[3])
 from tests.test_integrations_langchain import fake_embeddings
 from retriever.integrations.langchain import RetrieverVectorStore
 store = RetrieverVectorStore(embedding=fake_embeddings(), name="fresh", index_dir=sys.argv[1])
-for batch in range(6):
+for batch in range(20):
     store.add_texts([f"{sys.argv[2]} batch {batch}"], ids=[f"{sys.argv[2]}{batch}"])
 """
 
@@ -277,4 +277,4 @@ def test_two_processes_first_adds_to_a_new_store_wait_for_each_other_and_all_lan
     for writer in writers:
         assert writer.wait(timeout=300) == 0, writer.stderr.read()
     store = RetrieverVectorStore(embedding=fake_embeddings(), name="fresh", index_dir=tmp_path)
-    assert len(store.get_by_ids([f"{name}{n}" for name in "ab" for n in range(6)])) == 12
+    assert len(store.get_by_ids([f"{name}{n}" for name in "ab" for n in range(20)])) == 40
