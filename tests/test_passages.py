@@ -96,6 +96,19 @@ def test_passages_start_and_end_between_words():
             assert end == len(text) or text[end] == " ", text[start:end]
 
 
+def test_arabic_text_is_cut_between_words_too(tokenizer):
+    """A probe found spans beginning mid-word in Arabic text: its letters are word characters like any others."""
+    words = ["المكتبة", "الوطنية", "تحتفظ", "بالمخطوطات", "القديمة", "منذ", "قرون", "طويلة"]
+    text = " ".join(words[number % len(words)] for number in range(400))
+    document = Document("ar", text, None, "c", 1)
+    passages = PassageCutter(tokenizer, PassageSettings().checked(WINDOW), WINDOW).cut([document])
+    spans = passages.spans.tolist()
+    assert len(spans) > 5 and spans[-1][1] == len(text)
+    for start, end in spans:
+        assert start == 0 or text[start - 1] == " ", text[start:end]
+        assert end == len(text) or text[end] == " ", text[start:end]
+
+
 def test_settings_are_checked_against_the_encoder():
     assert PassageSettings().checked(256) == PassageSettings(64, 8)
     assert PassageSettings().checked(64) == PassageSettings(64, 8)
