@@ -346,11 +346,11 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str, queries: bool 
 def unique_keys(pairs: list[tuple[str, object]]) -> dict:
     """A JSON object's pairs as a dict (`json.loads`' object_pairs_hook), refusing a key given twice: JSON would keep
     the last silently, and a record's metadata is kept as given."""
-    found = dict(pairs)
-    if len(found) < len(pairs):
-        seen = set()
-        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise RepeatedKeyError(f"the key {json.dumps(repeated)} is given twice in one object", "", 0)
+    found: dict = {}
+    for key, value in pairs:
+        if key in found:
+            raise RepeatedKeyError(f"the key {json.dumps(key)} is given twice in one object", "", 0)
+        found[key] = value
     return found
 
 

@@ -39,3 +39,13 @@ def anisotropy(vectors: np.ndarray, seed: int = 0, pairs: int = 20_000) -> dict:
     total = float(variances.sum())
     return {"mean_cosine": round(mean_cosine, 4),
             "top_direction_share": round(float(variances[-1]) / total, 4) if total > 0 else 0.0}
+
+
+def find_in(values: np.ndarray, found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of VALUES is in FOUND (any order, no repeats): (its index there, whether it is there at all; the
+    index is meaningless where it is not)."""
+    if not len(found):
+        return np.zeros(len(values), np.int64), np.zeros(len(values), bool)
+    order = np.argsort(found, kind="stable")
+    at = order[np.minimum(np.searchsorted(found, values, sorter=order), len(found) - 1)]
+    return at, found[at] == values

@@ -135,8 +135,7 @@ class PassageCutter:
                 first = max(fits - title_room, 1)
                 # A passage's text has at least half the window: a title longer than the rest goes with each
                 # passage cut short, at a word's end (else the encoder, reading title first, would see no text).
-                titles_of[i] = _title_within(documents[i].title, title.offsets, room - self.window // 2 - 1)
-                kept = self._lengths([titles_of[i]])[0] if titles_of[i] else 0
+                titles_of[i], kept = _title_within(documents[i].title, title.offsets, room - self.window // 2 - 1)
                 budget = room - (kept + 1 if kept else 0)
                 spans = cut_spans(documents[i].text, encoding.offsets, budget, self.overlap, first)
                 if len(spans) > MAX_PASSAGES:
@@ -162,13 +161,13 @@ class PassageCutter:
         return [len(encoding.ids) for encoding in self._backend.encode_batch(texts, add_special_tokens=False)]
 
 
-def _title_within(title: str | None, offsets: Sequence[tuple[int, int]], tokens: int) -> str | None:
-    """TITLE as a passage carries it: whole where it has at most TOKENS tokens (their OFFSETS), else cut after its
-    last whole word within them (None where not one fits)."""
+def _title_within(title: str | None, offsets: Sequence[tuple[int, int]], tokens: int) -> tuple[str | None, int]:
+    """TITLE as a passage carries it, and how many of its tokens (their OFFSETS) that is: whole where it has at
+    most TOKENS, else cut after its last whole word within them (None, 0 where not one fits)."""
     if not title or len(offsets) <= tokens:
-        return title or None
+        return title or None, len(offsets) if title else 0
     if tokens <= 0:
-        return None
+        return None, 0
     starts = np.fromiter((start for start, _ in offsets), np.int64, len(offsets))
     ends = np.fromiter((end for _, end in offsets), np.int64, len(offsets))
     word_start = _word_starts(title, starts, ends)
@@ -177,8 +176,8 @@ def _title_within(title: str | None, offsets: Sequence[tuple[int, int]], tokens:
     while cut > 0 and not word_start[cut]:
         cut -= 1
     if cut == 0:
-        return None
-    return title[: int(ends[cut - 1])].rstrip() or None
+        return None, 0
+    return title[: int(ends[cut - 1])], cut
 
 
 def passage_text(title: str | None, text: str) -> str:

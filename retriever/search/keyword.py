@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from retriever.errors import DamagedIndexError
+from retriever.numeric import find_in
 from retriever.search.plan import Matches
 from retriever.search.top_lists import FIRST_PASSAGES, WIDEN
 from retriever.store.keywords import KeywordScorer, QueryMatches
@@ -157,12 +158,11 @@ class KeywordSearcher:
                 return rowids, scores, keys
             asked *= WIDEN
 
-    def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None,
-              threshold: float = 0.0) -> _Found:
+    def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None) -> _Found:
         """The documents of QUERY's best ASKED units (EVERY: of every matching unit), each by its best unit there:
         the documents' units, or with NUMBERS (the version's segments QUERY's scorer reads, in its order), the
-        passages'. THRESHOLD: units scoring below it are not wanted (the floor is then at least that)."""
-        segments, positions, scores = query.every_match() if every else query.candidates(asked, threshold)
+        passages'."""
+        segments, positions, scores = query.every_match() if every else query.candidates(asked)
         keys = np.full(len(positions), -1, np.int64)
         rowids = np.empty(len(positions), np.int64)
         for number in range(len(query.scorer.segments)):
@@ -177,9 +177,9 @@ class KeywordSearcher:
         # prunes below an earlier one's ASKED-th score): documents come from those alone, and no unit left out
         # scores above the last of them.
         complete = every or not any((segments == number).sum() == asked for number in range(len(query.scorer.segments)))
-        floor = 0.0 if every else threshold
+        floor = 0.0
         if not complete and len(scores) >= asked:
-            floor = max(floor, float(np.partition(scores, len(scores) - asked)[len(scores) - asked]))
+            floor = float(np.partition(scores, len(scores) - asked)[len(scores) - asked])
             sure = scores >= floor
             rowids, scores, keys = rowids[sure], scores[sure], keys[sure]
         # A document's first unit, best first (ties to the lower key), is its best.
@@ -205,7 +205,7 @@ class KeywordSearcher:
             passage, keys, coverage = self.best_passages(query.passages, rowids)
         else:
             passage, keys = np.zeros(len(rowids), np.float32), np.full(len(rowids), -1, np.int64)
-            at, held = _find(rowids, parts.rowids)
+            at, held = find_in(rowids, parts.rowids)
             passage[held], keys[held] = parts.scores[at[held]], parts.keys[at[held]]
             # Every matching passage read (floor 0): a document none of whose passages came holds no query term.
             # Else one below the floor (its best passage is, too) is given the floor: a bound, PENDING.
@@ -313,19 +313,10 @@ def _best_of_documents(segment: Segment, query: QueryMatches, number: int,
     return best[at], best_keys[at]
 
 
-def _find(rowids: np.ndarray, found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of ROWIDS is in FOUND (any order), and whether it is there at all."""
-    if not len(found):
-        return np.zeros(len(rowids), np.int64), np.zeros(len(rowids), bool)
-    order = np.argsort(found)
-    at = order[np.minimum(np.searchsorted(found, rowids, sorter=order), len(found) - 1)]
-    return at, found[at] == rowids
-
-
 def _known(rowids: np.ndarray, found: np.ndarray, scores: np.ndarray, score_missing) -> np.ndarray:
     """Each of ROWIDS' score: from SCORES where FOUND (row for row) holds it, else SCORE_MISSING(those row ids)."""
     result = np.zeros(len(rowids), np.float32)
-    at, held = _find(rowids, found)
+    at, held = find_in(rowids, found)
     result[held] = scores[at[held]]
     if (~held).any():
         result[~held] = score_missing(rowids[~held])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from retriever.numeric import find_in
 from retriever.search.plan import DensePlan
 from retriever.store.passages import PASSAGE_BITS, document_scores
 from retriever.store.segment import Segment
@@ -68,11 +69,7 @@ def best_of(parts: Sequence[PassageVectors], query: np.ndarray, rowids: np.ndarr
     runs = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(owners)]))
     reaching = np.flatnonzero(passage_scores == highest[runs])
     first = reaching[np.unique(runs[reaching], return_index=True)[1]]
-    documents = owners[starts]
-    order = np.argsort(documents, kind="stable")
-    at = np.searchsorted(documents, rowids, sorter=order)
-    at = order[np.minimum(at, len(order) - 1)]
-    found = documents[at] == rowids
+    at, found = find_in(rowids, owners[starts])
     scores[found] = best[at[found]]
     keys[found] = np.concatenate([part.keys for part in parts])[first[at[found]]]
     return scores, keys
