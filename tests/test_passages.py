@@ -110,13 +110,34 @@ def test_arabic_text_is_cut_between_words_too(tokenizer):
 
 
 def test_settings_are_checked_against_the_encoder():
-    assert PassageSettings().checked(256) == PassageSettings(64, 8)
-    assert PassageSettings().checked(64) == PassageSettings(64, 8)
+    assert PassageSettings().checked(256) == PassageSettings(64, 8, whole_rest=256)
+    assert PassageSettings().checked(64) == PassageSettings(64, 8, whole_rest=64)
+    assert PassageSettings(window=64).checked(256) == PassageSettings(64, 8, whole_rest=64)  # a window given: every passage
     with pytest.raises(RetrieverError, match="passage_window=300 is more than the encoder reads"):
         PassageSettings(window=300).checked(256)
     with pytest.raises(RetrieverError, match="passage_overlap=200 must be between 0 and half the window"):
         PassageSettings(overlap=200).checked(256)
     assert PassageSettings(enabled=False).checked(256).to_record() is None
+
+
+def test_a_rest_that_fits_in_one_more_read_is_one_passage_and_a_longer_one_is_cut_at_the_window(tokenizer):
+    read = 128
+    cutter = PassageCutter(tokenizer, PassageSettings().checked(read), read)
+    words = long_text(0).split()
+    a_little_longer = Document("a", " ".join(words[:190]), "Title", "c", 1)  # past the read, within twice it
+    far_longer = Document("b", " ".join(words[:600]), "Title", "c", 2)
+    lengths = [len(tokenizer(document_text(d))["input_ids"]) for d in (a_little_longer, far_longer)]
+    assert read + 80 < lengths[0] < 2 * read - 20 and lengths[1] > 3 * read
+    passages = cutter.cut([a_little_longer, far_longer])
+    assert passages.counts()[0] == 2  # what the encoder reads, and the rest whole
+    (_, first_end), (rest_start, rest_end) = passages.spans[:2].tolist()
+    assert rest_start < first_end and rest_end == len(a_little_longer.text)
+    assert len(tokenizer(passages.texts[1])["input_ids"]) <= read
+    assert passages.counts()[1] > 2 * lengths[1] // read  # cut at the 64-token window
+    assert all(len(tokenizer(text)["input_ids"]) <= 64 for text in passages.texts[3:])
+    # A window given is the size of every later passage; an index built before `whole_rest` keeps cutting so.
+    for settings in (PassageSettings(window=64).checked(read), PassageSettings.from_record({"window": 64, "overlap": 8})):
+        assert PassageCutter(tokenizer, settings, read).cut([a_little_longer]).counts()[0] > 2
 
 
 def test_passage_keys_name_their_documents():
@@ -132,12 +153,19 @@ def test_a_cut_document_weighs_its_first_passage_by_the_share_of_text_it_spans()
     # first 0.2 and best 0.6 with a quarter of the text read: mostly the best passage; one passage: its score
     np.testing.assert_allclose(document_scores(np.array([0.2, 0.5]), np.array([0.6, 0.5]), np.array([0.25, 1.0])),
                                [0.5, 0.5])
+    # Float rounding never takes a weighing outside its two parts: the keyword side's search stops on it.
+    rng = np.random.default_rng(0)
+    first = rng.uniform(0, 30, 100_000).astype(np.float32)
+    best = (first * rng.uniform(1, 1 + 1e-6, len(first))).astype(np.float32)
+    coverage = rng.uniform(0, 1, len(first)).astype(np.float32)
+    weighed = document_scores(first, best, coverage)
+    assert (first <= weighed).all() and (weighed <= best).all()
 
 
 def test_the_index_keeps_a_vector_per_passage_and_counts_both(index):
     segment = index.snapshot.segments[0]
     assert segment.split and len(segment) == 43 and len(segment.keys) > 43
-    assert index.snapshot.manifest.passages == {"window": WINDOW, "overlap": 4}
+    assert index.snapshot.manifest.passages == {"window": WINDOW, "overlap": 4, "whole_rest": WINDOW}
     assert index.snapshot.manifest.segments[0].vectors == len(segment.keys)
     info = index.info()
     assert info["documents"] == 43 and info["passages"] == len(segment.keys)

@@ -12,11 +12,14 @@ stays whole. A document the encoder reads whole is one passage whose text is exa
 (`corpus.document_text`), so its vector is today's; a cut one gets passages in proportion to its text past the
 read.
 
-The window of the later passages is shorter than the encoder's by default (`DEFAULT_WINDOW`). On real questions
-(`benchmarks/results/passages_real.md`) a window of 64 tokens and one as long as the encoder reads scored alike once
-a document is scored from its first passage and its best (`retriever.store.passages.document_scores`); on pages far
-longer than the read, a vector is the mean of its tokens and a long window dilutes any one part of it (issue 42's
-yardstick, `benchmarks/results/long_documents.md`).
+The window of the later passages is shorter than the encoder's by default (`DEFAULT_WINDOW`): on pages far longer
+than the read, a vector is the mean of its tokens and a long window dilutes any one part of it (issue 42's
+yardstick, `benchmarks/results/long_documents.md`). A document whose rest, past its first passage, fits in one more
+read (`whole_rest`: by default the encoder's read) keeps that rest as one passage: on real questions over abstracts
+a little longer than the read (`benchmarks/results/passages_real.md`), short windows and one as long as the read
+scored alike once a document is scored from its first passage and its best
+(`retriever.store.passages.document_scores`), and the whole rest costs one encoder call where short windows cost
+several.
 
 A passage is a character span of the document's text; the passages of the documents of a write are described by
 `Passages` (per document, its spans), which the store keys and keeps beside the vectors.
@@ -48,12 +51,15 @@ _CLOSING = "\"')]}\u201d\u2019"
 class PassageSettings:
     """How documents longer than the encoder reads are cut: WINDOW tokens per passage (title and special tokens
     included; None: DEFAULT_WINDOW, or the encoder's max_length if less) with OVERLAP tokens repeated from the
-    passage before (None: DEFAULT_OVERLAP_SHARE of the window). ENABLED False: one vector per document, cut at
-    max_length (as before passages)."""
+    passage before (None: DEFAULT_OVERLAP_SHARE of the window); a document whose rest past its first passage fits
+    in WHOLE_REST tokens (title and special tokens included) keeps it as one passage (None: the encoder's
+    max_length where the window is the default, else the window: a window given is the size of every passage).
+    ENABLED False: one vector per document, cut at max_length (as before passages)."""
 
     window: int | None = None
     overlap: int | None = None
     enabled: bool = True
+    whole_rest: int | None = None
 
     def checked(self, max_length: int) -> PassageSettings:
         """These settings for an encoder reading MAX_LENGTH tokens, the window resolved; a bad value refused."""
@@ -69,17 +75,25 @@ class PassageSettings:
         if not 0 <= overlap <= window // 2:
             raise RetrieverError(f"{param('passage_overlap', overlap)} must be between 0 and half the window "
                                  f"({window // 2} tokens)")
-        return PassageSettings(window, overlap)
+        whole_rest = self.whole_rest or (max_length if self.window is None else window)
+        if not window <= whole_rest <= max_length:
+            raise RetrieverError(f"a whole rest of {whole_rest} tokens must be between the window ({window}) and "
+                                 f"what the encoder reads ({max_length})")
+        return PassageSettings(window, overlap, whole_rest=whole_rest)
 
     def to_record(self) -> dict | None:
         """The manifest's record (None: one vector per document)."""
-        return {"window": self.window, "overlap": self.overlap} if self.enabled else None
+        if not self.enabled:
+            return None
+        return {"window": self.window, "overlap": self.overlap, "whole_rest": self.whole_rest}
 
     @classmethod
     def from_record(cls, record: dict | None) -> PassageSettings:
         if record is None:
             return cls(enabled=False)
-        return cls(int(record["window"]), int(record["overlap"]))
+        # An index built before `whole_rest` cut every passage at its window.
+        return cls(int(record["window"]), int(record["overlap"]),
+                   whole_rest=int(record.get("whole_rest") or record["window"]))
 
 
 @dataclass
@@ -109,6 +123,7 @@ class PassageCutter:
         self.max_length = int(max_length)
         self.window = int(settings.window)
         self.overlap = int(settings.overlap)
+        self.whole_rest = int(settings.whole_rest or settings.window)
         self.specials = int(tokenizer.num_special_tokens_to_add(pair=False))
         self._backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
         self._backend.no_truncation()
@@ -136,8 +151,9 @@ class PassageCutter:
                 # A passage's text has at least half the window: a title longer than the rest goes with each
                 # passage cut short, at a word's end (else the encoder, reading title first, would see no text).
                 titles_of[i], kept = _title_within(documents[i].title, title.offsets, room - self.window // 2 - 1)
-                budget = room - (kept + 1 if kept else 0)
-                spans = cut_spans(documents[i].text, encoding.offsets, budget, self.overlap, first)
+                title_cost = kept + 1 if kept else 0
+                spans = cut_spans(documents[i].text, encoding.offsets, room - title_cost, self.overlap, first,
+                                  whole_rest=self.whole_rest - self.specials - title_cost)
                 if len(spans) > MAX_PASSAGES:
                     spans, truncated = spans[:MAX_PASSAGES], truncated + 1
                 spans_of[i] = spans
@@ -186,12 +202,13 @@ def passage_text(title: str | None, text: str) -> str:
 
 
 def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int,
-              first: int | None = None) -> list[tuple[int, int]]:
+              first: int | None = None, whole_rest: int | None = None) -> list[tuple[int, int]]:
     """Character spans of TEXT cut from its tokens (their OFFSETS) into runs of at most BUDGET tokens, each next
     run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one, and always
     between words (a word the tokenizer splits into pieces is never cut, unless one word is longer than a run).
     FIRST: the first run is the first FIRST tokens as they are (what an encoder reading that many sees); its span
-    ends at the last whole word in them."""
+    ends at the last whole word in them. WHOLE_REST (with FIRST): where the tokens after the first run (from
+    OVERLAP back) are at most this many, they are one run."""
     count = len(offsets)
     if count <= (budget if first is None else first):
         return [(0, len(text))]
@@ -204,6 +221,9 @@ def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overla
     if first is not None:
         spans.append((0, int(ends[_word_back(word_start, first, 0) - 1])))
         begin = _word_back(word_start, _next_start(sentence_end, first, max(first - overlap, 1), overlap), 0)
+        if whole_rest is not None and count - begin <= whole_rest:
+            spans.append((int(starts[begin]), int(ends[count - 1])))
+            return spans
     while True:
         last = begin + budget  # one past the run's last token
         if last >= count:

@@ -13,11 +13,9 @@ passage evidence helps combined with the document's). A document that is one pas
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,14 +125,14 @@ class KeywordSearcher:
         matching unit was read."""
         asked, every = count * FIRST_PASSAGES, matches is not None
         while True:
-            # The two sides' MaxScore runs release the GIL: the passages' runs in a thread beside the documents'.
-            pending = (None if query.passages is None else
-                       _side_threads().submit(self._best, query.passages, asked, every, self._split))
             whole = self._best(query.documents, asked, every)
-            if pending is None:
+            if query.passages is None:
                 rowids, scores, keys, floor = whole.rowids, whole.scores, np.full(len(whole.rowids), -1), whole.floor
             else:
-                parts = pending.result()
+                # A document scores at least its own BM25 and at most the higher of that and its best passage's:
+                # the COUNT-th best document score is reached by COUNT documents, so a passage below it cannot
+                # lift its document among the best, and the passages' MaxScore starts from it.
+                parts = self._best(query.passages, asked, every, self._split, floor=_kth(whole.scores, count))
                 rowids = np.union1d(whole.rowids, parts.rowids)
                 scores, keys = self._combined(query, rowids, whole, parts)
                 floor = max(whole.floor, parts.floor)
@@ -158,11 +156,16 @@ class KeywordSearcher:
                 return rowids, scores, keys
             asked *= WIDEN
 
-    def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None) -> _Found:
-        """The documents of QUERY's best ASKED units (EVERY: of every matching unit), each by its best unit there:
-        the documents' units, or with NUMBERS (the version's segments QUERY's scorer reads, in its order), the
-        passages'."""
-        segments, positions, scores = query.every_match() if every else query.candidates(asked)
+    def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None,
+              floor: float = 0.0) -> _Found:
+        """The documents of QUERY's best ASKED units (EVERY: of every matching unit) of those scoring at least
+        FLOOR, each by its best unit there: the documents' units, or with NUMBERS (the version's segments QUERY's
+        scorer reads, in its order), the passages'."""
+        if every:
+            segments, positions, scores = query.every_match()
+            floor = 0.0
+        else:
+            segments, positions, scores = query.candidates(asked, floor)
         keys = np.full(len(positions), -1, np.int64)
         rowids = np.empty(len(positions), np.int64)
         for number in range(len(query.scorer.segments)):
@@ -176,10 +179,10 @@ class KeywordSearcher:
         # Every match read, or only the best ASKED units of the version are sure to be among these (a segment
         # prunes below an earlier one's ASKED-th score): documents come from those alone, and no unit left out
         # scores above the last of them.
+        # Below FLOOR no unit was read.
         complete = every or not any((segments == number).sum() == asked for number in range(len(query.scorer.segments)))
-        floor = 0.0
         if not complete and len(scores) >= asked:
-            floor = float(np.partition(scores, len(scores) - asked)[len(scores) - asked])
+            floor = max(floor, float(np.partition(scores, len(scores) - asked)[len(scores) - asked]))
             sure = scores >= floor
             rowids, scores, keys = rowids[sure], scores[sure], keys[sure]
         # A document's first unit, best first (ties to the lower key), is its best.
@@ -272,20 +275,11 @@ class KeywordSearcher:
         return mean, float(np.sqrt(max(squares - mean * mean, 0.0)))
 
 
-_SIDE_THREADS: ThreadPoolExecutor | None = None
-_SIDE_THREADS_LOCK = threading.Lock()
-
-
-def _side_threads() -> ThreadPoolExecutor:
-    """The threads that read the passages' side of keyword queries (one pool for the process, made on first use;
-    a thread per core)."""
-    global _SIDE_THREADS
-    if _SIDE_THREADS is None:
-        with _SIDE_THREADS_LOCK:
-            if _SIDE_THREADS is None:
-                _SIDE_THREADS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
-                                                   thread_name_prefix="retriever-keyword")
-    return _SIDE_THREADS
+def _kth(scores: np.ndarray, count: int) -> float:
+    """The COUNT-th highest of SCORES (0 where there are fewer)."""
+    if count <= 0 or len(scores) < count:
+        return 0.0
+    return float(np.partition(scores, len(scores) - count)[len(scores) - count])
 
 
 def _best_of_documents(segment: Segment, query: QueryMatches, number: int,

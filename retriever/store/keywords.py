@@ -315,14 +315,14 @@ class QueryMatches:
         tf = np.asarray(counts, dtype=np.float32)
         return term.weight * tf * self.scorer.k1_plus_1 / (tf + self.scorer.norms[segment][positions])
 
-    def candidates(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def candidates(self, count: int, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of matching live documents, sure to hold the COUNT best
-        (ties: the lower position first), found by MaxScore in each segment (`keyword_kernels.max_score`). A
-        segment's COUNT-th best score is a floor for the next segments': a document below it cannot be among the
-        COUNT best of the version."""
+        (ties: the lower position first) of those scoring at least FLOOR, found by MaxScore in each segment
+        (`keyword_kernels.max_score`). A segment's COUNT-th best score is a floor for the next segments': a
+        document below it cannot be among the COUNT best of the version."""
         if not self.terms:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
-        floor = 0.0
+        floor = float(floor)
         segments, positions, scores = [], [], []
         for number, (keywords, norm, dead) in enumerate(zip(self.scorer.segments, self.scorer.norms,
                                                             self.scorer.dead)):

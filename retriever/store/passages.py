@@ -59,9 +59,13 @@ def keys_of(sorted_keys: np.ndarray, rowids: np.ndarray) -> np.ndarray:
 
 def document_scores(first: np.ndarray, best: np.ndarray, coverage: np.ndarray) -> np.ndarray:
     """Cut documents' scores: their first passage's score FIRST weighed by its COVERAGE of the document, their best
-    passage's BEST by the rest (float32). Never above BEST, and equal to it where the document is one passage."""
+    passage's BEST by the rest (float32). Between the two, float rounding too (the keyword side's search relies on a
+    document never scoring below its FIRST where BEST is higher), and equal to BEST where the document is one
+    passage."""
     coverage = np.asarray(coverage, np.float32)
-    return (coverage * np.asarray(first, np.float32) + (1 - coverage) * np.asarray(best, np.float32)).astype(np.float32)
+    first, best = np.asarray(first, np.float32), np.asarray(best, np.float32)
+    mixed = (coverage * first + (1 - coverage) * best).astype(np.float32)
+    return np.clip(mixed, np.minimum(first, best), np.maximum(first, best))
 
 
 def coverages(keys: np.ndarray, spans: np.ndarray) -> np.ndarray:
