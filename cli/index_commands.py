@@ -321,6 +321,7 @@ def search(
     where: options.Where = None,
     min_score: options.MinScore = None,
     device: options.Device = "auto",
+    runtime: options.Runtime = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
 ) -> None:
@@ -343,7 +344,7 @@ def search(
     settings = SearchOptions(k=k, mode=mode, fusion=fusion, weight=weight, where=where, min_score=min_score,
                              space=space, nprobe=nprobe, ef_search=ef_search, rerank=rerank)
     home = _home(index_dir)
-    index = Index.open(_pick(home, name), home, device=device)
+    index = Index.open(_pick(home, name), home, device=device, runtime=runtime)
     # More than the index holds would allocate room for nothing; the mode shown is the one the index searches in.
     settings = replace(settings, k=min(k, max(len(index), 1)))
     mode = settings.resolved(index.name, index.snapshot.has_keywords).mode

@@ -62,6 +62,10 @@ MaxLength = Annotated[
 Device = Annotated[str, typer.Option("--device", **choice(DEVICES, r"cuda:\d+", "cuda:N"),
                                      help="auto picks CUDA when present; cuda:N picks one GPU of several")]
 Dtype = Annotated[str, typer.Option("--dtype", **choice(DTYPES), help="model weights' precision")]
+Runtime = Annotated[str, typer.Option(
+    "--runtime", **choice(("auto", "torch", "onnx")),
+    help="run the encoder on PyTorch or ONNX Runtime (same numbers; ONNX Runtime has less overhead per query on a "
+    "CPU); auto: onnx on a CPU when onnxruntime is installed, else torch")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="texts per forward pass")]
 IndexName = Annotated[
     Optional[str],

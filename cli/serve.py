@@ -18,10 +18,7 @@ def serve(
     max_batch: Annotated[int, typer.Option(
         "--max-batch", min=1, help="at most this many queued queries go through one encoder call")] = 64,
     access_log: Annotated[bool, typer.Option("--access-log", help="log every request")] = False,
-    runtime: Annotated[str, typer.Option(
-        "--runtime", **options.choice(("auto", "torch", "onnx")),
-        help="run the encoder on PyTorch or ONNX Runtime (same numbers; ONNX Runtime has less overhead per "
-        "query on a CPU); auto: onnx on a CPU when onnxruntime is installed")] = "auto",
+    runtime: options.Runtime = "auto",
     index_dir: options.IndexDir = None,
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", help="require Authorization: Bearer KEY on every request but the page, /health and /docs "

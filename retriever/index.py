@@ -97,12 +97,12 @@ class Index:
     the version it began on. Writes may too: each takes the index's writer lock, so writes of one index (from any
     thread or process) take turns. `close` must come after every other call has returned."""
 
-    def __init__(self, snapshot: Snapshot, *, encoder: Encoder | None = None, runtime: str = "torch",
+    def __init__(self, snapshot: Snapshot, *, encoder: Encoder | None = None, runtime: str = "auto",
                  searcher: Searcher | None = None, follow_writes: bool = True):
         """SNAPSHOT searched with ENCODER, already loaded (a server holding one model for many indexes, and for
         their versions; the caller vouches that it is the recorded encoder), else the recorded one loaded at the
-        first search by text, its forward pass on RUNTIME ("torch", or "auto"/"onnx": ONNX Runtime on a CPU,
-        about 3x less time per query after a one-off export). SEARCHER: the search layer over SNAPSHOT, where the
+        first search by text, its forward pass on RUNTIME (`retriever.encode.runtimes`; auto: ONNX Runtime on a
+        CPU, the same vectors for less time per query, else PyTorch; "torch" or "onnx" to choose). SEARCHER: the search layer over SNAPSHOT, where the
         caller shares one (a server's batches; one searching its vectors on a distributed server's shards).
         FOLLOW_WRITES: move to the version each write makes (False: stay on SNAPSHOT, for a server that swaps
         versions itself)."""
@@ -114,7 +114,7 @@ class Index:
         self._searcher = searcher or Searcher(snapshot)
 
     @classmethod
-    def open(cls, name: str, index_dir: str | Path | None = None, device: str = "auto", runtime: str = "torch",
+    def open(cls, name: str, index_dir: str | Path | None = None, device: str = "auto", runtime: str = "auto",
              **options: Any) -> Index:
         """Open NAME's current version (its manifest's checksum and every file's size checked; `verify_index`
         re-hashes). INDEX_DIR: where indexes live (default: the index home, `versions.home.resolve_index_dir`).
@@ -563,9 +563,9 @@ class Index:
                              opener=_version_opener(final, self.name, snapshot.index_dir, snapshot.device))
 
 
-def load_encoder(snapshot: Snapshot, runtime: str = "torch") -> Encoder:
+def load_encoder(snapshot: Snapshot, runtime: str = "auto") -> Encoder:
     """A new instance of the encoder SNAPSHOT's manifest records, on its device; RUNTIME picks PyTorch or ONNX
-    Runtime for its forward pass."""
+    Runtime for its forward pass (`retriever.encode.runtimes`: auto, the faster where it can run)."""
     from retriever.encode.encoder import Encoder
 
     if is_external(snapshot.manifest.encoder):

@@ -24,6 +24,15 @@ def index_home(tmp_path_factory, monkeypatch) -> Path:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def onnx_graphs(tmp_path_factory) -> Path:
+    """The session's exported ONNX graphs ($RETRIEVER_ONNX_CACHE): shared by its tests, never the user's."""
+    folder = tmp_path_factory.mktemp("onnx-graphs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RETRIEVER_ONNX_CACHE", str(folder))
+        yield folder
+
+
+@pytest.fixture(autouse=True, scope="session")
 def ray_sessions_removed():
     """The session folders the Ray tests' clusters leave in the temporary folder (/tmp/ray/session_*) are removed
     when the run ends; those of other Ray processes on the machine, there before, are left alone."""

@@ -45,15 +45,16 @@ def test_onnx_runtime_refuses_half_precision(tiny_bert):
     assert Encoder(str(tiny_bert), device="cpu", dtype="bf16", runtime="auto").runtime == "torch"
 
 
-def test_the_python_api_searches_with_onnx_runtime_when_asked(tiny_bert, tmp_path, monkeypatch):
+def test_the_python_api_searches_with_onnx_runtime_by_default_and_pytorch_when_asked(tiny_bert, tmp_path,
+                                                                                      monkeypatch):
     from retriever import Document, Index
     from retriever.encode.onnx_runtime import OnnxForward
 
     notes = [Document(f"n{i}", f"Note {i} about {word}.", None, "mem", i + 1)
              for i, word in enumerate(["cats", "ships", "rain", "bread", "music", "trains"] * 4)]
     Index.build(notes, "notes", tmp_path, model=str(tiny_bert), calibrator="none")
-    torch_index = Index.open("notes", tmp_path, device="cpu")
-    onnx_index = Index.open("notes", tmp_path, device="cpu", runtime="onnx")
+    torch_index = Index.open("notes", tmp_path, device="cpu", runtime="torch")
+    onnx_index = Index.open("notes", tmp_path, device="cpu")
     queries = ["a note about rain", "bread and music"]
     calls, forward = [], OnnxForward.__call__
     monkeypatch.setattr(OnnxForward, "__call__", lambda self, *args: calls.append(1) or forward(self, *args))
@@ -62,3 +63,40 @@ def test_the_python_api_searches_with_onnx_runtime_when_asked(tiny_bert, tmp_pat
     got = onnx_index.search(queries, k=5, mode="dense")
     assert calls  # ONNX Runtime's
     assert [[hit.doc_id for hit in hits] for hits in got] == [[hit.doc_id for hit in hits] for hits in expected]
+
+
+def test_the_exported_graph_is_kept_once_per_model_and_made_anew_when_damaged(tiny_bert, onnx_graphs, monkeypatch):
+    """A one-off search must not pay the export: the graph is kept under a digest of the weights, read back by the
+    next encoder (no export), a damaged entry is exported again, and other weights are another entry."""
+    import torch
+
+    from retriever.encode import onnx_runtime
+
+    monkeypatch.setenv("RETRIEVER_ONNX_CACHE", str(onnx_graphs / "own"))
+    exports, export = [], onnx_runtime._export
+    monkeypatch.setattr(onnx_runtime, "_export", lambda *args: exports.append(1) or export(*args))
+    first = Encoder(str(tiny_bert), device="cpu", runtime="onnx")
+    kept = list((onnx_graphs / "own").glob("*.onnx"))
+    assert len(exports) == 1 and len(kept) == 1 and not list((onnx_graphs / "own").glob(".graph-*"))
+    expected = first.encode(TEXTS)
+    np.testing.assert_allclose(Encoder(str(tiny_bert), device="cpu", runtime="onnx").encode(TEXTS), expected)
+    assert len(exports) == 1
+    kept[0].write_bytes(kept[0].read_bytes()[:100])  # cut short
+    np.testing.assert_allclose(Encoder(str(tiny_bert), device="cpu", runtime="onnx").encode(TEXTS), expected)
+    assert len(exports) == 2
+    changed = Encoder(str(tiny_bert), device="cpu", runtime="torch")
+    with torch.no_grad():
+        changed.model.embeddings.word_embeddings.weight.mul_(1.5)
+    other = onnx_runtime.OnnxForward(changed.model, changed.pooling, changed.num_hidden_layers,
+                                     changed._input_names)
+    assert len(exports) == 3 and len(list((onnx_graphs / "own").glob("*.onnx"))) == 2
+    tokens = changed.tokenize(TEXTS[:1]).batches[0]
+    np.testing.assert_allclose(other(tokens.attention_mask, tokens.inputs), changed.encode(TEXTS[:1]), atol=1e-5)
+
+
+def test_an_unwritable_cache_folder_still_gives_the_graph(tiny_bert, tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("RETRIEVER_ONNX_CACHE", str(blocked / "onnx"))
+    encoder = Encoder(str(tiny_bert), device="cpu", runtime="onnx")
+    assert encoder.encode(TEXTS).shape == (len(TEXTS), encoder.dim)

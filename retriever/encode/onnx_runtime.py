@@ -6,14 +6,21 @@ framework overhead around small matrix products; the same graph on ONNX Runtime 
 `onnxruntime` is installed; results agree with PyTorch to ~1e-6 (tests/test_onnx_runtime.py), so an index built
 with PyTorch is searched with ONNX Runtime, and the other way round, through the same encode path.
 
-The model is exported once per process, in memory (a few seconds for MiniLM; no files to go stale), with the
-pooling inside the graph: the session maps token arrays straight to sentence vectors.
+The model is exported with the pooling inside the graph (the session maps token arrays straight to sentence
+vectors), once per machine: the graph is kept in a cache folder (`onnx_cache_dir`) under a digest of everything it
+is made from (the weights themselves, the model's config, the pooling, the torch, onnx and ONNX Runtime versions),
+so a changed model or library is a new entry, never a stale one, and a one-off search does not pay the export's
+seconds. Where the folder cannot be written, the graph is exported in memory each time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
+import tempfile
 import warnings
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -21,6 +28,18 @@ import torch
 
 from retriever.errors import RetrieverError, UnavailableError, param
 from retriever.encode.pooling import Pooling, pool
+
+
+# Where exported graphs are kept ($RETRIEVER_ONNX_CACHE, else retriever/onnx in the user's cache folder); part of
+# each entry's digest, so a change to how graphs are made is a new entry.
+ONNX_CACHE_ENV = "RETRIEVER_ONNX_CACHE"
+_OPSET, _GRAPH_FORMAT = 17, 1
+
+
+def onnx_cache_dir() -> Path:
+    if os.environ.get(ONNX_CACHE_ENV):
+        return Path(os.environ[ONNX_CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "retriever" / "onnx"
 
 
 def onnx_runtime_available() -> bool:
@@ -68,29 +87,76 @@ class OnnxForward:
 
         self.input_names = list(input_names)
         wrapper = _Pooled(model, pooling, num_hidden_layers, self.input_names).eval()
-        example = torch.ones((1, 4), dtype=torch.int64)
-        names = ["attention_mask", *self.input_names]
-        buffer = io.BytesIO()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the tracer's notes on Python branches the example input takes
-                torch.onnx.export(wrapper, (example, *[example] * len(self.input_names)), buffer,
-                                  input_names=names, output_names=["vectors"], opset_version=17, dynamo=False,
-                                  dynamic_axes={name: {0: "batch", 1: "tokens"} for name in names})
-        except Exception as error:  # noqa: BLE001 - an architecture the exporter cannot trace
-            raise RetrieverError(f"this model cannot run on ONNX Runtime ({type(error).__name__}: "
-                                 f"{str(error).splitlines()[0] if str(error) else ''}); use "
-                                 f"{param('runtime', 'torch')}") from None
-        finally:
-            model.eval()  # the exporter restores the wrapper's mode recursively; the model must stay in eval
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         # Idle workers sleep instead of spinning: on a few cores a spinning pool takes the CPU that the server's
         # HTTP loop and the next batch need.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
-        self.session = onnxruntime.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+        cached = onnx_cache_dir() / f"{_graph_digest(wrapper, pooling, num_hidden_layers, self.input_names)}.onnx"
+        self.session = None
+        if cached.is_file():
+            try:
+                self.session = onnxruntime.InferenceSession(str(cached), options, providers=["CPUExecutionProvider"])
+            except Exception:  # noqa: BLE001 - a damaged entry (a full disk, a crash mid-copy): made anew below
+                cached.unlink(missing_ok=True)
+        if self.session is None:
+            graph = _export(wrapper, model, self.input_names)
+            _keep(cached, graph)
+            self.session = onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 
     def __call__(self, attention_mask: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray:
         feed = {"attention_mask": attention_mask, **{name: inputs[name] for name in self.input_names}}
         return self.session.run(["vectors"], feed)[0]
+
+
+def _export(wrapper: _Pooled, model: torch.nn.Module, input_names: list[str]) -> bytes:
+    """WRAPPER (MODEL with its pooling) as an ONNX graph taking int64 token arrays of any batch and length."""
+    example = torch.ones((1, 4), dtype=torch.int64)
+    names = ["attention_mask", *input_names]
+    buffer = io.BytesIO()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on Python branches the example input takes
+            torch.onnx.export(wrapper, (example, *[example] * len(input_names)), buffer,
+                              input_names=names, output_names=["vectors"], opset_version=_OPSET, dynamo=False,
+                              dynamic_axes={name: {0: "batch", 1: "tokens"} for name in names})
+    except Exception as error:  # noqa: BLE001 - an architecture the exporter cannot trace
+        raise RetrieverError(f"this model cannot run on ONNX Runtime ({type(error).__name__}: "
+                             f"{str(error).splitlines()[0] if str(error) else ''}); use "
+                             f"{param('runtime', 'torch')}") from None
+    finally:
+        model.eval()  # the exporter restores the wrapper's mode recursively; the model must stay in eval
+    return buffer.getvalue()
+
+
+def _graph_digest(wrapper: _Pooled, pooling: Pooling, num_hidden_layers: int, input_names: list[str]) -> str:
+    """A digest of everything the exported graph is made from."""
+    import onnx
+    import onnxruntime
+
+    digest = hashlib.sha256()
+    described = (_GRAPH_FORMAT, _OPSET, torch.__version__, onnx.__version__, onnxruntime.__version__, pooling.mode,
+                 pooling.layers, num_hidden_layers, tuple(input_names), wrapper.model.config.to_json_string())
+    digest.update(repr(described).encode())
+    for name, tensor in wrapper.model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(repr((tuple(tensor.shape), str(tensor.dtype))).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:40]
+
+
+def _keep(path: Path, graph: bytes) -> None:
+    """GRAPH saved at PATH, whole or not at all (written beside it, then renamed); nothing where it cannot be."""
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".graph-", suffix=".tmp")
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(graph)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)

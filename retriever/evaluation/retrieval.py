@@ -199,10 +199,12 @@ class EmbeddingEncoder:
 def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray], encoder, calibrator: str,
                 searches: dict[str, dict], seed: int = 0, depth: int = 100, fit_queries: bool = False,
                 on_fitted: Callable[[object], None] | None = None, passages=None,
-                on_snapshot: Callable[[object], None] | None = None) -> dict[str, Run]:
+                on_snapshot: Callable[[object], None] | None = None,
+                embed_queries: Callable[[Sequence[str]], np.ndarray] | None = None) -> dict[str, Run]:
     """`evaluate_searches`' runs (label -> query id -> {doc id: score}), before scoring. The set's documents are
     built as `retriever build` builds them, cut into passages as PASSAGES say (a `PassageSettings`; None: the
-    default), each text encoded by EMBED. ON_FITTED(calibrator) and ON_SNAPSHOT(snapshot) see the built version."""
+    default), each text encoded by EMBED (the queries by EMBED_QUERIES, where given). ON_FITTED(calibrator) and
+    ON_SNAPSHOT(snapshot) see the built version."""
     from retriever.corpus import Document
     from retriever.encode.passages import PassageSettings
     from retriever.index import Index
@@ -215,7 +217,7 @@ def search_runs(rset: RetrievalSet, embed: Callable[[Sequence[str]], np.ndarray]
                  in enumerate(rset.corpus.items(), start=1)]
     query_ids = list(rset.queries)
     texts = [rset.queries[q] for q in query_ids]
-    raw_queries = np.asarray(embed(texts), dtype=np.float32)
+    raw_queries = np.asarray((embed_queries or embed)(texts), dtype=np.float32)
     runs: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="retriever-bench-") as folder:
         Index.build(documents, "bench", Path(folder) / "indexes", encoder=EmbeddingEncoder(embed, encoder),

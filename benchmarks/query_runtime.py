@@ -1,0 +1,179 @@
+"""Issue 56 (3): queries on the fastest runtime by default. `Index.open(name)` encodes a query with ONNX Runtime on a
+CPU (`runtime="auto"`) where it used to take PyTorch; this checks that it gives the same vectors and measures what
+it saves where users wait.
+
+    python benchmarks/query_runtime.py agree --out benchmarks/results/query_runtime/agree_minilm.json
+    python benchmarks/query_runtime.py p50 --out benchmarks/results/query_runtime/p50_cpu.json
+    python benchmarks/query_runtime.py report benchmarks/results/query_runtime/*.json \\
+        --out benchmarks/results/query_runtime.md
+
+`agree`: the 14 labeled tasks; each query encoded alone (as a search encodes it) by PyTorch and by ONNX Runtime: the
+lowest cosine between the two, and nDCG@10 of the default search (a default build, documents encoded by PyTorch)
+with either's query vectors. `p50`: one default index of Cranfield's abstracts, opened twice in one process, as
+`Index.open(name, runtime="torch")` (the old default) and `Index.open(name)`; its questions searched one at a time
+through `Index.search`, the two alternating query by query, quiet and then beside a busy loop taking one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.hybrid import DEV, HELD_OUT, model_path  # noqa: E402
+
+WARM_UP, TIMED = 20, 200
+BUSY_LOOP = "while True: pass"
+
+
+def agree(model: str, seed: int) -> dict:
+    from retriever.encode.encoder import Encoder
+    from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
+    from retriever.evaluation.data import resolve_data_dir
+    from retriever.evaluation.retrieval import evaluate_run, search_runs
+    from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS
+
+    data = resolve_data_dir()
+    torch_encoder = Encoder(model_path(model), device="cpu")
+    onnx_encoder = Encoder(model_path(model), device="cpu", runtime="onnx")
+    documents = CachedEncoder(torch_encoder, resolve_cache_dir())
+
+    def one_at_a_time(encoder):
+        return lambda texts: np.vstack([encoder.encode([text]) for text in texts])
+
+    found = {"model": model, "seed": seed, "tasks": []}
+    for name in DEV + HELD_OUT:
+        rset = RETRIEVAL_TASKS[name].load(data)
+        texts = list(rset.queries.values())
+        by_torch, by_onnx = one_at_a_time(torch_encoder)(texts), one_at_a_time(onnx_encoder)(texts)
+        cosines = np.sum(by_torch * by_onnx, axis=1) / (np.linalg.norm(by_torch, axis=1)
+                                                       * np.linalg.norm(by_onnx, axis=1))
+        record = {"task": name, "queries": len(texts), "min_cosine": float(cosines.min()),
+                  "mean_cosine": float(cosines.mean())}
+        for runtime, vectors in (("torch", by_torch), ("onnx", by_onnx)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                runs = search_runs(rset, documents.encode, documents, "auto", {"default": {}}, seed,
+                                   embed_queries=lambda _texts, vectors=vectors: vectors)
+            record[runtime] = round(evaluate_run(runs["default"], rset.qrels, rset.ignore_identical)["ndcg@10"], 2)
+        print(json.dumps(record), file=sys.stderr, flush=True)
+        found["tasks"].append(record)
+    return found
+
+
+def _timed(indexes: dict, queries: list[str]) -> dict[str, float]:
+    """p50 milliseconds of each index's `search([query])`, the indexes taking turns query by query."""
+    times = {label: [] for label in indexes}
+    for number, query in enumerate(queries[: WARM_UP + TIMED]):
+        for label, index in indexes.items():
+            started = time.perf_counter()
+            index.search([query], k=10)
+            if number >= WARM_UP:
+                times[label].append(time.perf_counter() - started)
+    return {label: round(1000 * float(np.median(values)), 2) for label, values in times.items()}
+
+
+def p50(model: str) -> dict:
+    from retriever.corpus import Document
+    from retriever.encode.runtimes import resolve_runtime
+    from retriever.evaluation.data import resolve_data_dir
+    from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS
+    from retriever.index import Index
+
+    rset = RETRIEVAL_TASKS["cranfield"].load(resolve_data_dir())
+    documents = [Document(doc, text, title, "corpus", number)
+                 for number, (doc, (title, text)) in enumerate(rset.corpus.items(), start=1)]
+    queries = list(rset.queries.values())
+    found = {"model": model, "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
+             "documents": len(documents), "queries": min(TIMED, len(queries) - WARM_UP)}
+    with tempfile.TemporaryDirectory(prefix="retriever-runtime-") as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Index.build(documents, "cranfield", Path(folder), model=model_path(model), device="cpu")
+        indexes = {"torch (the old default)": Index.open("cranfield", folder, device="cpu", runtime="torch"),
+                   "default": Index.open("cranfield", folder, device="cpu")}
+        found["runtimes"] = {"torch (the old default)": "torch", "default": resolve_runtime("auto", "cpu")}
+        found["quiet"] = _timed(indexes, queries)
+        busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+        try:
+            time.sleep(1.0)
+            found["busy loop on one core"] = _timed(indexes, queries)
+        finally:
+            busy.kill()
+            busy.wait()
+    for load in ("quiet", "busy loop on one core"):
+        times = found[load]
+        found[load]["ratio"] = round(times["default"] / times["torch (the old default)"], 2)
+    print(json.dumps(found), file=sys.stderr, flush=True)
+    return found
+
+
+def report(files: list[Path]) -> str:
+    lines = ["# Queries on the fastest runtime (issue 56)", "",
+             f"Generated by `benchmarks/query_runtime.py report` from {', '.join(f'`{p.name}`' for p in files)}.", ""]
+    for path in files:
+        found = json.loads(path.read_text())
+        if "tasks" in found:
+            lines += [f"## Same vectors, same rankings ({found['model']})", "",
+                      "Command: `python benchmarks/query_runtime.py agree`. Each query encoded alone by PyTorch and "
+                      "by ONNX Runtime; nDCG@10 x100 of the default search of a default build (documents encoded by "
+                      "PyTorch) with each runtime's query vectors.", "",
+                      "| task | queries | lowest cosine | mean cosine | nDCG@10: torch | onnx | difference |",
+                      "|---|---:|---:|---:|---:|---:|---:|"]
+            for task in found["tasks"]:
+                lines.append(f"| {task['task']} | {task['queries']:,} | {task['min_cosine']:.6f} | "
+                             f"{task['mean_cosine']:.7f} | {task['torch']:.2f} | {task['onnx']:.2f} | "
+                             f"{task['onnx'] - task['torch']:+.2f} |")
+            worst_cosine = min(task["min_cosine"] for task in found["tasks"])
+            worst = max(abs(task["onnx"] - task["torch"]) for task in found["tasks"])
+            lines += ["", f"Lowest cosine over every query of the {len(found['tasks'])} tasks: {worst_cosine:.6f}; "
+                      f"largest nDCG@10 difference: {worst:.2f}.", ""]
+        else:
+            lines += [f"## Query p50 through `Index.open(name).search([q])` ({found['machine']}, {found['model']})", "",
+                      f"Command: `python benchmarks/query_runtime.py p50`. Cranfield ({found['documents']:,} abstracts, "
+                      f"a default build), {found['queries']} of its questions one at a time after {WARM_UP} untimed, "
+                      "the two indexes taking turns query by query; runtimes: "
+                      + ", ".join(f"{label}: {runtime}" for label, runtime in found["runtimes"].items()) + ".", "",
+                      "| load | torch (the old default), ms | default, ms | ratio |", "|---|---:|---:|---:|"]
+            for load in ("quiet", "busy loop on one core"):
+                times = found[load]
+                lines.append(f"| {load} | {times['torch (the old default)']:.2f} | {times['default']:.2f} | "
+                             f"{times['ratio']:.2f}x |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    agreeing = commands.add_parser("agree")
+    agreeing.add_argument("--model", default="minilm")
+    agreeing.add_argument("--seed", type=int, default=0)
+    agreeing.add_argument("--out", type=Path, required=True)
+    timing = commands.add_parser("p50")
+    timing.add_argument("--model", default="minilm")
+    timing.add_argument("--out", type=Path, required=True)
+    reporting = commands.add_parser("report")
+    reporting.add_argument("files", type=Path, nargs="+")
+    reporting.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.command == "report":
+        args.out.write_text(report(args.files))
+        return
+    found = agree(args.model, args.seed) if args.command == "agree" else p50(args.model)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(found, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
