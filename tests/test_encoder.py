@@ -278,3 +278,40 @@ def test_tokenizer_processes_give_the_vectors_one_thread_gives(tiny_bert, monkey
     vectors, truncated = encoder.encode_counting_truncated(texts)
     np.testing.assert_array_equal(vectors, expected)
     assert truncated == expected_truncated == 9
+
+
+def test_a_script_without_a_main_guard_builds_with_tokenizer_processes(tiny_bert, tmp_path):
+    """On a GPU, tokenizer worker processes are spawned; a spawned process used to import the user's script again,
+    which built again at its top level and died. The same spawn path, forced on here, on the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "build_notes.py"
+    script.write_text(
+        "import sys\n"
+        "from retriever import Document, Index\n"
+        "notes = [Document(f'n{i}', f'note {i} about the harbour and its boats', None, 'notes', i + 1)\n"
+        "         for i in range(40)]\n"
+        "summary = Index.build(notes, 'notes', sys.argv[1], model=sys.argv[2], calibrator='none', device='cpu')\n"
+        "print('built', summary.documents)\n")
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    environment = {**os.environ, "RETRIEVER_TOKENIZER_WORKERS": "2", "PYTHONPATH": str(repo)}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "indexes"), str(tiny_bert)], cwd=tmp_path,
+                          env=environment, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "built 40" and done.stdout.count("built") == 1
+
+
+def test_tokenizer_processes_are_asked_for_by_number(monkeypatch):
+    import torch
+
+    from retriever.encode.encoder import tokenizer_workers
+
+    monkeypatch.setenv("RETRIEVER_TOKENIZER_WORKERS", "3")
+    assert tokenizer_workers(torch.device("cpu")) == 3
+    monkeypatch.setenv("RETRIEVER_TOKENIZER_WORKERS", "many")
+    with pytest.raises(RetrieverError, match="RETRIEVER_TOKENIZER_WORKERS must be a number"):
+        tokenizer_workers(torch.device("cpu"))

@@ -249,9 +249,17 @@ class _Prefetched:
         self._thread.join()
 
 
+TOKENIZER_WORKERS_ENV = "RETRIEVER_TOKENIZER_WORKERS"
+
+
 def tokenizer_workers(device: torch.device) -> int:
     """Tokenizing processes for an encoder on DEVICE: on a GPU a quarter of the cores (at most 8); none on a CPU,
-    where the forward pass is the bottleneck and takes every core."""
+    where the forward pass is the bottleneck and takes every core; $RETRIEVER_TOKENIZER_WORKERS, where set."""
+    asked = os.environ.get(TOKENIZER_WORKERS_ENV, "").strip()
+    if asked:
+        if not asked.isdigit():
+            raise RetrieverError(f"${TOKENIZER_WORKERS_ENV} must be a number of processes (0: none), not '{asked}'")
+        return int(asked)
     if device.type != "cuda":
         return 0
     return max(1, min(8, (os.cpu_count() or 1) // 4))

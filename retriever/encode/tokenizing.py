@@ -8,10 +8,12 @@ thread does not help: it holds the interpreter lock the thread feeding the GPU n
 from __future__ import annotations
 
 import signal
+import sys
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
-from multiprocessing import get_context
+from multiprocessing.context import SpawnContext, SpawnProcess
 
 import numpy as np
 
@@ -89,8 +91,7 @@ class TokenizerPool:
 
     def __init__(self, backend, settings: TokenizerSettings, workers: int):
         self.workers = workers
-        # spawn, not fork: the parent may hold a CUDA context and tokenizer threads, which a fork cannot copy.
-        self._executor = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_worker,
+        self._executor = ProcessPoolExecutor(workers, mp_context=_WorkerContext(), initializer=_start_worker,
                                              initargs=(backend.to_str(), settings))
 
     def submit(self, texts) -> Future:
@@ -98,6 +99,39 @@ class TokenizerPool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _WorkerProcess(SpawnProcess):
+    """A spawned tokenizer worker that does not run the user's script. A spawned process imports the parent's main
+    module first (`multiprocessing.spawn` finds it by its `__file__`, or by its `__spec__` under `python -m`), and
+    a script that builds an index at its top level, without an `if __name__ == "__main__":` guard, would build
+    again in every worker and die there. The workers need nothing of it: they run this module's functions only, so
+    the main module is hidden from the spawn while the process starts."""
+
+    def start(self) -> None:
+        with _MAIN_HIDDEN_LOCK:
+            main = sys.modules.get("__main__")
+            saved = {name: main.__dict__[name] for name in ("__file__", "__spec__")
+                     if main is not None and name in main.__dict__}
+            if main is None or (not saved.get("__file__") and not saved.get("__spec__")):
+                super().start()
+                return
+            main.__dict__.pop("__file__", None)
+            main.__spec__ = None
+            try:
+                super().start()
+            finally:
+                main.__dict__.update(saved)
+
+
+class _WorkerContext(SpawnContext):
+    """spawn, not fork (the parent may hold a CUDA context and tokenizer threads, which a fork cannot copy), with
+    `_WorkerProcess`es."""
+
+    Process = _WorkerProcess
+
+
+_MAIN_HIDDEN_LOCK = threading.Lock()
 
 
 _worker: tuple | None = None  # (backend, settings) in a worker process
