@@ -84,17 +84,25 @@ def report(path: Path, note: str | None = None) -> str:
     for number, run in enumerate(runs, start=1):
         label = f"{run['code']}{' (uncommitted changes)' if run['dirty'] else ''}"
         lines.append(f"| {label} | {number} | " + " | ".join(f"{run['p50_ms'][mode]:.2f}" for mode in MODES) + " |")
-    medians = {code: {mode: float(np.median([run["p50_ms"][mode] for run in runs
-                                              if f"{run['code']}{' (uncommitted changes)' if run['dirty'] else ''}"
-                                              == code])) for mode in MODES} for code in codes}
-    lines += ["", "Median over each code's runs" + (f", and the ratio of the last to the first ({codes[-1]} / "
-                                                    f"{codes[0]}):" if len(codes) > 1 else ":"), "",
-              "| code | " + " | ".join(MODES) + " |", "|---|" + "---:|" * len(MODES)]
+    labels = [f"{run['code']}{' (uncommitted changes)' if run['dirty'] else ''}" for run in runs]
+
+    def median(numbers: list[int], mode: str) -> float:
+        return float(np.median([runs[number]["p50_ms"][mode] for number in numbers]))
+
+    lines += ["", "Median over each code's runs; each later code against the first's runs it alternated with (the "
+              "first code's runs just before or after one of its own):", "",
+              "| code | runs | " + " | ".join(MODES) + " | " + " | ".join(f"{mode}: ratio" for mode in MODES) + " |",
+              "|---|---:|" + "---:|" * (2 * len(MODES))]
     for code in codes:
-        lines.append(f"| {code} | " + " | ".join(f"{medians[code][mode]:.2f}" for mode in MODES) + " |")
-    if len(codes) > 1:
-        lines.append("| ratio | " + " | ".join(f"{medians[codes[-1]][mode] / medians[codes[0]][mode]:.2f}x"
-                                              for mode in MODES) + " |")
+        own = [number for number, label in enumerate(labels) if label == code]
+        row = f"| {code} | {len(own)} | " + " | ".join(f"{median(own, mode):.2f}" for mode in MODES)
+        if code == codes[0]:
+            lines.append(row + " |" + " |" * len(MODES))
+            continue
+        beside = sorted({near for number in own for near in (number - 1, number + 1)
+                         if 0 <= near < len(runs) and labels[near] == codes[0]})
+        lines.append(row + " | " + " | ".join(f"{median(own, mode) / median(beside, mode):.2f}x" for mode in MODES)
+                     + " |")
     return "\n".join(lines) + "\n"
 
 
