@@ -131,12 +131,12 @@ def report(files: list[Path]) -> str:
                       "| task | queries | lowest cosine | mean cosine | nDCG@10: torch | onnx | difference |",
                       "|---|---:|---:|---:|---:|---:|---:|"]
             for task in found["tasks"]:
-                lines.append(f"| {task['task']} | {task['queries']:,} | {task['min_cosine']:.6f} | "
+                lines.append(f"| {task['task']} | {task['queries']:,} | {task['min_cosine']:.7f} | "
                              f"{task['mean_cosine']:.7f} | {task['torch']:.2f} | {task['onnx']:.2f} | "
                              f"{task['onnx'] - task['torch']:+.2f} |")
             worst_cosine = min(task["min_cosine"] for task in found["tasks"])
             worst = max(abs(task["onnx"] - task["torch"]) for task in found["tasks"])
-            lines += ["", f"Lowest cosine over every query of the {len(found['tasks'])} tasks: {worst_cosine:.6f}; "
+            lines += ["", f"Lowest cosine over every query of the {len(found['tasks'])} tasks: {worst_cosine:.7f}; "
                       f"largest nDCG@10 difference: {worst:.2f}.", ""]
         else:
             lines += [f"## Query p50 through `Index.open(name).search([q])` ({found['machine']}, {found['model']})", "",
