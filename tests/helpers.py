@@ -109,10 +109,11 @@ def build_notes(index_dir: Path, model: Path, count: int, name: str = "notes", p
 
 
 def encoder_of(index):
-    """A new instance of the encoder INDEX records (what `Index.search` encodes queries with)."""
+    """A new instance of the encoder INDEX records, on PyTorch: what a build encodes with, so its vectors are the
+    stored ones bit for bit (`Index.search` encodes queries with ONNX Runtime on a CPU, to ~1e-7 of these)."""
     from retriever.index import load_encoder
 
-    return load_encoder(index.snapshot)
+    return load_encoder(index.snapshot, runtime="torch")
 
 
 def embed(index, texts: list[str]):

@@ -229,7 +229,7 @@ def test_max_marginal_relevance_reads_a_long_document_by_its_matching_passage(tm
     long_text = " ".join(sentences(40).values()) + " " + DOCS["guitar"]
     store = RetrieverVectorStore(embedding=None, name="long", index_dir=tmp_path, calibrator="none")
     store.add_texts([long_text, *DOCS.values()], ids=["long", *DOCS])
-    assert store.index.snapshot.manifest.live_vectors > len(DOCS) + 2  # the long one: three passages or more
+    assert store.index.snapshot.manifest.live_vectors > len(DOCS) + 1  # the long one: cut, two passages or more
     query = "a man is playing a guitar"
     dense = [d.id for d in store.similarity_search(query, k=6, mode="dense")]
     assert dense[0] == "guitar" and "long" in dense
