@@ -143,7 +143,8 @@ def report(files: list[Path]) -> str:
                       f"Command: `python benchmarks/query_runtime.py p50`. Cranfield ({found['documents']:,} abstracts, "
                       f"a default build), {found['queries']} of its questions one at a time after {WARM_UP} untimed, "
                       "the two indexes taking turns query by query; runtimes: "
-                      + ", ".join(f"{label}: {runtime}" for label, runtime in found["runtimes"].items()) + ".", "",
+                      + ", ".join(f"{label}: {runtime}" for label, runtime in found["runtimes"].items()) + ". "
+                      + f"ONNX Runtime's settings: {found.get('config', 'as shipped (threads sleep when idle)')}.", "",
                       "| load | torch (the old default), ms | default, ms | ratio |", "|---|---:|---:|---:|"]
             for load in ("quiet", "busy loop on one core"):
                 times = found[load]
