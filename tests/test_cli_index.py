@@ -356,3 +356,20 @@ def test_search_where_and_delete_where_on_the_command_line(tmp_path, tiny_bert, 
     assert info["documents"] == 2
     assert_one_line_error(cli("delete", "--where", '{"section": 1}', "--name", "pages", "--index-dir", index_dir),
                           "matches the filter; nothing deleted")
+
+
+def test_search_encodes_a_queries_file_on_onnx_runtime_and_one_query_on_pytorch(built, cli, tmp_path, monkeypatch):
+    """auto takes the faster runtime for what is asked: a file of queries on ONNX Runtime (less per query), one
+    query on PyTorch (ONNX Runtime's start costs more than one query saves); --runtime chooses."""
+    from retriever.encode.encoder import Encoder
+
+    used, init = [], Encoder.__init__
+    monkeypatch.setattr(Encoder, "__init__", lambda self, *args, **kw: init(self, *args, **kw) or used.append(self.runtime))
+    queries = tmp_path / "queries.txt"
+    queries.write_text(f"{TEXTS[0]}\n{TEXTS[3]}\n", encoding="utf-8")
+    for args, runtime in (((TEXTS[1],), "torch"), (("--queries", queries), "onnx"),
+                          ((TEXTS[1], "--runtime", "onnx"), "onnx"), (("--queries", queries, "--runtime", "torch"), "torch")):
+        used.clear()
+        done = cli("search", *args, "--name", "docs", "--mode", "dense", "--index-dir", built)
+        assert done.returncode == 0, done.stderr
+        assert used == [runtime], args
