@@ -68,6 +68,19 @@ def test_whitening_of_a_singular_covariance_stays_finite():
     assert np.isfinite(Z).all()
 
 
+@pytest.mark.parametrize("rows, dim", [(40, 64), (300, 384), (5, 3), (10, 1)])
+def test_ledoit_wolf_is_scikit_learn_s(rows, dim):
+    """Fewer vectors than dimensions: whitening shrinks the covariance (Ledoit-Wolf) with NumPy, as scikit-learn
+    computes it, without importing scikit-learn (about a second, more than a small corpus's whole fit)."""
+    from sklearn.covariance import ledoit_wolf as scikit_learn_s
+
+    from retriever.numeric import ledoit_wolf
+
+    X = np.random.default_rng(rows).standard_normal((rows, dim)) @ np.random.default_rng(dim).standard_normal((dim, dim))
+    X -= X.mean(axis=0)
+    np.testing.assert_allclose(ledoit_wolf(X), scikit_learn_s(X, assume_centered=True)[0], rtol=1e-10, atol=1e-12)
+
+
 def test_sn_gives_mean_zero_and_std_one():
     X = correlated_sample(4000, 12)
     Z = make_calibrator("sn").fit(X).transform(X).astype(np.float64)

@@ -14,6 +14,7 @@ import numpy as np
 
 from retriever.calibration.base import Calibrator, centered_gram, column_mean, row_chunks
 from retriever.errors import RetrieverError
+from retriever.numeric import ledoit_wolf
 from retriever.store.arrays import HEADER_LOCK
 
 # Eigenvalues are raised to at least this fraction of the largest, so exactly singular covariances (constant or
@@ -126,14 +127,12 @@ class Whitening(LinearCalibrator):
         if n <= dim:
             # The sample covariance has rank < dim: shrink it towards a scaled identity (Ledoit-Wolf) so every
             # direction gets a finite, data-informed scale instead of 1/sqrt(0).
-            from sklearn.covariance import ledoit_wolf
-
             warnings.warn(
                 f"whitening fitted on {n} vectors of dimension {dim}: the covariance is singular, "
                 "so it is shrunk towards the identity (Ledoit-Wolf); fit on more vectors than dimensions",
                 stacklevel=2,
             )
-            cov, _ = ledoit_wolf(np.asarray(X, dtype=np.float64) - self.mean, assume_centered=True)
+            cov = ledoit_wolf(np.asarray(X, dtype=np.float64) - self.mean)
         else:
             cov = centered_gram(X, self.mean) / (n - 1)
         U, s, _ = np.linalg.svd(cov, hermitian=True)
