@@ -1,10 +1,10 @@
 """The encoder's forward pass and pooling on ONNX Runtime: same weights, same float32, same numbers.
 
-On a CPU a single short query through PyTorch costs ~14 ms with MiniLM on the 2-core machine, most of it in
-framework overhead around small matrix products; the same graph on ONNX Runtime takes ~5 ms (3x), and batches of
-16 are ~20% faster too (measured, see benchmarks/results/serve_load.md). The server uses it on CPU when
-`onnxruntime` is installed; results agree with PyTorch to ~1e-6 (tests/test_onnx_runtime.py), so an index built
-with PyTorch is searched with ONNX Runtime, and the other way round, through the same encode path.
+On a CPU most of a short query's time through PyTorch is framework overhead around small matrix products; the same
+graph on ONNX Runtime has less of it (benchmarks/results/query_runtime.md, serve_load.md). It is what `auto` takes
+on a CPU (`retriever.encode.runtimes`): the server, `Index.open` and the CLI's query files encode with it; results
+agree with PyTorch to ~1e-6 (tests/test_onnx_runtime.py), so an index built with PyTorch is searched with ONNX
+Runtime, and the other way round, through the same encode path.
 
 The model is exported with the pooling inside the graph (the session maps token arrays straight to sentence
 vectors), once per machine: the graph is kept in a cache folder (`onnx_cache_dir`) under a digest of everything it

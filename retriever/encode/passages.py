@@ -123,7 +123,7 @@ class PassageCutter:
         self.max_length = int(max_length)
         self.window = int(settings.window)
         self.overlap = int(settings.overlap)
-        self.whole_rest = int(settings.whole_rest or settings.window)
+        self.whole_rest = int(settings.whole_rest)
         self.specials = int(tokenizer.num_special_tokens_to_add(pair=False))
         self._backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
         self._backend.no_truncation()

@@ -109,19 +109,15 @@ class _WorkerProcess(SpawnProcess):
     the main module is hidden from the spawn while the process starts."""
 
     def start(self) -> None:
+        main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
         with _MAIN_HIDDEN_LOCK:
-            main = sys.modules.get("__main__")
-            saved = {name: main.__dict__[name] for name in ("__file__", "__spec__")
-                     if main is not None and name in main.__dict__}
-            if main is None or (not saved.get("__file__") and not saved.get("__spec__")):
-                super().start()
-                return
-            main.__dict__.pop("__file__", None)
-            main.__spec__ = None
+            saved = {name: main[name] for name in ("__file__", "__spec__") if name in main}
+            main.pop("__file__", None)
+            main["__spec__"] = None
             try:
                 super().start()
             finally:
-                main.__dict__.update(saved)
+                main.update(saved)
 
 
 class _WorkerContext(SpawnContext):
