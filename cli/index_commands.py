@@ -26,7 +26,7 @@ from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.errors import RetrieverError
 from retriever.versions.home import NAME_RULE, check_name, index_options, resolve_index_dir
 from retriever.progress import stderr_console
-from retriever.text import counted, terminal_json, terminal_safe
+from retriever.text import counted, counted_queries, terminal_json, terminal_safe
 
 stdout = Console(soft_wrap=True)
 Calibrator = Annotated[str, typer.Option("--calibrator", "-c", help=options.CALIBRATORS)]
@@ -574,8 +574,8 @@ def check(
     if "ndcg@10" in current and current["name"] not in {row["name"] for row in rows}:
         rows.append(current)
     scores = Table(title=_plain(
-        f"retrieval check of index '{opened.name}': {record['pseudo_queries']:,} pseudo-quer"
-        f"{'y' if record['pseudo_queries'] == 1 else 'ies'} among {counted(record['pool'], 'document')}; vs none with "
+        f"retrieval check of index '{opened.name}': {counted_queries(record)} among "
+        f"{counted(record['pool'], 'document')}; vs none with "
         f"its {record['confidence']:.0%} interval; kinds: of the kinds of pseudo-query, how many it improves"),
         title_justify="left")
     for column in ("calibrator", "nDCG@10", "vs none", "kinds", "note"):
@@ -818,7 +818,7 @@ def _hybrid_rows(record: dict, label: str = "hybrid") -> list[tuple[str, str]]:
             parts.append(f"{group} ({found['queries']:,}): dense {scores['dense']:.2f}, keyword {scores['keyword']:.2f}"
                          + (f", dense - keyword {gap['difference']:+.2f} [{gap['interval'][0]:+.2f}, "
                             f"{gap['interval'][1]:+.2f}]" if gap else "") + f"; fused at weight {fused}")
-        rows.append((f"{label} evidence", f"nDCG@10 of {evidence['pseudo_queries']:,} pseudo-queries among "
+        rows.append((f"{label} evidence", f"nDCG@10 of {counted_queries(evidence)} among "
                                           f"{evidence['pool']:,} documents: " + "; ".join(parts)))
     return rows
 
@@ -828,7 +828,7 @@ def _check_summary(check: dict) -> str:
     kinds = ", ".join(f"{kind} {number:,}" for kind, number in check["kinds"].items())
     scores = "; ".join(f"{c['name']} {c['difference']:+.2f} [{c['interval'][0]:+.2f}, {c['interval'][1]:+.2f}]"
                        for c in check["candidates"])
-    return (f"{check['pseudo_queries']:,} pseudo-queries ({kinds}) among {check['pool']:,} documents; nDCG@10 of "
+    return (f"{counted_queries(check)} ({kinds}) among {check['pool']:,} documents; nDCG@10 of "
             f"none {check['none']['ndcg@10']:.2f}; against none ({check['confidence']:.0%} intervals for all "
             f"together): {scores}")
 

@@ -35,7 +35,7 @@ from retriever.calibration import (
     too_few_to_fit,
 )
 from retriever.calibration.diagnostics import isotropy, retrieval_check
-from retriever.calibration.pseudo_queries import make_check_set
+from retriever.calibration.pseudo_queries import CheckRounds
 from retriever.corpus import Document, corpus_format, given_documents, iter_corpus
 from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
@@ -268,7 +268,7 @@ class Index:
         snapshot = self.snapshot
         documents_at, vectors_at, passages = snapshot.check_sources()
         encoder = self._encoder_for(snapshot)
-        check = make_check_set(passages, documents_at, vectors_at, encoder, seed, progress=progress)
+        check = CheckRounds(passages, documents_at, vectors_at, encoder, seed, progress=progress)
         record = retrieval_check(self.name, passages, documents_at, vectors_at, snapshot.raw_sample, encoder,
                                  snapshot.calibrator, snapshot.manifest.calibrator["name"], fit_sample, seed, progress,
                                  check=check)

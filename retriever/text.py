@@ -111,3 +111,11 @@ def _json_escape(found: re.Match) -> str:
 def counted(number: int, noun: str) -> str:
     """'1 document', '2,000 documents': every count a message shows goes through here (NOUN takes an s)."""
     return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
+def counted_queries(record: dict) -> str:
+    """"250 of 2,000 pseudo-queries" (a check settled on its first rounds) or "2,000 pseudo-queries", from a check
+    or hybrid evidence RECORD; records written before rounds hold no "planned"."""
+    read, planned = record["pseudo_queries"], record.get("planned", record["pseudo_queries"])
+    noun = "pseudo-query" if planned == 1 else "pseudo-queries"
+    return f"{read:,} of {planned:,} {noun}" if read < planned else f"{read:,} {noun}"

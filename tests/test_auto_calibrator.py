@@ -171,27 +171,31 @@ def test_build_defaults_to_auto_and_info_list_and_check_show_the_retrieval_check
     details = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", home).stdout)
     calibrator = details["manifest"]["calibrator"]
     decision = calibrator["decision"]
-    assert calibrator["name"] == "auto" and decision["check"]["pseudo_queries"] == 600
+    # 600 pseudo-queries made, one per document; read in rounds (250, 500, 600) until the choice is settled
+    read = decision["check"]["pseudo_queries"]
+    assert calibrator["name"] == "auto" and decision["check"]["planned"] == 600 and read in (250, 500, 600)
     assert set(decision["check"]["kinds"]) == {"title", "sentence", "span", "known-item"}
     chosen = decision["chosen"]["name"]
+    counted = f"{read} of 600 pseudo-queries" if read < 600 else "600 pseudo-queries"
     shown = cli("info", "--name", "docs", "--index-dir", home).stdout
-    assert f"auto chose {chosen}" in shown and "600 pseudo-queries" in shown and "auto check" in shown
+    assert f"auto chose {chosen}" in shown and counted in shown and "auto check" in shown
     listed = json.loads(cli("list", "--json", "--index-dir", home).stdout)["indexes"][0]["calibrator"]
-    assert listed.startswith(f"auto: {chosen} (") and "on 600 pseudo-queries" in listed
+    assert listed.startswith(f"auto: {chosen} (") and f"on {counted}" in listed
     # `check` runs the same check on the stored index and says what auto would choose now
     checked = cli("check", "docs", "--index-dir", home, "--json")
     assert checked.returncode == 0, checked.stderr
     record = json.loads(checked.stdout)
-    assert record["index"] == "docs" and record["pseudo_queries"] == 600
+    assert record["index"] == "docs" and record["pseudo_queries"] == read and record["planned"] == 600
     assert record["current"]["calibrator"] == "auto" and record["current"]["name"] == chosen
     assert [c["name"] for c in record["candidates"]] == [c["name"] for c in decision["check"]["candidates"]]
     table = cli("check", "docs", "--index-dir", home)
-    assert "retrieval check of index 'docs': 600 pseudo-queries" in table.stdout and "…" not in table.stdout
+    assert f"retrieval check of index 'docs': {counted}" in table.stdout and "…" not in table.stdout
     assert f"auto would choose {record['auto']['chosen']}" in table.stderr
     # hybrid search's weight, decided on the same pseudo-queries at build and again by check, shown by all three
     hybrid = details["hybrid"]
     assert hybrid == details["manifest"]["hybrid"] and hybrid["fusion"] == "zscore-union"
-    assert hybrid["evidence"]["pseudo_queries"] == 600 and hybrid["weight"] in (0.5, 0.7, 0.9)
+    assert hybrid["evidence"]["planned"] == 600 and hybrid["evidence"]["pseudo_queries"] in (250, 500, 600)
+    assert hybrid["weight"] in (0.5, 0.7, 0.9)
     assert set(hybrid["evidence"]["groups"]) == {"meaning", "known-item"}
     assert f"dense weight {hybrid['weight']}" in shown and "hybrid evidence" in shown
     assert json.loads(cli("list", "--json", "--index-dir", home).stdout)["indexes"][0]["hybrid_weight"] == hybrid["weight"]
@@ -207,9 +211,9 @@ def test_refit_with_auto_checks_the_stored_documents(prose_corpus, tiny_bert, cl
     assert done.returncode == 0, done.stderr
     decision = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", home).stdout)[
         "manifest"]["calibrator"]["decision"]
-    assert decision["check"]["pseudo_queries"] == 600
+    assert decision["check"]["planned"] == 600 and decision["check"]["pseudo_queries"] in (250, 500, 600)
     hybrid = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", home).stdout)["hybrid"]
-    assert hybrid["evidence"]["pseudo_queries"] == 600  # the named calibrator's build had none; refit checked
+    assert hybrid["evidence"]["planned"] == 600  # the named calibrator's build had none; refit checked
 
 
 def test_fit_queries_fits_the_calibrator_on_documents_and_queries(tiny_bert, cli, tmp_path):
@@ -332,3 +336,43 @@ def test_check_on_an_index_too_small_or_too_short_to_check(tiny_bert, cli, tmp_p
     table = cli("check", "few", "--index-dir", home)
     assert table.returncode == 0 and "│ index" in table.stdout and "1 of 2" in table.stdout, table.stderr
     assert "…" not in table.stdout  # nothing cut, even at 80 columns
+
+
+class Rounds:
+    """A check read in rounds (the interface of `pseudo_queries.CheckRounds`) over a ready CHECK: the round of N
+    is its first N pseudo-queries; counts the rounds read."""
+
+    def __init__(self, check: CheckSet, first: int):
+        self.check, self.first, self.read = check, first, []
+        self.planned = len(check)
+
+    def __len__(self) -> int:
+        return self.planned
+
+    def sizes(self) -> list[int]:
+        return [self.first, 2 * self.first, self.planned]
+
+    def at(self, size: int) -> CheckSet:
+        self.read.append(size)
+        check = self.check
+        return CheckSet(check.queries[:size], check.targets[:size], check.kinds[:size],
+                        np.r_[check.distractors, check.targets[size:]])
+
+
+def test_a_clear_answer_either_way_is_settled_on_the_first_round():
+    X, check = space(3000, 16, distorted=True)
+    rounds = Rounds(check, 100)
+    auto = make_calibrator("auto").fit(X, check=rounds)
+    record = auto.decision["check"]
+    assert rounds.read == [100] and auto.chosen.name != "none"
+    assert record["pseudo_queries"] == 100 and record["planned"] == 400 and record["confidence"] == 0.99
+    assert "100 of 400 pseudo-queries" in auto.decision["reason"]
+    assert next(c for c in record["candidates"] if c["name"] == auto.chosen.name)["interval"][0] > 0
+    # isotropic: the flow clearly worse than the raw vectors, which stay without the other rounds
+    X, check = space(3000, 16, distorted=False)
+    rounds = Rounds(check, 100)
+    auto = make_calibrator("auto").fit(X, check=rounds)
+    assert rounds.read == [100] and auto.chosen.name == "none"
+    assert all(c["interval"][1] < 1.0 for c in auto.decision["check"]["candidates"])
+    # the same check read whole (a CheckSet) decides the same
+    assert make_calibrator("auto").fit(X, check=check).chosen.name == "none"

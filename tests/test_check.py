@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retriever.calibration.check import CheckSet, compare, paired_bootstrap, score_queries
+from retriever.calibration.check import CheckSet, compare, paired_bootstrap, score_queries, verdict
 
 
 def identity(X):
@@ -67,3 +67,14 @@ def test_more_candidates_widen_every_interval():
     assert crowded.difference == alone.difference
     assert crowded.low < alone.low and crowded.high > alone.high
     assert alone.record()["interval"] == [round(100 * alone.low, 2), round(100 * alone.high, 2)]
+
+
+def test_a_round_of_a_check_settles_only_a_clear_answer():
+    # shown at the interim confidence: settled, yes
+    assert verdict(shown_low=0.01, low=0.02, high=0.06, size=250, planned=2000) is True
+    # a candidate clearly worse (its upper end, were it the truth, too little for all 2,000 to show): settled, no
+    assert verdict(shown_low=-0.07, low=-0.06, high=-0.01, size=250, planned=2000) is False
+    assert verdict(shown_low=-0.05, low=-0.04, high=0.005, size=250, planned=2000) is False  # 0.005 < 0.0225 / sqrt(8)
+    # borderline, above 0 or a little below: read on
+    assert verdict(shown_low=-0.02, low=-0.01, high=0.03, size=250, planned=2000) is None
+    assert verdict(shown_low=-0.05, low=-0.04, high=0.02, size=250, planned=2000) is None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from retriever.calibration.pseudo_queries import KINDS, make_check_set, make_pseudo_queries, split_sentences
+from retriever.calibration.pseudo_queries import (KINDS, CheckRounds, make_check_set, make_pseudo_queries,
+                                                  split_sentences)
 
 PROSE = ("Heaps are binary trees. Every parent is smaller than its children. The smallest element is the root, "
          "so it can be read in constant time.")
@@ -86,3 +87,33 @@ def test_a_check_set_holds_encoded_queries_targets_and_other_documents_as_distra
     # distractors are other documents: never the source of a pseudo-query
     sources = {tuple(target) for target in check.targets[known]}
     assert not sources & {tuple(row) for row in check.distractors}
+
+
+def test_a_check_is_encoded_a_round_at_a_time_and_its_last_round_is_the_whole_check():
+    documents = [("heapq", PROSE)] * 400 + [(None, f"document {i} with a few more words here") for i in range(800)]
+    stored = np.arange(1200 * 3, dtype=np.float32).reshape(1200, 3)
+
+    def documents_at(positions):
+        return [documents[i] for i in positions]
+
+    def vectors_at(positions):
+        return stored[positions]
+
+    encoder = CountingEncoder()
+    rounds = CheckRounds(1200, documents_at, vectors_at, encoder, seed=0, pseudo_queries=1000, distractors=100)
+    assert rounds.planned == 1000 and rounds.sizes() == [250, 500, 1000] and not encoder.texts
+    first = rounds.at(250)
+    rewritten = sum(query.target is not None for query in rounds.made[:250])
+    assert len(first) == 250 and len(encoder.texts) == 250 + rewritten  # only the first round's queries and targets
+    # its pool: every document drawn but its own sources, the later rounds' sources among them
+    assert len(first.distractors) == 100 + 750 and first.pool_size == 1100 and len(first.pool_texts) == 1100
+    assert not {tuple(row) for row in stored[rounds.sources[:250]]} & {tuple(row) for row in first.distractors}
+    asked = len(encoder.texts)
+    assert len(rounds.at(500)) == 500 and len(rounds.at(250).queries) == 250 and len(encoder.texts) > asked
+    last = rounds.at(1000)
+    whole = make_check_set(1200, documents_at, vectors_at, CountingEncoder(), seed=0, pseudo_queries=1000,
+                           distractors=100)
+    for field in ("queries", "targets", "kinds", "distractors"):
+        assert np.array_equal(getattr(last, field), getattr(whole, field)), field
+    assert last.query_texts == whole.query_texts and last.pool_texts == whole.pool_texts
+    assert len(encoder.texts) == 1000 + sum(query.target is not None for query in rounds.made)  # each encoded once

@@ -11,7 +11,9 @@ through each candidate calibrator, fitted on the same vectors as the final one, 
   end of its paired bootstrap interval, 95% for all candidates together, `check.compare`, is above 0) *and*
   improves more than half of the kinds of pseudo-query (those with at least MIN_VOTE of them), so that no single
   kind, in particular the lexical known-item one, decides;
-- which: then the best-scoring candidate among those that beat the raw vectors with confidence.
+- which: then the best-scoring candidate among those that beat the raw vectors with confidence;
+- how many pseudo-queries: as many as the answer needs (`pseudo_queries.CheckRounds`): read in rounds, a round
+  before the last settles it only where the answer is clear either way (`check.verdict`).
 
 The decision, the spectrum, the pseudo-query counts and every candidate's score with its interval are saved with
 the calibrator (calibrator.json), so the manifest, `retriever info` and `retriever list` show them.
@@ -25,11 +27,14 @@ from pathlib import Path
 import numpy as np
 
 from retriever.calibration.base import Calibrator, centered_gram, column_mean, read_config
-from retriever.calibration.check import CONFIDENCE, CheckSet, baseline_result, compare, score_queries
+from retriever.calibration.check import (CONFIDENCE, INTERIM_CONFIDENCE, CheckSet, baseline_result, compare,
+                                         score_queries, verdict)
 from retriever.calibration.linear import Identity, Whitening
 from retriever.calibration.names import make_fixed
+from retriever.calibration.pseudo_queries import CheckRounds, check_rounds
 from retriever.errors import RetrieverError
 from retriever.numeric import anisotropy
+from retriever.text import counted_queries
 
 # Candidates keep the principal directions that hold these shares of the variance.
 VARIANCE_SHARES = (0.95, 0.99)
@@ -73,9 +78,10 @@ class AutoCalibrator(Calibrator):
     def _save_weights(self, path: Path) -> None:
         self.chosen._save_weights(path)
 
-    def fit(self, X: np.ndarray, check: CheckSet | None = None) -> AutoCalibrator:
-        """Fit the candidates on X and keep the one CHECK chooses; without a check set (no texts to make
-        pseudo-queries from), keep the raw vectors and say so."""
+    def fit(self, X: np.ndarray, check: CheckSet | CheckRounds | None = None) -> AutoCalibrator:
+        """Fit the candidates on X and keep the one CHECK chooses (read in rounds until the choice is settled, where
+        it is `CheckRounds`); without a check set (no texts to make pseudo-queries from), keep the raw vectors and
+        say so."""
         dim = self._check_fit_input(X, min_rows=1)
         evidence = spectrum_evidence(_sample(X, EVIDENCE_ROWS, np.random.default_rng(self.seed))) if len(X) > 1 else {}
         candidates, reason = self.candidates(evidence, len(X), dim, check)
@@ -88,17 +94,15 @@ class AutoCalibrator(Calibrator):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     candidate.fit(X)
-            baseline = score_queries(check, chosen.transform)
-            results = compare(check, baseline, [(c.name, score_queries(check, c.transform)) for c in candidates],
-                              seed=self.seed)
-            none = baseline_result("none", check, baseline)
+            check, planned, results, none = self._settled(check, candidates, chosen.transform)
             voters = voting_kinds(check)
             best, agreed, winners = decide(results, none, voters)
             if agreed:
                 chosen = next(c for c in candidates if c.name == best.name)
-            reason = _reason(best, agreed, winners, voters, check)
-            record = {"pseudo_queries": len(check), "kinds": check.counts(), "pool": check.pool_size,
-                      "confidence": CONFIDENCE, "voting_kinds": voters, "none": none.record(),
+            reason = _reason(best, agreed, winners, voters, check, planned)
+            confidence = CONFIDENCE if len(check) == planned else INTERIM_CONFIDENCE
+            record = {"pseudo_queries": len(check), "planned": planned, "kinds": check.counts(),
+                      "pool": check.pool_size, "confidence": confidence, "voting_kinds": voters, "none": none.record(),
                       "candidates": [{**result.record(), "kinds_improved": supported_kinds(result, none, voters)}
                                      for result in results]}
         self.chosen, self.dim = chosen, dim
@@ -106,8 +110,30 @@ class AutoCalibrator(Calibrator):
                          **({"check": record} if record else {})}
         return self
 
+    def _settled(self, check: CheckSet | CheckRounds, candidates: list[Calibrator], raw) -> tuple:
+        """The round of CHECK that settles the choice, with the pseudo-queries planned, each fitted candidate's
+        result there and the raw vectors' (RAW: their transform): the first round where the best-scoring candidate
+        beats the raw vectors with confidence (`INTERIM_CONFIDENCE`, the results then at that confidence) on most
+        kinds, or where every candidate either does or clearly could not on all the pseudo-queries
+        (`check.verdict`); else the last."""
+        for current, planned in check_rounds(check):
+            baseline = score_queries(current, raw)
+            scores = [(candidate.name, score_queries(current, candidate.transform)) for candidate in candidates]
+            results = compare(current, baseline, scores, seed=self.seed)
+            none = baseline_result("none", current, baseline)
+            if len(current) == planned:
+                return current, planned, results, none
+            shown = compare(current, baseline, scores, confidence=INTERIM_CONFIDENCE, seed=self.seed)
+            verdicts = [verdict(strict.low, result.low, result.high, len(current), planned)
+                        for result, strict in zip(results, shown)]
+            leader = max(range(len(results)), key=lambda number: results[number].ndcg)
+            if all(answer is not None for answer in verdicts) or (
+                    verdicts[leader] and supported(shown[leader], none, voting_kinds(current))):
+                return current, planned, shown, none
+        raise AssertionError("a check's rounds end with all its pseudo-queries")
+
     def candidates(self, evidence: dict, rows: int, dim: int,
-                   check: CheckSet | None) -> tuple[list[Calibrator], str | None]:
+                   check: CheckSet | CheckRounds | None) -> tuple[list[Calibrator], str | None]:
         """The unfitted candidates for ROWS vectors of DIM dimensions, or none and why none is tried."""
         if check is None:
             return [], "no pseudo-queries to check calibration with (auto decides from the corpus's texts, which an " \
@@ -205,10 +231,10 @@ def supported(result, none, voters: list[str]) -> bool:
     return len(supported_kinds(result, none, voters)) > len(voters) / 2
 
 
-def _reason(best, agreed: list, winners: list, voters: list[str], check: CheckSet) -> str:
+def _reason(best, agreed: list, winners: list, voters: list[str], check: CheckSet, planned: int) -> str:
     kinds = ", ".join(f"{kind} {count:,}" for kind, count in check.counts().items())
     measured = (f"{best.name} {100 * best.difference:+.2f} nDCG@10 [{100 * best.low:+.2f}, {100 * best.high:+.2f}] "
-                f"against none on {len(check):,} pseudo-queries ({kinds})")
+                f"against none on {counted_queries({'pseudo_queries': len(check), 'planned': planned})} ({kinds})")
     if agreed:
         backers = ", ".join(result.name for result in agreed)
         return (f"it beat the raw vectors on the retrieval check: {measured}; calibration helps most kinds of "

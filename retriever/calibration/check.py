@@ -15,6 +15,7 @@ bootstrap interval over pseudo-queries, resampled within each kind so every resa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,10 @@ DEPTH = 10
 RESAMPLES = 2000
 # Family-wise confidence of the intervals of all candidates together (each gets 1 - (1 - CONFIDENCE) / m).
 CONFIDENCE = 0.95
+# A check read in rounds (`pseudo_queries.CheckRounds`) may stop before its last round only on a difference shown at
+# this confidence: four looks at 1% each keep the chance that any of them shows one that is not there within the
+# last round's 5% (Bonferroni).
+INTERIM_CONFIDENCE = 0.99
 
 
 @dataclass
@@ -133,6 +138,19 @@ def compare(check: CheckSet, baseline: QueryScores, candidates: Sequence[tuple[s
         low, high = paired_bootstrap(difference, check.kinds, each, seed=seed)
         results.append(_result(name, scores, check.kinds, float(difference.mean()), low, high))
     return results
+
+
+def verdict(shown_low: float, low: float, high: float, size: int, planned: int) -> bool | None:
+    """Is a mean difference above 0, asked of a round of SIZE of a check's PLANNED pseudo-queries? True: shown,
+    the lower end of its interval at `INTERIM_CONFIDENCE` (SHOWN_LOW) is above 0; False: not even the upper end of
+    its interval at the check's confidence (LOW to HIGH), were it the true difference, would be shown by all
+    PLANNED (whose interval would reach below it by this one's half-width, narrowed as one over the square root of
+    the pseudo-queries read); None: only more pseudo-queries can tell. A borderline difference is read to the end:
+    a round stops only where the answer is clear either way."""
+    if shown_low > 0:
+        return True
+    reach = (high - low) / 2 * math.sqrt(size / max(planned, size))
+    return False if high - reach <= 0 else None
 
 
 def baseline_result(name: str, check: CheckSet, scores: QueryScores) -> CandidateResult:

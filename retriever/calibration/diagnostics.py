@@ -11,27 +11,30 @@ import numpy as np
 from retriever.calibration import AutoCalibrator, Calibrator, make_calibrator
 from retriever.calibration.auto import supported_kinds, voting_kinds
 from retriever.calibration.check import CONFIDENCE, CheckSet, baseline_result, compare, score_queries
-from retriever.calibration.pseudo_queries import make_check_set
+from retriever.calibration.pseudo_queries import CheckRounds
 from retriever.errors import RetrieverError
 from retriever.numeric import anisotropy, l2_normalize
 
 
 def retrieval_check(name: str, documents: int, documents_at, vectors_at, raw_sample: Callable[[int, int], np.ndarray],
                     encoder, calibrator: Calibrator, calibrator_name: str, fit_sample: int | None, seed: int = 0,
-                    progress: bool = False, check: CheckSet | None = None) -> dict:
+                    progress: bool = False, check: CheckSet | CheckRounds | None = None) -> dict:
     """The retrieval check on index NAME's own DOCUMENTS, without labels: pseudo-queries made from them
     (`pseudo_queries`, reading DOCUMENTS_AT and VECTORS_AT, encoded by ENCODER), searched through the raw
     vectors, through `auto`'s candidates fitted on RAW_SAMPLE(size, seed), and through the index's own
-    CALIBRATOR (recorded as CALIBRATOR_NAME). Returns the check's record (`AutoCalibrator.decision["check"]`) with
-    what auto would choose now ("auto") and the index's own calibrator's result ("current"). CHECK: the
-    pseudo-queries, already made (`make_check_set`: what the caller checks something else on too)."""
+    CALIBRATOR (recorded as CALIBRATOR_NAME), read in rounds as a build reads them (`CheckRounds`). Returns the
+    check's record (`AutoCalibrator.decision["check"]`: the round that settled auto's choice) with what auto would
+    choose now ("auto") and the index's own calibrator's result on the same round ("current"). CHECK: the
+    pseudo-queries, already made (what the caller checks something else on too)."""
     if check is None:
-        check = make_check_set(documents, documents_at, vectors_at, encoder, seed, progress=progress)
+        check = CheckRounds(documents, documents_at, vectors_at, encoder, seed, progress=progress)
     if not len(check):
         raise RetrieverError(f"index '{name}' has no document long enough to cut a pseudo-query from (a title and "
                              "3 words of text, or 6 words): there is nothing to check with")
     auto = make_calibrator("auto", seed=seed, device="cpu")
     auto.fit(raw_sample(fit_sample or documents, seed), check=check)
+    if isinstance(check, CheckRounds):
+        check = check.at(auto.decision.get("check", {}).get("pseudo_queries", check.planned))
     baseline = score_queries(check, lambda raw: np.asarray(raw, np.float32))
     none, voters = baseline_result("none", check, baseline), voting_kinds(check)
     record = dict(auto.decision.get("check") or {

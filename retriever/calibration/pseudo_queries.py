@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,6 +127,8 @@ PSEUDO_QUERIES = 2000
 OVERSAMPLE = 3
 # Other corpus documents searched among: bounds the cost on large corpora.
 DISTRACTORS = 50_000
+# The pseudo-queries a check's first round holds (`CheckRounds`); each later round holds twice the last's.
+FIRST_ROUND = 250
 
 
 def sample_pseudo_queries(rows: int, documents_at: Callable[[np.ndarray], list[tuple[str | None, str]]],
@@ -144,38 +147,107 @@ def make_check_set(rows: int, documents_at: Callable[[np.ndarray], list[tuple[st
                    vectors_at: Callable[[np.ndarray], np.ndarray], encoder, seed: int = 0,
                    pseudo_queries: int = PSEUDO_QUERIES, distractors: int = DISTRACTORS,
                    progress: bool = False) -> CheckSet:
-    """A `CheckSet` for a corpus of ROWS documents: pseudo-queries from a seeded sample of them, encoded with
-    ENCODER, and the stored vectors of other documents as distractors.
+    """A `CheckSet` of every pseudo-query `CheckRounds` makes for a corpus of ROWS documents, encoded at once."""
+    rounds = CheckRounds(rows, documents_at, vectors_at, encoder, seed, pseudo_queries, distractors, progress)
+    return rounds.at(rounds.planned)
 
-    DOCUMENTS_AT(positions) gives (title, text) and VECTORS_AT(positions) the raw vectors of ascending 0-based
-    document positions: the build reads them from its SQLite table and encoded vectors, `Index.check` from an
-    index's segments."""
-    rng = np.random.default_rng(seed)
-    made, sources = sample_pseudo_queries(rows, documents_at, rng, seed, pseudo_queries)
-    queries = encoder.encode([query.query for query in made], progress=progress,
-                             description="Encoding pseudo-queries")
-    dim = queries.shape[1]
-    targets = np.empty((len(made), dim), np.float32)
-    rewritten = np.array([query.target is not None for query in made], dtype=bool)
-    if rewritten.any():
-        targets[rewritten] = encoder.encode([query.target for query in made if query.target is not None],
-                                            progress=progress, description="Encoding their targets")
-    if (~rewritten).any():  # known-item: the document as stored
-        order = np.argsort(sources[~rewritten])
-        stored = np.empty((int((~rewritten).sum()), dim), np.float32)
-        stored[order] = vectors_at(sources[~rewritten][order])
-        targets[~rewritten] = stored
-    others = rng.choice(rows, size=min(rows, distractors + len(sources)), replace=False)
-    others = np.sort(others[~np.isin(others, sources)][:distractors])
-    pool = vectors_at(others) if len(others) else np.empty((0, dim), np.float32)
-    # The texts too, for the hybrid check's keyword side: a target as encoded, a stored document as the keyword
-    # index reads it (title and text).
-    stored_texts = {}
-    if (~rewritten).any() or len(others):
-        wanted = np.unique(np.concatenate([sources[~rewritten], others]))
-        stored_texts = dict(zip(wanted.tolist(), (f"{title} {text}" if title else text
-                                                  for title, text in documents_at(wanted))))
-    target_texts = [query.target if query.target is not None else stored_texts[int(source)]
-                    for query, source in zip(made, sources.tolist())]
-    return CheckSet(queries, targets, np.asarray([query.kind for query in made], dtype=str), pool,
-                    [query.query for query in made], target_texts + [stored_texts[i] for i in others.tolist()])
+
+class CheckRounds:
+    """A corpus's pseudo-queries, encoded a round at a time as a decision asks for them.
+
+    The pseudo-queries come from a seeded sample of the corpus's ROWS documents, and the distractors are the stored
+    vectors of other documents: DOCUMENTS_AT(positions) gives (title, text) and VECTORS_AT(positions) the raw
+    vectors of ascending 0-based document positions (the build reads them from its SQLite table and encoded
+    vectors, `Index.check` from an index's segments). Making them costs little; encoding them, each query and each
+    target cut from its document (encoded again), costs about as much as encoding that many documents, which for a
+    small corpus is most of a build. So a check reads them in rounds (`sizes`: FIRST_ROUND, twice that, ... up to
+    all, `planned`), and a decision settled on the first rounds (`check.settled`) leaves the rest unencoded.
+
+    The round of N (`at`) is the first N pseudo-queries, searched among their targets and the stored vectors of
+    every other document drawn: the distractors, and the sources of the pseudo-queries not yet in use (documents
+    like any other until their query is asked). Its last round is the whole check."""
+
+    def __init__(self, rows: int, documents_at: Callable[[np.ndarray], list[tuple[str | None, str]]],
+                 vectors_at: Callable[[np.ndarray], np.ndarray], encoder, seed: int = 0,
+                 pseudo_queries: int = PSEUDO_QUERIES, distractors: int = DISTRACTORS, progress: bool = False):
+        rng = np.random.default_rng(seed)
+        self.made, self.sources = sample_pseudo_queries(rows, documents_at, rng, seed, pseudo_queries)
+        self.encoder, self.progress = encoder, progress
+        others = rng.choice(rows, size=min(rows, distractors + len(self.sources)), replace=False)
+        self.others = np.sort(others[~np.isin(others, self.sources)][:distractors])
+        # The stored vectors and texts (a stored document as the keyword index reads it: title and text) of every
+        # document a round may search among, read once.
+        stored = np.unique(np.concatenate([self.sources, self.others]))
+        self._stored_at = {int(position): row for row, position in enumerate(stored.tolist())}
+        self._stored = vectors_at(stored) if len(stored) else None
+        self._stored_texts = [f"{title} {text}" if title else text for title, text in documents_at(stored)]
+        self._queries: list[np.ndarray] = []
+        self._targets: list[np.ndarray] = []
+        self.seconds = 0.0  # spent encoding
+
+    @property
+    def planned(self) -> int:
+        return len(self.made)
+
+    def __len__(self) -> int:
+        return self.planned
+
+    def sizes(self) -> list[int]:
+        """How many pseudo-queries each round holds: FIRST_ROUND, doubling, the last all of them."""
+        sizes, size = [], FIRST_ROUND
+        while size < self.planned:
+            sizes.append(size)
+            size *= 2
+        return sizes + [self.planned]
+
+    @property
+    def encoded(self) -> int:
+        """The pseudo-queries encoded so far."""
+        return sum(len(block) for block in self._queries)
+
+    def at(self, size: int) -> CheckSet:
+        """The round of the first SIZE pseudo-queries (encoding those not encoded yet)."""
+        self._encode(size)
+        dim = self._dim()
+        queries = np.concatenate(self._queries)[:size] if self._queries else np.empty((0, dim), np.float32)
+        targets = np.concatenate(self._targets)[:size] if self._targets else np.empty((0, dim), np.float32)
+        pool = np.sort(np.concatenate([self.others, self.sources[size:]]))
+        at = np.array([self._stored_at[int(position)] for position in pool.tolist()], np.int64)
+        distractors = self._stored[at] if len(at) else np.empty((0, dim), np.float32)
+        made = self.made[:size]
+        target_texts = [query.target if query.target is not None else self._stored_texts[self._stored_at[int(source)]]
+                        for query, source in zip(made, self.sources[:size].tolist())]
+        return CheckSet(queries, targets, np.asarray([query.kind for query in made], dtype=str), distractors,
+                        [query.query for query in made], target_texts + [self._stored_texts[i] for i in at.tolist()])
+
+    def _dim(self) -> int:
+        if self._stored is not None:
+            return int(self._stored.shape[1])
+        return int(self._queries[0].shape[1]) if self._queries else 0
+
+    def _encode(self, size: int) -> None:
+        start, clock = self.encoded, time.perf_counter()
+        if size <= start:
+            return
+        made, sources = self.made[start:size], self.sources[start:size]
+        queries = self.encoder.encode([query.query for query in made], progress=self.progress,
+                                      description="Encoding pseudo-queries")
+        targets = np.empty_like(queries)
+        rewritten = np.array([query.target is not None for query in made], dtype=bool)
+        if rewritten.any():
+            targets[rewritten] = self.encoder.encode([query.target for query in made if query.target is not None],
+                                                     progress=self.progress, description="Encoding their targets")
+        if (~rewritten).any():  # known-item: the document as stored
+            targets[~rewritten] = self._stored[[self._stored_at[int(source)] for source in sources[~rewritten]]]
+        self._queries.append(np.asarray(queries, np.float32))
+        self._targets.append(targets.astype(np.float32, copy=False))
+        self.seconds += time.perf_counter() - clock
+
+
+def check_rounds(check: CheckSet | CheckRounds) -> Iterator[tuple[CheckSet, int]]:
+    """Each round of CHECK, with the pseudo-queries its last holds: a `CheckSet` is one round."""
+    if isinstance(check, CheckSet):
+        yield check, len(check)
+        return
+    for size in check.sizes():
+        yield check.at(size), check.planned

@@ -28,7 +28,7 @@ import numpy as np
 from retriever.calibration import Calibrator, fit_calibrator, fit_sample_rows
 from retriever.calibration.check import CheckSet
 from retriever.corpus import Document, document_text, iter_corpus
-from retriever.calibration.pseudo_queries import make_check_set
+from retriever.calibration.pseudo_queries import CheckRounds
 from retriever.encode.passages import PassageCutter, PassageSettings
 from retriever.errors import RetrieverError
 from retriever.numeric import l2_normalize
@@ -278,13 +278,14 @@ def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, se
 
 
 def check_set(calibrator: Calibrator, rows: int, documents_at, vectors_at, encoder, seed: int,
-              progress: bool = False) -> CheckSet | None:
-    """The pseudo-queries CALIBRATOR checks its candidates on (`pseudo_queries.make_check_set`), or None for a
-    calibrator that takes none, or where ENCODER cannot encode text (vectors computed outside the index with no model
-    to encode pseudo-queries: `encode.external.ExternalEncoder`; auto then keeps the raw vectors and says why)."""
+              progress: bool = False) -> CheckRounds | None:
+    """The pseudo-queries CALIBRATOR checks its candidates on (`pseudo_queries.CheckRounds`: encoded as far as its
+    decision and the hybrid check need), or None for a calibrator that takes none, or where ENCODER cannot encode
+    text (vectors computed outside the index with no model to encode pseudo-queries: `encode.external.ExternalEncoder`;
+    auto then keeps the raw vectors and says why)."""
     if not calibrator.uses_check or calibrator.fitted or not getattr(encoder, "encodes_text", True):
         return None
-    return make_check_set(rows, documents_at, vectors_at, encoder, seed, progress=progress)
+    return CheckRounds(rows, documents_at, vectors_at, encoder, seed, progress=progress)
 
 
 def table_texts(table: DocumentTable, first_rowid: int = 1):

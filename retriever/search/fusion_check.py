@@ -30,7 +30,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from retriever.calibration.check import CONFIDENCE, CheckSet, paired_bootstrap
+from retriever.calibration.check import CONFIDENCE, INTERIM_CONFIDENCE, CheckSet, paired_bootstrap, verdict
+from retriever.calibration.pseudo_queries import CheckRounds, check_rounds
 from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
 from retriever.numeric import l2_normalize
 from retriever.search.fusion import make_fusion, scored_candidates, top_list
@@ -101,15 +102,31 @@ def query_results(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]
     return {label: np.asarray(values) for label, values in found.items()}
 
 
-def hybrid_check(check: CheckSet | None, transform: Callable[[np.ndarray], np.ndarray], seed: int = 0) -> dict:
+def hybrid_check(check: CheckSet | CheckRounds | None, transform: Callable[[np.ndarray], np.ndarray],
+                 seed: int = 0) -> dict:
     """The hybrid decision for an index whose vectors TRANSFORM calibrates (a calibrator's), from CHECK's
     pseudo-queries (None, or without texts: no evidence, the default stays): {"fusion", "weight", "reason",
-    "evidence"}, as the manifest records it."""
-    if check is None or check.query_texts is None or not len(check):
+    "evidence"}, as the manifest records it. `CheckRounds` are read until the decision is settled: a round before
+    the last decides where each difference the rule asks about is shown or could not be (`check.verdict`)."""
+    if check is None or not len(check):
         return decision(None)
+    for current, planned in check_rounds(check):
+        if current.query_texts is None:
+            return decision(None)
+        evidence, verdicts = _evidence(current, planned, transform, seed)
+        if len(current) == planned or _settled(verdicts):
+            return decision(evidence)
+    raise AssertionError("a check's rounds end with all its pseudo-queries")
+
+
+def _evidence(check: CheckSet, planned: int, transform, seed: int) -> tuple[dict, dict]:
+    """The evidence record of CHECK, a round of PLANNED pseudo-queries, and each group's verdict on dense minus
+    keyword (None where it has too few pseudo-queries, or only more can tell)."""
     results = query_results(check, transform)
     groups = {"meaning": np.isin(check.kinds, MEANING), KNOWN_ITEM: check.kinds == KNOWN_ITEM}
-    evidence: dict = {"pseudo_queries": len(check), "pool": check.pool_size, "confidence": CONFIDENCE, "groups": {}}
+    evidence: dict = {"pseudo_queries": len(check), "planned": planned, "pool": check.pool_size,
+                      "confidence": CONFIDENCE, "groups": {}}
+    verdicts: dict[str, bool | None] = dict.fromkeys(groups)
     for group, chosen in groups.items():
         record: dict = {"queries": int(chosen.sum())}
         if chosen.sum():
@@ -119,8 +136,18 @@ def hybrid_check(check: CheckSet | None, transform: Callable[[np.ndarray], np.nd
             low, high = paired_bootstrap(differences, check.kinds[chosen], CONFIDENCE, seed=seed)
             record["dense_minus_keyword"] = {"difference": _points(differences.mean()),
                                              "interval": [_points(low), _points(high)]}
+            if len(check) < planned:
+                shown, _ = paired_bootstrap(differences, check.kinds[chosen], INTERIM_CONFIDENCE, seed=seed)
+                verdicts[group] = verdict(shown, low, high, len(check), planned)
         evidence["groups"][group] = record
-    return decision(evidence)
+    return evidence, verdicts
+
+
+def _settled(verdicts: dict[str, bool | None]) -> bool:
+    """Whether the rule (`decision`) reads the same on more pseudo-queries: dense is shown not to lead on meaning
+    (even weights), or it is shown to, and known-item queries settle the rest."""
+    meaning, known = verdicts["meaning"], verdicts[KNOWN_ITEM]
+    return meaning is False or (meaning is True and known is not None)
 
 
 def decision(evidence: dict | None) -> dict:

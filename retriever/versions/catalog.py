@@ -13,6 +13,7 @@ from pathlib import Path
 
 from retriever.defaults import DEFAULT_WEIGHT
 from retriever.errors import ConflictError, RetrieverError, param
+from retriever.text import counted_queries
 from retriever.versions.folder import kept_versions
 from retriever.versions.home import check_name, index_path, list_indexes
 from retriever.versions.integrity import read_manifest
@@ -134,4 +135,4 @@ def short_decision(decision: dict) -> str:
     kinds = (f", {len(shown['kinds_improved'])} of {len(check['voting_kinds'])} kinds better"
              if "kinds_improved" in shown and check.get("voting_kinds") else "")
     return (f"{chosen} ({shown['name']} {shown['difference']:+.2f} [{low:+.2f}, {high:+.2f}]{kinds} on "
-            f"{check['pseudo_queries']:,} pseudo-queries)")
+            f"{counted_queries(check)})")
