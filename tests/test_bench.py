@@ -106,9 +106,9 @@ def test_paper_setting_on_real_data_with_random_bert_base(shared_data, random_be
     assert rows[0][4] == pytest.approx((stsb + sts13_wmean) / 2)  # average of the main aggregations
 
 
-def test_cli_json_is_one_object_with_the_schema(fake_data, tiny_bert, tmp_path):
+def test_cli_json_is_one_object_with_the_schema(fake_data, tiny_bert, tmp_path, cli):
     figure = tmp_path / "figure.png"
-    done = run_cli(
+    done = cli(
         "bench", "stsb", "--model", tiny_bert, "--data-dir", fake_data, "--calibrator", "none,flow,whitening",
         "--json", "--lexical", "--plot", figure, "--cache-dir", tmp_path / "cache", "--max-length", "16",
     )
@@ -204,9 +204,9 @@ def test_bad_names_are_one_line_errors(fake_data):
         plan_benchmark("stsb", data_dir=fake_data, fit_queries=True)
 
 
-def test_cli_errors_exit_1_with_one_line(fake_data, tmp_path):
-    unknown = run_cli("bench", "sts17", "--data-dir", fake_data)
-    missing = run_cli("bench", "stsb", "--data-dir", tmp_path / "nowhere")
+def test_cli_errors_exit_1_with_one_line(fake_data, tmp_path, cli):
+    unknown = cli("bench", "sts17", "--data-dir", fake_data)
+    missing = cli("bench", "stsb", "--data-dir", tmp_path / "nowhere")
     # The paper's model is not available offline: the encoder's one-line message, fast, no traceback.
     offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     paper = run_cli("bench", "stsb", "--model", "bert-base-uncased", "--pooling", "first-last-avg",
@@ -236,8 +236,8 @@ def beir_folder(tmp_path) -> Path:
     return folder
 
 
-def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path):
-    done = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none,sn", "--json",
+def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path, cli):
+    done = cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none,sn", "--json",
                    "--cache-dir", tmp_path / "cache", "--max-length", "32")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
@@ -250,29 +250,29 @@ def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path):
     assert none == {"ndcg@10": pytest.approx(100.0), "recall@100": pytest.approx(100.0), "mrr@10": pytest.approx(100.0)}
     assert document["fit_sets"]["tiny-beir"] == {"source": "corpus", "sentences": 60, "documents": 60, "queries": 12,
                                                  "relevant": 12}
-    table = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none",
+    table = cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none",
                     "--cache-dir", tmp_path / "cache", "--max-length", "32")
     assert table.returncode == 0 and "tiny-beir nDCG@10" in table.stdout and "tiny-beir MRR@10" in table.stdout
     # A retrieval-only run prints one table: its numbers once, under a retrieval caption, not Spearman/AUC's.
     assert table.stdout.count("tiny-beir nDCG@10") == 1 and "Spearman" not in table.stdout
 
 
-def test_bench_scores_every_search_mode_on_the_same_index(beir_folder, tiny_bert, tmp_path):
-    done = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none", "--json",
+def test_bench_scores_every_search_mode_on_the_same_index(beir_folder, tiny_bert, tmp_path, cli):
+    done = cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none", "--json",
                    "--mode", "dense,keyword,hybrid", "--cache-dir", tmp_path / "cache", "--max-length", "32")
     assert done.returncode == 0, done.stderr
     scores = {r["mode"]: r["score"] for r in json.loads(done.stdout)["results"] if r["metric"] == "ndcg@10"}
     assert set(scores) == {"dense", "keyword", "hybrid"}
     assert scores["keyword"] == pytest.approx(100.0)  # every query holds its document's words
-    table = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none", "--mode",
+    table = cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none", "--mode",
                     "keyword,hybrid", "--cache-dir", tmp_path / "cache", "--max-length", "32")
     assert table.returncode == 0 and "none (keyword)" in table.stdout and "none (hybrid)" in table.stdout
-    refused = run_cli("bench", "beir", beir_folder, "--mode", "dense,fuzzy")
+    refused = cli("bench", "beir", beir_folder, "--mode", "dense,fuzzy")
     assert refused.returncode == 1 and "--mode: fuzzy; known: dense, keyword, hybrid" in refused.stderr
 
 
-def test_bench_fit_queries_and_auto_decisions_are_recorded(beir_folder, tiny_bert, tmp_path):
-    done = run_cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none,auto", "--json",
+def test_bench_fit_queries_and_auto_decisions_are_recorded(beir_folder, tiny_bert, tmp_path, cli):
+    done = cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none,auto", "--json",
                    "--fit-queries", "--cache-dir", tmp_path / "cache", "--max-length", "32")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
@@ -285,11 +285,11 @@ def test_bench_fit_queries_and_auto_decisions_are_recorded(beir_folder, tiny_ber
     assert f"tiny-beir: auto chose {decision['chosen']['name']}" in done.stderr
 
 
-def test_retrieval_tasks_resolve_and_refuse_bad_input(tmp_path):
+def test_retrieval_tasks_resolve_and_refuse_bad_input(tmp_path, cli):
     from retriever.evaluation.registry import resolve_tasks
 
     assert [t.name for t in resolve_tasks("retrieval")] == ["qnli-retrieval", "stsb-dup", "sickr-dup"]
-    assert "beir:PATH" in run_cli("bench", "nope").stderr
-    assert "needs a folder" in run_cli("bench", "beir").stderr
-    assert "is not a folder" in run_cli("bench", "beir", tmp_path / "missing").stderr
-    assert "not a BEIR folder" in run_cli("bench", "beir", tmp_path, "--limit", "5").stderr
+    assert "beir:PATH" in cli("bench", "nope").stderr
+    assert "needs a folder" in cli("bench", "beir").stderr
+    assert "is not a folder" in cli("bench", "beir", tmp_path / "missing").stderr
+    assert "not a BEIR folder" in cli("bench", "beir", tmp_path, "--limit", "5").stderr
