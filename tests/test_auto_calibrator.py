@@ -352,6 +352,9 @@ class Rounds:
     def sizes(self) -> list[int]:
         return [self.first, 2 * self.first, self.planned]
 
+    def counts(self) -> dict[str, int]:
+        return self.check.counts()
+
     def at(self, size: int) -> CheckSet:
         self.read.append(size)
         check = self.check

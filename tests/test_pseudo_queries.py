@@ -116,4 +116,5 @@ def test_a_check_is_encoded_a_round_at_a_time_and_its_last_round_is_the_whole_ch
     for field in ("queries", "targets", "kinds", "distractors"):
         assert np.array_equal(getattr(last, field), getattr(whole, field)), field
     assert last.query_texts == whole.query_texts and last.pool_texts == whole.pool_texts
+    assert rounds.counts() == whole.counts()  # the kinds every round's decision lets vote: of all made
     assert len(encoder.texts) == 1000 + sum(query.target is not None for query in rounds.made)  # each encoded once

@@ -13,6 +13,7 @@ import numpy as np
 from retriever.calibration.auto import AutoCalibrator, describe_decision
 from retriever.calibration.base import Calibrator, read_config
 from retriever.calibration.check import CheckSet
+from retriever.calibration.pseudo_queries import CheckRounds
 from retriever.calibration.base import FLOW_NAME
 from retriever.calibration.names import COMMON_OPTIONS, VALID_NAMES, fixed_class, make_fixed
 from retriever.defaults import DEFAULT_FIT_SAMPLE
@@ -56,14 +57,15 @@ def fit_sample_rows(rows: int, fit_sample: int | None, seed: int = 0) -> np.ndar
 
 
 def fit_on_sample(calibrator: Calibrator, X: np.ndarray, fit_sample: int | None = DEFAULT_FIT_SAMPLE,
-                  seed: int = 0, check: CheckSet | None = None) -> Calibrator:
+                  seed: int = 0, check: CheckSet | CheckRounds | None = None) -> Calibrator:
     """Fit CALIBRATOR on at most FIT_SAMPLE rows of X (all of X, as given, when it has no more), with CHECK for a
     calibrator that takes one (`auto`)."""
     rows = fit_sample_rows(len(X), fit_sample, seed)
     return fit_calibrator(calibrator, X if rows is None else np.asarray(X[rows]), check)
 
 
-def fit_calibrator(calibrator: Calibrator, X: np.ndarray, check: CheckSet | None = None) -> Calibrator:
+def fit_calibrator(calibrator: Calibrator, X: np.ndarray,
+                   check: CheckSet | CheckRounds | None = None) -> Calibrator:
     """CALIBRATOR.fit(X), given the retrieval check set where it takes one (`Calibrator.uses_check`)."""
     return calibrator.fit(X, check=check) if calibrator.uses_check else calibrator.fit(X)
 

@@ -94,8 +94,8 @@ class AutoCalibrator(Calibrator):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     candidate.fit(X)
-            check, planned, results, none = self._settled(check, candidates, chosen.transform)
-            voters = voting_kinds(check)
+            voters = voting_kinds(check)  # of every pseudo-query made: the same voters in every round
+            check, planned, results, none = self._settled(check, candidates, chosen.transform, voters)
             best, agreed, winners = decide(results, none, voters)
             if agreed:
                 chosen = next(c for c in candidates if c.name == best.name)
@@ -110,12 +110,12 @@ class AutoCalibrator(Calibrator):
                          **({"check": record} if record else {})}
         return self
 
-    def _settled(self, check: CheckSet | CheckRounds, candidates: list[Calibrator], raw) -> tuple:
+    def _settled(self, check: CheckSet | CheckRounds, candidates: list[Calibrator], raw, voters: list[str]) -> tuple:
         """The round of CHECK that settles the choice, with the pseudo-queries planned, each fitted candidate's
         result there and the raw vectors' (RAW: their transform): the first round where the best-scoring candidate
-        beats the raw vectors with confidence (`INTERIM_CONFIDENCE`, the results then at that confidence) on most
-        kinds, or where every candidate either does or clearly could not on all the pseudo-queries
-        (`check.verdict`); else the last."""
+        beats the raw vectors with confidence (`INTERIM_CONFIDENCE`, the results then at that confidence) and
+        improves most of VOTERS, or where no candidate could on all the pseudo-queries (`check.verdict`); else the
+        last."""
         for current, planned in check_rounds(check):
             baseline = score_queries(current, raw)
             scores = [(candidate.name, score_queries(current, candidate.transform)) for candidate in candidates]
@@ -127,8 +127,8 @@ class AutoCalibrator(Calibrator):
             verdicts = [verdict(strict.low, result.low, result.high, len(current), planned)
                         for result, strict in zip(results, shown)]
             leader = max(range(len(results)), key=lambda number: results[number].ndcg)
-            if all(answer is not None for answer in verdicts) or (
-                    verdicts[leader] and supported(shown[leader], none, voting_kinds(current))):
+            if all(answer is False for answer in verdicts) or (verdicts[leader] and supported(shown[leader], none,
+                                                                                              voters)):
                 return current, planned, shown, none
         raise AssertionError("a check's rounds end with all its pseudo-queries")
 
@@ -215,15 +215,16 @@ def decide(results: list, none, voters: list[str]) -> tuple:
     return best, agreed, winners
 
 
-def voting_kinds(check: CheckSet) -> list[str]:
-    """The kinds with enough pseudo-queries (MIN_VOTE) for their mean to count as a kind's verdict."""
+def voting_kinds(check: CheckSet | CheckRounds) -> list[str]:
+    """The kinds with enough pseudo-queries (MIN_VOTE) for their mean to count as a kind's verdict (of a check
+    read in rounds, those of every pseudo-query made)."""
     counts = check.counts()
     return [kind for kind, count in counts.items() if count >= MIN_VOTE] or list(counts)
 
 
 def supported_kinds(result, none, voters: list[str]) -> list[str]:
     """The voting kinds whose pseudo-queries RESULT's calibrator finds better than the raw vectors do."""
-    return [kind for kind in voters if result.by_kind[kind] > none.by_kind[kind]]
+    return [kind for kind in voters if kind in result.by_kind and result.by_kind[kind] > none.by_kind[kind]]
 
 
 def supported(result, none, voters: list[str]) -> bool:

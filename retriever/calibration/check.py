@@ -29,9 +29,9 @@ DEPTH = 10
 RESAMPLES = 2000
 # Family-wise confidence of the intervals of all candidates together (each gets 1 - (1 - CONFIDENCE) / m).
 CONFIDENCE = 0.95
-# A check read in rounds (`pseudo_queries.CheckRounds`) may stop before its last round only on a difference shown at
-# this confidence: four looks at 1% each keep the chance that any of them shows one that is not there within the
-# last round's 5% (Bonferroni).
+# A check read in rounds (`pseudo_queries.CheckRounds`) may stop before its last round on a difference shown only at
+# this confidence: of 2,000 pseudo-queries, three interim looks (250, 500, 1,000) at 1% each add at most 3% to the
+# last round's 5% chance of showing a difference that is not there (Bonferroni).
 INTERIM_CONFIDENCE = 0.99
 
 

@@ -42,7 +42,8 @@ def retrieval_check(name: str, documents: int, documents_at, vectors_at, raw_sam
         "voting_kinds": voters, "none": none.record(), "candidates": []})
     current = calibrator.chosen if isinstance(calibrator, AutoCalibrator) else calibrator
     if current.name != "none":
-        (result,) = compare(check, baseline, [(current.name, score_queries(check, current.transform))], seed=seed)
+        (result,) = compare(check, baseline, [(current.name, score_queries(check, current.transform))],
+                            confidence=record["confidence"], seed=seed)
         record["current"] = {**result.record(), "kinds_improved": supported_kinds(result, none, voters)}
     else:
         record["current"] = {"name": "none"}

@@ -165,7 +165,9 @@ class CheckRounds:
 
     The round of N (`at`) is the first N pseudo-queries, searched among their targets and the stored vectors of
     every other document drawn: the distractors, and the sources of the pseudo-queries not yet in use (documents
-    like any other until their query is asked). Its last round is the whole check."""
+    like any other until their query is asked). Its last round is the whole check (up to the last bits of the
+    vectors: the encoder batches a round's texts by length, so a text may share a batch with others than when all
+    are encoded at once)."""
 
     def __init__(self, rows: int, documents_at: Callable[[np.ndarray], list[tuple[str | None, str]]],
                  vectors_at: Callable[[np.ndarray], np.ndarray], encoder, seed: int = 0,
@@ -180,7 +182,8 @@ class CheckRounds:
         stored = np.unique(np.concatenate([self.sources, self.others]))
         self._stored_at = {int(position): row for row, position in enumerate(stored.tolist())}
         self._stored = vectors_at(stored) if len(stored) else None
-        self._stored_texts = [f"{title} {text}" if title else text for title, text in documents_at(stored)]
+        self._stored_texts = ([f"{title} {text}" if title else text for title, text in documents_at(stored)]
+                              if len(stored) else [])
         self._queries: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
         self.seconds = 0.0  # spent encoding
@@ -191,6 +194,11 @@ class CheckRounds:
 
     def __len__(self) -> int:
         return self.planned
+
+    def counts(self) -> dict[str, int]:
+        """How many pseudo-queries of each kind were made (`CheckSet.counts` of the last round)."""
+        kinds = Counter(query.kind for query in self.made)
+        return {kind: kinds[kind] for kind in sorted(kinds)}
 
     def sizes(self) -> list[int]:
         """How many pseudo-queries each round holds: FIRST_ROUND, doubling, the last all of them."""
@@ -232,6 +240,7 @@ class CheckRounds:
         made, sources = self.made[start:size], self.sources[start:size]
         queries = self.encoder.encode([query.query for query in made], progress=self.progress,
                                       description="Encoding pseudo-queries")
+        queries = np.asarray(queries, np.float32)
         targets = np.empty_like(queries)
         rewritten = np.array([query.target is not None for query in made], dtype=bool)
         if rewritten.any():
@@ -239,8 +248,8 @@ class CheckRounds:
                                                      progress=self.progress, description="Encoding their targets")
         if (~rewritten).any():  # known-item: the document as stored
             targets[~rewritten] = self._stored[[self._stored_at[int(source)] for source in sources[~rewritten]]]
-        self._queries.append(np.asarray(queries, np.float32))
-        self._targets.append(targets.astype(np.float32, copy=False))
+        self._queries.append(queries)
+        self._targets.append(targets)
         self.seconds += time.perf_counter() - clock
 
 

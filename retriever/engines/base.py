@@ -141,7 +141,8 @@ class BuildEngine(ABC):
 
 
 def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = True,
-              hybrid_check: Callable[[CheckSet | CheckRounds | None, Callable[[np.ndarray], np.ndarray], int], dict] | None = None,
+              hybrid_check: Callable[[CheckSet | CheckRounds | None, Callable[[np.ndarray], np.ndarray], int], dict]
+              | None = None,
               ) -> ChangeSummary:
     """Build index NAME in INDEX_DIR with ENGINE (see the module docstring); returns the ChangeSummary of the
     committed version. REPLACE False: refuse a NAME that exists, once the arguments are checked. HYBRID_CHECK(check

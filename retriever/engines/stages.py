@@ -265,7 +265,7 @@ def check_vectors(source: VectorSource, progress: bool = False) -> None:
 
 
 def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, seed: int,
-        queries: np.ndarray | None = None, check: CheckSet | None = None) -> np.ndarray:
+        queries: np.ndarray | None = None, check: CheckSet | CheckRounds | None = None) -> np.ndarray:
     """Stage 3: fit CALIBRATOR on at most FIT_SAMPLE of SOURCE's vectors, plus at most FIT_SAMPLE raw QUERIES
     vectors when given (`--fit-queries`: so the calibrated space also covers what users will search with), checking
     its candidates on CHECK where it takes one (`auto`); returns the documents' sample calibrated and L2-normalized
@@ -289,7 +289,7 @@ def check_set(calibrator: Calibrator, rows: int, documents_at, vectors_at, encod
 
 
 def table_texts(table: DocumentTable, first_rowid: int = 1):
-    """DOCUMENTS_AT for `make_check_set`: (title, text) of 0-based positions in TABLE, from FIRST_ROWID on."""
+    """DOCUMENTS_AT for `CheckRounds`: (title, text) of 0-based positions in TABLE, from FIRST_ROWID on."""
     def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:
         return [(row["title"], row["text"]) for row in table.get(positions + first_rowid, ("title", "text"))]
     return documents_at
@@ -312,7 +312,7 @@ def passage_cutter(encoder, settings: PassageSettings) -> PassageCutter | None:
 
 
 def stream_texts(documents: Callable[[], Iterable[Document]]):
-    """DOCUMENTS_AT for `make_check_set` from documents read in order (a corpus no table holds yet): each call
+    """DOCUMENTS_AT for `CheckRounds` from documents read in order (a corpus no table holds yet): each call
     reads DOCUMENTS() afresh, as far as its last wanted position (the check asks twice: the sample, then the hybrid
     check's distractors)."""
     def documents_at(positions: np.ndarray) -> list[tuple[str | None, str]]:

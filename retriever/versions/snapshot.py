@@ -303,7 +303,7 @@ class Snapshot:
 
     def check_sources(self):
         """DOCUMENTS_AT and VECTORS_AT over the documents in the index (deleted ones left out), for
-        `calibration.pseudo_queries.make_check_set`: position i is the i-th live document, segment by segment, its
+        `calibration.pseudo_queries.CheckRounds`: position i is the i-th live document, segment by segment, its
         text whole and its vector its own (`document_vectors`); and how many there are."""
         live = [np.asarray(segment.keys)[self.document_vectors(segment)] for segment in self.segments]
         keys = np.concatenate(live) if live else np.empty(0, np.int64)
