@@ -13,7 +13,7 @@ from retriever.calibration import load_calibrator, make_calibrator
 from retriever.calibration.auto import AutoCalibrator
 from retriever.calibration.check import CheckSet
 from retriever.calibration.flow import FlowCalibrator
-from retriever.calibration.linear import Identity
+from retriever.calibration.linear import Identity, Whitening
 
 
 def space(n: int, dim: int, distorted: bool, seed: int = 0) -> tuple[np.ndarray, CheckSet]:
@@ -379,3 +379,27 @@ def test_a_clear_answer_either_way_is_settled_on_the_first_round():
     assert all(c["interval"][1] < 1.0 for c in auto.decision["check"]["candidates"])
     # the same check read whole (a CheckSet) decides the same
     assert make_calibrator("auto").fit(X, check=check).chosen.name == "none"
+
+
+def test_candidates_are_fitted_on_a_bounded_sample_of_a_large_corpus(monkeypatch):
+    import retriever.calibration.auto as auto_module
+
+    fitted_rows = []
+    for kind in (FlowCalibrator, Whitening):
+        original = kind.fit
+        monkeypatch.setattr(kind, "fit", lambda self, X, *a, _fit=original, **k: (fitted_rows.append(len(X)),
+                                                                                   _fit(self, X, *a, **k))[1])
+    monkeypatch.setattr(auto_module, "CANDIDATE_ROWS", 1000)
+    X, check = space(3000, 16, distorted=True)
+    auto = make_calibrator("auto").fit(X, check=check)
+    record = auto.decision["check"]
+    assert fitted_rows and set(fitted_rows) == {1000}  # every candidate, the one kept among them
+    assert record["fitted_on"] == 1000 and record["of"] == 3000 and auto.chosen.name != "none"
+    assert "fitted on 1,000 of the 3,000 vectors" in auto.decision["reason"]
+    assert auto.transform(X).shape == (3000, auto.chosen.dim if auto.chosen.name.startswith("whitening") else 16)
+    # the same seed draws the same sample: the same calibrator
+    assert np.array_equal(make_calibrator("auto").fit(X, check=check).transform(X[:50]), auto.transform(X[:50]))
+    # a corpus within the bound is fitted whole, and says nothing of a sample
+    fitted_rows.clear()
+    auto = make_calibrator("auto").fit(X[:900], check=check)
+    assert set(fitted_rows) == {900} and "fitted_on" not in auto.decision["check"]

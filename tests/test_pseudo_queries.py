@@ -118,3 +118,25 @@ def test_a_check_is_encoded_a_round_at_a_time_and_its_last_round_is_the_whole_ch
     assert last.query_texts == whole.query_texts and last.pool_texts == whole.pool_texts
     assert rounds.counts() == whole.counts()  # the kinds every round's decision lets vote: of all made
     assert len(encoder.texts) == 1000 + sum(query.target is not None for query in rounds.made)  # each encoded once
+
+
+def test_a_round_scores_as_the_same_check_read_whole_and_calibrates_the_stored_vectors_once():
+    from retriever.calibration.check import CheckSet, score_queries
+
+    documents = [("heapq", PROSE)] * 400 + [(None, f"document {i} with a few more words here") for i in range(800)]
+    stored = np.random.default_rng(0).normal(size=(1200, 3)).astype(np.float32)
+    rounds = CheckRounds(1200, lambda positions: [documents[i] for i in positions], lambda positions: stored[positions],
+                         CountingEncoder(), seed=0, pseudo_queries=1000, distractors=100)
+    calls = []
+
+    def transform(X):
+        calls.append(len(X))
+        return X * np.array([1.0, 2.0, 0.5], np.float32) + 1.0
+
+    for size in rounds.sizes():
+        current = rounds.at(size)
+        plain = CheckSet(current.queries, current.targets, current.kinds, current.distractors)
+        kept, fresh = score_queries(current, transform), score_queries(plain, transform)
+        assert np.allclose(kept.ndcg, fresh.ndcg) and np.allclose(kept.reciprocal_rank, fresh.reciprocal_rank)
+    # the stored vectors (every document drawn) went through the transform once, not once a round
+    assert calls.count(len(rounds.others) + len(rounds.sources)) == 1

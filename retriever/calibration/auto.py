@@ -45,6 +45,10 @@ MIN_PSEUDO_QUERIES = 50
 MIN_VOTE = 100
 # Rows the spectrum is computed on (a seeded sample): enough for stable statistics, cheap next to the fit.
 EVIDENCE_ROWS = 20_000
+# Candidates are fitted on at most this many of the rows auto is given (a seeded sample), the one it keeps too: a
+# flow fitted on 25,000 passage vectors of a million-passage corpus scores STS-B as well as one fitted on all of them
+# (benchmarks/results/fit_sample.md), and fitting five candidates on every row was most of a large build's time.
+CANDIDATE_ROWS = 25_000
 # A 2-level flow splits its input twice: it needs at least 4 dimensions.
 MIN_FLOW_DIM = 4
 
@@ -84,7 +88,8 @@ class AutoCalibrator(Calibrator):
         say so."""
         dim = self._check_fit_input(X, min_rows=1)
         evidence = spectrum_evidence(_sample(X, EVIDENCE_ROWS, np.random.default_rng(self.seed))) if len(X) > 1 else {}
-        candidates, reason = self.candidates(evidence, len(X), dim, check)
+        fitted_on = candidate_rows(X, self.seed)
+        candidates, reason = self.candidates(evidence, len(fitted_on), dim, check)
         chosen: Calibrator = Identity().fit(X)
         record = None
         if candidates:
@@ -93,15 +98,18 @@ class AutoCalibrator(Calibrator):
                 # nobody's to act on here: auto rejects most candidates, and its check measured the one it keeps.
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    candidate.fit(X)
+                    candidate.fit(fitted_on)
             voters = voting_kinds(check)  # of every pseudo-query made: the same voters in every round
             check, planned, results, none = self._settled(check, candidates, chosen.transform, voters)
             best, agreed, winners = decide(results, none, voters)
             if agreed:
                 chosen = next(c for c in candidates if c.name == best.name)
             reason = _reason(best, agreed, winners, voters, check, planned)
+            if agreed and len(fitted_on) < len(X):
+                reason += f" (fitted on {len(fitted_on):,} of the {len(X):,} vectors, a seeded sample)"
             confidence = CONFIDENCE if len(check) == planned else INTERIM_CONFIDENCE
             record = {"pseudo_queries": len(check), "planned": planned, "kinds": check.counts(),
+                      **({"fitted_on": len(fitted_on), "of": len(X)} if len(fitted_on) < len(X) else {}),
                       "pool": check.pool_size, "confidence": confidence, "voting_kinds": voters, "none": none.record(),
                       "candidates": [{**result.record(), "kinds_improved": supported_kinds(result, none, voters)}
                                      for result in results]}
@@ -246,6 +254,13 @@ def _reason(best, agreed: list, winners: list, voters: list[str], check: CheckSe
                 f"check, but none improves more than half of the kinds of pseudo-query ({', '.join(voters)}), so no "
                 f"single kind decides; best: {measured}")
     return f"no candidate beat the raw vectors with confidence on the retrieval check; best: {measured}"
+
+
+def candidate_rows(X: np.ndarray, seed: int) -> np.ndarray:
+    """The rows of X the candidates are fitted on: all of them, or CANDIDATE_ROWS drawn with SEED (in order)."""
+    if len(X) <= CANDIDATE_ROWS:
+        return X
+    return X[np.sort(np.random.default_rng([seed, CANDIDATE_ROWS]).choice(len(X), CANDIDATE_ROWS, replace=False))]
 
 
 def _sample(X: np.ndarray, rows: int, rng: np.random.Generator) -> np.ndarray:

@@ -47,6 +47,9 @@ class CheckSet:
     # were given. pool_texts: the targets' texts then the distractors', as the vectors are ordered.
     query_texts: list[str] | None = None
     pool_texts: list[str] | None = None
+    # The distractors passed through a calibrator's transform and L2-normalized, where something keeps them (a check
+    # read in rounds calibrates its stored vectors once per transform, not once per round); None: computed here.
+    calibrated_distractors: Callable[[Callable[[np.ndarray], np.ndarray]], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         self.kinds = np.asarray(self.kinds, dtype=str)
@@ -58,6 +61,13 @@ class CheckSet:
 
     def __len__(self) -> int:
         return len(self.queries)
+
+    def pool(self, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Targets then distractors, passed through TRANSFORM and L2-normalized (row by row, as an index stores
+        them)."""
+        distractors = (self.calibrated_distractors(transform) if self.calibrated_distractors is not None
+                       else l2_normalize(transform(self.distractors)))
+        return np.concatenate([l2_normalize(transform(self.targets)), distractors])
 
     def counts(self) -> dict[str, int]:
         names, counts = np.unique(self.kinds, return_counts=True)
@@ -81,7 +91,7 @@ def score_queries(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]
     TRANSFORM (a calibrator's) and L2-normalized as the index does."""
     from retriever.store.vectors import VectorStore
 
-    pool = l2_normalize(transform(np.concatenate([check.targets, check.distractors])))
+    pool = check.pool(transform)
     store = VectorStore.create(pool.shape[1], "flat", device="cpu")
     store.add(np.arange(len(pool), dtype=np.int64), pool)
     _, ids = store.search(l2_normalize(transform(check.queries)), min(DEPTH, len(pool)))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from retriever.calibration.check import CheckSet
+from retriever.numeric import l2_normalize
 
 KINDS = ("title", "sentence", "span", "known-item")
 # A sentence ends at . ! or ? (and any closing quote or bracket) followed by space and a capital, digit or opening
@@ -186,6 +187,9 @@ class CheckRounds:
                               if len(stored) else [])
         self._queries: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
+        # The stored vectors through each transform a round was scored with, L2-normalized: every round searches
+        # among some of them, and a candidate is scored in every round.
+        self._calibrated: dict[Callable[[np.ndarray], np.ndarray], np.ndarray] = {}
         self.seconds = 0.0  # spent encoding
 
     @property
@@ -226,7 +230,15 @@ class CheckRounds:
         target_texts = [query.target if query.target is not None else self._stored_texts[self._stored_at[int(source)]]
                         for query, source in zip(made, self.sources[:size].tolist())]
         return CheckSet(queries, targets, np.asarray([query.kind for query in made], dtype=str), distractors,
-                        [query.query for query in made], target_texts + [self._stored_texts[i] for i in at.tolist()])
+                        [query.query for query in made], target_texts + [self._stored_texts[i] for i in at.tolist()],
+                        calibrated_distractors=(lambda transform: self._calibrated_stored(transform)[at]) if len(at) else None)
+
+    def _calibrated_stored(self, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The stored vectors through TRANSFORM, L2-normalized: computed on first use, then kept."""
+        found = self._calibrated.get(transform)
+        if found is None:
+            found = self._calibrated[transform] = l2_normalize(transform(self._stored))
+        return found
 
     def _dim(self) -> int:
         if self._stored is not None:

@@ -9,8 +9,9 @@ encoder settings continues from there.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,7 +45,7 @@ from retriever.store.arrays import VectorSource, load_npy, npy_layout, vector_so
 from retriever.encode.passages import MAX_PASSAGES
 from retriever.store.passages import passage_keys
 from retriever.store.documents import DocumentTable
-from retriever.store.segment import finish_segment
+from retriever.store.segment import build_structures, document_structures, finish_segment
 from retriever.store.spec import IndexSpec
 from retriever.versions.writer import IndexWriter
 
@@ -68,6 +69,10 @@ class LocalEngine(BuildEngine):
     encoder: Encoder | None = None
     resume: bool = True
     chunk_rows: int = CHUNK_ROWS
+    # The documents' keyword index written on a thread while the build encodes, fits and checks (the same files as
+    # written after, one step after the other: False, for the test that says so).
+    overlap: bool = True
+    _early: Future | None = field(default=None, init=False, repr=False)
     _given: list[Document] | None = field(default=None, init=False, repr=False)
     _source: VectorSource | None = field(default=None, init=False, repr=False)
     _state: BuildState | None = field(default=None, init=False, repr=False)
@@ -112,8 +117,21 @@ class LocalEngine(BuildEngine):
                      "passages": spec.passages.to_record(),
                      "vector_spans": (source_fingerprint(self.vector_spans)
                                       if isinstance(self.vector_spans, (str, Path)) else None)}
-        return IndexWriter(index_dir, name, build=True, resume_key=self._key if self.resume else None, device=spec.device,
-                           busy_hint=f"wait for it to finish, or build under another {param('name')}")
+        return self._joined(IndexWriter(index_dir, name, build=True, resume_key=self._key if self.resume else None,
+                                        device=spec.device,
+                                        busy_hint=f"wait for it to finish, or build under another {param('name')}"))
+
+    @contextmanager
+    def _joined(self, writer: IndexWriter) -> Iterator[IndexWriter]:
+        """WRITER's transaction, which ends only once the keyword thread has: a failed build leaves no thread
+        writing into the folder its writer then cleans up or keeps to resume."""
+        with writer:
+            try:
+                yield writer
+            finally:
+                early, self._early = self._early, None
+                if early is not None:
+                    wait([early])
 
     def read(self, writer: IndexWriter) -> int:
         folder = writer.folder
@@ -132,6 +150,12 @@ class LocalEngine(BuildEngine):
             if state.documents == 0:
                 raise RetrieverError(f"{self._label()}: no documents (the file is empty or all blank lines)")
             state.save()
+        if self.overlap:
+            # The documents are all in their table: their keyword index needs nothing else, so it is written now
+            # (SQLite and NumPy leave the interpreter lock for much of it) while the encoder and the checks work.
+            pool = ThreadPoolExecutor(1, thread_name_prefix="retriever-keywords")
+            self._early = pool.submit(build_structures, segment, document_structures())
+            pool.shutdown(wait=False)  # the thread ends with its one task
         source = self._source
         if source is not None and self._spans is None and source.rows != state.documents:
             raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
@@ -205,8 +229,13 @@ class LocalEngine(BuildEngine):
         write_segment_vectors(self._segment, blocks, dim, fitted_out_dim(calibrator, dim),
                               spec.for_segment(source.rows), template, split=passages is not None)
         clock = time.perf_counter()
-        finish_segment(self._segment)  # the keyword index
-        self.timings["keywords"] = time.perf_counter() - clock
+        built = []
+        if self._early is not None:
+            early, self._early = self._early, None
+            early.result()  # its error, if it failed, is the build's
+            built = document_structures()
+        finish_segment(self._segment, built)  # the keyword index (the passages' where documents were cut)
+        self.timings["keywords"] = time.perf_counter() - clock  # what the build waited for it
         (writer.folder / ENCODED).unlink(missing_ok=True)
         encoded_passages_path(writer.folder / ENCODED).unlink(missing_ok=True)
         return [(self._segment.name, documents, source.rows)]

@@ -119,6 +119,12 @@ class KeywordIndex:
     files: tuple[str, ...] = DOCUMENT_FILES
     units: str = "documents"
 
+    @property
+    def needs_passages(self) -> bool:
+        """Whether it is built from the segment's passages (known once its documents are encoded), not its documents
+        alone."""
+        return self.units == "passages"
+
     def build(self, folder: Path, documents) -> None:
         """Write this keyword index into FOLDER for DOCUMENTS (a DocumentTable). Each file is written under a
         temporary name and renamed when whole, the term dictionary last: a killed write leaves no half index

@@ -26,7 +26,7 @@ keyword index scored passages alone (written before documents were scored whole,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -47,6 +47,7 @@ class SegmentStructure(Protocol):
 
     name: str
     files: tuple[str, ...]  # its file names inside the segment folder
+    needs_passages: bool  # built from the segment's passages too, so only once its documents are encoded
 
     def build(self, folder: Path, documents: DocumentTable) -> None:
         """Write this structure's files into the segment FOLDER from its finished DOCUMENTS."""
@@ -63,10 +64,16 @@ def document_files() -> tuple[str, ...]:
     return (DOCUMENTS, RAW, ROWIDS, PASSAGES, SPANS, *(name for structure in STRUCTURES for name in structure.files))
 
 
-def finish_segment(folder: Path) -> None:
+def finish_segment(folder: Path, built: Sequence[SegmentStructure] = ()) -> None:
     """The last step of writing a segment, whichever write it is: build each registered structure from the
-    segment's finished document table."""
-    build_structures(folder, STRUCTURES)
+    segment's finished document table (but those BUILT already: `document_structures`, while a build encoded)."""
+    build_structures(folder, [structure for structure in STRUCTURES if structure not in built])
+
+
+def document_structures() -> list[SegmentStructure]:
+    """The registered structures built from a segment's documents alone, not its passages: a build can write them
+    while it encodes."""
+    return [structure for structure in STRUCTURES if not structure.needs_passages]
 
 
 def build_structures(folder: Path, structures: list[SegmentStructure]) -> None:

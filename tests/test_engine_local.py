@@ -1,0 +1,59 @@
+"""The local build engine: its stages overlapped give the same index as one after the other."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import pytest
+
+import retriever.index as index_module
+from retriever.engines.local import LocalEngine
+from retriever.index import Index
+from tests.test_passages import WINDOW, corpus
+
+# Written at build time, or naming the build's own folder: everything else is the same bytes.
+_OF_THE_MOMENT = {"manifest.json"}
+
+
+def files_of(folder: Path) -> dict[str, str]:
+    """Every file under FOLDER (relative path -> sha256), but those that record when they were written."""
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name not in _OF_THE_MOMENT}
+
+
+def test_the_keyword_index_written_while_encoding_gives_the_same_files_byte_for_byte(tiny_bert, tmp_path,
+                                                                                     monkeypatch):
+    built = {}
+    for overlap in (True, False):
+        monkeypatch.setattr(index_module, "LocalEngine", functools.partial(LocalEngine, overlap=overlap))
+        home = tmp_path / str(overlap)
+        summary = Index.build(corpus(longs=3, shorts=60), "same", home, model=str(tiny_bert), max_length=WINDOW,
+                              device="cpu", index_type="flat")
+        assert summary.passages > summary.documents  # long documents were cut: both keyword indexes written
+        built[overlap] = files_of(Path(summary.folder))
+    assert built[True] == built[False]
+    assert any("keywords" in name for name in built[True]) and any("passage" in name for name in built[True])
+
+
+def test_a_build_that_fails_after_reading_waits_for_its_keyword_thread(tiny_bert, tmp_path, monkeypatch):
+    import threading
+
+    import time
+
+    import retriever.engines.local as local_module
+
+    def fail(self, writer, encoder):
+        raise RuntimeError("the encoder broke")
+
+    def slow(*args, _build=local_module.build_structures):
+        time.sleep(0.5)  # still writing when the encoder fails
+        return _build(*args)
+
+    monkeypatch.setattr(LocalEngine, "encode", fail)
+    monkeypatch.setattr(local_module, "build_structures", slow)
+    with pytest.raises(RuntimeError, match="the encoder broke"):
+        Index.build(corpus(longs=0, shorts=30), "broken", tmp_path, model=str(tiny_bert), max_length=WINDOW,
+                    device="cpu")
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("retriever-keywords")]
