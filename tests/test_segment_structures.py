@@ -19,6 +19,7 @@ class DocIds:
 
     name = "doc-ids"
     files = ("doc-ids.json",)
+    needs_passages = False
 
     def build(self, folder: Path, documents) -> None:
         ids = [document.doc_id for _, document in documents.documents()]
