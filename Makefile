@@ -31,8 +31,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	@echo "installing the test extras, Ray, LangChain and Haystack into $(VENV)"
-	$(PIP) "$(TORCH)" -e ".[dev,ray,langchain,haystack]"
+	@echo "installing the test extras, the file readers, Ray, LangChain and Haystack into $(VENV)"
+	$(PIP) "$(TORCH)" -e ".[dev,files,ray,langchain,haystack]"
 	touch $@
 
 install: $(VENV)/.installed

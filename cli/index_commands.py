@@ -103,10 +103,33 @@ def _report(verb: str, summary, extra: str = "", notes: bool = True) -> None:
          f"{extra or 'changed'}) in {summary.seconds:.1f}s")
 
 
+def _folder_options(corpus: Path, include: list[str] | None, exclude: list[str] | None, strict: bool):
+    """--include, --exclude and --strict as the library takes them; refused where CORPUS is not a folder."""
+    from retriever.files.folder import FolderOptions
+
+    if (include or exclude or strict) and not corpus.is_dir():
+        raise RetrieverError("--include, --exclude and --strict choose the files of a folder; "
+                             f"{corpus} is not a folder")
+    return FolderOptions(tuple(include or ()), tuple(exclude or ()), strict=strict)
+
+
 def build(
-    corpus: Annotated[Path, typer.Argument(help=".txt (one document per line), BEIR .jsonl, .csv/.tsv with id,text, or .gz of them")],
+    corpus: Annotated[Path, typer.Argument(help="a corpus file: .txt (one document per line), BEIR .jsonl, "
+                                          ".csv/.tsv with id,text, or .gz of them; or a folder of your files, one "
+                                          "document each (Markdown, HTML, reStructuredText, text, PDF, Word; a .txt "
+                                          "in a folder is one document: put a one-per-line .txt in a folder of its "
+                                          "own only with --engine ray)")],
     name: Annotated[Optional[str], typer.Option(
-        "--name", "-n", help=f"index name: {NAME_RULE} " + default("the corpus file's stem"))] = None,
+        "--name", "-n", help=f"index name: {NAME_RULE} " + default("the corpus file's stem, or the folder's name"))] = None,
+    include: Annotated[Optional[list[str]], typer.Option(
+        "--include", help="a folder: read only the files this pattern names (git's syntax from the folder, e.g. "
+        "'*.md' or 'docs/**'; repeat for more) " + default("every file of a format above"))] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option(
+        "--exclude", help="a folder: leave out the files this pattern names (as --include; hidden files and what "
+        ".gitignore or .retrieverignore files ignore are always left out) " + default("none"))] = None,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="a folder: stop at the first file that cannot be read (by default it is skipped with a "
+        "line saying why)")] = False,
     vectors: Annotated[Optional[Path], typer.Option(
         "--vectors", help="precomputed raw vectors: a .npy or a folder of .npy shards, row i = document i, made by "
         "the encoder --model/--pooling/--layers/--max-length name (e.g. by `retriever encode`); nothing is encoded, "
@@ -197,7 +220,7 @@ def build(
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
         batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True, fit_queries=fit_queries,
         replace=replace, passages=PassageSettings(passage_window, passage_overlap, enabled=passages),
-        vector_spans=vector_spans,
+        vector_spans=vector_spans, folder=_folder_options(corpus, include, exclude, strict),
     )
     _report("built", summary, "encoded" if vectors is None else "indexed", notes=False)  # shown as they came
     from retriever.versions.catalog import describe_calibrator
@@ -226,6 +249,8 @@ def _long_documents(summary) -> str:
 
 def _name_from(corpus: Path) -> str:
     """The default index name, the corpus file's stem (corpus.jsonl.gz -> corpus), when it obeys the rule."""
+    if corpus.is_dir():  # a folder of files: its own name (of `.`, the current folder's)
+        corpus = Path(corpus.resolve().name)
     name = corpus.name
     for suffix in reversed(corpus.suffixes):
         name = name.removesuffix(suffix) if suffix.lower() in (".gz", ".txt", ".jsonl", ".csv", ".tsv") else name
@@ -407,6 +432,8 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
         if hit.title:
             cell.append(terminal_safe(hit.title if full else " ".join(hit.title.split())), style="bold")
             cell.append(" ")
+        if hit.page is not None:  # a PDF read from a folder: the page the match starts on
+            cell.append(f"p. {hit.page} ", style="dim")
         # The snippet is where the document matched: its best passage ("..." where that is not its start).
         snippet = ("… " if hit.span[0] > 0 else "") + " ".join(hit.passage.split())
         cell.append(terminal_safe(hit.text if full else snippet))
@@ -454,9 +481,16 @@ def show(
 
 def add(
     arguments: Annotated[list[str], typer.Argument(
-        help="CORPUS: new documents, in any corpus format build accepts (the index by --name, or the only one), or "
-        "INDEX CORPUS", show_default=False, metavar="[INDEX] CORPUS")],
+        help="CORPUS: new documents, in any corpus format build accepts or a folder of files (the index by --name, "
+        "or the only one), or INDEX CORPUS", show_default=False, metavar="[INDEX] CORPUS")],
     name: options.IndexName = None,
+    include: Annotated[Optional[list[str]], typer.Option(
+        "--include", help="a folder: read only the files this pattern names (as build's) "
+        + default("every file build reads"))] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option(
+        "--exclude", help="a folder: leave out the files this pattern names (as build's) " + default("none"))] = None,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="a folder: stop at the first file that cannot be read")] = False,
     vectors: Annotated[Optional[Path], typer.Option(
         "--vectors", help="their precomputed raw vectors (.npy or folder of shards), made with the index's encoder "
         + default("none: encode them"))] = None,
@@ -476,7 +510,8 @@ def add(
     home = _home(index_dir)
     index = Index.open(_pick(home, name, writing=True), home, device=device)
     on_interrupt(UNCHANGED.format(name=index.name))
-    summary = index.add(Path(corpus), encoding, progress=True, vectors=vectors, upsert=upsert)
+    summary = index.add(Path(corpus), encoding, progress=True, vectors=vectors, upsert=upsert,
+                        folder=_folder_options(Path(corpus), include, exclude, strict))
     _report("updated", summary, "added")
     if vectors is None and _long_documents(summary):
         _say(_long_documents(summary))

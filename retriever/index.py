@@ -59,6 +59,7 @@ from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, w
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
 from retriever.errors import RetrieverError, param
+from retriever.files.folder import FolderOptions, FolderReport, read_folder
 from retriever.filters import parse_where
 from retriever.numeric import l2_normalize
 from retriever.search.fusion_check import hybrid_check, recorded_hybrid
@@ -320,8 +321,9 @@ class Index:
         replace: bool = False,
         passages: PassageSettings | None = None,
         vector_spans: str | Path | np.ndarray | None = None,
+        folder: FolderOptions | None = None,
     ) -> ChangeSummary:
-        """Stream CORPUS (a corpus file, or a list of Documents) through the pipeline into a new index version
+        """Stream CORPUS (a corpus file, a folder of files, or a list of Documents) through the pipeline into a new index version
         under NAME and swap it in. A NAME that exists is refused unless REPLACE (then its current version is
         kept, and `rollback` restores it), as the CLI and the HTTP API refuse it.
 
@@ -338,7 +340,10 @@ class Index:
         the encoder reads are cut into passages, a vector each (default `PassageSettings()`: windows of the
         encoder's max_length, overlapping; `PassageSettings(enabled=False)`: one vector per document, cut).
         VECTOR_SPANS, with VECTORS: which passage each given vector is, (document, start, end) rows (document
-        numbers from 0); without it each given vector is one document's."""
+        numbers from 0); without it each given vector is one document's. A folder (local engine) is a corpus of
+        its files, one document each (`retriever.files.folder`: Markdown, HTML, reStructuredText, text, PDF, Word),
+        read as FOLDER says (a `FolderOptions`: include and exclude patterns, strict); each file that cannot be read
+        is skipped with a note."""
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
@@ -357,7 +362,8 @@ class Index:
             runner: BuildEngine = RayEngine(spec, progress, corpus=corpus, options=ray_options or RayOptions())
         else:
             runner = LocalEngine(spec, progress, corpus=corpus, vectors=vectors, encoder=encoder, resume=resume,
-                                 chunk_rows=chunk_rows, vector_spans=vector_spans)
+                                 chunk_rows=chunk_rows, vector_spans=vector_spans,
+                                 folder_options=folder or FolderOptions())
         index_dir = resolve_index_dir(index_dir)
         summary = run_build(runner, name, index_dir, replace, hybrid_check=hybrid_check)
         summary.opener = _version_opener(Path(summary.folder), name, index_dir, device)
@@ -383,12 +389,22 @@ class Index:
 
     def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
             vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS,
-            upsert: bool = False) -> ChangeSummary:
-        """Write CORPUS's documents (a corpus file, or a list of Documents) as one new segment, encoded (or taken
-        from VECTORS) and calibrated with the saved calibrator (no refit); every existing segment is reused. An id
-        already in the index is refused, or with UPSERT its old document is deleted in the same version."""
+            upsert: bool = False, folder: FolderOptions | None = None) -> ChangeSummary:
+        """Write CORPUS's documents (a corpus file, a folder of files as `build` reads one, with FOLDER, or a list
+        of Documents) as one new segment, encoded (or taken from VECTORS) and calibrated with the saved calibrator
+        (no refit); every existing segment is reused. An id already in the index is refused, or with UPSERT its
+        old document is deleted in the same version."""
         started = time.perf_counter()
         given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
+        read_notes: list[str] = []
+        if given is None and Path(corpus).is_dir():
+            report = FolderReport()
+            given = list(read_folder(corpus, folder or FolderOptions(), report=report,
+                                     on_skip=lambda path, why: read_notes.append(f"skipped {path}: {why}")))
+            read_notes.append(f"{corpus}: {report.summary()}")
+            if not given:
+                raise RetrieverError(f"{corpus}: no documents (no file in it that a reader reads: Markdown, HTML, "
+                                     "reStructuredText, text, PDF, Word)")
         if given is None:
             corpus_format(corpus)
         source = vector_source(vectors) if vectors is not None else None
@@ -452,7 +468,7 @@ class Index:
             writer.add_segment(segment, count, source.rows)
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
-        notes = ([f"replaced {counted(len(replaced), 'document')} whose ids were already in the index"]
+        notes = read_notes + ([f"replaced {counted(len(replaced), 'document')} whose ids were already in the index"]
                  if replaced else [])
         summary = self._summary(writer, final, count, started, state.truncated, timings, notes + _merge_notes(writer))
         # The new segment, unless a merge at commit took it in (then its counts are the merged one's).

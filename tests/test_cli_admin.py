@@ -282,7 +282,7 @@ def test_help_renders_the_default_notes_and_choices(cli, monkeypatch):
     done = cli("build", "--help")
     assert done.returncode == 0
     text = " ".join(done.stdout.replace("│", " ").split())
-    assert "[default: the corpus file's stem]" in text  # not eaten as rich markup
+    assert "[default: the corpus file's stem, or the folder's name]" in text  # not eaten as rich markup
     assert "[default: all-MiniLM-L6-v2, embedded]" in text and "[default: 0]" in text
     assert "[cls|last-avg|last2-avg|first-last-avg]" in text and "[default: last-avg]" in text
     assert "[default: $RETRIEVER_HOME, else" in text

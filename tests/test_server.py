@@ -63,7 +63,7 @@ def test_get_search_answers_in_the_cli_schema_with_the_version(client, index_dir
     first = record["results"][0]
     assert first == {"rank": 1, "doc_id": "d7", "score": first["score"], "dense_score": first["dense_score"],
                      "keyword_score": first["keyword_score"], "dense_rank": 1, "keyword_rank": 1, "title": "note 7",
-                     "text": text, "metadata": None, "passage": text, "span": [0, len(text)]}
+                     "text": text, "metadata": None, "passage": text, "span": [0, len(text)], "page": None}
     expected = index.search(text, 3)
     assert [hit["doc_id"] for hit in record["results"]] == [hit.doc_id for hit in expected]
     # The server encodes on ONNX Runtime, the library here on PyTorch: the same numbers to float precision.

@@ -24,6 +24,7 @@ from retriever.corpus import Document, corpus_format, given_documents, iter_corp
 from retriever.engines.base import BuildEngine
 from retriever.text import counted
 from retriever.errors import RetrieverError, param
+from retriever.files.folder import FolderOptions, FolderReport, read_folder
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
 from retriever.encode.model_card import DeferredEncoder, ModelCard
@@ -72,6 +73,9 @@ class LocalEngine(BuildEngine):
     # The documents' keyword index written on a thread while the build encodes, fits and checks (the same files as
     # written after, one step after the other: False, for the test that says so).
     overlap: bool = True
+    # A folder CORPUS: which of its files are read, and whether an unreadable one stops the build.
+    folder_options: FolderOptions = field(default_factory=FolderOptions)
+    _folder: Path | None = field(default=None, init=False, repr=False)
     _early: Future | None = field(default=None, init=False, repr=False)
     _given: list[Document] | None = field(default=None, init=False, repr=False)
     _source: VectorSource | None = field(default=None, init=False, repr=False)
@@ -85,8 +89,8 @@ class LocalEngine(BuildEngine):
             self._given = given_documents(corpus)
             self.resume = False  # nothing on disk to resume from
         elif Path(corpus).is_dir():
-            raise RetrieverError(f"{corpus}: a folder; the local engine builds from one corpus file, "
-                                 f"{param('engine', 'ray')} from a folder of them")
+            self._folder = Path(corpus)
+            self.resume = False  # a folder's files are read again: cheap beside encoding them
         else:
             corpus_format(corpus)
             if not Path(corpus).is_file():
@@ -101,6 +105,13 @@ class LocalEngine(BuildEngine):
                                      f"give {param('vectors')} too")
             self._spans = _checked_spans(self.vector_spans, self._source.rows)
 
+    def _folder_documents(self) -> Iterator[Document]:
+        """The folder's documents, a note for each file skipped and one for what was read."""
+        report = FolderReport()
+        yield from read_folder(self._folder, self.folder_options, report=report,
+                               on_skip=lambda path, why: note(self.notes, f"skipped {path}: {why}", self.progress))
+        note(self.notes, f"{self._folder}: {report.summary()}", self.progress)
+
     def _label(self) -> str:
         return "the given documents" if self._given is not None else str(self.corpus)
 
@@ -111,7 +122,9 @@ class LocalEngine(BuildEngine):
                      "layers": spec.layers if spec.layers is None or isinstance(spec.layers, str) else list(spec.layers),
                      "max_length": spec.max_length, "dtype": spec.dtype})
         # What a killed build's partial folder must match to be resumed (saved with its state either way).
-        self._key = {"corpus": source_fingerprint(self.corpus) if self._given is None else None,
+        self._key = {"corpus": (source_fingerprint(self.corpus) if self._given is None and self._folder is None else
+                                {"folder": str(self._folder.resolve()), **self.folder_options.to_record()}
+                                if self._folder is not None else None),
                      "encoding": spec.encoding, "encoder": settings,
                      "vectors": self._source.fingerprint() if self._source else None,
                      "passages": spec.passages.to_record(),
@@ -144,11 +157,14 @@ class LocalEngine(BuildEngine):
         if state.documents is None:
             table = DocumentTable.create(segment / DOCUMENTS)
             documents = (iter(self._given) if self._given is not None else
+                         self._folder_documents() if self._folder is not None else
                          iter_corpus(self.corpus, self.spec.encoding))
             state.documents = ingest(documents, table, 1, self.progress, self.chunk_rows)
             table.close()
             if state.documents == 0:
-                raise RetrieverError(f"{self._label()}: no documents (the file is empty or all blank lines)")
+                raise RetrieverError(f"{self._label()}: no documents (" + (
+                    "no file in it that a reader reads: Markdown, HTML, reStructuredText, text, PDF, Word"
+                    if self._folder is not None else "the file is empty or all blank lines") + ")")
             state.save()
         if self.overlap:
             # The documents are all in their table: their keyword index needs nothing else, so it is written now

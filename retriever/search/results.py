@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from retriever.files.folder import page_of
 from retriever.search.options import SearchOptions
 from retriever.versions.snapshot import Snapshot
 
@@ -45,6 +46,12 @@ class SearchHit:
     metadata: dict | None = None
     passage: str = ""
     span: tuple[int, int] = (0, 0)
+
+    @property
+    def page(self) -> int | None:
+        """The page the matching passage starts on, where the document records its pages (a PDF read from a
+        folder: `retriever.files.folder`); None elsewhere."""
+        return page_of(self.metadata, self.span[0])
 
 
 def ranked_hits(snapshot: Snapshot, found: list[list[Ranked]]) -> list[list[SearchHit]]:
@@ -100,14 +107,16 @@ def cut(found: list[list[SearchHit]], options: SearchOptions) -> list[list[Searc
 def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], mode: str | None = None) -> dict:
     """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
     server: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", "dense_score", "keyword_score",
-    "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span"}]}; a side that was not searched
+    "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span", "page"}]}; a side that was not searched
     has null scores and ranks, a document without metadata null metadata; "passage" is where the document matched
-    (its best passage's text) and "span" its [start, end] in "text"."""
+    (its best passage's text), "span" its [start, end] in "text" and "page" the page it starts on (null where the
+    document records no pages)."""
     def rounded(value: float | None) -> float | None:
         return None if value is None else round(float(value), 6)
     return {"query_id": query_id, "query": query, "mode": mode,
             "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": rounded(h.score),
                          "dense_score": rounded(h.dense_score), "keyword_score": rounded(h.keyword_score),
                          "dense_rank": h.dense_rank, "keyword_rank": h.keyword_rank, "title": h.title,
-                         "text": h.text, "metadata": h.metadata, "passage": h.passage, "span": list(h.span)}
+                         "text": h.text, "metadata": h.metadata, "passage": h.passage, "span": list(h.span),
+                         "page": h.page}
                         for h in hits]}

@@ -1,0 +1,210 @@
+"""A folder of files as a corpus: every file a reader reads (`retriever.files.readers`), found recursively, one
+document each.
+
+What is read: every file under the folder whose suffix a reader knows, in path order, but hidden files and folders
+(a name starting with "."), what a `.gitignore` or `.retrieverignore` anywhere in the tree ignores (git's rules,
+scoped to its folder, by the `pathspec` library), and what `exclude` patterns name; with `include` patterns, only
+files they name (git's pattern syntax, from the folder: `*.md`, `docs/**/*.rst`). Symbolic links are followed, a
+folder reached twice (a loop) read once. Files of other formats are counted, not read.
+
+A file that cannot be read (damaged, encrypted, in an unknown encoding, larger than `max_bytes`, vanished while the
+build ran) is skipped with one line naming it and why (`on_skip`), and the build goes on; `strict` stops at the
+first instead.
+
+Each document: id the file's path relative to the folder (`/`-separated), its title (the file's own: a first
+heading, `<title>`, PDF or Word metadata; else the file name), its text, and metadata `path`, `type` (the reader's
+name), `size` (bytes), `modified` (UTC, ISO 8601) and `sha256` (of its bytes); a PDF's `page_starts`, where each page
+starts in the text (`page_of`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from retriever.corpus import Document
+from retriever.errors import RetrieverError
+from retriever.files.readers import UnreadableFile, reader_for
+
+# Larger files are skipped: a file this size is a data dump or a disk image more often than a document, and reading
+# it whole would hold the build's memory.
+MAX_FILE_BYTES = 256 * 1024 * 1024
+IGNORE_FILES = (".gitignore", ".retrieverignore")
+# A document's metadata holds at most 1,000 values (`retriever.metadata`): the page starts of longer PDFs are
+# left out (their hits say no page).
+MAX_PAGES_RECORDED = 900
+
+
+@dataclass(frozen=True)
+class FolderOptions:
+    """What of a folder is read: INCLUDE (patterns: only files they name; empty: every file a reader reads),
+    EXCLUDE (patterns left out), files of at most MAX_BYTES; STRICT: a file that cannot be read stops the read."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    max_bytes: int = MAX_FILE_BYTES
+    strict: bool = False
+
+    def to_record(self) -> dict:
+        return {"include": list(self.include), "exclude": list(self.exclude), "max_bytes": self.max_bytes}
+
+
+@dataclass
+class FolderReport:
+    """What a read of a folder did: documents read, files SKIPPED ((relative path, why) each) and files of other
+    formats left out, counted by suffix."""
+
+    read: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    other_formats: Counter = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        parts = [f"{self.read:,} file{'s' if self.read != 1 else ''} read"]
+        if self.skipped:
+            parts.append(f"{len(self.skipped):,} skipped (unreadable)")
+        if self.other_formats:
+            kinds = ", ".join(f"{suffix or 'no suffix'} {count:,}" for suffix, count in self.other_formats.most_common(5))
+            parts.append(f"{sum(self.other_formats.values()):,} of other formats left out ({kinds})")
+        return "; ".join(parts)
+
+
+def _patterns(lines: Sequence[str]):
+    pathspec = _pathspec()
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _pathspec():
+    try:
+        import pathspec
+    except ImportError:
+        raise RetrieverError("reading a folder needs pathspec: pip install 'retriever[files]'") from None
+    return pathspec
+
+
+def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> Iterator[tuple[Path, str]]:
+    """(path, path relative to ROOT) of every file to read under ROOT, in path order."""
+    include = _patterns(options.include) if options.include else None
+    exclude = _patterns(options.exclude) if options.exclude else None
+    seen: set[str] = set()
+
+    def walk(folder: Path, relative: str, ignores: list[tuple[str, object]]) -> Iterator[tuple[Path, str]]:
+        real = os.path.realpath(folder)
+        if real in seen:
+            report.skipped.append((relative or ".", "a symbolic link loop (the folder was read already)"))
+            return
+        seen.add(real)
+        ignores = list(ignores)
+        for name in IGNORE_FILES:
+            ignore_file = folder / name
+            if ignore_file.is_file():
+                try:
+                    ignores.append((relative, _patterns(ignore_file.read_text(encoding="utf-8", errors="replace")
+                                                        .splitlines())))
+                except OSError:
+                    pass
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError as error:
+            report.skipped.append((relative or ".", f"a folder that cannot be listed ({error.strerror})"))
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = f"{relative}/{entry.name}" if relative else entry.name
+            try:
+                is_folder = entry.is_dir()  # follows links
+            except OSError:
+                is_folder = False
+            if any(spec.match_file(path[len(base) + 1:] if base else path) or (is_folder and spec.match_file(
+                    (path[len(base) + 1:] if base else path) + "/")) for base, spec in ignores):
+                continue
+            if exclude is not None and (exclude.match_file(path) or (is_folder and exclude.match_file(path + "/"))):
+                continue
+            if is_folder:
+                yield from walk(Path(entry.path), path, ignores)
+            elif entry.is_file() or entry.is_symlink():
+                if include is not None and not include.match_file(path):
+                    continue
+                if reader_for(Path(entry.name)) is None:
+                    report.other_formats[Path(entry.name).suffix.lower()] += 1
+                    continue
+                yield Path(entry.path), path
+
+    yield from walk(root, "", [])
+
+
+def read_folder(root: str | Path, options: FolderOptions = FolderOptions(),
+                on_skip: Callable[[str, str], None] | None = None,
+                report: FolderReport | None = None) -> Iterator[Document]:
+    """The documents of the folder ROOT, one a file, in path order; each file that cannot be read is skipped and
+    ON_SKIP(relative path, why) told (or, with `strict`, the read stops with that line)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise RetrieverError(f"{root}: no such folder")
+    report = report if report is not None else FolderReport()
+    source = str(root.resolve())
+    for path, relative in folder_files(root, options, report):
+        try:
+            document = read_file(path, relative, source, options.max_bytes)
+        except UnreadableFile as why:
+            if options.strict:
+                raise RetrieverError(f"{relative}: {why} (without --strict it would be skipped)") from None
+            report.skipped.append((relative, str(why)))
+            if on_skip is not None:
+                on_skip(relative, str(why))
+            continue
+        report.read += 1
+        yield document
+
+
+def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_BYTES) -> Document:
+    """The document of the file PATH (RELATIVE to the folder SOURCE); `UnreadableFile` where it cannot be read."""
+    reader = reader_for(path)
+    try:
+        status = path.stat()
+        if not path.is_file():
+            raise UnreadableFile("not a regular file")
+        if status.st_size > max_bytes:
+            raise UnreadableFile(f"{_size(status.st_size)}, over the {_size(max_bytes)} a file may hold")
+        data = path.read_bytes()
+        found = reader.read(path)
+    except FileNotFoundError:
+        raise UnreadableFile("it vanished while the folder was read") from None
+    except PermissionError:
+        raise UnreadableFile("permission denied") from None
+    except IsADirectoryError:
+        raise UnreadableFile("not a regular file") from None
+    except OSError as error:
+        raise UnreadableFile(f"cannot be read ({error.strerror or type(error).__name__})") from None
+    except RecursionError:
+        raise UnreadableFile("nested too deeply to parse") from None
+    if not found.text.strip():
+        raise UnreadableFile("no text in it")
+    metadata = {"path": relative, "type": reader.name, "size": status.st_size,
+                "modified": datetime.fromtimestamp(status.st_mtime, timezone.utc).isoformat(timespec="seconds"),
+                "sha256": hashlib.sha256(data).hexdigest()}
+    if found.page_starts is not None and len(found.page_starts) <= MAX_PAGES_RECORDED:
+        metadata["page_starts"] = list(found.page_starts)
+    return Document(relative, found.text, found.title or path.name, source, 1, metadata)
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count:,} bytes"
+
+
+def page_of(metadata: dict | None, offset: int) -> int | None:
+    """The 1-based page a character OFFSET of a document's text lies on, where its METADATA records page starts."""
+    starts = (metadata or {}).get("page_starts")
+    if not isinstance(starts, list) or not starts:
+        return None
+    import bisect
+
+    return max(1, bisect.bisect_right(starts, int(offset)))

@@ -1,0 +1,201 @@
+"""A person's files as documents: each file's text as a reader sees it (no markup; code blocks kept as text), its
+title, and for paged formats where each page starts.
+
+A reader is picked by the file's suffix (`reader_for`). Each wraps a well-kept parser, installed with the `files`
+extra (`pip install 'retriever[files]'`): markdown-it-py (Markdown, CommonMark), Beautiful Soup (HTML), docutils
+(reStructuredText), pypdf (PDF), python-docx (Word). A missing one is one line naming the extra. Plain text needs
+nothing. A file a reader cannot read (damaged, encrypted, not UTF-8) raises `UnreadableFile` with one line saying
+why; the folder reader (`retriever.files.folder`) skips it and says so.
+
+Another format is one more `Reader`: a name, its suffixes and `read(path) -> FileText`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from retriever.errors import RetrieverError
+
+EXTRA = "files"
+_BLANK_RUNS = re.compile(r"\n[ \t]*(?:\n[ \t]*)+")
+_TRAILING = re.compile(r"[ \t]+\n")
+
+
+class UnreadableFile(Exception):
+    """A file its reader cannot read; the message says why, in a few words."""
+
+
+@dataclass(frozen=True)
+class FileText:
+    """What a reader found: TEXT, a TITLE where the file names one, and PAGE_STARTS (paged formats): the character
+    offset in TEXT where each page starts, the first 0."""
+
+    text: str
+    title: str | None = None
+    page_starts: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Reader:
+    """NAME (the metadata's `type`), the SUFFIXES it reads (lower case, with the dot) and READ(path)."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    read: Callable[[Path], FileText]
+
+
+def _library(module: str, package: str, what: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise RetrieverError(f"reading {what} needs {package}: pip install 'retriever[{EXTRA}]'") from None
+
+
+def tidy(text: str) -> str:
+    """TEXT with trailing spaces gone and blank runs one blank line, stripped."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _BLANK_RUNS.sub("\n\n", _TRAILING.sub("\n", text)).strip()
+
+
+def decoded(data: bytes) -> str:
+    """DATA as text: UTF-8 (a byte-order mark dropped), or UTF-16 where a byte-order mark says so; else
+    `UnreadableFile` naming the first byte that is not UTF-8."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as error:
+            raise UnreadableFile(f"not UTF-16 text after its byte-order mark (byte {error.start:,})") from None
+    if b"\x00" in data:
+        raise UnreadableFile("binary content (a NUL byte)")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise UnreadableFile(f"not UTF-8 text: byte 0x{data[error.start]:02x} at offset {error.start:,} (an "
+                             "unknown encoding; save it as UTF-8)") from None
+
+
+def read_text(path: Path) -> FileText:
+    return FileText(tidy(decoded(path.read_bytes())))
+
+
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)---[ \t]*\n", re.S)
+_FRONT_TITLE = re.compile(r"^title:[ \t]*(.+?)[ \t]*$", re.M)
+
+
+def read_markdown(path: Path) -> FileText:
+    markdown_it = _library("markdown_it", "markdown-it-py", "Markdown")
+    source = decoded(path.read_bytes())
+    title = None
+    front = _FRONT_MATTER.match(source)
+    if front:  # YAML front matter (Jekyll, Hugo, Obsidian): not text a reader sees; its title is the file's
+        found = _FRONT_TITLE.search(front.group(1))
+        title = found.group(1).strip("'\"") if found else None
+        source = source[front.end():]
+    parser = markdown_it.MarkdownIt("commonmark")
+    tokens = parser.parse(source)
+    if title is None:
+        title = next((tokens[i + 1].content for i, token in enumerate(tokens[:-1]) if token.type == "heading_open"),
+                     None)
+    return FileText(html_text(parser.renderer.render(tokens, parser.options, {}))[0], title or None)
+
+
+def html_text(html: str) -> tuple[str, str | None]:
+    """The text a browser shows of HTML (scripts, styles and the head left out; block elements on lines of their
+    own, preformatted text as it is) and its title (<title>, else the first heading)."""
+    bs4 = _library("bs4", "beautifulsoup4", "HTML")
+    soup = bs4.BeautifulSoup(html, "html.parser")
+    title_tag = soup.find("title")
+    title = title_tag.get_text(" ", strip=True) if title_tag else None
+    if not title:
+        heading = soup.find(["h1", "h2", "h3", "h4", "h5", "h6"])
+        title = heading.get_text(" ", strip=True) if heading else None
+    for hidden in soup(["script", "style", "noscript", "template", "head"]):
+        hidden.decompose()
+    return tidy(soup.get_text("\n")), title or None
+
+
+def read_html(path: Path) -> FileText:
+    text, title = html_text(decoded(path.read_bytes()))
+    return FileText(text, title)
+
+
+def read_rst(path: Path) -> FileText:
+    core = _library("docutils.core", "docutils", "reStructuredText")
+    nodes = _library("docutils.nodes", "docutils", "reStructuredText")
+    # No file inclusion or raw passthrough: a document reads only itself. Problems in the markup are not errors:
+    # what docutils parses is kept as text.
+    settings = {"report_level": 5, "halt_level": 5, "file_insertion_enabled": False, "raw_enabled": False,
+                "warning_stream": False, "input_encoding": "unicode"}
+    try:
+        tree = core.publish_doctree(decoded(path.read_bytes()), source_path=str(path), settings_overrides=settings)
+    except UnreadableFile:
+        raise
+    except Exception as error:  # noqa: BLE001 - docutils raises its own kinds for markup it gives up on
+        raise UnreadableFile(f"reStructuredText docutils cannot parse ({type(error).__name__})") from None
+    title = tree.get("title") or next((node.astext() for node in tree.findall(nodes.title)), None)
+    return FileText(tidy(tree.astext()), title or None)
+
+
+def read_pdf(path: Path) -> FileText:
+    pypdf = _library("pypdf", "pypdf", "PDF")
+    # pypdf logs what it repairs in a damaged file; the folder reader says in one line what it skipped instead.
+    logging.getLogger("pypdf").setLevel(logging.CRITICAL)
+    try:
+        pdf = pypdf.PdfReader(path)
+        if pdf.is_encrypted and not pdf.decrypt(""):
+            raise UnreadableFile("an encrypted PDF (it needs a password)")
+        pages, starts, at = [], [], 0
+        for page in pdf.pages:
+            text = tidy(page.extract_text() or "")
+            starts.append(at)
+            pages.append(text)
+            at += len(text) + 2  # pages joined by a blank line
+        title = (pdf.metadata.title if pdf.metadata else None) or None
+    except UnreadableFile:
+        raise
+    except Exception as error:  # noqa: BLE001 - pypdf's errors for damaged files are of many kinds
+        raise UnreadableFile(f"a damaged PDF ({type(error).__name__}: {str(error).splitlines()[0][:80] if str(error) else ''})"
+                             ) from None
+    text = "\n\n".join(pages)
+    if not text.strip():
+        raise UnreadableFile("a PDF with no text (scanned pages need OCR first)")
+    return FileText(text, title.strip() if isinstance(title, str) and title.strip() else None, tuple(starts))
+
+
+def read_docx(path: Path) -> FileText:
+    docx = _library("docx", "python-docx", "Word files")
+    try:
+        document = docx.Document(str(path))
+    except Exception as error:  # noqa: BLE001 - a damaged or not-Word file: zip, XML or package errors
+        raise UnreadableFile(f"a damaged Word file ({type(error).__name__})") from None
+    lines, title = [], (document.core_properties.title or "").strip() or None
+    for paragraph in document.paragraphs:
+        text = paragraph.text.strip()
+        if text and title is None and (paragraph.style.name or "").startswith(("Title", "Heading")):
+            title = text
+        lines.append(text)
+    for table in document.tables:
+        for row in table.rows:
+            lines.append("\t".join(cell.text.strip() for cell in row.cells))
+    return FileText(tidy("\n".join(lines)), title)
+
+
+READERS: tuple[Reader, ...] = (
+    Reader("markdown", (".md", ".markdown"), read_markdown),
+    Reader("html", (".html", ".htm"), read_html),
+    Reader("rst", (".rst",), read_rst),
+    Reader("text", (".txt", ".text"), read_text),
+    Reader("pdf", (".pdf",), read_pdf),
+    Reader("docx", (".docx",), read_docx),
+)
+_BY_SUFFIX = {suffix: reader for reader in READERS for suffix in reader.suffixes}
+
+
+def reader_for(path: Path) -> Reader | None:
+    """The reader of PATH's suffix, or None for a format no reader reads."""
+    return _BY_SUFFIX.get(path.suffix.lower())

@@ -1,0 +1,148 @@
+"""Reading a person's files: each format's text and title, a folder walked into documents, bad files skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from retriever.errors import RetrieverError
+from retriever.files import FolderOptions, FolderReport, page_of, read_folder
+from tests.files_folder import LAST_SENTENCES, UNREADABLE, make_folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("files") / "mine")
+
+
+def test_every_readable_file_is_one_document_with_its_text_title_and_metadata(folder):
+    skipped, report = [], FolderReport()
+    documents = {d.doc_id: d for d in read_folder(folder, on_skip=lambda path, why: skipped.append(path),
+                                                  report=report)}
+    assert set(documents) == set(LAST_SENTENCES)
+    for path, sentence in LAST_SENTENCES.items():
+        assert sentence in documents[path].text, path
+        metadata = documents[path].metadata
+        assert metadata["path"] == path and metadata["size"] == (folder / path).stat().st_size
+        assert len(metadata["sha256"]) == 64 and metadata["modified"].endswith("+00:00")
+    titles = {path: document.title for path, document in documents.items()}
+    assert titles["notes/garden.md"] == "Garden diary" and titles["site/index.html"] == "The lighthouse"
+    assert titles["docs/install.rst"] == "Installing the tool" and titles["reports/annual.pdf"] == "Annual report"
+    assert titles["letters/offer.docx"] == "An offer of partnership" and titles["journal.txt"] == "journal.txt"
+    types = {path: document.metadata["type"] for path, document in documents.items()}
+    assert types["notes/recipes/bread.markdown"] == "markdown" and types["letters/offer.docx"] == "docx"
+    # text as a reader sees it: no markup, no front matter, no script; code kept as text
+    garden = documents["notes/garden.md"].text
+    assert "**" not in garden and "tags:" not in garden and "water(plants, litres=2)" in garden and "basil" in garden
+    page = documents["site/index.html"].text
+    assert "tracking" not in page and "color" not in page and "<p>" not in page
+    assert ".. note::" not in documents["docs/install.rst"].text and "Keep a backup" in documents["docs/install.rst"].text
+    # bad files: each skipped with a line; other formats counted; hidden, ignored and looping ones left out
+    assert set(skipped) == UNREADABLE
+    why = dict(report.skipped)
+    assert "damaged PDF" in why["reports/broken.pdf"] and "encrypted" in why["reports/locked.pdf"]
+    assert "not UTF-8" in why["legacy/latin1.txt"] and why["notes/again"].startswith("a symbolic link loop")
+    assert report.read == len(LAST_SENTENCES) and report.other_formats == {".png": 1}
+    assert "7 files read; 4 skipped (unreadable); 1 of other formats left out (.png 1)" == report.summary()
+
+
+def test_a_pdf_says_where_each_page_starts(folder):
+    (pdf,) = [d for d in read_folder(folder) if d.doc_id == "reports/annual.pdf"]
+    starts = pdf.metadata["page_starts"]
+    assert len(starts) == 3 and starts[0] == 0
+    last = pdf.text.index(LAST_SENTENCES["reports/annual.pdf"])
+    assert page_of(pdf.metadata, last) == 3 and page_of(pdf.metadata, 0) == 1
+    assert page_of(pdf.metadata, pdf.text.index("Funding")) == 2 and page_of({}, 5) is None
+
+
+def test_include_and_exclude_patterns_choose_the_files(folder):
+    only_notes = {d.doc_id for d in read_folder(folder, FolderOptions(include=("notes/**",)))}
+    assert only_notes == {"notes/garden.md", "notes/recipes/bread.markdown"}
+    no_pdfs = {d.doc_id for d in read_folder(folder, FolderOptions(exclude=("*.pdf", "letters/")))}
+    assert no_pdfs == set(LAST_SENTENCES) - {"reports/annual.pdf", "letters/offer.docx"}
+
+
+def test_strict_stops_at_the_first_unreadable_file_in_one_line(folder):
+    with pytest.raises(RetrieverError, match=r"^legacy/latin1.txt: not UTF-8 text") as error:
+        list(read_folder(folder, FolderOptions(strict=True)))
+    assert "\n" not in str(error.value)
+
+
+def test_a_file_over_the_size_limit_and_a_missing_folder(folder, tmp_path):
+    report = FolderReport()
+    kept = {d.doc_id for d in read_folder(folder, FolderOptions(max_bytes=300), report=report)}
+    assert "journal.txt" in kept and "reports/annual.pdf" not in kept
+    assert "KiB, over the 300 bytes a file may hold" in dict(report.skipped)["reports/annual.pdf"]
+    with pytest.raises(RetrieverError, match="no such folder"):
+        list(read_folder(tmp_path / "nowhere"))
+
+
+def test_a_folder_builds_and_every_readable_file_is_found_by_its_last_sentence_in_every_mode(folder, tmp_path):
+    from retriever.index import Index
+
+    summary = Index.build(folder, "mine", tmp_path, device="cpu")  # the default model
+    assert summary.documents == len(LAST_SENTENCES)
+    assert {f"skipped {path}" for path in UNREADABLE} <= {note.split(":")[0] for note in summary.notes}
+    assert summary.notes[-1].endswith("7 files read; 4 skipped (unreadable); 1 of other formats left out (.png 1)")
+    with summary.open() as index:
+        for path, sentence in LAST_SENTENCES.items():
+            for mode in ("dense", "keyword", "hybrid"):
+                hits = index.search([sentence], k=3, mode=mode)[0]
+                assert hits[0].doc_id == path, (mode, path, [hit.doc_id for hit in hits])
+        (hit,) = index.search([LAST_SENTENCES["reports/annual.pdf"]], k=1, mode="keyword")[0]
+        assert hit.metadata["type"] == "pdf" and hit.metadata["path"] == "reports/annual.pdf"
+
+
+def test_the_cli_builds_a_folder_says_what_it_skipped_and_a_hit_says_its_page(folder, cli, tmp_path):
+    import json
+
+    home = tmp_path / "home"
+    result = cli("build", folder, "--index-dir", home, "--exclude", "site/")
+    assert result.returncode == 0, result.stderr
+    assert "skipped reports/broken.pdf: a damaged PDF" in result.stderr
+    assert "skipped legacy/latin1.txt: not UTF-8 text" in result.stderr and "Traceback" not in result.stderr
+    assert "6 files read; 4 skipped (unreadable)" in result.stderr
+    found = cli("search", LAST_SENTENCES["reports/annual.pdf"], "--name", "mine", "--index-dir", home, "--json",
+                "-k", "1")
+    (hit,) = json.loads(found.stdout)["results"]
+    assert hit["doc_id"] == "reports/annual.pdf" and hit["page"] == 3 and hit["metadata"]["type"] == "pdf"
+    assert cli("build", folder / "journal.txt", "--name", "x", "--index-dir", home, "--strict").stderr.startswith(
+        "error: --include, --exclude and --strict choose the files of a folder")
+    strict = cli("build", folder, "--name", "strict", "--index-dir", home, "--strict")
+    assert strict.returncode != 0 and "legacy/latin1.txt: not UTF-8 text" in strict.stderr
+    assert "Traceback" not in strict.stderr
+
+
+def test_adding_a_folder_and_upserting_an_edited_file(folder, tmp_path, cli):
+    import shutil
+
+    from retriever.index import Index
+
+    mine = tmp_path / "mine"
+    shutil.copytree(folder / "notes", mine / "notes", ignore=shutil.ignore_patterns("again"))
+    home = tmp_path / "home"
+    assert cli("build", mine, "--index-dir", home).returncode == 0
+    more = tmp_path / "more"
+    shutil.copytree(folder / "docs", more / "docs")
+    added = cli("add", "mine", more, "--index-dir", home)
+    assert added.returncode == 0 and "1 file read" in added.stderr
+    (mine / "notes" / "garden.md").write_text("# Garden diary\n\nThe pumpkins won a prize at the autumn fair.\n")
+    assert cli("add", "mine", mine, "--index-dir", home, "--upsert", "--include", "*.md").returncode == 0
+    with Index.open("mine", home) as index:
+        assert len(index) == 3
+        (hit,) = index.search(["pumpkins prize autumn fair"], k=1, mode="keyword")[0]
+        assert hit.doc_id == "notes/garden.md" and "pumpkins" in hit.text
+
+
+def test_a_missing_reader_library_is_one_line_naming_the_extra(folder, monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def without_pypdf(name, *args):
+        if name == "pypdf":
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_pypdf)
+    with pytest.raises(RetrieverError, match=r"^reading PDF needs pypdf: pip install 'retriever\[files\]'$"):
+        list(read_folder(folder, FolderOptions(include=("reports/*.pdf",))))
