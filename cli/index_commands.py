@@ -556,6 +556,27 @@ def compact(
     _report("compacted", summary, f"deleted dropped, {counted(before, 'segment')} merged")
 
 
+def sync(
+    index: Annotated[Optional[str], typer.Argument(help="the index to sync (or --name)", show_default=False)] = None,
+    name: options.IndexName = None,
+    index_dir: options.IndexDir = None,
+) -> None:
+    """Bring an index built from a folder in step with it: new files added, changed ones replaced, removed ones
+    deleted, in one version; untouched files are not read again or encoded.
+
+    The folder is read as the build read it (its --include/--exclude patterns). A file that cannot be read now is
+    skipped with a line, its indexed version kept. Waits while another process writes the same index."""
+    from retriever.index import Index
+
+    home = _home(index_dir)
+    index = Index.open(_pick(home, _one_name(index, name), writing=True), home, device="cpu")
+    on_interrupt(UNCHANGED.format(name=index.name))
+    result = index.sync(progress=True)
+    for note in result.notes:
+        _say(note)
+    _say(result.line())
+
+
 def refit(
     index: Annotated[Optional[str], typer.Argument(help="the index to refit (or --name)", show_default=False)] = None,
     name: options.IndexName = None,
@@ -870,6 +891,6 @@ def _check_summary(check: dict) -> str:
 
 # In workflow order, as `retriever --help` lists them (cli.main registers them after `encode`).
 COMMANDS = (("build", build), ("list", list_indexes), ("search", search), ("show", show), ("add", add),
-            ("delete", delete), ("compact", compact), ("refit", refit), ("check", check), ("info", info),
+            ("sync", sync), ("delete", delete), ("compact", compact), ("refit", refit), ("check", check), ("info", info),
             ("verify", verify), ("versions", versions), ("rollback", rollback),
             ("remove", remove))

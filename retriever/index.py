@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,7 +60,8 @@ from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, w
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
 from retriever.errors import RetrieverError, param
-from retriever.files.folder import FolderOptions, FolderReport, read_folder
+from retriever.files.folder import FolderOptions, FolderReport, folder_files, read_file, read_folder
+from retriever.files.readers import UnreadableFile
 from retriever.filters import parse_where
 from retriever.numeric import l2_normalize
 from retriever.search.fusion_check import hybrid_check, recorded_hybrid
@@ -76,6 +78,7 @@ from retriever.text import check_queries, counted
 from retriever.versions.catalog import version_records
 from retriever.versions.folder import rollback
 from retriever.versions.home import resolve_index_dir
+from retriever.versions.integrity import sha256_file
 from retriever.versions.layout import CALIBRATOR, ENCODED, MANIFEST, SEGMENTS
 from retriever.versions.snapshot import Snapshot, verify_index
 from retriever.versions.writer import IndexWriter, MergePolicy
@@ -389,11 +392,11 @@ class Index:
 
     def add(self, corpus: str | Path | Sequence[Document], encoding: str = "utf-8", progress: bool = False,
             vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS,
-            upsert: bool = False, folder: FolderOptions | None = None) -> ChangeSummary:
+            upsert: bool = False, folder: FolderOptions | None = None, delete: Sequence[str] = ()) -> ChangeSummary:
         """Write CORPUS's documents (a corpus file, a folder of files as `build` reads one, with FOLDER, or a list
         of Documents) as one new segment, encoded (or taken from VECTORS) and calibrated with the saved calibrator
         (no refit); every existing segment is reused. An id already in the index is refused, or with UPSERT its
-        old document is deleted in the same version."""
+        old document is deleted in the same version; so are the documents DELETE names (`sync`)."""
         started = time.perf_counter()
         given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
         read_notes: list[str] = []
@@ -463,8 +466,9 @@ class Index:
             finish_segment(segment)
             (folder / ENCODED).unlink(missing_ok=True)
             encoded_passages_path(folder / ENCODED).unlink(missing_ok=True)
-            if replaced:
-                writer.delete(replaced)  # the old documents of those ids: tombstones, in this same version
+            if replaced or delete:
+                # The old documents of those ids, and those asked: tombstones, in this same version.
+                writer.delete(list(dict.fromkeys([*replaced, *delete])))
             writer.add_segment(segment, count, source.rows)
             final = writer.commit()
             timings["write"] = time.perf_counter() - clock
@@ -475,6 +479,52 @@ class Index:
         if (final / SEGMENTS / segment.name).is_dir():
             summary.cut, summary.passages = written_passages(final, [segment.name])
         return summary
+
+    def sync(self, progress: bool = False) -> SyncSummary:
+        """Bring the index in step with the folder it was built from, read again as the build read it: files new
+        since are added, changed ones (by the SHA-256 of their bytes) replaced, removed ones deleted, all in one
+        version; an untouched file is hashed, not read again or encoded. A file that cannot be read now is skipped
+        with a note, its indexed version kept. Nothing changed: no new version."""
+        started = time.perf_counter()
+        manifest = self.snapshot.manifest
+        if manifest.folder is None or manifest.source is None:
+            raise RetrieverError(f"index '{self.name}' was not built from a folder of files; sync reads again the "
+                                 "folder a build read (`retriever build FOLDER`)")
+        root, options = Path(manifest.source), FolderOptions.from_record(manifest.folder)
+        if not root.is_dir():
+            raise RetrieverError(f"index '{self.name}' was built from {root}, which is no longer a folder")
+        stored = self._file_digests()
+        report, notes, seen, fresh, unchanged = FolderReport(), [], set(), [], 0
+        for path, relative in folder_files(root, options, report):
+            seen.add(relative)
+            try:
+                if stored.get(relative) == sha256_file(path):
+                    unchanged += 1
+                    continue
+                fresh.append(read_file(path, relative, str(root.resolve()), options.max_bytes))
+            except (UnreadableFile, OSError) as why:
+                reason = str(why) if isinstance(why, UnreadableFile) else "it cannot be read"
+                notes.append(f"skipped {relative}: {reason}" + ("; its indexed version kept" if relative in stored
+                                                                else ""))
+        removed = sorted(set(stored) - seen)
+        notes += [f"skipped {relative}: {why}" for relative, why in report.skipped]  # loops, unlistable folders
+        added = sum(document.doc_id not in stored for document in fresh)
+        result = SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes)
+        if fresh:
+            result.change = self.add(fresh, progress=progress, upsert=True, delete=removed)
+        elif removed:
+            result.change = self.delete(removed)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _file_digests(self) -> dict[str, str | None]:
+        """Each live document's id and the SHA-256 its metadata records (None: none recorded)."""
+        snapshot, digests = self.snapshot, {}
+        for segment in snapshot.segments:
+            rowids = np.asarray(segment.rowids)[snapshot.live_documents(segment)]
+            for row in snapshot.rows(rowids, ("doc_id", "metadata")).values():
+                digests[row["doc_id"]] = (row["metadata"] or {}).get("sha256")
+        return digests
 
     def delete(self, doc_ids: Sequence[str] | None = None, where: str | dict | None = None) -> ChangeSummary:
         """Delete documents by id, all or nothing, or every document the filter WHERE selects (`retriever.filters`):
@@ -577,6 +627,28 @@ class Index:
         return ChangeSummary(self.name, str(final), writer.manifest.documents, changed, truncated,
                              time.perf_counter() - started, timings or {}, notes or [], writer.manifest.version,
                              opener=_version_opener(final, self.name, snapshot.index_dir, snapshot.device))
+
+
+@dataclass
+class SyncSummary:
+    """What a `sync` did: files ADDED, CHANGED (replaced) and DELETED, UNCHANGED ones (hashed, not read again or
+    encoded), NOTES (files skipped), and the version it wrote (CHANGE; None where nothing changed)."""
+
+    name: str
+    added: int
+    changed: int
+    deleted: int
+    unchanged: int
+    notes: list[str]
+    change: ChangeSummary | None = None
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        done = (f"{self.added:,} added, {self.changed:,} changed, {self.deleted:,} deleted, {self.unchanged:,} "
+                "unchanged (not read again)")
+        if self.change is None:
+            return f"index '{self.name}' is in step with its folder: {done}; no new version"
+        return f"synced index '{self.name}' to version {self.change.version}: {done}, in {self.seconds:.1f}s"
 
 
 def load_encoder(snapshot: Snapshot, runtime: str = "auto") -> Encoder:

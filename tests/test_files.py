@@ -146,3 +146,52 @@ def test_a_missing_reader_library_is_one_line_naming_the_extra(folder, monkeypat
     monkeypatch.setattr(importlib, "import_module", without_pypdf)
     with pytest.raises(RetrieverError, match=r"^reading PDF needs pypdf: pip install 'retriever\[files\]'$"):
         list(read_folder(folder, FolderOptions(include=("reports/*.pdf",))))
+
+
+def test_sync_makes_exactly_the_folders_changes_and_leaves_untouched_files_unread(folder, tmp_path, cli,
+                                                                                    monkeypatch):
+    import shutil
+
+    from retriever.encode.encoder import Encoder
+    from retriever.index import Index
+
+    mine = tmp_path / "mine"
+    shutil.copytree(folder, mine, ignore=shutil.ignore_patterns("again", "broken.pdf", "locked.pdf", "latin1.txt"))
+    home = tmp_path / "home"
+    assert cli("build", mine, "--index-dir", home, "--exclude", "site/").returncode == 0
+    in_step = cli("sync", "mine", "--index-dir", home)
+    assert in_step.returncode == 0 and "is in step with its folder: 0 added, 0 changed, 0 deleted, 6 unchanged" \
+        in in_step.stderr and Index.versions("mine", home)[0]["version"] == 1
+    (mine / "journal.txt").write_text("The lighthouse keeper retired after forty winters on the rock.\n")
+    (mine / "letters" / "offer.docx").unlink()
+    (mine / "notes" / "plants.md").write_text("# Plants\n\nFerns prefer the shade under the old walnut tree.\n")
+    (mine / "site" / "extra.html").write_text("<p>excluded by the build's pattern</p>")
+    encoded = []
+    original = Encoder.encode_tokenized
+    monkeypatch.setattr(Encoder, "encode_tokenized",
+                        lambda self, tokenized, *a, **k: (encoded.extend(tokenized.texts), original(self, tokenized,
+                                                                                                  *a, **k))[1])
+    synced = cli("sync", "mine", "--index-dir", home)
+    assert synced.returncode == 0, synced.stderr
+    assert "to version 2: 1 added, 1 changed, 1 deleted, 4 unchanged (not read again)" in synced.stderr
+    assert len(encoded) == 2 and any("walnut" in text for text in encoded) and any("forty winters" in text
+                                                                                  for text in encoded)  # only those
+    again = cli("sync", "mine", "--index-dir", home)  # the folder is still known to the version sync wrote
+    assert "is in step with its folder: 0 added, 0 changed, 0 deleted, 6 unchanged" in again.stderr
+    fresh_home = tmp_path / "fresh"
+    assert cli("build", mine, "--index-dir", fresh_home, "--exclude", "site/").returncode == 0
+
+    def documents(index):
+        return {row["doc_id"]: (row["title"], row["text"]) for segment in index.snapshot.segments
+                for row in index.snapshot.rows(segment.rowids[index.snapshot.live_documents(segment)],
+                                               ("doc_id", "title", "text")).values()}
+
+    with Index.open("mine", home) as synced_index, Index.open("mine", fresh_home) as built:
+        assert documents(synced_index) == documents(built) and len(synced_index) == 6
+        (hit,) = synced_index.search(["ferns in the shade"], k=1, mode="keyword")[0]
+        assert hit.doc_id == "notes/plants.md"
+    not_a_folder = tmp_path / "plain.jsonl"
+    not_a_folder.write_text('{"_id": "a", "text": "one"}\n')
+    assert cli("build", not_a_folder, "--index-dir", home).returncode == 0
+    refused = cli("sync", "plain", "--index-dir", home)
+    assert refused.returncode != 0 and "was not built from a folder of files" in refused.stderr

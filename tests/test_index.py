@@ -51,7 +51,7 @@ def test_the_index_is_a_small_api(tiny_index):
     """What a user's `Index` shows: the writes, the reads, the version store's two entry points, and the version
     it reads (`snapshot`); the plumbing lives in the layers below it."""
     names = {name for name in dir(tiny_index) if not name.startswith("_")}
-    assert names == {"name", "snapshot", "build", "open", "search", "add", "delete", "compact", "refit", "document",
+    assert names == {"name", "snapshot", "build", "open", "search", "add", "sync", "delete", "compact", "refit", "document",
                      "documents", "info", "check", "versions", "rollback", "close"}
 
 

@@ -260,7 +260,8 @@ class LocalEngine(BuildEngine):
         return None if self._given is not None else self.corpus
 
     def manifest_extras(self) -> dict:
-        return {"vectors_from": None if isinstance(self.vectors, np.ndarray) else self.vectors}
+        return {"vectors_from": None if isinstance(self.vectors, np.ndarray) else self.vectors,
+                "folder": self.folder_options.to_record() if self._folder is not None else None}
 
     def passages_record(self, encoder: Encoder) -> dict | None:
         # Precomputed vectors: the caller decided what each holds (one per document, or the passages

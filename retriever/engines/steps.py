@@ -151,7 +151,7 @@ def fit_summary(prefitted: bool, documents: int, fit_sample: int | None, seed: i
 def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, calibrator: Calibrator, fit_record: dict,
                  spec: IndexSpec, segments: Sequence[tuple], truncated: int, fallback: dict | None,
                  vectors_from: str | Path | None = None, engine: dict | None = None,
-                 passages: dict | None = None, hybrid: dict | None = None) -> Manifest:
+                 passages: dict | None = None, hybrid: dict | None = None, folder: dict | None = None) -> Manifest:
     """The manifest of a freshly built index of SEGMENTS ((name, rows) or (name, rows, vectors) in row id order,
     ids from 1), whichever engine built it; PASSAGES: how long documents were cut (None: one vector each); HYBRID:
     the hybrid decision (`Manifest.hybrid`)."""
@@ -178,6 +178,7 @@ def new_manifest(name: str, corpus: str | Path | None, encoder_config: dict, cal
         engine=engine or None,
         calibrator_fallback=fallback or None,
         hybrid=hybrid,
+        folder=folder,
     )
 
 

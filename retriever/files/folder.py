@@ -51,7 +51,13 @@ class FolderOptions:
     strict: bool = False
 
     def to_record(self) -> dict:
+        """What the manifest keeps (`strict` is the build's, not the folder's)."""
         return {"include": list(self.include), "exclude": list(self.exclude), "max_bytes": self.max_bytes}
+
+    @classmethod
+    def from_record(cls, record: dict) -> FolderOptions:
+        return cls(tuple(record.get("include") or ()), tuple(record.get("exclude") or ()),
+                   int(record.get("max_bytes") or MAX_FILE_BYTES))
 
 
 @dataclass

@@ -106,7 +106,10 @@ class Manifest:
     # The version's number: one more than any kept version of the index when it was committed, so numbers only
     # grow (`retriever.versions.folder`); 0: written before versions were numbered.
     version: int = 0
-    source: str | None = None  # the corpus file; None: documents given in Python
+    source: str | None = None  # the corpus file (or folder); None: documents given in Python
+    # A folder of files as the corpus (`retriever.files`): the patterns and limit it is read with, which `sync`
+    # reads it with again; None: a corpus file, or documents given in Python.
+    folder: dict | None = None
     vectors_from: str | None = None
     fit: dict = field(default_factory=dict)
     index_type: str | None = None
@@ -217,7 +220,7 @@ def check_format(record: dict, label: str) -> None:
 
 
 # Optional fields a version leaves out of its JSON when they do not apply (as they were before typing).
-_OMITTED_WHEN_NONE = ("engine", "calibrator_fallback", "refitted", "checksum", "index_type", "passages")
+_OMITTED_WHEN_NONE = ("engine", "calibrator_fallback", "refitted", "checksum", "index_type", "passages", "folder")
 
 
 def record_checksum(record: dict) -> str:
