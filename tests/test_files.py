@@ -7,6 +7,7 @@ import pytest
 from retriever.errors import RetrieverError
 from retriever.files import FolderOptions, FolderReport, page_of, read_folder
 from tests.files_folder import LAST_SENTENCES, UNREADABLE, make_folder
+from tests.helpers import one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +196,26 @@ def test_sync_makes_exactly_the_folders_changes_and_leaves_untouched_files_unrea
     assert cli("build", not_a_folder, "--index-dir", home).returncode == 0
     refused = cli("sync", "plain", "--index-dir", home)
     assert refused.returncode != 0 and "was not built from a folder of files" in refused.stderr
+
+
+def test_the_server_syncs_an_index_built_from_a_folder(folder, tmp_path, tiny_bert):
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from retriever.index import Index
+    from retriever.serve.app import create_app
+
+    mine = tmp_path / "mine"
+    shutil.copytree(folder / "notes", mine, ignore=shutil.ignore_patterns("again"))
+    home = tmp_path / "home"
+    Index.build(mine, "mine", home, model=str(tiny_bert), calibrator="none", device="cpu")
+    Index.build([{"_id": "a", "text": "one plain record"}], "plain", home, model=str(tiny_bert), calibrator="none",
+                device="cpu")
+    (mine / "garden.md").unlink()
+    with TestClient(create_app(home, device="cpu"), base_url="http://127.0.0.1") as client:
+        synced = client.post("/indexes/mine/sync")
+        assert synced.status_code == 200, synced.text
+        assert {key: synced.json()[key] for key in ("added", "changed", "deleted", "unchanged", "documents")} == \
+            {"added": 0, "changed": 0, "deleted": 1, "unchanged": 1, "documents": 1}
+        assert "not built from a folder" in one_line_error(client.post("/indexes/plain/sync"), 400)

@@ -54,6 +54,8 @@ FORKING_WRITER = textwrap.dedent(
                 index.add(argument, chunk_rows=10)
             elif operation == "delete":
                 index.delete(argument.split(","))
+            elif operation == "sync":
+                index.sync()
             else:
                 index.compact()
 
@@ -348,3 +350,41 @@ def test_readers_during_writes_see_one_version_never_a_mix(tmp_path, tiny_bert):
     out, err = reader.communicate(timeout=60)
     assert reader.returncode == 0, err
     assert writes >= 8 and int(out) >= 10
+
+
+# A sync killed at each step of its one write: the index is the old state, whole; the next sync makes the new one.
+SYNC_MOMENTS = {
+    "sync while writing its segment": ("retriever.store.segment:RawWriter.append", 1, "after"),
+    "sync while indexing keywords": ("retriever.store.keywords:KeywordIndex.build", 1, "before"),
+    "sync before its manifest": ("retriever.versions.writer:write_manifest", 1, "before"),
+    "sync between rename and link swap": ("retriever.versions.folder:PartialVersion._link", 1, "before"),
+    "sync with its new link beside the old": ("retriever.versions.folder:_swap", 1, "before"),
+}
+
+
+@pytest.mark.parametrize("moment", list(SYNC_MOMENTS))
+def test_a_sync_killed_at_any_stage_leaves_the_old_state_and_the_next_sync_the_new(tmp_path, tiny_bert, dying_write,
+                                                                                   moment):
+    folder, index_dir = tmp_path / "notes", tmp_path / "indexes"
+    folder.mkdir()
+    for number, text in enumerate(list(sentences(12).values())):
+        (folder / f"note{number:02d}.md").write_text(f"# Note {number}\n\n{text}\n")
+    Index.build(folder, "crash", index_dir, model=str(tiny_bert), calibrator="none", device="cpu")
+
+    def state():
+        index = Index.open("crash", index_dir, device="cpu")
+        index.snapshot.verify()
+        return {row["doc_id"]: row["text"] for segment in index.snapshot.segments
+                for row in index.snapshot.rows(segment.rowids[index.snapshot.live_documents(segment)],
+                                               ("doc_id", "text")).values()}
+
+    before = state()
+    (folder / "note00.md").write_text("# Note 0\n\nRewritten: the tide tables for the northern harbour.\n")
+    (folder / "note01.md").unlink()
+    (folder / "note99.md").write_text("# Note 99\n\nA new note on migrating geese.\n")
+    target, call, when = SYNC_MOMENTS[moment]
+    dying_write(target, call, when, "sync", index_dir, "-", tiny_bert)
+    assert state() == before
+    Index.open("crash", index_dir, device="cpu").sync()
+    after = state()
+    assert set(after) == set(before) - {"note01.md"} | {"note99.md"} and "tide tables" in after["note00.md"]

@@ -315,6 +315,16 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         return JSONResponse({"index": name, "version": summary.version, "added": summary.changed,
                              "documents": summary.documents}, status_code=201)
 
+    @app.post("/indexes/{name}/sync")
+    async def sync_index(name: str):
+        """Bring an index built from a folder on this machine in step with it, as `retriever sync` does."""
+        async with indexes.using(name) as served:
+            result = await run_in_threadpool(served.index.sync)
+        return {"index": name, "version": result.change.version if result.change else
+                served.snapshot.manifest.version, "added": result.added, "changed": result.changed,
+                "deleted": result.deleted, "unchanged": result.unchanged, "notes": result.notes,
+                "documents": result.change.documents if result.change else served.snapshot.manifest.documents}
+
     @app.delete("/indexes/{name}/documents/{doc_id:path}")
     async def delete_document(name: str, doc_id: str):
         check_text(doc_id, "the document id")
