@@ -103,22 +103,27 @@ def _report(verb: str, summary, extra: str = "", notes: bool = True) -> None:
          f"{extra or 'changed'}) in {summary.seconds:.1f}s")
 
 
-def _folder_options(corpus: Path, include: list[str] | None, exclude: list[str] | None, strict: bool):
-    """--include, --exclude and --strict as the library takes them; refused where CORPUS is not a folder."""
+def _folder_options(corpus: Path, include: list[str] | None, exclude: list[str] | None, strict: bool,
+                    corpus_files: bool = False):
+    """--include, --exclude, --strict and --corpus-files as the library takes them; refused where CORPUS is not a
+    folder (and the first three beside --corpus-files, which reads every corpus file)."""
     from retriever.files.folder import FolderOptions
 
-    if (include or exclude or strict) and not corpus.is_dir():
-        raise RetrieverError("--include, --exclude and --strict choose the files of a folder; "
+    if (include or exclude or strict or corpus_files) and not corpus.is_dir():
+        raise RetrieverError("--include, --exclude, --strict and --corpus-files choose the files of a folder; "
                              f"{corpus} is not a folder")
-    return FolderOptions(tuple(include or ()), tuple(exclude or ()), strict=strict)
+    if corpus_files and (include or exclude or strict):
+        raise RetrieverError("--include, --exclude and --strict choose among your files; a folder of --corpus-files "
+                             "is read whole")
+    return FolderOptions(tuple(include or ()), tuple(exclude or ()), strict=strict, corpus_files=corpus_files)
 
 
 def build(
     corpus: Annotated[Path, typer.Argument(help="a corpus file: .txt (one document per line), BEIR .jsonl, "
                                           ".csv/.tsv with id,text, or .gz of them; or a folder of your files, one "
                                           "document each (Markdown, HTML, reStructuredText, text, PDF, Word; a .txt "
-                                          "in a folder is one document: put a one-per-line .txt in a folder of its "
-                                          "own only with --engine ray)")],
+                                          "in a folder is one document), with either engine; --corpus-files: a "
+                                          "folder of corpus files")],
     name: Annotated[Optional[str], typer.Option(
         "--name", "-n", help=f"index name: {NAME_RULE} " + default("the corpus file's stem, or the folder's name"))] = None,
     include: Annotated[Optional[list[str]], typer.Option(
@@ -130,6 +135,9 @@ def build(
     strict: Annotated[bool, typer.Option(
         "--strict", help="a folder: stop at the first file that cannot be read (by default it is skipped with a "
         "line saying why)")] = False,
+    corpus_files: Annotated[bool, typer.Option(
+        "--corpus-files", help="a folder: it holds corpus files (.txt one document per line, .jsonl, .csv/.tsv, .gz "
+        "of them), read in name order, not your files one document each")] = False,
     vectors: Annotated[Optional[Path], typer.Option(
         "--vectors", help="precomputed raw vectors: a .npy or a folder of .npy shards, row i = document i, made by "
         "the encoder --model/--pooling/--layers/--max-length name (e.g. by `retriever encode`); nothing is encoded, "
@@ -164,8 +172,7 @@ def build(
     index_dir: options.IndexDir = None,
     engine: Annotated[str, typer.Option(
         "--engine", **options.choice(("local", "ray")),
-        help="local: this process; ray: a Ray cluster (pip install 'retriever\\[ray]'; CORPUS may be a folder of "
-             "corpus files)")] = "local",
+        help="local: this process; ray: a Ray cluster (pip install 'retriever\\[ray]')")] = "local",
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", help="ray: 'auto' or HOST:PORT of a running cluster " + default("start one on 127.0.0.1 "
                                                                                          "for this build"))] = None,
@@ -220,7 +227,7 @@ def build(
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
         batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True, fit_queries=fit_queries,
         replace=replace, passages=PassageSettings(passage_window, passage_overlap, enabled=passages),
-        vector_spans=vector_spans, folder=_folder_options(corpus, include, exclude, strict),
+        vector_spans=vector_spans, folder=_folder_options(corpus, include, exclude, strict, corpus_files),
     )
     _report("built", summary, "encoded" if vectors is None else "indexed", notes=False)  # shown as they came
     from retriever.versions.catalog import describe_calibrator

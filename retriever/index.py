@@ -338,15 +338,16 @@ class Index:
         model). FIT_QUERIES: a file of example queries (.txt, one per line, or BEIR queries.jsonl), a list of
         them, or their raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled
         (ignored with a prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster
-        (`retriever.engines.ray_build`, set up by RAY_OPTIONS, a `RayOptions`); CORPUS may then also be a folder
-        of corpus files, and a failed build starts over rather than resuming. PASSAGES: how documents longer than
+        (`retriever.engines.ray_build`, set up by RAY_OPTIONS, a `RayOptions`); a failed build then starts over
+        rather than resuming. PASSAGES: how documents longer than
         the encoder reads are cut into passages, a vector each (default `PassageSettings()`: windows of the
         encoder's max_length, overlapping; `PassageSettings(enabled=False)`: one vector per document, cut).
         VECTOR_SPANS, with VECTORS: which passage each given vector is, (document, start, end) rows (document
         numbers from 0); without it each given vector is one document's. A folder (local engine) is a corpus of
         its files, one document each (`retriever.files.folder`: Markdown, HTML, reStructuredText, text, PDF, Word),
         read as FOLDER says (a `FolderOptions`: include and exclude patterns, strict); each file that cannot be read
-        is skipped with a note."""
+        is skipped with a note. `FolderOptions(corpus_files=True)`: the folder holds corpus files instead, many
+        documents each, read in name order."""
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
@@ -362,7 +363,8 @@ class Index:
                                      "the local engine")
             from retriever.engines.ray_build import RayEngine, RayOptions
 
-            runner: BuildEngine = RayEngine(spec, progress, corpus=corpus, options=ray_options or RayOptions())
+            runner: BuildEngine = RayEngine(spec, progress, corpus=corpus, options=ray_options or RayOptions(),
+                                            folder_options=folder or FolderOptions())
         else:
             runner = LocalEngine(spec, progress, corpus=corpus, vectors=vectors, encoder=encoder, resume=resume,
                                  chunk_rows=chunk_rows, vector_spans=vector_spans,

@@ -160,6 +160,25 @@ class TestInOneLocalCluster:
         Index.open("ray", tmp_path).compact()
         assert len(Index.open("ray", tmp_path)) == 1200
 
+    def test_a_folder_of_files_builds_on_ray_as_on_the_local_engine_and_syncs(self, local_cluster, model, tmp_path):
+        from tests.files_folder import LAST_SENTENCES, make_folder
+
+        folder = make_folder(tmp_path / "mine")
+        ray_built = Index.build(folder, "ray", tmp_path / "ray-home", model=model, engine="ray", calibrator="none",
+                                ray_options=RayOptions(batch_rows=100))
+        assert "skipped reports/broken.pdf: a damaged PDF" in "\n".join(ray_built.notes)
+        local_built = Index.build(folder, "local", tmp_path / "local-home", model=model, calibrator="none")
+        with Index.open("ray", tmp_path / "ray-home") as on_ray, Index.open("local", tmp_path / "local-home") as local:
+            for doc_id in LAST_SENTENCES:
+                one, other = on_ray.document(doc_id), local.document(doc_id)
+                assert (one["title"], one["text"], one["metadata"]) == (other["title"], other["text"],
+                                                                         other["metadata"]), doc_id
+            assert len(on_ray) == len(local) == ray_built.documents == local_built.documents == len(LAST_SENTENCES)
+            assert on_ray.snapshot.manifest.folder == local.snapshot.manifest.folder
+            assert not list((tmp_path / "ray-home").rglob("folder-documents.jsonl"))
+            (folder / "journal.txt").unlink()
+            assert on_ray.sync().deleted == 1  # the folder a Ray build read syncs like any other
+
     def test_the_driver_fits_auto_with_the_same_pseudo_queries_and_the_fit_queries(self, local_cluster, passages,
                                                                                        model, tmp_path):
         small = tmp_path / "small.jsonl"

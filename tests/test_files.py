@@ -107,7 +107,7 @@ def test_the_cli_builds_a_folder_says_what_it_skipped_and_a_hit_says_its_page(fo
     (hit,) = json.loads(found.stdout)["results"]
     assert hit["doc_id"] == "reports/annual.pdf" and hit["page"] == 3 and hit["metadata"]["type"] == "pdf"
     assert cli("build", folder / "journal.txt", "--name", "x", "--index-dir", home, "--strict").stderr.startswith(
-        "error: --include, --exclude and --strict choose the files of a folder")
+        "error: --include, --exclude, --strict and --corpus-files choose the files of a folder")
     strict = cli("build", folder, "--name", "strict", "--index-dir", home, "--strict")
     assert strict.returncode != 0 and "legacy/latin1.txt: not UTF-8 text" in strict.stderr
     assert "Traceback" not in strict.stderr
@@ -219,3 +219,23 @@ def test_the_server_syncs_an_index_built_from_a_folder(folder, tmp_path, tiny_be
         assert {key: synced.json()[key] for key in ("added", "changed", "deleted", "unchanged", "documents")} == \
             {"added": 0, "changed": 0, "deleted": 1, "unchanged": 1, "documents": 1}
         assert "not built from a folder" in one_line_error(client.post("/indexes/plain/sync"), 400)
+
+
+def test_a_folder_of_corpus_files_is_read_as_one_corpus_when_said_so(tmp_path, tiny_bert, cli):
+    from retriever.index import Index
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "a.txt").write_text("first line of a\nsecond line of a\n")
+    (parts / "b.jsonl").write_text('{"_id": "b1", "text": "a record of b"}\n{"_id": "b2", "text": "another of b"}\n')
+    home = tmp_path / "home"
+    as_files = cli("build", parts, "--name", "files", "--index-dir", home, "--model", tiny_bert, "--calibrator", "none")
+    as_corpus = cli("build", parts, "--name", "corpus", "--index-dir", home, "--model", tiny_bert, "--calibrator",
+                    "none", "--corpus-files")
+    assert as_files.returncode == 0 and as_corpus.returncode == 0, as_corpus.stderr
+    with Index.open("files", home) as files, Index.open("corpus", home) as corpus:
+        assert len(files) == 1 and files.document("a.txt")["text"] == "first line of a\nsecond line of a"
+        assert len(corpus) == 4 and corpus.document("b2")["text"] == "another of b"
+        assert corpus.document("a.txt:2")["text"] == "second line of a"
+    assert "a folder of --corpus-files is read whole" in cli("build", parts, "--index-dir", home, "--corpus-files",
+                                                             "--exclude", "*.txt").stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from itertools import chain
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from retriever.engines.steps import fitted_out_dim, note
 from retriever.calibration import Calibrator
 from retriever.corpus import Document, corpus_format, given_documents, iter_corpus
 from retriever.engines.base import BuildEngine
+from retriever.engines.workers import corpus_files
 from retriever.text import counted
 from retriever.errors import RetrieverError, param
 from retriever.files.folder import FolderOptions, FolderReport, read_folder
@@ -76,6 +78,7 @@ class LocalEngine(BuildEngine):
     # A folder CORPUS: which of its files are read, and whether an unreadable one stops the build.
     folder_options: FolderOptions = field(default_factory=FolderOptions)
     _folder: Path | None = field(default=None, init=False, repr=False)
+    _paths: list[Path] = field(default_factory=list, init=False, repr=False)  # a folder of corpus files
     _early: Future | None = field(default=None, init=False, repr=False)
     _given: list[Document] | None = field(default=None, init=False, repr=False)
     _source: VectorSource | None = field(default=None, init=False, repr=False)
@@ -88,6 +91,8 @@ class LocalEngine(BuildEngine):
         if isinstance(corpus, (list, tuple)):
             self._given = given_documents(corpus)
             self.resume = False  # nothing on disk to resume from
+        elif Path(corpus).is_dir() and self.folder_options.corpus_files:
+            self._paths = corpus_files(corpus)  # many documents each, read in name order
         elif Path(corpus).is_dir():
             self._folder = Path(corpus)
             self.resume = False  # a folder's files are read again: cheap beside encoding them
@@ -122,7 +127,8 @@ class LocalEngine(BuildEngine):
                      "layers": spec.layers if spec.layers is None or isinstance(spec.layers, str) else list(spec.layers),
                      "max_length": spec.max_length, "dtype": spec.dtype})
         # What a killed build's partial folder must match to be resumed (saved with its state either way).
-        self._key = {"corpus": (source_fingerprint(self.corpus) if self._given is None and self._folder is None else
+        self._key = {"corpus": ([source_fingerprint(path) for path in self._paths] if self._paths else
+                                source_fingerprint(self.corpus) if self._given is None and self._folder is None else
                                 {"folder": str(self._folder.resolve()), **self.folder_options.to_record()}
                                 if self._folder is not None else None),
                      "encoding": spec.encoding, "encoder": settings,
@@ -158,7 +164,8 @@ class LocalEngine(BuildEngine):
             table = DocumentTable.create(segment / DOCUMENTS)
             documents = (iter(self._given) if self._given is not None else
                          self._folder_documents() if self._folder is not None else
-                         iter_corpus(self.corpus, self.spec.encoding))
+                         chain.from_iterable(iter_corpus(path, self.spec.encoding) for path in self._paths)
+                         if self._paths else iter_corpus(self.corpus, self.spec.encoding))
             state.documents = ingest(documents, table, 1, self.progress, self.chunk_rows)
             table.close()
             if state.documents == 0:

@@ -22,6 +22,7 @@ Locally, a cluster is started on 127.0.0.1 and stopped afterwards; with --ray-ad
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import math
 import os
@@ -52,6 +53,8 @@ from retriever.engines.workers import (
     write_segment,
 )
 from retriever.errors import RetrieverError, param
+from retriever.engines.steps import note
+from retriever.files.folder import FolderOptions, FolderReport, read_folder
 from retriever.store.layout import segment_name
 from retriever.engines.stages import CHUNK_ROWS, stream_texts
 from retriever.progress import progress_bar, stderr_console
@@ -68,6 +71,8 @@ READ_CPUS = 0.25
 # Restarts of an encode actor that dies (killed for memory, its node lost), each retrying the batch it held; one
 # that dies more often fails the build instead of retrying forever (Ray Data's default) on a batch that kills it.
 WORKER_RESTARTS = 3
+# A folder of a person's files, read on the driver into the partial folder as BEIR records for the workers.
+FOLDER_DOCUMENTS = "folder-documents.jsonl"
 # A segment per this many documents at least (fewer, larger segments search faster; compaction merges later).
 MIN_SEGMENT_ROWS = 50_000
 
@@ -221,10 +226,15 @@ class RayEngine(BuildEngine):
 
     corpus: str | Path = ""
     options: RayOptions = field(default_factory=lambda: RayOptions())
+    folder_options: FolderOptions = field(default_factory=FolderOptions)
 
     def check(self) -> None:
         self.options.check()
-        self._paths = corpus_files(self.corpus)
+        # A folder is a person's files, one document each (read on the driver, into the partial folder every node
+        # sees), unless it is said to hold corpus files.
+        self._folder = (Path(self.corpus) if Path(self.corpus).is_dir() and not self.folder_options.corpus_files
+                        else None)
+        self._paths = [] if self._folder is not None else corpus_files(self.corpus)
 
     @contextmanager
     def session(self, index_dir: Path, name: str) -> Iterator[IndexWriter]:
@@ -258,6 +268,8 @@ class RayEngine(BuildEngine):
 
     def read(self, writer: IndexWriter) -> int:
         ray, options = self._ray, self.options
+        if self._folder is not None:
+            self._paths = [self._folder_corpus(writer.folder / FOLDER_DOCUMENTS)]
         files = [{"file": number, "path": str(path)} for number, path in enumerate(self._paths)]
         counted = _run(lambda: ray.data.from_items(files, override_num_blocks=len(files)).map_batches(
             count_stage, batch_size=1, num_cpus=READ_CPUS,
@@ -350,10 +362,24 @@ class RayEngine(BuildEngine):
                 advance(1)
         check_ids_across(folder, names)
         shutil.rmtree(self._shard_dir)
+        (writer.folder / FOLDER_DOCUMENTS).unlink(missing_ok=True)  # read by the workers and the checks: done
         return [(segment, *written[segment]) for segment in names]
 
     def encoder_config(self, encoder: Encoder) -> dict:
         return {**encoder.config(), "dtype": self.spec.dtype}  # the workers' precision, not the driver copy's
+
+    def _folder_corpus(self, path: Path) -> Path:
+        """The folder's documents (`retriever.files.folder`) written to PATH as BEIR records, a note for each file
+        skipped and one for what was read."""
+        report = FolderReport()
+        with path.open("w", encoding="utf-8") as out:
+            for document in read_folder(self._folder, self.folder_options, report=report,
+                                        on_skip=lambda name, why: note(self.notes, f"skipped {name}: {why}",
+                                                                       self.progress)):
+                out.write(json.dumps({"_id": document.doc_id, "title": document.title, "text": document.text,
+                                      "metadata": document.metadata}, ensure_ascii=False) + "\n")
+        note(self.notes, f"{self._folder}: {report.summary()}", self.progress)
+        return path
 
     def corpus_record(self) -> str | Path:
         return self.corpus
@@ -362,7 +388,8 @@ class RayEngine(BuildEngine):
         plan = self._plan
         return {"engine": {"name": "ray", "workers": plan.workers, "cpus_per_worker": plan.cpus,
                            "gpus_per_worker": plan.gpus, "batch_rows": self.options.batch_rows,
-                           "corpus_files": len(self._paths)}}
+                           "corpus_files": len(self._paths)},
+                "folder": self.folder_options.to_record() if self._folder is not None else None}
 
 
 def segment_groups(shards: Sequence[tuple[int, int]], workers: int) -> list[list[tuple[int, int]]]:

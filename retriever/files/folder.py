@@ -43,12 +43,16 @@ MAX_PAGES_RECORDED = 900
 @dataclass(frozen=True)
 class FolderOptions:
     """What of a folder is read: INCLUDE (patterns: only files they name; empty: every file a reader reads),
-    EXCLUDE (patterns left out), files of at most MAX_BYTES; STRICT: a file that cannot be read stops the read."""
+    EXCLUDE (patterns left out), files of at most MAX_BYTES; STRICT: a file that cannot be read stops the read;
+    CORPUS_FILES: the folder is not a person's files but corpus files, many documents each."""
 
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     max_bytes: int = MAX_FILE_BYTES
     strict: bool = False
+    # The folder holds corpus files instead (.txt one document per line, .jsonl, .csv/.tsv, or .gz of them), each
+    # read as it is when given alone, in name order: one meaning of a folder for every engine, overridden here.
+    corpus_files: bool = False
 
     def to_record(self) -> dict:
         """What the manifest keeps (`strict` is the build's, not the folder's)."""
