@@ -156,3 +156,19 @@ def test_a_server_with_a_key_asks_for_it_and_then_searches(browser, tmp_path, ti
         browser.find_element(By.ID, "search").click()
         wait.until(lambda driver: hits(driver, "hybrid-results"))
         assert hits(browser, "hybrid-results")[0].get_attribute("data-doc-id") == "d7"
+
+
+def test_a_hit_in_a_pdf_of_a_folder_shows_its_path_and_page(browser, tmp_path, tiny_bert):
+    from tests.files_folder import LAST_SENTENCES, make_folder
+
+    home = tmp_path / "indexes"
+    Index.build(make_folder(tmp_path / "mine"), "mine", home, model=str(tiny_bert), calibrator="none", device="cpu")
+    with serving_in_thread(create_app(home, device="cpu")) as url:
+        browser.get(url + "/?" + urlencode({"index": "mine", "q": LAST_SENTENCES["reports/annual.pdf"],
+                                            "mode": "keyword"}))
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda driver: browser.find_elements(By.CSS_SELECTOR, "li.hit"))
+        item = next(hit for hit in browser.find_elements(By.CSS_SELECTOR, "li.hit")
+                    if hit.get_attribute("data-doc-id") == "reports/annual.pdf")
+        assert item.find_element(By.CSS_SELECTOR, ".doc-id").text == "reports/annual.pdf"
+        assert item.find_element(By.CSS_SELECTOR, ".page").text == "p. 3"
