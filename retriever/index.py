@@ -495,7 +495,8 @@ class Index:
         root, options = Path(manifest.source), FolderOptions.from_record(manifest.folder)
         if not root.is_dir():
             raise RetrieverError(f"index '{self.name}' was built from {root}, which is no longer a folder")
-        stored = self._file_digests()
+        # The documents read from that folder; those added from elsewhere (another folder, a corpus file) stay.
+        stored = self._file_digests(str(root.resolve()))
         report, notes, seen, fresh, unchanged = FolderReport(), [], set(), [], 0
         for path, relative in folder_files(root, options, report):
             seen.add(relative)
@@ -519,13 +520,15 @@ class Index:
         result.seconds = time.perf_counter() - started
         return result
 
-    def _file_digests(self) -> dict[str, str | None]:
-        """Each live document's id and the SHA-256 its metadata records (None: none recorded)."""
+    def _file_digests(self, source: str) -> dict[str, str | None]:
+        """The id of each live document read from SOURCE (a folder) and the SHA-256 its metadata records."""
         snapshot, digests = self.snapshot, {}
         for segment in snapshot.segments:
             rowids = np.asarray(segment.rowids)[snapshot.live_documents(segment)]
             for row in snapshot.rows(rowids, ("doc_id", "metadata")).values():
-                digests[row["doc_id"]] = (row["metadata"] or {}).get("sha256")
+                metadata = row["metadata"] or {}
+                if metadata.get("folder") == source:  # whichever engine read it
+                    digests[row["doc_id"]] = metadata.get("sha256")
         return digests
 
     def delete(self, doc_ids: Sequence[str] | None = None, where: str | dict | None = None) -> ChangeSummary:

@@ -25,6 +25,7 @@ def test_every_readable_file_is_one_document_with_its_text_title_and_metadata(fo
         metadata = documents[path].metadata
         assert metadata["path"] == path and metadata["size"] == (folder / path).stat().st_size
         assert len(metadata["sha256"]) == 64 and metadata["modified"].endswith("+00:00")
+        assert metadata["folder"] == str(folder.resolve())
     titles = {path: document.title for path, document in documents.items()}
     assert titles["notes/garden.md"] == "Garden diary" and titles["site/index.html"] == "The lighthouse"
     assert titles["docs/install.rst"] == "Installing the tool" and titles["reports/annual.pdf"] == "Annual report"
@@ -132,6 +133,11 @@ def test_adding_a_folder_and_upserting_an_edited_file(folder, tmp_path, cli):
         assert len(index) == 3
         (hit,) = index.search(["pumpkins prize autumn fair"], k=1, mode="keyword")[0]
         assert hit.doc_id == "notes/garden.md" and "pumpkins" in hit.text
+    # sync reads the folder the index was built from: what was added from another folder stays
+    synced = cli("sync", "mine", "--index-dir", home)
+    assert "0 added, 0 changed, 0 deleted, 2 unchanged" in synced.stderr
+    with Index.open("mine", home) as index:
+        assert len(index) == 3 and index.document("docs/install.rst") is not None
 
 
 def test_a_missing_reader_library_is_one_line_naming_the_extra(folder, monkeypatch):

@@ -353,10 +353,11 @@ def test_readers_during_writes_see_one_version_never_a_mix(tmp_path, tiny_bert):
 
 
 # A sync killed at each step of its one write: the index is the old state, whole; the next sync makes the new one.
-# (A sync is an add and its deletions in one write: the add's every step is killed above.)
 SYNC_MOMENTS = {
     "sync while writing its segment": ("retriever.store.segment:RawWriter.append", 1, "after"),
+    "sync while indexing keywords": ("retriever.store.keywords:KeywordIndex.build", 1, "before"),
     "sync before its manifest": ("retriever.versions.writer:write_manifest", 1, "before"),
+    "sync between rename and link swap": ("retriever.versions.folder:PartialVersion._link", 1, "before"),
     "sync with its new link beside the old": ("retriever.versions.folder:_swap", 1, "before"),
 }
 

@@ -12,9 +12,9 @@ build ran) is skipped with one line naming it and why (`on_skip`), and the build
 first instead.
 
 Each document: id the file's path relative to the folder (`/`-separated), its title (the file's own: a first
-heading, `<title>`, PDF or Word metadata; else the file name), its text, and metadata `path`, `type` (the reader's
-name), `size` (bytes), `modified` (UTC, ISO 8601) and `sha256` (of its bytes); a PDF's `page_starts`, where each page
-starts in the text (`page_of`).
+heading, `<title>`, PDF or Word metadata; else the file name), its text, and metadata `path`, `folder` (the folder
+read, resolved: what `Index.sync` reads again), `type` (the reader's name), `size` (bytes), `modified` (UTC, ISO
+8601) and `sha256` (of its bytes); a PDF's `page_starts`, where each page starts in the text (`page_of`).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_
         raise UnreadableFile("nested too deeply to parse") from None
     if not found.text.strip():
         raise UnreadableFile("no text in it")
-    metadata = {"path": relative, "type": reader.name, "size": status.st_size,
+    metadata = {"path": relative, "folder": source, "type": reader.name, "size": status.st_size,
                 "modified": datetime.fromtimestamp(status.st_mtime, timezone.utc).isoformat(timespec="seconds"),
                 "sha256": hashlib.sha256(data).hexdigest()}
     if found.page_starts is not None and len(found.page_starts) <= MAX_PAGES_RECORDED:
