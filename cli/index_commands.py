@@ -103,15 +103,22 @@ def _report(verb: str, summary, extra: str = "", notes: bool = True) -> None:
          f"{extra or 'changed'}) in {summary.seconds:.1f}s")
 
 
-def _folder_options(corpus: Path, include: list[str] | None, exclude: list[str] | None, strict: bool,
+def _folder_options(corpus: Path | list[Path], include: list[str] | None, exclude: list[str] | None, strict: bool,
                     corpus_files: bool = False):
     """--include, --exclude, --strict and --corpus-files as the library takes them; refused where CORPUS is not a
     folder (and the first three beside --corpus-files, which reads every corpus file)."""
     from retriever.files.folder import FolderOptions
 
-    if (include or exclude or strict or corpus_files) and not corpus.is_dir():
+    from retriever.files.folder import is_file_list
+
+    if strict and is_file_list(corpus):  # your files named one by one: stop at one that cannot be read
+        if include or exclude or corpus_files:
+            raise RetrieverError("--include, --exclude and --corpus-files choose the files of a folder; files named "
+                                 "one by one are read as named")
+        return FolderOptions(strict=True)
+    if (include or exclude or strict or corpus_files) and not (isinstance(corpus, Path) and corpus.is_dir()):
         raise RetrieverError("--include, --exclude, --strict and --corpus-files choose the files of a folder; "
-                             f"{corpus} is not a folder")
+                             f"{corpus if isinstance(corpus, Path) else 'files named one by one'} is not a folder")
     if corpus_files and (include or exclude or strict):
         raise RetrieverError("--include, --exclude and --strict choose among your files; a folder of --corpus-files "
                              "is read whole")
@@ -119,11 +126,12 @@ def _folder_options(corpus: Path, include: list[str] | None, exclude: list[str] 
 
 
 def build(
-    corpus: Annotated[Path, typer.Argument(help="a corpus file: .txt (one document per line), BEIR .jsonl, "
-                                          ".csv/.tsv with id,text, or .gz of them; or a folder of your files, one "
-                                          "document each (Markdown, HTML, reStructuredText, text, PDF, Word; a .txt "
-                                          "in a folder is one document), with either engine; --corpus-files: a "
-                                          "folder of corpus files")],
+    corpora: Annotated[list[Path], typer.Argument(
+        help="a corpus file: .txt (one document per line), BEIR .jsonl, .csv/.tsv with id,text, or .gz of them; or "
+        "a folder of your files, one document each (Markdown, HTML, reStructuredText, text, PDF, Word; a .txt in a "
+        "folder is one document), with either engine (--corpus-files: a folder of corpus files); or one or more of "
+        "your files named one by one (.md, .html, .rst, .pdf, .docx; several need --name)", show_default=False,
+        metavar="CORPUS...")],
     name: Annotated[Optional[str], typer.Option(
         "--name", "-n", help=f"index name: {NAME_RULE} " + default("the corpus file's stem, or the folder's name"))] = None,
     include: Annotated[Optional[list[str]], typer.Option(
@@ -203,6 +211,12 @@ def build(
     storage every node sees."""
     # Everything that needs no corpus read comes first: a bad name or index folder fails in one line, at once.
     home = _home(index_dir)
+    corpus: Path | list[Path] = corpora[0] if len(corpora) == 1 else corpora
+    if isinstance(corpus, list) and name is None:
+        raise RetrieverError("several files make one index: name it with --name")
+    if isinstance(corpus, list) and (vectors is not None or engine != "local"):
+        raise RetrieverError("files named one by one are read and encoded here: drop --vectors and --engine ray, or "
+                             "give one corpus file or folder")
     name = check_name(name) if name is not None else _name_from(corpus)
     from retriever.encode.passages import PassageSettings
     from retriever.index import Index
@@ -260,7 +274,9 @@ def _name_from(corpus: Path) -> str:
         corpus = Path(corpus.resolve().name)
     name = corpus.name
     for suffix in reversed(corpus.suffixes):
-        name = name.removesuffix(suffix) if suffix.lower() in (".gz", ".txt", ".jsonl", ".csv", ".tsv") else name
+        name = name.removesuffix(suffix) if suffix.lower() in (".gz", ".txt", ".jsonl", ".csv", ".tsv", ".md",
+                                                                ".markdown", ".html", ".htm", ".rst", ".pdf",
+                                                                ".docx") else name
     name = name or corpus.stem
     try:
         return check_name(name)
@@ -488,8 +504,8 @@ def show(
 
 def add(
     arguments: Annotated[list[str], typer.Argument(
-        help="CORPUS: new documents, in any corpus format build accepts or a folder of files (the index by --name, "
-        "or the only one), or INDEX CORPUS", show_default=False, metavar="[INDEX] CORPUS")],
+        help="CORPUS: new documents, in any corpus format build accepts, a folder of your files or one of them "
+        "(the index by --name, or the only one), or INDEX CORPUS", show_default=False, metavar="[INDEX] CORPUS")],
     name: options.IndexName = None,
     include: Annotated[Optional[list[str]], typer.Option(
         "--include", help="a folder: read only the files this pattern names (as build's) "

@@ -60,7 +60,8 @@ from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, w
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
 from retriever.errors import RetrieverError, param
-from retriever.files.folder import FolderOptions, FolderReport, folder_files, read_file, read_folder
+from retriever.files.folder import (FolderOptions, FolderReport, folder_files, is_file_list, read_file, read_files,
+                                    read_folder)
 from retriever.files.readers import UnreadableFile
 from retriever.filters import parse_where
 from retriever.numeric import l2_normalize
@@ -350,6 +351,9 @@ class Index:
         documents each, read in name order."""
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
+        read_notes: list[str] = []
+        if is_file_list(corpus):  # files named one by one: one document each, read here
+            corpus = _read_named_files(corpus, folder or FolderOptions(), read_notes)
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
                          calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
                          index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
@@ -372,6 +376,7 @@ class Index:
         index_dir = resolve_index_dir(index_dir)
         summary = run_build(runner, name, index_dir, replace, hybrid_check=hybrid_check)
         summary.opener = _version_opener(Path(summary.folder), name, index_dir, device)
+        summary.notes[:0] = read_notes
         return summary
 
     @staticmethod
@@ -400,8 +405,10 @@ class Index:
         (no refit); every existing segment is reused. An id already in the index is refused, or with UPSERT its
         old document is deleted in the same version; so are the documents DELETE names (`sync`)."""
         started = time.perf_counter()
-        given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
         read_notes: list[str] = []
+        if is_file_list(corpus):  # files named one by one: one document each
+            corpus = _read_named_files(corpus, folder or FolderOptions(), read_notes)
+        given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
         if given is None and Path(corpus).is_dir():
             report = FolderReport()
             given = list(read_folder(corpus, folder or FolderOptions(), report=report,
@@ -632,6 +639,18 @@ class Index:
         return ChangeSummary(self.name, str(final), writer.manifest.documents, changed, truncated,
                              time.perf_counter() - started, timings or {}, notes or [], writer.manifest.version,
                              opener=_version_opener(final, self.name, snapshot.index_dir, snapshot.device))
+
+
+def _read_named_files(paths, options: FolderOptions, notes: list[str]) -> list[Document]:
+    """The documents of files named one by one (`files.folder.read_files`), a note for each skipped; refused where
+    none could be read."""
+    report = FolderReport()
+    documents = read_files(paths, options, report=report,
+                           on_skip=lambda path, why: notes.append(f"skipped {path}: {why}"))
+    notes.append(f"{report.summary()}")
+    if not documents:
+        raise RetrieverError("no documents: none of the files given could be read")
+    return documents
 
 
 @dataclass

@@ -245,3 +245,23 @@ def test_a_folder_of_corpus_files_is_read_as_one_corpus_when_said_so(tmp_path, t
         assert corpus.document("a.txt:2")["text"] == "second line of a"
     assert "a folder of --corpus-files is read whole" in cli("build", parts, "--index-dir", home, "--corpus-files",
                                                              "--exclude", "*.txt").stderr
+
+
+def test_files_named_one_by_one_are_a_corpus_and_one_can_be_added(folder, tmp_path, cli):
+    from retriever.index import Index
+
+    home = tmp_path / "home"
+    pdf, page, notes = folder / "reports/annual.pdf", folder / "site/index.html", folder / "notes/garden.md"
+    built = cli("build", pdf, page, "--name", "picked", "--index-dir", home)
+    assert built.returncode == 0, built.stderr
+    assert cli("add", "picked", notes, "--index-dir", home).returncode == 0
+    with Index.open("picked", home) as index:
+        assert len(index) == 3 and index.document("reports/annual.pdf")["title"] == "Annual report"
+        assert index.document("site/index.html") is not None and index.document("garden.md") is not None
+        (hit,) = index.search([LAST_SENTENCES["notes/garden.md"]], k=1, mode="keyword")[0]
+        assert hit.doc_id == "garden.md"
+    single = cli("build", pdf, "--index-dir", home)  # named after the file
+    assert single.returncode == 0 and "index 'annual'" in single.stderr
+    assert "name it with --name" in cli("build", pdf, page, "--index-dir", home).stderr
+    broken = cli("build", folder / "reports/broken.pdf", pdf, "--name", "strict", "--index-dir", home, "--strict")
+    assert broken.returncode != 0 and "broken.pdf: a damaged PDF" in broken.stderr and "Traceback" not in broken.stderr

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retriever.corpus import Document
+from retriever.corpus import CORPUS_FORMATS, Document
 from retriever.errors import RetrieverError
 from retriever.files.readers import UnreadableFile, reader_for
 
@@ -170,6 +170,49 @@ def read_folder(root: str | Path, options: FolderOptions = FolderOptions(),
             continue
         report.read += 1
         yield document
+
+
+def is_file_list(corpus: object) -> bool:
+    """Whether CORPUS names files to read one document each: a list of `Path`s (a list of strings is a list of
+    documents gone wrong, and is refused as one), or one file of a format a reader reads that is not a corpus format
+    (a `.txt` given alone stays a corpus file: one document per line)."""
+    if isinstance(corpus, (list, tuple)):
+        return bool(corpus) and all(isinstance(item, os.PathLike) for item in corpus)
+    if isinstance(corpus, (str, os.PathLike)):
+        path = Path(corpus)
+        return path.suffix.lower() not in CORPUS_FORMATS + (".gz",) and reader_for(path) is not None
+    return False
+
+
+def read_files(paths: str | Path | Sequence[str | Path], options: FolderOptions = FolderOptions(),
+               on_skip: Callable[[str, str], None] | None = None,
+               report: FolderReport | None = None) -> list[Document]:
+    """Files named one by one (PATHS), one document each, as a folder's files are read: their ids are their paths
+    relative to the folder that holds them all. A path that is not a file, or not of a format a reader reads, is
+    refused; a file that cannot be read is skipped (ON_SKIP told) or, with `strict`, refused."""
+    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(path) for path in paths]
+    for path in paths:
+        if not path.is_file():
+            raise RetrieverError(f"{path}: no such file")
+        if reader_for(path) is None:
+            raise RetrieverError(f"{path}: not a format a reader reads (Markdown, HTML, reStructuredText, text, PDF, "
+                                 "Word)")
+    common = Path(os.path.commonpath([str(path.resolve().parent) for path in paths]))
+    report = report if report is not None else FolderReport()
+    documents = []
+    for path in paths:
+        relative = path.resolve().relative_to(common).as_posix()
+        try:
+            documents.append(read_file(path, relative, str(common), options.max_bytes))
+        except UnreadableFile as why:
+            if options.strict:
+                raise RetrieverError(f"{relative}: {why} (without --strict it would be skipped)") from None
+            report.skipped.append((relative, str(why)))
+            if on_skip is not None:
+                on_skip(relative, str(why))
+            continue
+        report.read += 1
+    return documents
 
 
 def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_BYTES) -> Document:
