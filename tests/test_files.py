@@ -265,3 +265,22 @@ def test_files_named_one_by_one_are_a_corpus_and_one_can_be_added(folder, tmp_pa
     assert "name it with --name" in cli("build", pdf, page, "--index-dir", home).stderr
     broken = cli("build", folder / "reports/broken.pdf", pdf, "--name", "strict", "--index-dir", home, "--strict")
     assert broken.returncode != 0 and "broken.pdf: a damaged PDF" in broken.stderr and "Traceback" not in broken.stderr
+
+
+def test_a_file_that_vanishes_while_the_folder_is_read_is_skipped_with_a_line(tmp_path):
+    from retriever.files.folder import folder_files, read_file
+
+    folder = tmp_path / "going"
+    folder.mkdir()
+    for name in ("a.md", "b.md", "c.md"):
+        (folder / name).write_text(f"# {name}\n\nA note called {name}.\n")
+    skipped, report = [], FolderReport()
+    found = []
+    for document in read_folder(folder, on_skip=lambda path, why: skipped.append((path, why)), report=report):
+        found.append(document.doc_id)
+        (folder / "c.md").unlink(missing_ok=True)  # gone before its turn
+    assert found == ["a.md", "b.md"] and skipped == [("c.md", "it vanished while the folder was read")]
+    with pytest.raises(Exception, match="vanished"):
+        read_file(folder / "c.md", "c.md", str(folder))
+    assert list(folder_files(folder, FolderOptions(), FolderReport())) == [(folder / "a.md", "a.md"),
+                                                                          (folder / "b.md", "b.md")]
