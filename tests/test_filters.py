@@ -290,6 +290,16 @@ def test_keyword_hybrid_and_raw_searches_filter_too(filtered_index):
     assert all(hit.metadata["lang"] == "de" for hit in keyword + hybrid[0])
 
 
+def test_a_filter_that_matches_nothing_answers_nothing_without_a_warning(filtered_index, recwarn):
+    searcher, _, queries = filtered_index
+    where = {"group": {"$gt": 10_000}}
+    for mode in ("dense", "keyword", "hybrid"):
+        found = searcher.search(["tea rain"], None if mode == "keyword" else searcher.snapshot.calibrate(queries[:1]),
+                                SearchOptions(k=10, mode=mode, where=where))
+        assert found == [[]], mode
+    assert not [str(warning.message) for warning in recwarn.list]  # numpy's "Mean of empty slice" and the like
+
+
 def test_the_plan_scans_few_matches_and_widens_the_ann_for_many():
     hnsw, ivfpq = IndexSpec(type="hnsw"), IndexSpec(type="ivfpq", nlist=1024)
     assert plan_filtered_search(500, 1_000_000, 10, hnsw).exact

@@ -89,7 +89,7 @@ class UnionZScore(Fusion):
 
     def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
         def standard(scores: np.ndarray) -> np.ndarray:
-            spread = float(scores.std())
+            spread = float(scores.std()) if len(scores) else 0.0
             if spread <= 1e-6:  # one candidate, or a side that scores them all alike (no query word occurs): no say
                 return np.zeros(len(scores))
             return (scores - scores.mean()) / spread

@@ -29,6 +29,9 @@ def fuse(queries: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, d
     for number, side in enumerate(sides):
         candidates, keys = _candidates(queries[number], dense_scores[number], dense_ids[number], dense_keys[number],
                                        side, null[number], fusion.needs_null, dense, keyword)
+        if not len(candidates.rowids):  # nothing on either side (a filter nothing matches): nothing to fuse
+            found.append([])
+            continue
         fused = fusion.scores(candidates, options.dense_weight)
         found.append([Ranked(int(candidates.rowids[i]), float(fused[i]), float(candidates.dense[i]),
                              float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
