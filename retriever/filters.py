@@ -29,7 +29,7 @@ from typing import Callable
 from retriever.errors import RetrieverError, param
 from retriever.metadata import (BOOLEAN, LIST, MAX_DEPTH as MAX_METADATA_DEPTH, MAX_KEY_CHARS, MAX_VALUES, NULL,
                                 NUMBER, PREFIX, RESERVED, STRING, check_value, field_path, kind_of)
-from retriever.text import check_text
+from retriever.text import check_text, did_you_mean
 
 COMPARISONS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 OPERATORS = ("$eq", "$ne", "$in", "$nin", "$all", *COMPARISONS, "$exists", "$size")
@@ -247,7 +247,8 @@ def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20
     if not unknown:
         return None
     listed = ", ".join(fields[:shown]) + (f" and {len(fields) - shown:,} more" if len(fields) > shown else "")
-    return (f"no document has the field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; the "
+    named = ", ".join(f"{path!r}{did_you_mean(path, fields)}" for path in unknown)
+    return (f"no document has the field{'s' if len(unknown) > 1 else ''} {named}; the "
             f"index's metadata fields: {listed or 'none'} (and the document's own: {', '.join(sorted(RESERVED))})")
 
 

@@ -119,3 +119,12 @@ def counted_queries(record: dict) -> str:
     read, planned = record["pseudo_queries"], record.get("planned", record["pseudo_queries"])
     noun = "pseudo-query" if planned == 1 else "pseudo-queries"
     return f"{read:,} of {planned:,} {noun}" if read < planned else f"{read:,} {noun}"
+
+
+def did_you_mean(wrong: str, known: Sequence[str]) -> str:
+    """" (did you mean 'x'?)" naming the KNOWN string closest to WRONG where one is close (difflib's ratio 0.6 and
+    up: a typo, a letter swapped or dropped), else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(wrong, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

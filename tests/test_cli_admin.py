@@ -649,3 +649,16 @@ def test_a_default_build_of_120_documents_warns_of_no_rejected_candidate(cli, tm
     assert done.returncode == 0, done.stderr
     assert "covariance is singular" not in done.stderr and "warning:" not in done.stderr, done.stderr
     assert "calibrator: auto: " in done.stderr
+
+
+def test_a_misspelt_index_name_or_filter_field_says_what_was_meant(cli, built_home, tiny_bert, tmp_path):
+    import json
+
+    assert_one_line_error(cli("search", "lamp", "--name", "dcos"), f"no index named 'dcos' in {built_home} (did you "
+                                                                   "mean 'docs'?)")
+    records = tmp_path / "meta.jsonl"
+    records.write_text("".join(json.dumps({"_id": f"m{i}", "text": text, "metadata": {"category": "notes"}}) + "\n"
+                               for i, text in enumerate(TEXTS)))
+    assert cli("build", records, "--model", tiny_bert, "--calibrator", "none").returncode == 0
+    found = cli("search", "lamp", "--name", "meta", "--where", json.dumps({"cateogry": "notes"}))
+    assert "no document has the field 'cateogry' (did you mean 'category'?)" in found.stderr

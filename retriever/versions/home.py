@@ -14,6 +14,7 @@ import shlex
 from pathlib import Path
 
 from retriever.errors import NotFoundError, RetrieverError, param
+from retriever.text import did_you_mean
 from retriever.versions.layout import MANIFEST
 
 HOME_VARIABLE = "RETRIEVER_HOME"
@@ -65,6 +66,9 @@ def resolve_existing(index_dir: str | Path, name: str) -> Path:
     """The folder of the current version of NAME (a plain folder works too)."""
     link = index_path(index_dir, name)
     if not link.exists():
+        suggestion = did_you_mean(name, list_indexes(index_dir))
+        if suggestion:
+            raise NotFoundError(f"no index named '{name}' in {index_dir}{suggestion}")
         raise NotFoundError(
             f"no index named '{name}' in {index_dir}; build it with: "
             f"retriever build CORPUS {index_options(index_dir, name)}"
