@@ -99,11 +99,17 @@ def report(path: Path, note: str | None = None) -> str:
         if code == codes[0]:
             lines.append(row + " |" + " |" * len(MODES))
             continue
-        beside = sorted({near for number in own for near in (number - 1, number + 1)
-                         if 0 <= near < len(runs) and labels[near] == codes[0]})
+        beside = alternated_with(labels, own, codes[0])
         lines.append(row + " | " + " | ".join(f"{median(own, mode) / median(beside, mode):.2f}x" for mode in MODES)
                      + " |")
     return "\n".join(lines) + "\n"
+
+
+def alternated_with(labels: list[str], own: list[int], first: str) -> list[int]:
+    """The runs of FIRST (by LABELS, run for run) just before or after one of the runs OWN: those a later code is
+    compared with, so a load that came and went weighs on both."""
+    return sorted({near for number in own for near in (number - 1, number + 1)
+                   if 0 <= near < len(labels) and labels[near] == first})
 
 
 def main() -> None:

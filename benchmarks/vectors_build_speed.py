@@ -30,6 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(REPO))
+from benchmarks.search_p50 import alternated_with  # noqa: E402
+
 
 def run(code: Path, corpus: Path, vectors: Path) -> dict:
     commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -80,8 +84,7 @@ def report(path: Path, note: str | None = None) -> str:
         median = float(np.median([runs[number]["wall_s"] for number in mine]))
         ratio = ""
         if code != first:
-            beside = sorted({other for number in mine for other in (number - 1, number + 1)
-                             if 0 <= other < len(runs) and _label(runs[other]) == first})
+            beside = alternated_with([_label(run) for run in runs], mine, first)
             ratio = f"{median / float(np.median([runs[other]['wall_s'] for other in beside])):.2f}x"
         lines.append(f"| {code} | {len(mine)} | {median:.2f} | {ratio} |")
     return "\n".join(lines) + "\n"

@@ -60,8 +60,8 @@ from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, w
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
 from retriever.errors import RetrieverError, param
-from retriever.files.folder import (FolderOptions, FolderReport, folder_files, is_file_list, read_file, read_files,
-                                    read_folder)
+from retriever.files.folder import (FolderOptions, FolderReport, folder_files, is_file_list, noted_documents,
+                                    read_file)
 from retriever.files.readers import UnreadableFile
 from retriever.filters import parse_where
 from retriever.numeric import l2_normalize
@@ -353,7 +353,7 @@ class Index:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
         read_notes: list[str] = []
         if is_file_list(corpus):  # files named one by one: one document each, read here
-            corpus = _read_named_files(corpus, folder or FolderOptions(), read_notes)
+            corpus = _read_files(corpus, folder or FolderOptions(), read_notes)
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
                          calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
                          index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
@@ -406,17 +406,9 @@ class Index:
         old document is deleted in the same version; so are the documents DELETE names (`sync`)."""
         started = time.perf_counter()
         read_notes: list[str] = []
-        if is_file_list(corpus):  # files named one by one: one document each
-            corpus = _read_named_files(corpus, folder or FolderOptions(), read_notes)
+        if is_file_list(corpus) or (not isinstance(corpus, (list, tuple)) and Path(corpus).is_dir()):
+            corpus = _read_files(corpus, folder or FolderOptions(), read_notes)  # one document a file
         given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
-        if given is None and Path(corpus).is_dir():
-            report = FolderReport()
-            given = list(read_folder(corpus, folder or FolderOptions(), report=report,
-                                     on_skip=lambda path, why: read_notes.append(f"skipped {path}: {why}")))
-            read_notes.append(f"{corpus}: {report.summary()}")
-            if not given:
-                raise RetrieverError(f"{corpus}: no documents (no file in it that a reader reads: Markdown, HTML, "
-                                     "reStructuredText, text, PDF, Word)")
         if given is None:
             corpus_format(corpus)
         source = vector_source(vectors) if vectors is not None else None
@@ -641,15 +633,14 @@ class Index:
                              opener=_version_opener(final, self.name, snapshot.index_dir, snapshot.device))
 
 
-def _read_named_files(paths, options: FolderOptions, notes: list[str]) -> list[Document]:
-    """The documents of files named one by one (`files.folder.read_files`), a note for each skipped; refused where
-    none could be read."""
-    report = FolderReport()
-    documents = read_files(paths, options, report=report,
-                           on_skip=lambda path, why: notes.append(f"skipped {path}: {why}"))
-    notes.append(f"{report.summary()}")
+def _read_files(corpus, options: FolderOptions, notes: list[str]) -> list[Document]:
+    """The documents of a folder or of files named one by one (`files.folder.noted_documents`), NOTES told of
+    each file skipped; refused where none could be read."""
+    documents = list(noted_documents(corpus, options, notes.append))
     if not documents:
-        raise RetrieverError("no documents: none of the files given could be read")
+        raise RetrieverError(f"{corpus}: no documents (no file a reader reads: Markdown, HTML, reStructuredText, "
+                             "text, PDF, Word)" if not is_file_list(corpus) else
+                             "no documents: none of the files given could be read")
     return documents
 
 

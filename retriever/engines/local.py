@@ -26,7 +26,7 @@ from retriever.engines.base import BuildEngine
 from retriever.engines.workers import corpus_files
 from retriever.text import counted
 from retriever.errors import RetrieverError, param
-from retriever.files.folder import FolderOptions, FolderReport, read_folder
+from retriever.files.folder import FolderOptions, noted_documents
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
 from retriever.encode.model_card import DeferredEncoder, ModelCard
@@ -112,10 +112,7 @@ class LocalEngine(BuildEngine):
 
     def _folder_documents(self) -> Iterator[Document]:
         """The folder's documents, a note for each file skipped and one for what was read."""
-        report = FolderReport()
-        yield from read_folder(self._folder, self.folder_options, report=report,
-                               on_skip=lambda path, why: note(self.notes, f"skipped {path}: {why}", self.progress))
-        note(self.notes, f"{self._folder}: {report.summary()}", self.progress)
+        yield from noted_documents(self._folder, self.folder_options, lambda line: note(self.notes, line, self.progress))
 
     def _label(self) -> str:
         return "the given documents" if self._given is not None else str(self.corpus)

@@ -54,7 +54,7 @@ from retriever.engines.workers import (
 )
 from retriever.errors import RetrieverError, param
 from retriever.engines.steps import note
-from retriever.files.folder import FolderOptions, FolderReport, read_folder
+from retriever.files.folder import FolderOptions, noted_documents
 from retriever.store.layout import segment_name
 from retriever.engines.stages import CHUNK_ROWS, stream_texts
 from retriever.progress import progress_bar, stderr_console
@@ -371,14 +371,11 @@ class RayEngine(BuildEngine):
     def _folder_corpus(self, path: Path) -> Path:
         """The folder's documents (`retriever.files.folder`) written to PATH as BEIR records, a note for each file
         skipped and one for what was read."""
-        report = FolderReport()
         with path.open("w", encoding="utf-8") as out:
-            for document in read_folder(self._folder, self.folder_options, report=report,
-                                        on_skip=lambda name, why: note(self.notes, f"skipped {name}: {why}",
-                                                                       self.progress)):
+            for document in noted_documents(self._folder, self.folder_options,
+                                            lambda line: note(self.notes, line, self.progress)):
                 out.write(json.dumps({"_id": document.doc_id, "title": document.title, "text": document.text,
                                       "metadata": document.metadata}, ensure_ascii=False) + "\n")
-        note(self.notes, f"{self._folder}: {report.summary()}", self.progress)
         return path
 
     def corpus_record(self) -> str | Path:

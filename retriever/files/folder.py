@@ -19,6 +19,7 @@ read, resolved: what `Index.sync` reads again), `type` (the reader's name), `siz
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 from collections import Counter
@@ -159,17 +160,9 @@ def read_folder(root: str | Path, options: FolderOptions = FolderOptions(),
     report = report if report is not None else FolderReport()
     source = str(root.resolve())
     for path, relative in folder_files(root, options, report):
-        try:
-            document = read_file(path, relative, source, options.max_bytes)
-        except UnreadableFile as why:
-            if options.strict:
-                raise RetrieverError(f"{relative}: {why} (without --strict it would be skipped)") from None
-            report.skipped.append((relative, str(why)))
-            if on_skip is not None:
-                on_skip(relative, str(why))
-            continue
-        report.read += 1
-        yield document
+        document = _read_or_skip(path, relative, source, options, report, on_skip)
+        if document is not None:
+            yield document
 
 
 def is_file_list(corpus: object) -> bool:
@@ -199,20 +192,43 @@ def read_files(paths: str | Path | Sequence[str | Path], options: FolderOptions 
                                  "Word)")
     common = Path(os.path.commonpath([str(path.resolve().parent) for path in paths]))
     report = report if report is not None else FolderReport()
-    documents = []
-    for path in paths:
-        relative = path.resolve().relative_to(common).as_posix()
-        try:
-            documents.append(read_file(path, relative, str(common), options.max_bytes))
-        except UnreadableFile as why:
-            if options.strict:
-                raise RetrieverError(f"{relative}: {why} (without --strict it would be skipped)") from None
-            report.skipped.append((relative, str(why)))
-            if on_skip is not None:
-                on_skip(relative, str(why))
-            continue
-        report.read += 1
-    return documents
+    documents = [_read_or_skip(path, path.resolve().relative_to(common).as_posix(), str(common), options, report,
+                               on_skip) for path in paths]
+    return [document for document in documents if document is not None]
+
+
+def noted_documents(corpus: str | Path | Sequence[Path], options: FolderOptions,
+                    note: Callable[[str], None]) -> Iterator[Document]:
+    """The documents of a folder, or of files named one by one (`is_file_list`), NOTE told one line for each file
+    skipped and, at the end, one for what was read."""
+    report = FolderReport()
+
+    def on_skip(path: str, why: str) -> None:
+        note(f"skipped {path}: {why}")
+
+    if is_file_list(corpus):
+        yield from read_files(corpus, options, on_skip, report)
+        note(report.summary())
+    else:
+        yield from read_folder(corpus, options, on_skip, report)
+        note(f"{corpus}: {report.summary()}")
+
+
+def _read_or_skip(path: Path, relative: str, source: str, options: FolderOptions, report: FolderReport,
+                  on_skip: Callable[[str, str], None] | None) -> Document | None:
+    """The document of PATH, counted in REPORT; None where it cannot be read (skipped, ON_SKIP told), or with
+    `strict` a one-line error."""
+    try:
+        document = read_file(path, relative, source, options.max_bytes)
+    except UnreadableFile as why:
+        if options.strict:
+            raise RetrieverError(f"{relative}: {why} (without --strict it would be skipped)") from None
+        report.skipped.append((relative, str(why)))
+        if on_skip is not None:
+            on_skip(relative, str(why))
+        return None
+    report.read += 1
+    return document
 
 
 def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_BYTES) -> Document:
@@ -225,7 +241,7 @@ def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_
         if status.st_size > max_bytes:
             raise UnreadableFile(f"{_size(status.st_size)}, over the {_size(max_bytes)} a file may hold")
         data = path.read_bytes()
-        found = reader.read(path)
+        found = reader.read(data)
     except FileNotFoundError:
         raise UnreadableFile("it vanished while the folder was read") from None
     except PermissionError:
@@ -258,6 +274,4 @@ def page_of(metadata: dict | None, offset: int) -> int | None:
     starts = (metadata or {}).get("page_starts")
     if not isinstance(starts, list) or not starts:
         return None
-    import bisect
-
     return max(1, bisect.bisect_right(starts, int(offset)))

@@ -7,12 +7,13 @@ extra (`pip install 'retriever[files]'`): markdown-it-py (Markdown, CommonMark),
 nothing. A file a reader cannot read (damaged, encrypted, not UTF-8) raises `UnreadableFile` with one line saying
 why; the folder reader (`retriever.files.folder`) skips it and says so.
 
-Another format is one more `Reader`: a name, its suffixes and `read(path) -> FileText`.
+Another format is one more `Reader`: a name, its suffixes and `read(data) -> FileText` (the file's bytes, read once).
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import logging
 import re
 from collections.abc import Callable
@@ -42,11 +43,11 @@ class FileText:
 
 @dataclass(frozen=True)
 class Reader:
-    """NAME (the metadata's `type`), the SUFFIXES it reads (lower case, with the dot) and READ(path)."""
+    """NAME (the metadata's `type`), the SUFFIXES it reads (lower case, with the dot) and READ(the file's bytes)."""
 
     name: str
     suffixes: tuple[str, ...]
-    read: Callable[[Path], FileText]
+    read: Callable[[bytes], FileText]
 
 
 def _library(module: str, package: str, what: str):
@@ -79,17 +80,17 @@ def decoded(data: bytes) -> str:
                              "unknown encoding; save it as UTF-8)") from None
 
 
-def read_text(path: Path) -> FileText:
-    return FileText(tidy(decoded(path.read_bytes())))
+def read_text(data: bytes) -> FileText:
+    return FileText(tidy(decoded(data)))
 
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)---[ \t]*\n", re.S)
 _FRONT_TITLE = re.compile(r"^title:[ \t]*(.+?)[ \t]*$", re.M)
 
 
-def read_markdown(path: Path) -> FileText:
+def read_markdown(data: bytes) -> FileText:
     markdown_it = _library("markdown_it", "markdown-it-py", "Markdown")
-    source = decoded(path.read_bytes())
+    source = decoded(data)
     title = None
     front = _FRONT_MATTER.match(source)
     if front:  # YAML front matter (Jekyll, Hugo, Obsidian): not text a reader sees; its title is the file's
@@ -119,12 +120,12 @@ def html_text(html: str) -> tuple[str, str | None]:
     return tidy(soup.get_text("\n")), title or None
 
 
-def read_html(path: Path) -> FileText:
-    text, title = html_text(decoded(path.read_bytes()))
+def read_html(data: bytes) -> FileText:
+    text, title = html_text(decoded(data))
     return FileText(text, title)
 
 
-def read_rst(path: Path) -> FileText:
+def read_rst(data: bytes) -> FileText:
     core = _library("docutils.core", "docutils", "reStructuredText")
     nodes = _library("docutils.nodes", "docutils", "reStructuredText")
     # No file inclusion or raw passthrough: a document reads only itself. Problems in the markup are not errors:
@@ -132,7 +133,7 @@ def read_rst(path: Path) -> FileText:
     settings = {"report_level": 5, "halt_level": 5, "file_insertion_enabled": False, "raw_enabled": False,
                 "warning_stream": False, "input_encoding": "unicode"}
     try:
-        tree = core.publish_doctree(decoded(path.read_bytes()), source_path=str(path), settings_overrides=settings)
+        tree = core.publish_doctree(decoded(data), settings_overrides=settings)
     except UnreadableFile:
         raise
     except Exception as error:  # noqa: BLE001 - docutils raises its own kinds for markup it gives up on
@@ -141,12 +142,12 @@ def read_rst(path: Path) -> FileText:
     return FileText(tidy(tree.astext()), title or None)
 
 
-def read_pdf(path: Path) -> FileText:
+def read_pdf(data: bytes) -> FileText:
     pypdf = _library("pypdf", "pypdf", "PDF")
     # pypdf logs what it repairs in a damaged file; the folder reader says in one line what it skipped instead.
     logging.getLogger("pypdf").setLevel(logging.CRITICAL)
     try:
-        pdf = pypdf.PdfReader(path)
+        pdf = pypdf.PdfReader(io.BytesIO(data))
         if pdf.is_encrypted and not pdf.decrypt(""):
             raise UnreadableFile("an encrypted PDF (it needs a password)")
         pages, starts, at = [], [], 0
@@ -167,10 +168,10 @@ def read_pdf(path: Path) -> FileText:
     return FileText(text, title.strip() if isinstance(title, str) and title.strip() else None, tuple(starts))
 
 
-def read_docx(path: Path) -> FileText:
+def read_docx(data: bytes) -> FileText:
     docx = _library("docx", "python-docx", "Word files")
     try:
-        document = docx.Document(str(path))
+        document = docx.Document(io.BytesIO(data))
     except Exception as error:  # noqa: BLE001 - a damaged or not-Word file: zip, XML or package errors
         raise UnreadableFile(f"a damaged Word file ({type(error).__name__})") from None
     lines, title = [], (document.core_properties.title or "").strip() or None
