@@ -79,9 +79,10 @@ from cli.bench import bench  # noqa: E402
 for command_name, command in (*index_commands.COMMANDS, ("bench", bench)):
     app.command(command_name)(interrupts.interruptible(command))
 
-from cli.serve import serve  # noqa: E402
+from cli.serve import mcp, serve  # noqa: E402
 
 app.command()(serve)
+app.command()(mcp)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -73,3 +73,22 @@ def serve(
     run(index_dir, host=host, port=port, device=device, max_batch=max_batch, access_log=access_log, runtime=runtime,
         access=access, allow_without_key=no_key, engine=engine, shards=shards, replicas=replicas,
         ray_address=ray_address)
+
+
+def mcp(
+    device: options.Device = "auto",
+    runtime: options.Runtime = "auto",
+    index_dir: options.IndexDir = None,
+) -> None:
+    """Serve the indexes to an AI agent over MCP (the Model Context Protocol) on stdin and stdout.
+
+    What an agent host (an editor, a desktop assistant, an agent framework) launches: it gets three tools, search,
+    get_document and list_indexes, none of which writes. Each index opens on its first search; a version committed
+    later is picked up by the next call. `retriever serve` answers the same tools over HTTP at /mcp, behind its
+    API keys. Ends when the host closes stdin."""
+    import os
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `serve`: an idle server must not spin the cores
+    from retriever.serve.mcp_tools import serve_stdio
+
+    serve_stdio(index_dir, device=device, runtime=runtime)

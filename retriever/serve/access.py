@@ -36,7 +36,9 @@ MIN_KEY_CHARS = 16
 OPEN_PATHS = frozenset({"/", "/health", "/docs", "/openapi.json"})
 OPEN_PREFIXES = ("/docs-assets/",)  # the API docs' own scripts and styles
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-READ_POSTS = frozenset({"/search"})  # a POST that only reads: searching many queries at once
+MCP_PATH = "/mcp"  # the MCP tools for agents (`retriever.serve.mcp_tools`): none of them writes
+# Where every method only reads: POST /search (many queries at once) and MCP (its tools, POSTed as JSON-RPC).
+READ_ONLY_PATHS = frozenset({"/search", MCP_PATH})
 # Where `retriever.serve.http_protocol` records the host an absolute-form request line names
 # (GET http://name/path): uvicorn keeps only the path, and the Host guard must see the name too.
 TARGET_AUTHORITY = "retriever.target_authority"
@@ -219,7 +221,7 @@ class AccessGuard:
             return _refusal(401, "the API key is not valid" if said else
                             "this server needs an API key: send Authorization: Bearer KEY",
                             {"WWW-Authenticate": 'Bearer realm="retriever"'})
-        if role == "read" and method not in READ_METHODS and path not in READ_POSTS:
+        if role == "read" and method not in READ_METHODS and path not in READ_ONLY_PATHS:
             return _refusal(403, "this key may only read; writes need the read-write API key")
         return None
 

@@ -27,27 +27,28 @@ POST /indexes/{name}/documents {"documents": [BEIR records], "upsert": false}.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import logging
-import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import unquote_to_bytes
 
 from retriever.corpus import documents_from_records, unique_keys
-from retriever.errors import (NO_VALUE, ConflictError, DamagedIndexError, NotFoundError, RetrieverError,
+from retriever.errors import (ConflictError, DamagedIndexError, NotFoundError, RetrieverError,
                               UnavailableError, param)
 from retriever.filters import FilterError, kind_mismatch_note, unknown_fields_note
 from retriever.index import Index
 from retriever.search.options import SearchOptions
 from retriever.search.results import SearchHit, search_record
-from retriever.serve.access import AccessGuard, AccessPolicy
+from retriever.serve.access import MCP_PATH, AccessGuard, AccessPolicy
 from retriever.serve.batcher import MAX_BATCH_QUERIES, SearchBatcher
 from retriever.serve.metrics import RequestMetrics, ServerMetrics
 from retriever.serve.open_indexes import OpenIndexes, Served
+from retriever.serve.searching import search_and_answer
+from retriever.serve.mcp_tools import Catalog, create_mcp_server, http_endpoint
+from retriever.serve.public import as_json_reads_it, describe_invalid, private_paths, public_model, public_record, scrub
 from retriever.serve.protocol import (
     MAX_ANSWER_CHARS,
     MAX_BODY_BYTES,
@@ -77,6 +78,7 @@ try:
     from fastapi.responses import FileResponse, JSONResponse, Response
     from fastapi.staticfiles import StaticFiles
     from starlette.exceptions import HTTPException
+    from starlette.routing import Route
 except ImportError as error:  # a dependency of the package; a broken install should still say what to do
     raise UnavailableError(f"serving needs FastAPI, uvicorn and fastapi-offline ({error}); reinstall: "
                            "pip install -e .") from None
@@ -122,7 +124,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     resolve_runtime(runtime, "cpu")  # validates the name before anything loads
     metrics = ServerMetrics()
     indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime, metrics, remote)
-    private = _private_paths(indexes.index_dir)
+    private = private_paths(indexes.index_dir)
     state: dict = {}
     creating: set[str] = set()  # names a request is building now
 
@@ -131,6 +133,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         # What killed writers left is tidied here and by writes; answering a request never deletes a file.
         sweep_leftovers(indexes.index_dir)
         state["batcher"] = SearchBatcher(max_batch, metrics)
+        state["catalog"] = Catalog(indexes, state["batcher"], private)
         metrics.start()
         if preload:
             for name in indexes.names():
@@ -142,7 +145,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                     log.warning("index '%s' not served: %s", name, _one_line(error),
                                 exc_info=None if isinstance(error, RetrieverError) else error)  # a bug: its traceback
             log.info("serving %d indexes from %s", len(indexes.names()), indexes.index_dir)
-        yield
+        async with agent_sessions.run():
+            yield
         metrics.stop()
         state["batcher"].close()
         indexes.close()
@@ -160,7 +164,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: refusals are counted too
 
     def error(status: int, message: str, **fields) -> JSONResponse:
-        return _error(status, _scrub(message, private), **fields)
+        return _error(status, scrub(message, private), **fields)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, problem: ApiError):
@@ -171,7 +175,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         if isinstance(problem, DamagedIndexError):  # with what the parser said, where there is a cause
             log.error("%s", problem, exc_info=problem if problem.__cause__ is not None else None)
         # Parameters spelled as in Python, which are the JSON fields' names (k, nprobe, index, ...).
-        return error(status_of(problem), _as_json_reads_it(problem), code=problem.code, parameter=problem.parameter)
+        return error(status_of(problem), as_json_reads_it(problem), code=problem.code, parameter=problem.parameter)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, problem: HTTPException):
@@ -187,7 +191,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                          code="bad_input", parameter=None)
         # The shape of every other error: a code, and the field at fault (the first one's top-level name).
         fields = [str(part) for part in problems[0].get("loc", ()) if part not in ("body", "query")] if problems else []
-        return error(422, "; ".join(_describe(item) for item in problems[:3]), code="bad_input",
+        return error(422, "; ".join(describe_invalid(item) for item in problems[:3]), code="bad_input",
                      parameter=fields[0] if fields else None)
 
     @app.exception_handler(OSError)
@@ -205,6 +209,10 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     async def unexpected(request: Request, problem: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=problem)
         return error(500, f"internal error ({type(problem).__name__}); the server log has the details")
+
+    # MCP for agents at /mcp: the same indexes, batcher, bounds and keys (`retriever.serve.mcp_tools`).
+    agent_endpoint, agent_sessions = http_endpoint(create_mcp_server(lambda: state["catalog"]))
+    app.router.routes.append(Route(MCP_PATH, endpoint=agent_endpoint))
 
     @app.get("/", include_in_schema=False)
     async def page():
@@ -232,7 +240,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     @app.get("/indexes")
     async def all_indexes():
         listed = await run_in_threadpool(describe_indexes, indexes.index_dir)  # `retriever list --json`'s records
-        return {"indexes": [_public_record(record, private) for record in listed]}
+        return {"indexes": [public_record(record, private) for record in listed]}
 
     @app.get("/indexes/{name}")
     async def one_index(name: str):
@@ -245,19 +253,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None],
                          options: SearchOptions) -> Response:
-        async with indexes.using(name) as served:
-            options = served.searcher.resolve(options)
-            if options.space == "raw":
-                hits = await run_in_threadpool(served.index.search, texts, options)
-            else:
-                if options.where is not None:
-                    # Its matches are found here, on a worker thread: the batcher's one thread finds them remembered.
-                    await run_in_threadpool(served.searcher.matches.matches, options.where)
-                future = state["batcher"].submit(served, texts, options)
-                indexes.hold_until_done(served, future)
-                hits = await asyncio.wrap_future(future)
-            # Rendered on a worker thread: a large answer must not stall every other request on the event loop.
-            return await run_in_threadpool(render_answer, served, texts, ids, hits, options)
+        return await search_and_answer(indexes, state["batcher"], name, texts, options,
+                                       lambda served, options, hits: render_answer(served, texts, ids, hits, options))
 
     @app.get("/search")
     async def search_get(query: Annotated[SearchQuery, Query()]):
@@ -359,60 +356,18 @@ def render(payload: dict, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
-def _as_json_reads_it(problem: RetrieverError) -> str:
-    """PROBLEM's message for a client that sends JSON: a suggested setting spelled as the field to send
-    ('"replace": true'), a parameter by its field name."""
-    return "".join(part if isinstance(part, str) else part.name if part.value is NO_VALUE
-                   else f'"{part.name}": {json.dumps(part.value)}' for part in problem.parts)
-
-
 def _error(status: int, message: str, **fields) -> Response:
     """An error body: DETAIL, the message on one line; STATUS; and FIELDS (a RetrieverError's code, parameter)."""
     body = json.dumps({"detail": " ".join(message.split()), "status": status, **fields})  # ASCII: any text whole
     return Response(body, status_code=status, media_type="application/json")
 
 
-def _describe(problem: dict) -> str:
-    where = ".".join(str(part) for part in problem.get("loc", ()) if part not in ("body", "query"))
-    return f"{where}: {problem.get('msg', 'invalid')}" if where else problem.get("msg", "invalid request")
-
-
 def _describe_index(index: Index) -> dict:
     manifest = index.snapshot.manifest
     return {"name": index.name, "version": manifest.version, "documents": manifest.documents,
-            "model": _public_model(manifest.encoder["model"]), "dim": manifest.dim,
+            "model": public_model(manifest.encoder["model"]), "dim": manifest.dim,
             "calibrator": manifest.calibrator["name"], "index_type": manifest.index["type"],
             "created": manifest.created, "refitted": manifest.refitted}
-
-
-def _public_model(model: str) -> str:
-    """A model named by a local folder is shown by the folder's name: no server path in any answer."""
-    return Path(model).name if os.path.isabs(model) else model
-
-
-def _public_record(record: dict, private: tuple[str, ...]) -> dict:
-    """A `describe_indexes` record without server paths (no folder; the version by its number)."""
-    public = {key: value for key, value in record.items() if key != "folder"}
-    public.setdefault("version", None)  # an index whose manifest fails its checks: "problem" says why
-    if "model" in public:
-        public["model"] = _public_model(public["model"])
-    if "problem" in public:
-        public["problem"] = _scrub(public["problem"], private)
-    return public
-
-
-def _private_paths(index_dir: Path) -> tuple[str, ...]:
-    """Server paths that must not reach a client, longest first: the index home (as given and resolved) and the
-    user's home folder."""
-    paths = {str(index_dir), os.path.realpath(index_dir), str(Path.home())}
-    return tuple(sorted((path for path in paths if len(path) > 1), key=len, reverse=True))
-
-
-def _scrub(message: str, private: tuple[str, ...]) -> str:
-    """MESSAGE with server paths replaced by what they are (the index home, ~)."""
-    for path in private:
-        message = message.replace(path, "~" if path == str(Path.home()) else "<index home>")
-    return message
 
 
 def _one_line(error: Exception) -> str:

@@ -1,0 +1,300 @@
+"""The indexes as tools for AI agents, over the Model Context Protocol (the official SDK, `mcp`).
+
+Three tools, none of which writes: `search`, `get_document` and `list_indexes`. They are served over stdio by
+`retriever mcp` (what desktop and editor hosts launch: `serve_stdio`) and over streamable HTTP at `/mcp` by
+`retriever serve` (`http_endpoint`), where the server's Host check, API keys and body limit stand in front of them
+as of every other path (a read-only key may call them all: none writes). Both transports answer from the server's
+own parts: the open indexes, the search batcher, the HTTP API's bounds (`serve.protocol.check_search`) and its
+answers without server paths (`serve.public`), so nothing the HTTP API refuses is allowed here.
+
+Answers are sized for a model's context: a hit carries where its document matched (the passage and its span), not
+the whole document, unless asked (`include_text`); `get_document` gives a window of the document around a span, or
+its start, with the offsets to ask for more. A refusal is a tool error (`is_error`) whose text is the one line the
+CLI and the HTTP API give, with the tool's argument names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field, ValidationError
+
+from retriever.errors import NotFoundError, RetrieverError, UnavailableError
+from retriever.filters import kind_mismatch_note, unknown_fields_note
+from retriever.search.options import MODES, SearchOptions
+from retriever.search.results import SearchHit
+from retriever.serve.batcher import SearchBatcher
+from retriever.serve.open_indexes import OpenIndexes, Served
+from retriever.serve.protocol import HTTP_MAX_K, MAX_ANSWER_CHARS, ApiError, check_search
+from retriever.serve.public import as_json_reads_it, describe_invalid, one_line, private_paths, public_record, scrub
+from retriever.serve.searching import search_and_answer
+from retriever.text import check_text
+from retriever.versions.catalog import describe_indexes
+from retriever.versions.home import resolve_index_dir
+
+try:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+    from mcp.server.transport_security import TransportSecuritySettings
+    from mcp_types import ToolAnnotations
+except ImportError as error:  # a dependency of the package; a broken install should still say what to do
+    raise UnavailableError(f"the MCP server needs the MCP SDK ({error}); reinstall: pip install -e .") from None
+
+# A window of a document: this much on each side of the span asked about, and at most this much in all.
+CONTEXT_CHARS = 1_000
+WINDOW_CHARS = 10_000
+MAX_WINDOW_CHARS = 100_000
+# The tools' arguments that the library names otherwise (its messages then name the argument the agent sent).
+ARGUMENT_NAMES = {"where": "filter"}
+READ_ONLY = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
+INSTRUCTIONS = (
+    "Search the user's retriever indexes (calibrated dense vectors and BM25, fused). Start with `search`: each hit "
+    "carries the passage where its document matched and that passage's span; call `get_document` with the hit's "
+    "id and span for the text around it. `list_indexes` says which indexes exist and what each holds; `search` "
+    "takes the most recently written one unless `index` names another.")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the tools answer from: the open INDEXES, the search BATCHER, and the PRIVATE paths no answer shows."""
+
+    indexes: OpenIndexes
+    batcher: SearchBatcher
+    private: tuple[str, ...]
+
+
+class Hit(BaseModel):
+    rank: int
+    id: str = Field(description="the document's id (for get_document)")
+    title: str | None
+    score: float = Field(description="what the search ranked by: hybrid, the fused score (higher is better, "
+                                     "comparable within one answer only); dense, cosine; keyword, BM25")
+    passage: str = Field(description="where the document matched: its best passage (the whole text of a short "
+                                     "document)")
+    span: list[int] = Field(description="[start, end]: the passage's character offsets in the document's text")
+    path: str | None = Field(None, description="the file the document was read from (an index built from a folder)")
+    page: int | None = Field(None, description="the page the passage starts on (a PDF)")
+    metadata: dict | None = None
+    text: str | None = Field(None, description="the whole document's text: only with include_text")
+
+
+class SearchAnswer(BaseModel):
+    index: str
+    version: int = Field(description="the index version that answered")
+    mode: str
+    hits: list[Hit]
+    warnings: list[str] = Field(default_factory=list, description="a filter naming fields no document has, or "
+                                                                  "comparing values of another kind")
+
+
+class DocumentWindow(BaseModel):
+    index: str
+    version: int
+    id: str
+    title: str | None
+    path: str | None
+    metadata: dict | None
+    text: str = Field(description="the document's text from start to end")
+    start: int
+    end: int
+    length: int = Field(description="the whole text's length in characters: ask from `end` on for what follows")
+
+
+class IndexSummary(BaseModel):
+    name: str
+    default: bool = Field(description="searched when no index is named (the most recently written)")
+    version: int | None = None
+    documents: int | None = None
+    passages: int | None = Field(None, description="vectors searched: a document cut into passages has several")
+    model: str | None = None
+    calibrator: str | None = None
+    fields: list[str] = Field(default_factory=list, description="metadata paths a filter may use")
+    written: str | None = Field(None, description="when its current version was written (ISO 8601, UTC)")
+    problem: str | None = Field(None, description="why the index cannot be searched, where it cannot")
+
+
+class IndexList(BaseModel):
+    indexes: list[IndexSummary]
+
+
+class RetrieverMCP(MCPServer):
+    """The SDK's server, its argument errors worded as the HTTP API words them: one line naming the argument
+    ("k: Input should be less than or equal to 1000"), where pydantic's own message runs to several lines with a
+    link."""
+
+    async def call_tool(self, name, arguments, context=None):
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as error:
+            if not isinstance(error.__cause__, ValidationError):
+                raise
+            clauses = "; ".join(describe_invalid(problem) for problem in error.__cause__.errors()[:3])
+            raise ToolError(f"Error executing tool {name}: {clauses}") from error.__cause__
+
+
+def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
+    """The MCP server whose tools answer from CATALOG() (the running server's parts, made when it starts)."""
+    server = RetrieverMCP(name="retriever", instructions=INSTRUCTIONS, log_level="WARNING")
+
+    @server.tool(annotations=READ_ONLY)
+    async def search(
+        query: Annotated[str, Field(description="what to look for, in words")],
+        index: Annotated[str | None, Field(description="the index to search; default: the most recently "
+                                                       "written")] = None,
+        k: Annotated[int, Field(ge=1, le=HTTP_MAX_K, description="how many hits")] = 10,
+        mode: Annotated[Literal[MODES] | None, Field(  # type: ignore[valid-type]
+            description="dense (meaning), keyword (BM25, exact words) or hybrid (both fused); default: hybrid "
+                        "where the index has a keyword index")] = None,
+        filter: Annotated[dict | str | None, Field(description=SearchOptions.__dataclass_fields__["where"]
+                                                   .metadata["help"])] = None,
+        include_text: Annotated[bool, Field(description="also return each hit's whole document text (long "
+                                                        "documents run to tens of thousands of characters)")] = False,
+    ) -> SearchAnswer:
+        """Search an index: the k documents that best answer QUERY, each with the passage where it matched."""
+        parts = catalog()
+        with refusals_as_tool_errors(parts):
+            check_search([query], [None], k)
+            options = SearchOptions(k=k, mode=mode, where=filter)
+            return await search_and_answer(parts.indexes, parts.batcher, index, [query], options,
+                                           lambda served, options, hits: search_answer(served, options, hits[0],
+                                                                                       include_text))
+
+    @server.tool(annotations=READ_ONLY)
+    async def get_document(
+        id: Annotated[str, Field(description="the document's id, as a hit gives it")],
+        index: Annotated[str | None, Field(description="the index it is in; default: the most recently "
+                                                       "written")] = None,
+        start: Annotated[int | None, Field(ge=0, description="the start of the part wanted (a hit's span[0]); "
+                                                             "default: the document's start")] = None,
+        end: Annotated[int | None, Field(ge=0, description="the end of the part wanted (a hit's span[1]); "
+                                                           "default: start")] = None,
+        context: Annotated[int, Field(ge=0, le=MAX_WINDOW_CHARS, description="characters of text to add on each "
+                                                                             "side of start..end")] = CONTEXT_CHARS,
+        max_chars: Annotated[int, Field(ge=1, le=MAX_WINDOW_CHARS, description="the most characters "
+                                                                               "returned")] = WINDOW_CHARS,
+    ) -> DocumentWindow:
+        """A stored document: the text around START..END (a hit's span), or from its start; at most MAX_CHARS of
+        it, with the offsets to ask for the rest."""
+        parts = catalog()
+        with refusals_as_tool_errors(parts):
+            check_text(id, "the document id")
+            async with parts.indexes.using(index) as served:
+                document = await run_in_threadpool(served.index.document, id)
+                if document is None:
+                    raise NotFoundError(f"no document '{id}' in index '{served.name}'")
+                return document_window(served, document, start, end, context, max_chars)
+
+    @server.tool(annotations=READ_ONLY)
+    async def list_indexes() -> IndexList:
+        """The indexes there are: for each, its documents, model, calibrator and the metadata fields a filter
+        may use; the first is the one searched when none is named."""
+        parts = catalog()
+        with refusals_as_tool_errors(parts):
+            records = await run_in_threadpool(describe_indexes, parts.indexes.index_dir)
+            return IndexList(indexes=[index_summary(public_record(record, parts.private), first=number == 0)
+                                      for number, record in enumerate(records)])
+
+    return server
+
+
+class refusals_as_tool_errors:
+    """A refusal inside a tool as the tool's error: the library's one line, with the tool's argument names and no
+    server path; a bound of the HTTP API's, as the API words it. Anything else is a bug: the SDK logs it and the
+    agent reads only that the tool failed."""
+
+    def __init__(self, parts: Catalog):
+        self.private = parts.private
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if isinstance(error, RetrieverError):
+            raise ToolError(one_line(scrub(as_json_reads_it(error, ARGUMENT_NAMES), self.private))) from None
+        if isinstance(error, ApiError):
+            raise ToolError(one_line(str(error))) from None
+        return False
+
+
+def search_answer(served: Served, options: SearchOptions, hits: list[SearchHit], include_text: bool) -> SearchAnswer:
+    if include_text:
+        chars = sum(len(hit.text) + len(hit.title or "") for hit in hits)
+        if chars > MAX_ANSWER_CHARS:  # the HTTP API's bound on one answer
+            raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
+                                f"{MAX_ANSWER_CHARS // 2**20} M (lower k, or leave include_text off)")
+    snapshot = served.snapshot
+    notes = [note for note in (unknown_fields_note(options.where, snapshot.manifest.metadata_fields),
+                               kind_mismatch_note(options.where, snapshot.field_kinds)) if note]
+    return SearchAnswer(index=served.name, version=snapshot.manifest.version, mode=options.mode, warnings=notes,
+                        hits=[Hit(rank=hit.rank, id=hit.doc_id, title=hit.title, score=round(float(hit.score), 6),
+                                  passage=hit.passage, span=list(hit.span), path=_path(hit.metadata), page=hit.page,
+                                  metadata=hit.metadata, text=hit.text if include_text else None)
+                              for hit in hits])
+
+
+def document_window(served: Served, document: dict, start: int | None, end: int | None, context: int,
+                    max_chars: int) -> DocumentWindow:
+    """DOCUMENT's text from START - CONTEXT to END + CONTEXT (from its start when START is not given), at most
+    MAX_CHARS of it, centred on START..END when that must be cut."""
+    text = document["text"]
+    if start is not None and start > len(text):
+        raise RetrieverError(f"start {start} is past the document's end (it has {len(text):,} characters)",
+                             parameter="start")
+    if start is None:
+        if end is not None:
+            raise RetrieverError("end needs start", parameter="start")
+        low, high = 0, min(len(text), max_chars)
+    else:
+        end = start if end is None else end
+        if end < start:
+            raise RetrieverError(f"end {end} is before start {start}", parameter="end")
+        low, high = max(0, start - context), min(len(text), end + context)
+        if high - low > max_chars:  # keep the middle of what was asked for
+            middle = (start + min(end, len(text))) // 2
+            low = max(0, min(middle - max_chars // 2, len(text) - max_chars))
+            high = low + max_chars
+    return DocumentWindow(index=served.name, version=served.snapshot.manifest.version, id=document["doc_id"],
+                          title=document.get("title"), path=_path(document.get("metadata")),
+                          metadata=document.get("metadata"), text=text[low:high], start=low, end=high,
+                          length=len(text))
+
+
+def index_summary(record: dict, first: bool) -> IndexSummary:
+    return IndexSummary(default=first, **{key: record.get(key) for key in (
+        "name", "version", "documents", "passages", "model", "calibrator", "written", "problem")},
+        fields=record.get("fields") or [])
+
+
+def _path(metadata: dict | None) -> str | None:
+    """The file a document was read from (`retriever.files`: its path within the folder built)."""
+    path = (metadata or {}).get("path")
+    return path if isinstance(path, str) else None
+
+
+def http_endpoint(server: MCPServer) -> tuple[StreamableHTTPASGIApp, StreamableHTTPSessionManager]:
+    """SERVER's streamable HTTP endpoint, to route at /mcp of the HTTP server, and its session manager, to run for
+    the server's life. Stateless, answered as JSON: any request may reach any worker. The SDK's own Host check is
+    off: the server's (`serve.access`) stands in front of every path, with the names the server was told to
+    answer."""
+    server.streamable_http_app(stateless_http=True, json_response=True,
+                               transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    return StreamableHTTPASGIApp(server.session_manager), server.session_manager
+
+
+def serve_stdio(index_dir: str | Path | None = None, device: str = "auto", runtime: str = "auto") -> None:
+    """`retriever mcp`: the tools over stdin and stdout for one agent host, until it closes them. Opens nothing
+    until asked; never writes an index."""
+    indexes = OpenIndexes(resolve_index_dir(index_dir), device, runtime)
+    batcher = SearchBatcher()
+    parts = Catalog(indexes, batcher, private_paths(indexes.index_dir))
+    try:
+        create_mcp_server(lambda: parts).run("stdio")
+    finally:
+        batcher.close()
+        indexes.close()
+

@@ -1,0 +1,59 @@
+"""What a client of the server may see of it: answers and messages without server paths, parameters spelled as
+the client sends them. Shared by the HTTP API (`retriever.serve.app`) and the MCP tools (`retriever.serve.mcp_tools`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from retriever.errors import NO_VALUE, RetrieverError
+
+
+def as_json_reads_it(problem: RetrieverError, names: dict[str, str] | None = None) -> str:
+    """PROBLEM's message for a client that sends JSON: a suggested setting spelled as the field to send
+    ('"replace": true'), a parameter by its field name (or as NAMES renames it: a tool's `filter` for `where`)."""
+    names = names or {}
+    return "".join(part if isinstance(part, str) else names.get(part.name, part.name) if part.value is NO_VALUE
+                   else f'"{names.get(part.name, part.name)}": {json.dumps(part.value)}' for part in problem.parts)
+
+
+def describe_invalid(problem: dict) -> str:
+    """One of pydantic's validation errors as a clause: the field at fault and what was wrong ("k: Input should be
+    less than or equal to 1000")."""
+    where = ".".join(str(part) for part in problem.get("loc", ()) if part not in ("body", "query"))
+    return f"{where}: {problem.get('msg', 'invalid')}" if where else problem.get("msg", "invalid request")
+
+
+def public_model(model: str) -> str:
+    """A model named by a local folder is shown by the folder's name: no server path in any answer."""
+    return Path(model).name if os.path.isabs(model) else model
+
+
+def public_record(record: dict, private: tuple[str, ...]) -> dict:
+    """A `describe_indexes` record without server paths (no folder; the version by its number)."""
+    public = {key: value for key, value in record.items() if key != "folder"}
+    public.setdefault("version", None)  # an index whose manifest fails its checks: "problem" says why
+    if "model" in public:
+        public["model"] = public_model(public["model"])
+    if "problem" in public:
+        public["problem"] = scrub(public["problem"], private)
+    return public
+
+
+def private_paths(index_dir: Path) -> tuple[str, ...]:
+    """Server paths that must not reach a client, longest first: the index home (as given and resolved) and the
+    user's home folder."""
+    paths = {str(index_dir), os.path.realpath(index_dir), str(Path.home())}
+    return tuple(sorted((path for path in paths if len(path) > 1), key=len, reverse=True))
+
+
+def scrub(message: str, private: tuple[str, ...]) -> str:
+    """MESSAGE with server paths replaced by what they are (the index home, ~)."""
+    for path in private:
+        message = message.replace(path, "~" if path == str(Path.home()) else "<index home>")
+    return message
+
+
+def one_line(message: str) -> str:
+    return " ".join(message.split())

@@ -1,0 +1,176 @@
+"""The MCP tools as an agent host uses them: the SDK's own client over stdio (`retriever mcp`, a subprocess) and over
+streamable HTTP (`retriever serve`'s /mcp, behind its keys), each tool called and its answer checked, and what the
+HTTP API refuses refused here too."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from retriever.index import Index
+from retriever.serve.access import AccessPolicy
+from retriever.serve.app import create_app
+from retriever.serve.protocol import HTTP_MAX_K, MAX_QUERY_CHARS
+from retriever.serve.run import serving_in_thread
+
+REPO = Path(__file__).resolve().parent.parent
+WRITE_KEY = "write-key-0123456789abcdef"
+READ_KEY = "read-key-0123456789abcdef"
+# A long page (cut into passages) among short notes: a hit must carry where it matched, not the whole page.
+SECTIONS = ["The lighthouse keeper trims the lamp wick each evening and logs passing ships.",
+            "Sourdough starter needs flour and water every day to stay active and sour.",
+            "Glaciers carve U-shaped valleys as they slowly grind over bedrock."]
+LONG_PAGE = " ".join(f"{section} " * 12 + f"Section {number} ends here." for number, section in enumerate(SECTIONS))
+DOCUMENTS = [
+    {"_id": "cats", "title": "Cats", "text": "Cats are small domesticated carnivores that purr when content.",
+     "metadata": {"kind": "animal", "year": 2021}},
+    {"_id": "rust", "title": "Rust", "text": "Rust is a systems programming language focused on memory safety.",
+     "metadata": {"kind": "code", "year": 2015}},
+    {"_id": "bread", "title": "Bread", "text": "Bread is baked from a dough of flour, water and yeast.",
+     "metadata": {"kind": "food", "year": 2020}},
+    {"_id": "handbook", "title": "Field handbook", "text": LONG_PAGE, "metadata": {"kind": "manual", "year": 2019}},
+]
+TOOLS = {"search", "get_document", "list_indexes"}
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory) -> Path:
+    """One index of DOCUMENTS with the embedded model, as `retriever build` makes it (the long page cut)."""
+    folder = tmp_path_factory.mktemp("mcp")
+    corpus = folder / "notes.jsonl"
+    corpus.write_text("\n".join(json.dumps(document) for document in DOCUMENTS), encoding="utf-8")
+    Index.build(corpus, "notes", folder / "indexes", calibrator="none", device="cpu", max_length=64)
+    return folder / "indexes"
+
+
+async def _exercise(client: Client) -> dict:
+    """Every tool called as an agent would, with the answers and errors an agent reads."""
+    listed = await client.list_tools()
+    found = {"tools": {tool.name: tool for tool in listed.tools}}
+    calls = {
+        "pet": ("search", {"query": "which animal purrs?", "k": 2}),
+        "glacier": ("search", {"query": "how do glaciers shape valleys", "k": 1, "mode": "dense"}),
+        "filtered": ("search", {"query": "memory safety", "filter": {"year": {"$gte": 2020}}, "mode": "keyword"}),
+        "with_text": ("search", {"query": "memory safety", "k": 1, "include_text": True}),
+        "misspelt_field": ("search", {"query": "x", "filter": {"yaer": 2020}}),
+        "bad_filter": ("search", {"query": "x", "filter": {"year": {"$bogus": 1}}}),
+        "missing_index": ("search", {"query": "x", "index": "notse"}),
+        "too_many": ("search", {"query": "x", "k": HTTP_MAX_K + 1}),
+        "too_long": ("search", {"query": "word " * (MAX_QUERY_CHARS // 5 + 1)}),
+        "document": ("get_document", {"id": "rust"}),
+        "missing_document": ("get_document", {"id": "nothing", "index": "notes"}),
+        "indexes": ("list_indexes", {}),
+    }
+    for name, (tool, arguments) in calls.items():
+        found[name] = await client.call_tool(tool, arguments)
+    glacier = found["glacier"].structured_content["hits"][0]
+    found["window"] = await client.call_tool("get_document", {"id": glacier["id"], "start": glacier["span"][0],
+                                                               "end": glacier["span"][1], "context": 20})
+    found["past_end"] = await client.call_tool("get_document", {"id": "rust", "start": 10_000})
+    return found
+
+
+def _check_answers(found: dict) -> None:
+    assert set(found["tools"]) == TOOLS
+    search = found["tools"]["search"]
+    assert {"query", "index", "k", "mode", "filter", "include_text"} <= set(search.input_schema["properties"])
+    assert search.input_schema["required"] == ["query"]
+    assert search.output_schema is not None and "hits" in search.output_schema["properties"]
+    assert all(tool.annotations.read_only_hint for tool in found["tools"].values())
+
+    pet = found["pet"]
+    assert not pet.is_error
+    hits = pet.structured_content["hits"]
+    assert hits[0]["id"] == "cats" and hits[0]["metadata"] == {"kind": "animal", "year": 2021}
+    assert hits[0]["text"] is None and hits[0]["passage"].startswith("Cats are small")
+    assert pet.structured_content["index"] == "notes" and pet.structured_content["version"] == 1
+
+    glacier = found["glacier"].structured_content["hits"][0]  # the long page, by its passage on glaciers
+    assert glacier["id"] == "handbook" and "Glaciers carve" in glacier["passage"]
+    assert len(glacier["passage"]) < len(LONG_PAGE) / 2 and glacier["text"] is None
+    start, end = glacier["span"]
+    assert LONG_PAGE[start:end] == glacier["passage"]
+    window = found["window"].structured_content
+    assert window["start"] == start - 20 and window["end"] == min(end + 20, len(LONG_PAGE))
+    assert window["text"] == LONG_PAGE[window["start"]:window["end"]] and window["length"] == len(LONG_PAGE)
+
+    assert [hit["id"] for hit in found["filtered"].structured_content["hits"]] == []  # rust is from 2015
+    assert found["with_text"].structured_content["hits"][0]["text"] == DOCUMENTS[1]["text"]
+    assert "did you mean 'year'?" in found["misspelt_field"].structured_content["warnings"][0]
+
+    document = found["document"].structured_content
+    assert (document["id"], document["text"], document["start"], document["end"]) == (
+        "rust", DOCUMENTS[1]["text"], 0, len(DOCUMENTS[1]["text"]))
+    listed = found["indexes"].structured_content["indexes"]
+    assert [(index["name"], index["default"], index["documents"]) for index in listed] == [("notes", True, 4)]
+    assert listed[0]["passages"] > 4 and listed[0]["fields"] == ["kind", "year"]
+    assert "folder" not in listed[0]
+
+    errors = {name: found[name] for name in ("bad_filter", "missing_index", "too_many", "too_long",
+                                             "missing_document", "past_end")}
+    assert all(result.is_error for result in errors.values())
+    text = {name: result.content[0].text for name, result in errors.items()}
+    assert all("\n" not in line for line in text.values())
+    assert "unknown operator '$bogus'" in text["bad_filter"]
+    assert "no index named 'notse'" in text["missing_index"] and "did you mean 'notes'?" in text["missing_index"]
+    assert "<index home>" in text["missing_index"]  # no server path
+    assert str(HTTP_MAX_K) in text["too_many"]
+    assert f"at most {MAX_QUERY_CHARS:,}" in text["too_long"]
+    assert "no document 'nothing' in index 'notes'" in text["missing_document"]
+    assert "past the document's end" in text["past_end"]
+
+
+def test_over_stdio_an_agent_host_lists_the_tools_and_each_answers(index_dir):
+    """`retriever mcp` as a host launches it: a subprocess speaking MCP on stdin and stdout."""
+    server = StdioServerParameters(command=sys.executable, args=["-m", "cli.main", "mcp", "--index-dir",
+                                                                 str(index_dir), "--device", "cpu"], cwd=str(REPO))
+
+    async def session():
+        async with Client(server, read_timeout_seconds=120) as client:
+            return await _exercise(client)
+
+    _check_answers(asyncio.run(session()))
+
+
+def _over_http(url: str, key: str | None, host: str | None = None) -> dict:
+    headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **({"Host": host} if host else {})}
+
+    async def session():
+        transport = streamable_http_client(f"{url}/mcp", http_client=httpx2.AsyncClient(headers=headers, timeout=120))
+        async with Client(transport) as client:
+            return await _exercise(client)
+
+    return asyncio.run(session())
+
+
+def test_over_http_behind_keys_a_read_only_key_calls_every_tool_and_no_key_is_refused(index_dir):
+    access = AccessPolicy.create(api_key=WRITE_KEY, read_only_api_key=READ_KEY)
+    with serving_in_thread(create_app(index_dir, device="cpu", access=access)) as url:
+        _check_answers(_over_http(url, READ_KEY))  # none of the tools writes
+        found = _over_http(url, WRITE_KEY)
+        assert found["pet"].structured_content == _over_http(url, READ_KEY)["pet"].structured_content
+        # Refused before MCP reads a byte, as every other path: no key, a wrong key, a Host not served.
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+        for headers, status in (({}, 401), ({"Authorization": "Bearer not-the-key-0123456789"}, 401),
+                                ({"Authorization": f"Bearer {READ_KEY}", "Host": "attacker.example"}, 421)):
+            answer = httpx.post(f"{url}/mcp", json=initialize, headers=headers, timeout=30)
+            assert answer.status_code == status and answer.json()["status"] == status
+        with pytest.raises(Exception) as refused:  # the SDK's client gets no answer without a key
+            _over_http(url, None)
+        assert any(isinstance(leaf, MCPError) for leaf in _leaves(refused.value))
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    """ERROR, or the errors an exception group (anyio's task groups) holds, however deep."""
+    nested = getattr(error, "exceptions", None)
+    return [leaf for inner in nested for leaf in _leaves(inner)] if nested else [error]
