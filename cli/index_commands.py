@@ -67,7 +67,7 @@ def _index_then(arguments: list[str], name: str | None, command: str, what: str)
 
 
 def _pick(home: Path, name: str | None, writing: bool = False) -> str:
-    from retriever.versions.home import pick_index
+    from retriever.versions.catalog import pick_index
 
     chosen = pick_index(home, name, writing)
     if name is None:

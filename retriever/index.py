@@ -64,6 +64,7 @@ from retriever.files.folder import (FolderOptions, FolderReport, folder_files, i
                                     read_file)
 from retriever.files.readers import UnreadableFile
 from retriever.filters import parse_where
+from retriever.metadata import listed_fields
 from retriever.numeric import l2_normalize
 from retriever.search.fusion_check import hybrid_check, recorded_hybrid
 from retriever.search.options import MODES, SearchOptions
@@ -258,7 +259,7 @@ class Index:
             "segments": segments,
             "search_backend": snapshot.segments[0].vectors.backend if snapshot.segments else "none",
             "search_settings": snapshot.spec.search_settings(),
-            "metadata_fields": snapshot.manifest.metadata_fields,
+            "metadata_fields": listed_fields(snapshot.manifest.metadata_fields),
             "search_modes": list(MODES) if default_mode == "hybrid" else ["dense"],
             "default_mode": default_mode,
             "hybrid": recorded_hybrid(snapshot.manifest.hybrid),

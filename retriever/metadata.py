@@ -29,6 +29,16 @@ from collections.abc import Iterator
 from retriever.errors import RetrieverError
 from retriever.text import check_text
 
+# The metadata key the Haystack adapter keeps for itself (each document's embedding exactly as given:
+# `retriever.integrations.haystack`): stored and filtered on like any other key, never listed as an index's fields.
+HAYSTACK_KEY = "_haystack"
+ADAPTER_KEYS = (HAYSTACK_KEY,)
+
+
+def listed_fields(paths: list[str] | tuple[str, ...]) -> list[str]:
+    """An index's metadata PATHS as a person or an agent is shown them: without the adapters' own."""
+    return [path for path in paths if path.split(".", 1)[0] not in ADAPTER_KEYS]
+
 RESERVED = frozenset({"doc_id", "title", "text", "source"})  # the document's own fields, filterable by these names
 PREFIX = "metadata."  # a path under it is always metadata, so a key named like a document field is reachable
 MAX_KEY_CHARS = 256

@@ -4,6 +4,11 @@ without embeddings, the dimension check, serialisation, and one end-to-end check
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 pytest.importorskip("haystack")
@@ -15,9 +20,11 @@ from haystack.testing.document_store import DocumentStoreBaseTests  # noqa: E402
 from retriever.errors import RetrieverError  # noqa: E402
 from retriever.integrations.haystack import (  # noqa: E402
     RetrieverBM25Retriever,
+    RetrieverDocumentEmbedder,
     RetrieverDocumentStore,
     RetrieverEmbeddingRetriever,
     RetrieverHybridRetriever,
+    RetrieverTextEmbedder,
     haystack_filter,
 )
 
@@ -284,3 +291,53 @@ def test_two_processes_writing_the_same_ids_get_haystack_s_answers(tmp_path, pol
     assert written == 10 and len(lines) == 10  # each batch written once: by one process, refused or skipped by the other
     assert policy == "FAIL" or not any(line == "duplicate" for line in lines)
     assert RetrieverDocumentStore(name="same", index_dir=tmp_path).count_documents() == 10
+
+
+# ---- with retriever's own encoder: no download (issue 58, everyday 2 and 3) ------------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_s_haystack_example_runs_offline_as_written(capsys, monkeypatch):
+    """The example, cut from the README and run as it stands (index home: the test's own), embeds with the embedded
+    model and prints the document that answers the question."""
+    text = README.read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    example = next(block for block in blocks if "RetrieverTextEmbedder" in block)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    exec(compile(example, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "open() reads a file"
+
+
+def test_the_embedders_give_the_vectors_retriever_s_encoder_gives(minilm_encoder):
+    documents = [Document(id="a", content="open() reads a file"), Document(id="b", content="the sky is blue")]
+    embedded = RetrieverDocumentEmbedder(device="cpu").run(documents)["documents"]
+    assert [d.id for d in embedded] == ["a", "b"] and documents[0].embedding is None  # the inputs are left as given
+    expected = minilm_encoder.encode(["open() reads a file", "the sky is blue"])
+    assert np.allclose([d.embedding for d in embedded], expected, atol=1e-5)
+    query = RetrieverTextEmbedder(device="cpu").run(text="open() reads a file")["embedding"]
+    assert np.allclose(query, expected[0], atol=1e-4)
+    again = RetrieverTextEmbedder.from_dict(RetrieverTextEmbedder(max_length=64).to_dict())
+    assert again.max_length == 64
+    with pytest.raises(TypeError, match="RetrieverDocumentEmbedder"):
+        RetrieverTextEmbedder().run(text=["a list"])
+
+
+def test_a_haystack_store_is_not_the_cli_s_default_index_and_hides_its_own_fields(tmp_path, cli):
+    """A plain `retriever search` searches the index that encodes text, not the store written after it; `list`
+    shows neither store's internal fields."""
+    home = tmp_path / "home"
+    corpus = tmp_path / "notes.jsonl"
+    corpus.write_text('{"_id": "n1", "text": "open() reads a file", "metadata": {"lang": "en"}}\n', encoding="utf-8")
+    assert cli("build", corpus, "--calibrator", "none", "--index-dir", home).returncode == 0
+    store = RetrieverDocumentStore(name="hs", index_dir=home)
+    store.write_documents([Document(id="t", content="tea grows on the hills", meta={"lang": "en"},
+                                    embedding=unit(1, 0.1))])
+    found = cli("search", "reading files", "--json", "--index-dir", home)
+    assert found.returncode == 0, found.stderr
+    assert "using index 'notes'" in found.stderr and json.loads(found.stdout)["results"][0]["doc_id"] == "n1"
+    listed = {record["name"]: record
+              for record in json.loads(cli("list", "--json", "--index-dir", home).stdout)["indexes"]}
+    assert listed["hs"]["fields"] == ["lang"] and listed["notes"]["fields"] == ["lang"]
+    shown = cli("list", "--index-dir", home).stdout  # (the test's own folder is named with "haystack" in it)
+    assert "lang" in shown and "_haystack.dense" not in shown and "_haystack.embedding" not in shown

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import re
+from dataclasses import replace
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from retriever.encode.external import ExternalEncoder, is_external
 from retriever.errors import ConflictError, RetrieverError
 from retriever.filters import parse_where
 from retriever.index import Index
+from retriever.metadata import HAYSTACK_KEY
 from retriever.integrations._records import LazyIndex, require, vector_rows
 
 require("haystack", "haystack", "haystack-ai")
@@ -39,7 +41,7 @@ from haystack.errors import FilterError  # noqa: E402
 # The metadata key under which a document keeps what Haystack gives and retriever's fields do not hold: whether it
 # has an embedding (`dense`), and the embedding exactly as given (`embedding`, float64, base64 in pieces), since
 # the index keeps its vectors at float32 or less and Haystack hands documents back as they were written.
-HIDDEN = "_haystack"
+HIDDEN = HAYSTACK_KEY
 _PIECE = 8_000  # characters of base64 per string: metadata strings hold at most 10,000
 # A filter that selects nothing (every document has an id): Haystack's comparisons with None.
 _NOTHING = {"doc_id": {"$exists": False}}
@@ -414,5 +416,64 @@ class RetrieverHybridRetriever(_StoreRetriever):
             fusion=self.fusion, weight=self.weight)}
 
 
+class _Embedder:
+    """What the two embedders share: retriever's encoder, loaded on first use (Haystack's `warm_up`), and their
+    serialisation. MODEL: a Hugging Face name or a local folder (default: the embedded all-MiniLM-L6-v2, which
+    needs no download); POOLING, MAX_LENGTH, DEVICE and BATCH_SIZE as `retriever build` takes them."""
+
+    def __init__(self, model: str | None = None, pooling: str = "last-avg", max_length: int | None = None,
+                 device: str = "auto", batch_size: int = 64):
+        self.model, self.pooling, self.max_length = model, pooling, max_length
+        self.device, self.batch_size = device, batch_size
+        self._encoder = None
+
+    def warm_up(self) -> None:
+        if self._encoder is None:
+            from retriever.encode.encoder import Encoder
+
+            # PyTorch for documents (what a build encodes with); ONNX Runtime for one query at a time on a CPU.
+            runtime = "auto" if isinstance(self, RetrieverTextEmbedder) else "torch"
+            self._encoder = Encoder(self.model, self.pooling, None, self.max_length, self.device,
+                                    batch_size=self.batch_size, runtime=runtime)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        self.warm_up()
+        return self._encoder.encode(texts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(self, model=self.model, pooling=self.pooling, max_length=self.max_length,
+                               device=self.device, batch_size=self.batch_size)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        return default_from_dict(cls, data)
+
+
+@component
+class RetrieverTextEmbedder(_Embedder):
+    """A query's embedding by retriever's own encoder, for RetrieverEmbeddingRetriever and RetrieverHybridRetriever:
+    the embedded model works in a pipeline with no download (Haystack's own embedders fetch theirs from the hub)."""
+
+    @component.output_types(embedding=list[float])
+    def run(self, text: str):
+        if not isinstance(text, str):
+            raise TypeError("RetrieverTextEmbedder takes one string; embed documents with RetrieverDocumentEmbedder")
+        return {"embedding": self._encode([text])[0].tolist()}
+
+
+@component
+class RetrieverDocumentEmbedder(_Embedder):
+    """Documents with their embeddings by retriever's own encoder (each document's content), to write to a
+    RetrieverDocumentStore; the documents given are left as they were."""
+
+    @component.output_types(documents=list[Document])
+    def run(self, documents: list[Document]):
+        if not isinstance(documents, list) or not all(isinstance(d, Document) for d in documents):
+            raise TypeError("RetrieverDocumentEmbedder takes a list of haystack Documents; embed a query with "
+                            "RetrieverTextEmbedder")
+        vectors = self._encode([d.content or "" for d in documents]) if documents else []
+        return {"documents": [replace(d, embedding=vector.tolist()) for d, vector in zip(documents, vectors)]}
+
+
 __all__ = ["RetrieverDocumentStore", "RetrieverEmbeddingRetriever", "RetrieverBM25Retriever",
-           "RetrieverHybridRetriever", "haystack_filter"]
+           "RetrieverHybridRetriever", "RetrieverTextEmbedder", "RetrieverDocumentEmbedder", "haystack_filter"]

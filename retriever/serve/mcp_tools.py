@@ -33,7 +33,7 @@ from retriever.serve.protocol import HTTP_MAX_K, MAX_ANSWER_CHARS, ApiError, che
 from retriever.serve.public import as_json_reads_it, describe_invalid, one_line, private_paths, public_record, scrub
 from retriever.serve.searching import search_and_answer
 from retriever.text import check_text
-from retriever.versions.catalog import describe_indexes
+from retriever.versions.catalog import default_index, describe_indexes
 from retriever.versions.home import resolve_index_dir
 
 try:
@@ -56,7 +56,7 @@ INSTRUCTIONS = (
     "Search the user's retriever indexes (calibrated dense vectors and BM25, fused). Start with `search`: each hit "
     "carries the passage where its document matched and that passage's span; call `get_document` with the hit's "
     "id and span for the text around it. `list_indexes` says which indexes exist and what each holds; `search` "
-    "takes the most recently written one unless `index` names another.")
+    "takes the default index (list_indexes marks it) unless `index` names another.")
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ class DocumentWindow(BaseModel):
 
 class IndexSummary(BaseModel):
     name: str
-    default: bool = Field(description="searched when no index is named (the most recently written)")
+    default: bool = Field(description="searched when no index is named: the most recently written that "
+                                      "encodes its own queries")
     version: int | None = None
     documents: int | None = None
     passages: int | None = Field(None, description="vectors searched: a document cut into passages has several")
@@ -144,8 +145,8 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
     @server.tool(annotations=READ_ONLY)
     async def search(
         query: Annotated[str, Field(description="what to look for, in words")],
-        index: Annotated[str | None, Field(description="the index to search; default: the most recently "
-                                                       "written")] = None,
+        index: Annotated[str | None, Field(description="the index to search; default: the default index "
+                                                       "(list_indexes marks it)")] = None,
         k: Annotated[int, Field(ge=1, le=HTTP_MAX_K, description="how many hits")] = 10,
         mode: Annotated[Literal[MODES] | None, Field(  # type: ignore[valid-type]
             description="dense (meaning), keyword (BM25, exact words) or hybrid (both fused); default: hybrid "
@@ -167,8 +168,7 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
     @server.tool(annotations=READ_ONLY)
     async def get_document(
         id: Annotated[str, Field(description="the document's id, as a hit gives it")],
-        index: Annotated[str | None, Field(description="the index it is in; default: the most recently "
-                                                       "written")] = None,
+        index: Annotated[str | None, Field(description="the index it is in; default: the default index")] = None,
         start: Annotated[int | None, Field(ge=0, description="the start of the part wanted (a hit's span[0]); "
                                                              "default: the document's start")] = None,
         end: Annotated[int | None, Field(ge=0, description="the end of the part wanted (a hit's span[1]); "
@@ -192,12 +192,13 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
     @server.tool(annotations=READ_ONLY)
     async def list_indexes() -> IndexList:
         """The indexes there are: for each, its documents, model, calibrator and the metadata fields a filter
-        may use; the first is the one searched when none is named."""
+        may use, and whether it is the one searched when none is named."""
         parts = catalog()
         with refusals_as_tool_errors(parts):
             records = await run_in_threadpool(describe_indexes, parts.indexes.index_dir)
-            return IndexList(indexes=[index_summary(public_record(record, parts.private), first=number == 0)
-                                      for number, record in enumerate(records)])
+            default = await run_in_threadpool(default_index, parts.indexes.index_dir)
+            return IndexList(indexes=[index_summary(public_record(record, parts.private),
+                                                    default=record["name"] == default) for record in records])
 
     return server
 
@@ -264,8 +265,8 @@ def document_window(served: Served, document: dict, start: int | None, end: int 
                           length=len(text))
 
 
-def index_summary(record: dict, first: bool) -> IndexSummary:
-    return IndexSummary(default=first, **{key: record.get(key) for key in (
+def index_summary(record: dict, default: bool) -> IndexSummary:
+    return IndexSummary(default=default, **{key: record.get(key) for key in (
         "name", "version", "documents", "passages", "model", "calibrator", "written", "problem")},
         fields=record.get("fields") or [])
 

@@ -26,6 +26,7 @@ from retriever.search.dense import RemoteSegments
 from retriever.search.searcher import Searcher
 from retriever.serve.leases import Leases
 from retriever.serve.metrics import ServerMetrics
+from retriever.versions.catalog import default_index
 from retriever.versions.home import check_name, list_indexes
 from retriever.versions.snapshot import Snapshot
 
@@ -141,14 +142,13 @@ class OpenIndexes:
             self._leases.release(served)
 
     async def current(self, name: str | None) -> Served:
-        """NAME, current version; when none is named, the most recently written index (the CLI's rule for reading,
-        `versions.home.pick_index`; the answer names it). An open, when one is needed, runs off the event loop so
+        """NAME, current version; when none is named, the default index (the CLI's rule for reading,
+        `versions.catalog.default_index`; the answer names it). An open, when one is needed, runs off the event loop so
         other requests go on meanwhile."""
         if not name:
-            names = self.names()
-            if not names:
+            name = await run_in_threadpool(default_index, self.index_dir)
+            if name is None:
                 raise NotFoundError("no index is served yet; build one with: retriever build CORPUS")
-            name = names[0]
         return self.held(name) or await run_in_threadpool(self.get, name)
 
     def close(self) -> None:

@@ -12,13 +12,44 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from retriever.defaults import DEFAULT_WEIGHT
+from retriever.encode.external import is_external
+from retriever.metadata import listed_fields
 from retriever.errors import ConflictError, RetrieverError, param
 from retriever.text import counted_queries
 from retriever.versions.folder import kept_versions
-from retriever.versions.home import check_name, index_path, list_indexes
+from retriever.versions.home import check_name, index_options, index_path, list_indexes
 from retriever.versions.integrity import read_manifest
 from retriever.versions.layout import BUILD_STATE, MANIFEST, VERSIONS
 from retriever.versions.manifest import Manifest
+
+
+def pick_index(index_dir: str | Path, name: str | None, writing: bool = False) -> str:
+    """NAME when given; else the only index, or for reading the default one (`default_index`)."""
+    if name:
+        return check_name(name)
+    names = list_indexes(index_dir)
+    if not names:
+        build = f"retriever build CORPUS {index_options(index_dir)}".rstrip()
+        raise RetrieverError(f"no index in {index_dir}; build one with: {build}")
+    if len(names) > 1 and writing:
+        raise RetrieverError(f"{len(names)} indexes in {index_dir} ({', '.join(names)}); say which with {param('name')}")
+    return default_index(index_dir, names)
+
+
+def default_index(index_dir: str | Path, names: list[str] | None = None) -> str | None:
+    """The index read when none is named (None where there is none): the most recently written one that encodes
+    its own queries. A store of vectors computed outside it (a Haystack store's: `encode.external`) takes no text
+    query, so it is the default only where every index is such a store. An index whose manifest fails its checks
+    stays a candidate: reading it says what is wrong."""
+    names = list_indexes(index_dir) if names is None else names
+    for name in names:
+        try:
+            manifest = read_manifest(Path(index_dir, name).resolve(), name=name)
+        except (RetrieverError, OSError):
+            return name
+        if not is_external(manifest.encoder):
+            return name
+    return names[0] if names else None
 
 
 def describe_indexes(index_dir: str | Path) -> list[dict]:
@@ -42,7 +73,7 @@ def describe_indexes(index_dir: str | Path) -> list[dict]:
             record.update(version=manifest.version, documents=manifest.documents, passages=manifest.live_vectors,
                           model=manifest.encoder["model"],
                           calibrator=calibrator_label(manifest.calibrator), index_type=str(manifest.index["type"]),
-                          fields=manifest.metadata_fields,
+                          fields=listed_fields(manifest.metadata_fields),
                           hybrid_weight=float(manifest.hybrid["weight"]) if manifest.hybrid else DEFAULT_WEIGHT)
             if manifest.calibrator_fallback:
                 record["calibrator_asked"] = str(manifest.calibrator_fallback["asked"])

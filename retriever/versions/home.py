@@ -93,16 +93,3 @@ def list_indexes(index_dir: str | Path) -> list[str]:
     links = [path for path in folder.iterdir()
              if NAME.fullmatch(path.name) and (path / MANIFEST).is_file()]  # a name never starts with "."
     return [path.name for path in sorted(links, key=lambda path: (path / MANIFEST).stat().st_mtime, reverse=True)]
-
-
-def pick_index(index_dir: str | Path, name: str | None, writing: bool = False) -> str:
-    """NAME when given; else the only index, or for reading the most recently written one."""
-    if name:
-        return check_name(name)
-    names = list_indexes(index_dir)
-    if not names:
-        build = f"retriever build CORPUS {index_options(index_dir)}".rstrip()
-        raise RetrieverError(f"no index in {index_dir}; build one with: {build}")
-    if len(names) > 1 and writing:
-        raise RetrieverError(f"{len(names)} indexes in {index_dir} ({', '.join(names)}); say which with {param('name')}")
-    return names[0]
