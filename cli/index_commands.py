@@ -358,7 +358,8 @@ def search(
         '"dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text"}]} (query_id null for '
         'QUERY; a side not searched: null)')] = False,
     full: Annotated[bool, typer.Option(
-        "--full", help="show each result's whole text, wrapped (default: a one-line snippet)")] = False,
+        "--full", help="show each result's text, wrapped: a long document's match with the text around it "
+        "(default: a one-line snippet)")] = False,
     nprobe: options.NProbe = None,
     ef_search: options.EfSearch = None,
     rerank: options.Rerank = None,
@@ -415,6 +416,34 @@ def search(
             _print_json(search_record(query_id, text, hits, mode))
         else:
             _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full, mode, min_score)
+            if full and any(_in_context(hit)[1] for hit in hits):
+                _say(f"a long document shows its match with {CONTEXT_CHARS:,} characters either side; the whole of "
+                     f"one: retriever show {index.name} DOC_ID")
+
+
+# `search --full`: this much of a long document's text either side of where it matched.
+CONTEXT_CHARS = 600
+
+
+def _in_context(hit) -> tuple[Text, bool]:
+    """HIT's match in its context: the passage (bold where it is not the whole text) with up to CONTEXT_CHARS
+    of the text either side, cut at word boundaries and marked "…"; and whether the text was cut."""
+    text, (start, end) = hit.text, hit.span
+    low, high = max(0, start - CONTEXT_CHARS), min(len(text), end + CONTEXT_CHARS)
+    if low > 0:  # from the first whole word
+        space = text.find(" ", low, start)
+        low = space + 1 if space >= 0 else low
+    if high < len(text):
+        space = text.rfind(" ", end, high)
+        high = space if space >= 0 else high
+    shown = Text("… " if low > 0 else "")
+    whole = (start, end) == (0, len(text))
+    shown.append(terminal_safe(text[low:start]))
+    shown.append(terminal_safe(text[start:end]), style=None if whole else "bold")
+    shown.append(terminal_safe(text[end:high]))
+    if high < len(text):
+        shown.append(" …")
+    return shown, low > 0 or high < len(text)
 
 
 def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: float | None = None) -> None:
@@ -459,7 +488,7 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
             cell.append(f"p. {hit.page} ", style="dim")
         # The snippet is where the document matched: its best passage ("..." where that is not its start).
         snippet = ("… " if hit.span[0] > 0 else "") + " ".join(hit.passage.split())
-        cell.append(terminal_safe(hit.text if full else snippet))
+        cell.append(_in_context(hit)[0] if full else Text(terminal_safe(snippet)))
         if not full:
             cell.truncate(room, overflow="ellipsis")
         shown = [Text.assemble(doc_id, "\n", cell)] if stacked else [Text(doc_id, overflow="fold"), cell]

@@ -662,3 +662,29 @@ def test_a_misspelt_index_name_or_filter_field_says_what_was_meant(cli, built_ho
     assert cli("build", records, "--model", tiny_bert, "--calibrator", "none").returncode == 0
     found = cli("search", "lamp", "--name", "meta", "--where", json.dumps({"cateogry": "notes"}))
     assert "no document has the field 'cateogry' (did you mean 'category'?)" in found.stderr
+
+
+def test_full_shows_a_long_document_s_match_in_its_context_and_a_hit_s_repr_stays_short(cli, tmp_path, tiny_bert,
+                                                                                       monkeypatch):
+    """`--full` on a page of 4,000 words printed it all from its start; now the words around the match, and where to
+    read the rest. A SearchHit's repr left out the text (tens of KB for one hit)."""
+    import cli.index_commands as commands
+    from retriever.index import Index
+
+    monkeypatch.setattr(commands, "stdout", Console(width=100, soft_wrap=True))
+    words = [f"filler{i}" for i in range(4000)]
+    words[2500:2502] = ["zebra", "crossing"]
+    corpus = tmp_path / "manual.jsonl"
+    corpus.write_text(json.dumps({"_id": "manual", "text": " ".join(words)}) + "\n"
+                      + json.dumps({"_id": "note", "text": "a short note on zebra stripes"}) + "\n")
+    assert cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--max-length", "32").returncode == 0
+    done = cli("search", "zebra crossing", "--mode", "keyword", "--full")
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout.replace("│", " ").split()
+    assert "zebra" in shown and "filler0" not in shown and "filler3999" not in shown
+    assert sum(word.startswith("filler") for word in shown) < 250  # 600 characters either side, not 4,000 words
+    assert "stripes" in shown  # the short note, whole
+    assert "retriever show manual DOC_ID" in done.stderr
+    with Index.open("manual") as index:
+        hit = index.search("zebra crossing", mode="keyword", k=1)[0]
+    assert hit.doc_id == "manual" and len(hit.text) > 30_000 and len(repr(hit)) < 1_000 and "zebra" in repr(hit)

@@ -61,9 +61,18 @@ def test_get_search_answers_in_the_cli_schema_with_the_version(client, index_dir
     assert [hit["rank"] for hit in record["results"]] == [1, 2, 3]
     assert answer["mode"] == record["mode"] == "hybrid"  # the default, with a keyword index
     first = record["results"][0]
+    # A hit carries where it matched and its metadata; its whole text only when asked (include=text).
     assert first == {"rank": 1, "doc_id": "d7", "score": first["score"], "dense_score": first["dense_score"],
                      "keyword_score": first["keyword_score"], "dense_rank": 1, "keyword_rank": 1, "title": "note 7",
-                     "text": text, "metadata": None, "passage": text, "span": [0, len(text)], "page": None}
+                     "metadata": None, "passage": text, "span": [0, len(text)], "page": None, "length": len(text)}
+    asked = client.get("/search", params={"q": text, "k": 3, "index": "notes", "include": "text"}).json()
+    assert asked["queries"][0]["results"][0] == {**{key: value for key, value in first.items() if key != "metadata"},
+                                                 "text": text}
+    bare = client.post("/search", json={"queries": [text], "k": 3, "include": []}).json()["queries"][0]["results"][0]
+    assert "text" not in bare and "metadata" not in bare and bare["passage"] == text
+    for refused in (client.get("/search", params={"q": text, "include": "txt"}),
+                    client.post("/search", json={"queries": [text], "include": ["txt"]})):
+        assert refused.status_code == 422 and "include" in refused.json()["detail"]
     expected = index.search(text, 3)
     assert [hit["doc_id"] for hit in record["results"]] == [hit.doc_id for hit in expected]
     # The server encodes on ONNX Runtime, the library here on PyTorch: the same numbers to float precision.

@@ -3,8 +3,8 @@ query's results (`search_record`) that `retriever search --json` and the server 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -26,6 +26,11 @@ class Ranked:
     passage: int = -1  # the vector key of its best passage (-1: not known, or the document is one passage)
 
 
+# What a hit may carry beyond where it matched, which a caller may leave out (`search_record`): the whole text of a
+# long document runs to tens of thousands of characters.
+HIT_PARTS = ("text", "metadata")
+
+
 @dataclass
 class SearchHit:
     """One result. SCORE is what the search mode ranked by (the fused score in hybrid search); DENSE_SCORE (cosine
@@ -38,7 +43,7 @@ class SearchHit:
     doc_id: str
     score: float
     title: str | None
-    text: str
+    text: str = field(repr=False)  # a long document's whole text: a hit's repr shows where it matched instead
     dense_score: float | None = None
     keyword_score: float | None = None
     dense_rank: int | None = None
@@ -104,19 +109,25 @@ def cut(found: list[list[SearchHit]], options: SearchOptions) -> list[list[Searc
     return at_least([hits[: options.k] for hits in found], options.min_score)
 
 
-def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], mode: str | None = None) -> dict:
+def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], mode: str | None = None,
+                  include: Collection[str] = HIT_PARTS) -> dict:
     """The one JSON shape of a query's results, for `retriever search --json` (one line per query) and the
     server: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", "dense_score", "keyword_score",
-    "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span", "page"}]}; a side that was not searched
-    has null scores and ranks, a document without metadata null metadata; "passage" is where the document matched
-    (its best passage's text), "span" its [start, end] in "text" and "page" the page it starts on (null where the
-    document records no pages)."""
+    "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span", "page", "length"}]}; a side that was
+    not searched has null scores and ranks, a document without metadata null metadata; "passage" is where the
+    document matched (its best passage's text), "span" its [start, end] in "text", "page" the page it starts on
+    (null where the document records no pages) and "length" the text's length in characters. INCLUDE: which of
+    HIT_PARTS ("text", the whole document's text, and "metadata") the results carry; the others are left out."""
     def rounded(value: float | None) -> float | None:
         return None if value is None else round(float(value), 6)
-    return {"query_id": query_id, "query": query, "mode": mode,
-            "results": [{"rank": h.rank, "doc_id": h.doc_id, "score": rounded(h.score),
-                         "dense_score": rounded(h.dense_score), "keyword_score": rounded(h.keyword_score),
-                         "dense_rank": h.dense_rank, "keyword_rank": h.keyword_rank, "title": h.title,
-                         "text": h.text, "metadata": h.metadata, "passage": h.passage, "span": list(h.span),
-                         "page": h.page}
-                        for h in hits]}
+    dropped = [part for part in HIT_PARTS if part not in include]
+    results = []
+    for h in hits:
+        result = {"rank": h.rank, "doc_id": h.doc_id, "score": rounded(h.score), "dense_score": rounded(h.dense_score),
+                  "keyword_score": rounded(h.keyword_score), "dense_rank": h.dense_rank,
+                  "keyword_rank": h.keyword_rank, "title": h.title, "text": h.text, "metadata": h.metadata,
+                  "passage": h.passage, "span": list(h.span), "page": h.page, "length": len(h.text)}
+        for part in dropped:
+            del result[part]
+        results.append(result)
+    return {"query_id": query_id, "query": query, "mode": mode, "results": results}

@@ -59,6 +59,7 @@ from retriever.serve.protocol import (
     SearchQuery,
     SearchRequest,
     check_search,
+    hit_parts,
     search_options,
 )
 from retriever.encode.runtimes import resolve_runtime
@@ -251,22 +252,23 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                     "segments": [entry.to_record() for entry in snapshot.manifest.segments],
                     "search_settings": snapshot.spec.search_settings(), "fit": snapshot.manifest.fit, **shards}
 
-    async def run_search(name: str | None, texts: list[str], ids: list[str | None],
-                         options: SearchOptions) -> Response:
+    async def run_search(name: str | None, texts: list[str], ids: list[str | None], options: SearchOptions,
+                         include: tuple[str, ...]) -> Response:
         return await search_and_answer(indexes, state["batcher"], name, texts, options,
-                                       lambda served, options, hits: render_answer(served, texts, ids, hits, options))
+                                       lambda served, options, hits: render_answer(served, texts, ids, hits, options,
+                                                                                   include))
 
     @app.get("/search")
     async def search_get(query: Annotated[SearchQuery, Query()]):
         check_search([query.q], [None], query.k)  # the API's own bounds, before the options are compiled
-        return await run_search(query.index, [query.q], [None], search_options(query))
+        return await run_search(query.index, [query.q], [None], search_options(query), hit_parts(query.include))
 
     @app.post("/search")
     async def search_post(request: SearchRequest):
         texts = [item if isinstance(item, str) else item.text for item in request.queries]
         ids = [None if isinstance(item, str) else item.id for item in request.queries]
         check_search(texts, ids, request.k)
-        return await run_search(request.index, texts, ids, search_options(request))
+        return await run_search(request.index, texts, ids, search_options(request), hit_parts(request.include))
 
     @app.get("/indexes/{name}/documents/{doc_id:path}")
     async def get_document(name: str, doc_id: str):
@@ -334,10 +336,11 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
 
 def render_answer(served: Served, texts: list[str], ids: list[str | None], hits: list[list[SearchHit]],
-                  options: SearchOptions) -> Response:
-    """The search answer as JSON bytes, refused (413) when the documents' text in it would exceed
-    MAX_ANSWER_CHARS (a few very long documents times many queries)."""
-    chars = sum(len(hit.text) + len(hit.title or "") for found in hits for hit in found)
+                  options: SearchOptions, include: tuple[str, ...]) -> Response:
+    """The search answer as JSON bytes, each hit carrying the parts INCLUDE names; refused (413) when the
+    documents' text in it would exceed MAX_ANSWER_CHARS (a few very long documents times many queries)."""
+    chars = sum((len(hit.text) if "text" in include else len(hit.passage)) + len(hit.title or "")
+                for found in hits for hit in found)
     if chars > MAX_ANSWER_CHARS:
         raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
                             f"{MAX_ANSWER_CHARS // 2**20} M per request (lower k or send fewer queries at once)")
@@ -345,7 +348,7 @@ def render_answer(served: Served, texts: list[str], ids: list[str | None], hits:
                                kind_mismatch_note(options.where, served.snapshot.field_kinds)) if note]
     return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
                    "mode": options.mode, "k": options.k, **({"warnings": notes} if notes else {}),
-                   "queries": [search_record(query_id, text, found, options.mode)
+                   "queries": [search_record(query_id, text, found, options.mode, include)
                                for query_id, text, found in zip(ids, texts, hits)]})
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
 
 from retriever.search.options import SearchOptions
+from retriever.search.results import HIT_PARTS
 from retriever.text import check_queries, check_text
 
 HTTP_MAX_K = 1000  # results per query over HTTP (the library allows `options.MAX_K`)
@@ -71,13 +72,34 @@ class QueryItem(BaseModel):
 
 
 _INDEX = (Optional[StrictStr], Field(None, description="the index's name (optional when there is only one)"))
+# What a hit carries over HTTP unless asked for more: where it matched (passage, span, page), its title, scores and
+# metadata, and its text's length; not the whole text, which for a long document runs to tens of thousands of
+# characters per hit (GET /indexes/{name}/documents/{id} gives it, as does include=text).
+DEFAULT_INCLUDE = ("metadata",)
+_INCLUDE_WORDS = (f"what each hit carries besides where it matched: any of {', '.join(HIT_PARTS)} (text: the whole "
+                  "document's text)")
 SearchRequest = create_model(
     "SearchRequest", __config__=_STRICT,
     queries=(list[Union[StrictStr, QueryItem]], Field(..., description=f"at most {MAX_QUERIES}: texts, or {{id, text}}")),
-    index=_INDEX, **_search_fields(strict=True))
+    index=_INDEX, include=(list[Literal[HIT_PARTS]], Field(list(DEFAULT_INCLUDE), description=_INCLUDE_WORDS)),
+    **_search_fields(strict=True))
 SearchQuery = create_model(
     "SearchQuery", __config__=_STRICT, q=(str, Field(..., description="the query text")),
-    index=(Optional[str], _INDEX[1]), **_search_fields(strict=False))
+    index=(Optional[str], _INDEX[1]),
+    include=(str, Field(",".join(DEFAULT_INCLUDE), description=_INCLUDE_WORDS + ", comma-separated")),
+    **_search_fields(strict=False))
+
+
+def hit_parts(include: str | list[str]) -> tuple[str, ...]:
+    """A request's INCLUDE as the parts each hit carries: a GET's comma-separated words checked here (a POST's
+    list is checked by its model)."""
+    if isinstance(include, list):
+        return tuple(include)
+    parts = tuple(part.strip() for part in include.split(",") if part.strip())
+    unknown = [part for part in parts if part not in HIT_PARTS]
+    if unknown:
+        raise ApiError(422, f"include: unknown part '{unknown[0]}'; known: {', '.join(HIT_PARTS)}")
+    return parts
 
 
 def search_options(request: BaseModel) -> SearchOptions:
