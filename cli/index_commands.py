@@ -383,6 +383,7 @@ def search(
     from retriever.filters import kind_mismatch_note, unknown_fields_note
     from retriever.index import Index
     from retriever.search.options import SearchOptions
+    from retriever.search.fusion import score_meaning
     from retriever.search.results import search_record
     from retriever.text import check_queries
 
@@ -400,7 +401,8 @@ def search(
     index = Index.open(_pick(home, name), home, device=device, runtime=runtime)
     # More than the index holds would allocate room for nothing; the mode shown is the one the index searches in.
     settings = replace(settings, k=min(k, max(len(index), 1)))
-    mode = settings.resolved(index.name, index.snapshot.has_keywords).mode
+    resolved = settings.resolved(index.name, index.snapshot.has_keywords, index.snapshot.manifest.hybrid)
+    mode = resolved.mode
     for note in (unknown_fields_note(settings.where, index.snapshot.manifest.metadata_fields),
                  kind_mismatch_note(settings.where, index.snapshot.field_kinds)):
         if note:
@@ -415,7 +417,8 @@ def search(
         if as_json:
             _print_json(search_record(query_id, text, hits, mode))
         else:
-            _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full, mode, min_score)
+            _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full, mode, min_score,
+                        score_meaning(resolved))
             if full and any(_in_context(hit)[1] for hit in hits):
                 _say(f"a long document shows its match with {CONTEXT_CHARS:,} characters either side; the whole of "
                      f"one: retriever show {index.name} DOC_ID")
@@ -446,12 +449,14 @@ def _in_context(hit) -> tuple[Text, bool]:
     return shown, low > 0 or high < len(text)
 
 
-def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: float | None = None) -> None:
+def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: float | None = None,
+                scores: str | None = None) -> None:
     """One query's results. A doc id is shown whole, on one line while it fits (it is what `show` and `delete`
     take); the text is a one-line snippet of where the document matched (its best passage) filling the rest of the
     width, or with FULL all of it, wrapped. Where ids leave the text too little width, each id goes on a line of
     its own above its text. Hybrid
-    results say where each side ranked them ("3/-": third in the dense list, not in the keyword list)."""
+    results say where each side ranked them ("3/-": third in the dense list, not in the keyword list). SCORES: what
+    the score is (`fusion.score_meaning`), said under the table."""
     title = terminal_safe(title)
     if not hits and min_score is not None:
         stdout.print(Text(f"{title if full else _snippet(title, stdout.width)}\n  no good match: no hit has a dense "
@@ -460,7 +465,7 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
     if not hits:  # a filter that selects nothing, or keywords no document holds: said, not an empty table
         stdout.print(Text(f"{title if full else _snippet(title, stdout.width)}\n  no hits"))
         return
-    rows = [(str(hit.rank), f"{hit.score:.3f}", terminal_safe(hit.doc_id)) for hit in hits]
+    rows = [(str(hit.rank), f"{round(hit.score, 3) + 0.0:.3f}", terminal_safe(hit.doc_id)) for hit in hits]  # no -0.000
     sides = [f"{hit.dense_rank or '-'}/{hit.keyword_rank or '-'}" for hit in hits] if mode == "hybrid" else None
     rank, score, ids = (max([cell_len(row[i]) for row in rows] + [len(header)])
                         for i, header in enumerate(("rank", "score", "doc id")))
@@ -494,6 +499,9 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
         shown = [Text.assemble(doc_id, "\n", cell)] if stacked else [Text(doc_id, overflow="fold"), cell]
         table.add_row(rank, score, *([sides[number]] if sides else []), *shown)
     stdout.print(table)
+    if scores and mode == "hybrid":  # a cosine and BM25 say what they are; a fused score does not
+        # Under the table, wrapped to the console's width (a narrow table would fold it into a column).
+        stdout.print(Text(f"score: {scores}", style="dim"), soft_wrap=False)
 
 
 def show(

@@ -688,3 +688,34 @@ def test_full_shows_a_long_document_s_match_in_its_context_and_a_hit_s_repr_stay
     with Index.open("manual") as index:
         hit = index.search("zebra crossing", mode="keyword", k=1)[0]
     assert hit.doc_id == "manual" and len(hit.text) > 30_000 and len(repr(hit)) < 1_000 and "zebra" in repr(hit)
+
+
+def test_a_hybrid_table_says_what_its_scores_are_and_never_shows_minus_zero(cli, tmp_path, tiny_bert, monkeypatch):
+    """Fused scores of a small filtered candidate set read as -0.000, 1.000 and negatives with nothing to say what
+    they are; the table now says it under the scores, and a zero is 0.000."""
+    import cli.index_commands as commands
+
+    monkeypatch.setattr(commands, "stdout", Console(width=200, soft_wrap=True))
+    corpus = tmp_path / "few.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": text, "metadata": {"group": i % 2}}) + "\n"
+                              for i, text in enumerate(["red apples and green pears", "a red bicycle",
+                                                        "green tea leaves", "red wine from old vines"])))
+    assert cli("build", corpus, "--model", tiny_bert, "--calibrator", "none").returncode == 0
+    done = cli("search", "red apples", "--where", '{"group": 0}')
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert "score: fused, 0." in said and "x dense + 0." in said and "it orders this answer" in said
+    assert "-0.000" not in done.stdout
+    assert "score:" not in cli("search", "red apples", "--mode", "dense").stdout  # a cosine says what it is
+
+
+def test_a_zero_score_is_shown_as_zero(monkeypatch):
+    import cli.index_commands as commands
+    from retriever.search.results import SearchHit, search_record
+
+    monkeypatch.setattr(commands, "stdout", Console(width=120, record=True))
+    hit = SearchHit(1, "a", -1e-9, None, "text", passage="text", span=(0, 4))
+    commands._hits_table("q", [hit], full=False, mode="hybrid", scores="fused")
+    shown = commands.stdout.export_text()
+    assert "0.000" in shown and "-0.000" not in shown
+    assert str(search_record(None, "q", [SearchHit(1, "a", -0.0, None, "t")])["results"][0]["score"]) == "0.0"

@@ -28,7 +28,7 @@ def test_build_names_the_index_after_the_corpus_and_search_prints_json(built, cl
     assert len(done.stdout.splitlines()) == 1 and set(record) == {"query_id", "query", "mode", "results"}
     assert record["query_id"] is None and record["query"] == TEXTS[2] and record["mode"] == "hybrid"
     hits = record["results"]
-    assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span", "page"}] * 2
+    assert [set(hit) for hit in hits] == [{"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span", "page", "length"}] * 2
     assert hits[0]["doc_id"] == "docs.txt:3" and hits[0]["text"] == TEXTS[2] and hits[0]["rank"] == 1  # FILE:LINE
 
 
@@ -41,7 +41,7 @@ def test_search_queries_file_gives_one_json_line_per_query(built, cli, tmp_path)
     assert [r["query_id"] for r in records] == ["q1", "q2"]
     assert [r["results"][0]["doc_id"] for r in records] == ["docs.txt:1", "docs.txt:4"]
     assert [r["query"] for r in records] == [TEXTS[0], TEXTS[3]]
-    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span", "page"}
+    assert all(len(r["results"]) == 3 and set(r["results"][0]) == {"rank", "doc_id", "score", "dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", "span", "page", "length"}
                for r in records)
 
 

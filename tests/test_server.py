@@ -286,6 +286,8 @@ def test_search_modes_answer_with_each_side_s_scores_and_ranks(client, index_dir
     for mode in ("dense", "keyword", "hybrid"):
         answer = client.get("/search", params={"q": text, "k": 5, "mode": mode}).json()
         assert answer["mode"] == answer["queries"][0]["mode"] == mode
+        # What a score is, said with it: a fused score orders one answer, and reads nothing like a cosine.
+        assert answer["scores"].startswith({"dense": "cosine", "keyword": "BM25", "hybrid": "fused"}[mode])
         hits = answer["queries"][0]["results"]
         expected = index.search(text, 5, mode=mode)
         assert [hit["doc_id"] for hit in hits] == [hit.doc_id for hit in expected]
@@ -293,7 +295,9 @@ def test_search_modes_answer_with_each_side_s_scores_and_ranks(client, index_dir
         assert (hits[0]["dense_score"] is None) == (mode == "keyword")
         assert (hits[0]["keyword_score"] is None) == (mode == "dense")
     posted = client.post("/search", json={"queries": [text], "k": 5, "mode": "hybrid", "fusion": "rrf",
-                                          "weight": 0.7}).json()["queries"][0]["results"]
+                                          "weight": 0.7}).json()
+    assert posted["scores"].startswith("reciprocal-rank fusion, 0.70 / (60 + dense rank)")
+    posted = posted["queries"][0]["results"]
     assert [hit["doc_id"] for hit in posted] == [hit.doc_id for hit in index.search(text, 5, mode="hybrid",
                                                                                      fusion="rrf", weight=0.7)]
     assert "mode" in one_line_error(client.get("/search", params={"q": text, "mode": "fuzzy"}), 422)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
 from retriever.errors import RetrieverError, param
 
 RRF_K = 60
@@ -47,6 +48,8 @@ class Candidates:
 
 class Fusion(ABC):
     name: str
+    # What the fused score is, for a person reading it (`score_meaning`): "{dense}" and "{keyword}" are the weights.
+    meaning: str
     needs_null = False  # reads Candidates.dense_null (an estimate the dense side makes only when asked)
     registry: dict[str, type[Fusion]] = {}
 
@@ -61,6 +64,8 @@ class Fusion(ABC):
 
 class ReciprocalRank(Fusion):
     name = "rrf"
+    meaning = ("reciprocal-rank fusion, {dense} / (60 + dense rank) + {keyword} / (60 + keyword rank): it orders "
+               "this answer; each side's own score compares across queries")
 
     def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
         def part(ranks: np.ndarray) -> np.ndarray:
@@ -70,6 +75,9 @@ class ReciprocalRank(Fusion):
 
 class ListZScore(Fusion):
     name = "zscore"
+    meaning = ("fused, {dense} x dense + {keyword} x keyword, each side's score in standard deviations above its "
+               "own top list's mean for this query: it orders this answer; each side's own score compares across "
+               "queries")
 
     def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
         def standard(scores: np.ndarray, ranks: np.ndarray) -> np.ndarray:
@@ -86,6 +94,9 @@ class ListZScore(Fusion):
 
 class UnionZScore(Fusion):
     name = "zscore-union"
+    meaning = ("fused, {dense} x dense + {keyword} x keyword, each side's score in standard deviations above its "
+               "mean over this query's candidates: it orders this answer (0: a typical candidate); each side's own "
+               "score compares across queries")
 
     def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
         def standard(scores: np.ndarray) -> np.ndarray:
@@ -98,6 +109,8 @@ class UnionZScore(Fusion):
 
 class NullZScore(Fusion):
     name = "null"
+    meaning = ("fused, {dense} x dense + {keyword} x keyword, each side's score in standard deviations above a "
+               "random document of the index for this query")
     needs_null = True
 
     def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
@@ -135,3 +148,16 @@ def scored_candidates(dense: np.ndarray, keyword: np.ndarray, count: int) -> Can
     dense_rank[dense_top] = np.arange(1, len(dense_top) + 1)
     keyword_rank[keyword_top] = np.arange(1, len(keyword_top) + 1)
     return Candidates(union, dense[union], keyword[union], dense_rank[union], keyword_rank[union])
+
+
+def score_meaning(options) -> str:
+    """What a hit's score is under OPTIONS (`SearchOptions`, resolved for the index: its mode, and for hybrid search
+    its fusion and the dense side's weight), in words for the person or program reading it."""
+    if options.mode == "dense":
+        space = "the raw (uncalibrated) vectors" if options.space == "raw" else "the index's calibrated space"
+        return f"cosine similarity in {space} (1: the same direction as the query)"
+    if options.mode == "keyword":
+        return "BM25 over title and text (0: no query word; higher as more of the query's rarer words occur)"
+    weight = DEFAULT_WEIGHT if options.weight is None else options.weight
+    return Fusion.registry[options.fusion or DEFAULT_FUSION].meaning.format(dense=f"{weight:.2f}",
+                                                                          keyword=f"{1 - weight:.2f}")

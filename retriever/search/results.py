@@ -119,7 +119,7 @@ def search_record(query_id: str | None, query: str, hits: Sequence[SearchHit], m
     (null where the document records no pages) and "length" the text's length in characters. INCLUDE: which of
     HIT_PARTS ("text", the whole document's text, and "metadata") the results carry; the others are left out."""
     def rounded(value: float | None) -> float | None:
-        return None if value is None else round(float(value), 6)
+        return None if value is None else round(float(value), 6) + 0.0  # + 0.0: never -0.0
     dropped = [part for part in HIT_PARTS if part not in include]
     results = []
     for h in hits:

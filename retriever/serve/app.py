@@ -40,6 +40,7 @@ from retriever.errors import (ConflictError, DamagedIndexError, NotFoundError, R
                               UnavailableError, param)
 from retriever.filters import FilterError, kind_mismatch_note, unknown_fields_note
 from retriever.index import Index
+from retriever.search.fusion import score_meaning
 from retriever.search.options import SearchOptions
 from retriever.search.results import SearchHit, search_record
 from retriever.serve.access import MCP_PATH, AccessGuard, AccessPolicy
@@ -347,7 +348,7 @@ def render_answer(served: Served, texts: list[str], ids: list[str | None], hits:
     notes = [note for note in (unknown_fields_note(options.where, served.snapshot.manifest.metadata_fields),
                                kind_mismatch_note(options.where, served.snapshot.field_kinds)) if note]
     return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
-                   "mode": options.mode, "k": options.k, **({"warnings": notes} if notes else {}),
+                   "mode": options.mode, "scores": score_meaning(options), "k": options.k, **({"warnings": notes} if notes else {}),
                    "queries": [search_record(query_id, text, found, options.mode, include)
                                for query_id, text, found in zip(ids, texts, hits)]})
 

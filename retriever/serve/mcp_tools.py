@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from retriever.errors import NotFoundError, RetrieverError, UnavailableError
 from retriever.filters import kind_mismatch_note, unknown_fields_note
+from retriever.search.fusion import score_meaning
 from retriever.search.options import MODES, SearchOptions
 from retriever.search.results import SearchHit
 from retriever.serve.batcher import SearchBatcher
@@ -72,8 +73,7 @@ class Hit(BaseModel):
     rank: int
     id: str = Field(description="the document's id (for get_document)")
     title: str | None
-    score: float = Field(description="what the search ranked by: hybrid, the fused score (higher is better, "
-                                     "comparable within one answer only); dense, cosine; keyword, BM25")
+    score: float = Field(description="what the search ranked by (the answer's `scores` says what it is)")
     passage: str = Field(description="where the document matched: its best passage (the whole text of a short "
                                      "document)")
     span: list[int] = Field(description="[start, end]: the passage's character offsets in the document's text")
@@ -87,6 +87,7 @@ class SearchAnswer(BaseModel):
     index: str
     version: int = Field(description="the index version that answered")
     mode: str
+    scores: str = Field(description="what a hit's score is in this answer")
     hits: list[Hit]
     warnings: list[str] = Field(default_factory=list, description="a filter naming fields no document has, or "
                                                                   "comparing values of another kind")
@@ -231,8 +232,9 @@ def search_answer(served: Served, options: SearchOptions, hits: list[SearchHit],
     snapshot = served.snapshot
     notes = [note for note in (unknown_fields_note(options.where, snapshot.manifest.metadata_fields),
                                kind_mismatch_note(options.where, snapshot.field_kinds)) if note]
-    return SearchAnswer(index=served.name, version=snapshot.manifest.version, mode=options.mode, warnings=notes,
-                        hits=[Hit(rank=hit.rank, id=hit.doc_id, title=hit.title, score=round(float(hit.score), 6),
+    return SearchAnswer(index=served.name, version=snapshot.manifest.version, mode=options.mode,
+                        scores=score_meaning(options), warnings=notes,
+                        hits=[Hit(rank=hit.rank, id=hit.doc_id, title=hit.title, score=round(float(hit.score), 6) + 0.0,
                                   passage=hit.passage, span=list(hit.span), path=_path(hit.metadata), page=hit.page,
                                   metadata=hit.metadata, text=hit.text if include_text else None)
                               for hit in hits])
