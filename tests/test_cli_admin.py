@@ -719,3 +719,26 @@ def test_a_zero_score_is_shown_as_zero(monkeypatch):
     shown = commands.stdout.export_text()
     assert "0.000" in shown and "-0.000" not in shown
     assert str(search_record(None, "q", [SearchHit(1, "a", -0.0, None, "t")])["results"][0]["score"]) == "0.0"
+
+
+def test_list_at_80_columns_never_breaks_a_name_mid_word(cli, tmp_path, tiny_bert, monkeypatch):
+    """Names longer than the room beside the other columns ('python-doc' / 'umentation') go on a line of their own
+    above their model, whole; short ones keep their column."""
+    import cli.index_commands as commands
+
+    monkeypatch.setattr(commands, "stdout", Console(width=80))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"_id": "a", "text": "hello world"}\n{"_id": "b", "text": "goodbye moon"}\n')
+    names = ["python-documentation", "cranfield-abstracts-2026", "notes"]
+    for name in names:
+        assert cli("build", corpus, "--name", name, "--model", tiny_bert, "--calibrator", "none").returncode == 0
+    shown = cli("list").stdout
+    lines = shown.splitlines()
+    assert max(len(line) for line in lines) <= 80, shown
+    cells = [line.split("│")[1].strip() for line in lines if line.count("│") == 6]
+    assert all(name in cells for name in names), shown  # each whole, in its own cell line
+    assert "name / model" in shown
+    monkeypatch.setattr(commands, "stdout", Console(width=120))
+    wide = cli("list").stdout
+    assert all(any(line.split("│")[1].strip() == name for line in wide.splitlines() if line.count("│") == 7)
+               for name in names), wide
