@@ -414,10 +414,6 @@ def search(
     settings = SearchOptions(k=k, mode=mode, fusion=fusion, weight=weight, where=where, min_score=min_score,
                              space=space, nprobe=nprobe, ef_search=ef_search, rerank=rerank)
     home = _home(index_dir)
-    # One query: ONNX Runtime's session start (~0.3 s) costs more than it saves on a single forward pass, so auto
-    # keeps PyTorch there (benchmarks/results/query_runtime.md); a --queries file takes the faster per query.
-    if runtime == "auto" and query is not None:
-        runtime = "torch"
     index = Index.open(_pick(home, name), home, device=device, runtime=runtime)
     # More than the index holds would allocate room for nothing; the mode shown is the one the index searches in.
     settings = replace(settings, k=min(k, max(len(index), 1)))

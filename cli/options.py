@@ -65,8 +65,8 @@ Dtype = Annotated[str, typer.Option("--dtype", **choice(DTYPES), help="model wei
 Runtime = Annotated[str, typer.Option(
     "--runtime", **choice(("auto", "torch", "onnx")),
     help="run the encoder on PyTorch or ONNX Runtime (same numbers; ONNX Runtime has less overhead per query on a "
-    "CPU, and costs a moment to start); auto: onnx on a CPU when onnxruntime is installed and more than one query "
-    "is encoded, else torch")]
+    "CPU, and once its graph is kept a search loads no model at all); auto: onnx on a CPU when onnxruntime is "
+    "installed, else torch")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="texts per forward pass")]
 IndexName = Annotated[
     Optional[str],

@@ -57,8 +57,10 @@ from retriever.engines.stages import (
     write_segment_vectors,
 )
 from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, written_passages
+from retriever.encode.device import cpu_only_machine
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
+from retriever.encode.query_kit import QueryKitEncoder
 from retriever.errors import RetrieverError, param
 from retriever.files.folder import (FolderOptions, FolderReport, folder_files, is_file_list, noted_documents,
                                     read_file)
@@ -116,6 +118,7 @@ class Index:
         self._follow_writes = follow_writes
         self._encoder = encoder
         self._runtime = runtime
+        self._query_kit: QueryKitEncoder | None | bool = None  # False: looked for, none kept
         self._encoder_lock = threading.Lock()
         self._searcher = searcher or Searcher(snapshot)
 
@@ -183,7 +186,7 @@ class Index:
         if options.mode == "keyword":
             return cut(self._searcher.search(queries, None, options), options)
         if raw is None:
-            raw = self._encoder_for(self.snapshot).encode(queries, progress=progress)
+            raw = self._query_encoder().encode(queries, progress=progress)
         if options.space == "raw":
             return cut(self._searcher.search_raw(raw, options), options)
         texts = queries if queries is not None else [""] * len(raw)  # dense search reads no text
@@ -281,6 +284,27 @@ class Index:
         record["hybrid"] = {"now": hybrid_check(check, snapshot.calibrator.transform, seed),
                             "recorded": recorded_hybrid(snapshot.manifest.hybrid)}
         return record
+
+    def _query_encoder(self):
+        """What encodes this version's queries: the full encoder where it is loaded (or was given), else, where
+        queries run on ONNX Runtime on this CPU and a kit for the recorded encoder was kept, the kit
+        (`encode.query_kit`: the same vectors without loading torch, transformers or the weights: a one-off search
+        in a fraction of the time), else the full encoder, loaded now."""
+        if self._encoder is None and self._query_kit is None and self._kit_may_serve():
+            with self._encoder_lock:
+                if self._query_kit is None:
+                    self._query_kit = QueryKitEncoder.open(self.snapshot.manifest.encoder) or False
+        return self._encoder or self._query_kit or self._encoder_for(self.snapshot)
+
+    def _kit_may_serve(self) -> bool:
+        """Whether this index's queries would run on ONNX Runtime on the CPU (`encode.runtimes`: auto picks it there
+        for fp32), told without importing torch: the device is the CPU, or auto where the machine has no NVIDIA
+        device (where it has one, torch decides)."""
+        record = self.snapshot.manifest.encoder
+        if self._runtime not in ("auto", "onnx") or record.get("dtype", "fp32") != "fp32" or is_external(record):
+            return False
+        device = str(self.snapshot.device or "auto").lower()
+        return device == "cpu" or (device == "auto" and cpu_only_machine())
 
     def _encoder_for(self, snapshot: Snapshot) -> Encoder:
         """The encoder SNAPSHOT's manifest records: this index's own (loaded on first use, once), or for another
@@ -677,11 +701,13 @@ def load_encoder(snapshot: Snapshot, runtime: str = "auto") -> Encoder:
                              f"({snapshot.manifest.encoder['model']}): search it with query vectors "
                              f"({param('vectors')}), or open it with the encoder that made them")
     try:
-        return Encoder.from_config(snapshot.manifest.encoder, device=snapshot.device, runtime=runtime)
+        encoder = Encoder.from_config(snapshot.manifest.encoder, device=snapshot.device, runtime=runtime)
     except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have
         raise RetrieverError(
             f"index '{snapshot.name}' cannot encode text with the model it was built with: {error}"
         ) from None
+    encoder.keep_query_kit(snapshot.manifest.encoder)  # on ONNX Runtime: the next process's queries need no model
+    return encoder
 
 
 def _merge_notes(writer: IndexWriter) -> list[str]:

@@ -358,18 +358,31 @@ def test_search_where_and_delete_where_on_the_command_line(tmp_path, tiny_bert, 
                           "matches the filter; nothing deleted")
 
 
-def test_search_encodes_a_queries_file_on_onnx_runtime_and_one_query_on_pytorch(built, cli, tmp_path, monkeypatch):
-    """auto takes the faster runtime for what is asked: a file of queries on ONNX Runtime (less per query), one
-    query on PyTorch (ONNX Runtime's start costs more than one query saves); --runtime chooses."""
+def test_a_one_off_search_encodes_from_the_kept_kit_without_loading_the_model(built, cli, tmp_path, monkeypatch,
+                                                                               onnx_graphs):
+    """auto encodes queries on ONNX Runtime; the first search on this machine loads the model (and keeps the graph
+    and its kit), a later one-off search loads no model at all (`encode.query_kit`) and answers the same as PyTorch;
+    --runtime chooses."""
+    import shutil
+
     from retriever.encode.encoder import Encoder
 
     used, init = [], Encoder.__init__
     monkeypatch.setattr(Encoder, "__init__", lambda self, *args, **kw: init(self, *args, **kw) or used.append(self.runtime))
     queries = tmp_path / "queries.txt"
     queries.write_text(f"{TEXTS[0]}\n{TEXTS[3]}\n", encoding="utf-8")
-    for args, runtime in (((TEXTS[1],), "torch"), (("--queries", queries), "onnx"),
-                          ((TEXTS[1], "--runtime", "onnx"), "onnx"), (("--queries", queries, "--runtime", "torch"), "torch")):
+    shutil.rmtree(onnx_graphs / "kits", ignore_errors=True)  # as on a machine where nothing was kept yet
+    answers = {}
+    for label, args, runtime in (("first", (TEXTS[1],), ["onnx"]), ("kit", (TEXTS[1],), []),
+                                 ("file", ("--queries", queries), []),
+                                 ("torch", (TEXTS[1], "--runtime", "torch"), ["torch"]),
+                                 ("file-torch", ("--queries", queries, "--runtime", "torch"), ["torch"])):
         used.clear()
-        done = cli("search", *args, "--name", "docs", "--mode", "dense", "--index-dir", built)
+        done = cli("search", *args, "--name", "docs", "--mode", "dense", "--json", "--index-dir", built)
         assert done.returncode == 0, done.stderr
-        assert used == [runtime], args
+        assert used == runtime, label
+        answers[label] = [json.loads(line)["results"] for line in done.stdout.splitlines()]
+    for label, reference in (("first", "torch"), ("kit", "torch"), ("file", "file-torch")):
+        for got, expected in zip(answers[label], answers[reference]):
+            assert [hit["doc_id"] for hit in got] == [hit["doc_id"] for hit in expected], label
+            assert [hit["score"] for hit in got] == pytest.approx([hit["score"] for hit in expected], abs=1e-4)

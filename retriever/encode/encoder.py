@@ -21,6 +21,7 @@ from retriever.encode.models import load_model
 from retriever.encode.pooling import Pooling
 from retriever.progress import progress_bar
 from retriever.encode.runtimes import RUNTIMES, resolve_runtime
+from retriever.encode.query_kit import keep_kit
 from retriever.encode.tokenizing import (
     ENCODING_FIELDS,
     TokenizedTexts,
@@ -116,6 +117,15 @@ class Encoder:
             "dtype": self.dtype,
             "dim": self.dim,
         }
+
+    def keep_query_kit(self, record: dict) -> None:
+        """On ONNX Runtime with a kept graph, leave what another process needs to encode this encoder's queries
+        without loading it (`query_kit`; RECORD: the encoder's manifest record, the kit's key)."""
+        graph = getattr(self._forward, "graph_path", None)
+        if graph is not None and self._direct_inputs:
+            with self._tokenizer_lock:
+                tokenizer_json = self.tokenizer.backend_tokenizer.to_str()
+            keep_kit(record, graph, tokenizer_json, self._settings, self.dim)
 
     def encode(self, texts: Sequence[str], progress: bool = False, description: str = "Encoding") -> np.ndarray:
         return self.encode_counting_truncated(texts, progress, description)[0]

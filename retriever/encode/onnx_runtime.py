@@ -28,18 +28,12 @@ import torch
 
 from retriever.errors import RetrieverError, UnavailableError, param
 from retriever.encode.pooling import Pooling, pool
+from retriever.encode.query_kit import onnx_cache_dir
 
 
-# Where exported graphs are kept ($RETRIEVER_ONNX_CACHE, else retriever/onnx in the user's cache folder); part of
-# each entry's digest, so a change to how graphs are made is a new entry.
-ONNX_CACHE_ENV = "RETRIEVER_ONNX_CACHE"
+# Part of each graph's digest, so a change to how graphs are made is a new entry. Where graphs are kept:
+# `query_kit.onnx_cache_dir` ($RETRIEVER_ONNX_CACHE, else retriever/onnx in the user's cache folder).
 _OPSET, _GRAPH_FORMAT = 17, 1
-
-
-def onnx_cache_dir() -> Path:
-    if os.environ.get(ONNX_CACHE_ENV):
-        return Path(os.environ[ONNX_CACHE_ENV]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "retriever" / "onnx"
 
 
 def onnx_runtime_available() -> bool:
@@ -95,15 +89,18 @@ class OnnxForward:
         options.log_severity_level = 3
         cached = onnx_cache_dir() / f"{_graph_digest(wrapper, pooling, num_hidden_layers, self.input_names)}.onnx"
         self.session = None
+        self.graph_path: Path | None = None  # the kept graph this session runs (None: exported in memory only)
         if cached.is_file():
             try:
                 self.session = onnxruntime.InferenceSession(str(cached), options, providers=["CPUExecutionProvider"])
+                self.graph_path = cached
             except Exception:  # noqa: BLE001 - a damaged entry (a full disk, a crash mid-copy): made anew below
                 cached.unlink(missing_ok=True)
         if self.session is None:
             graph = _export(wrapper, model, self.input_names)
             _keep(cached, graph)
             self.session = onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+            self.graph_path = cached if cached.is_file() else None
 
     def __call__(self, attention_mask: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray:
         feed = {"attention_mask": attention_mask, **{name: inputs[name] for name in self.input_names}}

@@ -441,7 +441,10 @@ def _copy_ivf_entries(source: faiss.IndexIVF, target: faiss.IndexIVF, exclude: n
 
 def gpu_device(device: str) -> torch.device | None:
     """The CUDA device DEVICE ("auto", "cuda", "cuda:N") resolves to, or None for the CPU."""
-    from retriever.encode.device import resolve_device  # imports torch: only when a GPU may be wanted
+    from retriever.encode.device import cpu_only_machine, resolve_device
 
-    resolved = resolve_device(device)
+    named = str(device).lower()
+    if named == "cpu" or (named == "auto" and cpu_only_machine()):
+        return None  # known without importing torch
+    resolved = resolve_device(device)  # imports torch: only where a GPU may be wanted
     return resolved if resolved.type == "cuda" else None

@@ -59,7 +59,8 @@ class Snapshot:
         self._closed = False
         self._calibrator_lock = threading.Lock()
         self._calibrator: Calibrator | None = None
-        if device != "cpu":  # a device this machine lacks is the caller's error, not damage: refused before the guard
+        if device not in ("cpu", "auto"):  # a device this machine lacks is the caller's error, not damage: refused
+            # before the guard (auto always resolves, to the CPU where there is no GPU)
             from retriever.encode.device import resolve_device
 
             resolve_device(device)

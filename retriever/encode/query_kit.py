@@ -1,0 +1,137 @@
+"""Encoding queries without PyTorch or transformers: a kept ONNX graph and the model's Rust tokenizer.
+
+A one-off search (`retriever search "..."`, a script that opens an index and asks one thing) spent most of its
+seconds importing torch and transformers and loading the model's weights, to encode a dozen tokens. Once an
+encoder has run on ONNX Runtime its graph is kept (`onnx_runtime.onnx_cache_dir`); a kit beside it records what
+else a query needs: the tokenizer (its Rust backend, serialised), the tokenizing settings and the vector size,
+under a key made of the encoder's record and the model folder's files (names, sizes, modification times), so a
+changed model, or another ONNX Runtime, finds no kit and goes the long way. `QueryKitEncoder` then encodes
+queries with the `tokenizers` and `onnxruntime` packages alone: the same token ids (`tokenizing.backend_tokens`)
+and the same graph, so the same vectors as the encoder that left the kit.
+
+Queries only: a write cuts passages with the model's own tokenizer and encodes on the runtime asked for, so it
+loads the full `Encoder`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from retriever.encode.tokenizing import TokenizerSettings, backend_tokens, padded_batches
+
+KIT_FORMAT = 1
+KITS = "kits"  # the folder beside the graphs
+ONNX_CACHE_ENV = "RETRIEVER_ONNX_CACHE"
+
+
+def onnx_cache_dir() -> Path:
+    """Where graphs and kits are kept: $RETRIEVER_ONNX_CACHE, else retriever/onnx in the user's cache folder."""
+    if os.environ.get(ONNX_CACHE_ENV):
+        return Path(os.environ[ONNX_CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "retriever" / "onnx"
+
+
+def kit_key(record: dict) -> str | None:
+    """The kit's key for an encoder RECORD (a manifest's `encoder`), or None where its model is not a local folder
+    (a hub name resolves to files that may change under it; that encoder loads the long way)."""
+    from retriever.encode.models import resolve_model_path
+
+    try:
+        import onnxruntime
+        folder = Path(resolve_model_path(record.get("model")))
+    except Exception:  # noqa: BLE001 - no ONNX Runtime, or a model name that does not resolve here: no kit
+        return None
+    if not folder.is_dir():
+        return None
+    files = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            stat = path.stat()
+            files.append((path.name, stat.st_size, stat.st_mtime_ns))
+    described = (KIT_FORMAT, onnxruntime.__version__, str(folder.resolve()), files,
+                 json.dumps({key: record.get(key) for key in ("model", "pooling", "layers", "max_length", "dtype")},
+                            sort_keys=True))
+    return hashlib.sha256(repr(described).encode()).hexdigest()[:40]
+
+
+def keep_kit(record: dict, graph: Path, tokenizer_json: str, settings: TokenizerSettings, dim: int) -> None:
+    """Leave the kit for RECORD's encoder: its GRAPH (a kept file), the Rust tokenizer serialised (TOKENIZER_JSON),
+    its SETTINGS and the vector size DIM. Written whole or not at all; nothing where the folder cannot be written."""
+    key = kit_key(record)
+    if key is None:
+        return
+    path = onnx_cache_dir() / KITS / f"{key}.json"
+    body = json.dumps({"format": KIT_FORMAT, "graph": graph.name, "dim": dim, "settings": asdict(settings),
+                       "tokenizer": tokenizer_json})
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_file() and path.read_text(encoding="utf-8") == body:
+            return
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".kit-", suffix=".tmp")
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(body)
+        os.replace(temporary, path)
+    except OSError:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+
+
+class QueryKitEncoder:
+    """Queries encoded from a kit: `encode(texts)` gives the float32 (n, dim) pooled vectors the full encoder
+    gives. `open(record)` finds the kit, or returns None."""
+
+    runtime = "onnx"
+
+    def __init__(self, graph: Path, tokenizer_json: str, settings: TokenizerSettings, dim: int, model_name: str):
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        self.backend = Tokenizer.from_str(tokenizer_json)
+        self.settings, self.dim, self.model_name = settings, dim, model_name
+        self.max_length = settings.max_length
+        options = onnxruntime.SessionOptions()
+        # As the full encoder's session (`onnx_runtime.OnnxForward`): idle workers sleep instead of spinning.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        self.session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+    @classmethod
+    def open(cls, record: dict) -> QueryKitEncoder | None:
+        key = kit_key(record)
+        if key is None:
+            return None
+        path = onnx_cache_dir() / KITS / f"{key}.json"
+        try:
+            kit = json.loads(path.read_text(encoding="utf-8"))
+            if kit.get("format") != KIT_FORMAT:
+                return None
+            settings = TokenizerSettings(**{**kit["settings"], "input_names": tuple(kit["settings"]["input_names"])})
+            graph = path.parent.parent / kit["graph"]
+            if not graph.is_file():
+                return None
+            return cls(graph, kit["tokenizer"], settings, int(kit["dim"]), str(record.get("model")))
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - a damaged kit (a crash mid-write elsewhere): the long way, as if none
+            return None
+
+    def encode(self, texts, progress: bool = False, description: str = "Encoding") -> np.ndarray:
+        texts = list(texts)
+        tokens, truncated = backend_tokens(self.backend, texts, self.settings)
+        output = np.empty((len(texts), self.dim), dtype=np.float32)
+        for batch in padded_batches(texts, tokens, truncated, self.settings).batches:
+            feed = {"attention_mask": batch.attention_mask,
+                    **{name: batch.inputs[name] for name in self.settings.input_names}}
+            output[batch.rows] = self.session.run(["vectors"], feed)[0]
+        return output
+
+    def close(self) -> None:
+        """Nothing to release but the session, which goes with the object."""

@@ -1,0 +1,69 @@
+"""Queries encoded from a kept kit (`retriever.encode.query_kit`): the vectors of the encoder that left it, with
+neither torch nor transformers imported, and never a kit kept for another model's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from retriever.encode.encoder import Encoder
+from retriever.encode.query_kit import KITS, QueryKitEncoder, kit_key, onnx_cache_dir
+
+TEXTS = ["how do I read a file", "the quick brown fox jumps over the lazy dog " * 20, "ünïcödé ✓", "a"]
+
+
+def _record(model: Path, max_length: int = 32) -> dict:
+    return {"model": str(model), "pooling": "last-avg", "layers": None, "max_length": max_length, "dtype": "fp32"}
+
+
+def _full_encoder(record: dict) -> Encoder:
+    encoder = Encoder.from_config(record, device="cpu", runtime="onnx")
+    encoder.keep_query_kit(record)
+    return encoder
+
+
+def test_a_kit_encodes_as_the_encoder_that_left_it(tiny_bert, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    record = _record(model)
+    expected = _full_encoder(record).encode(TEXTS)  # long text cut at 32 tokens, as the full encoder cuts it
+    kit = QueryKitEncoder.open(record)
+    assert kit is not None and kit.dim == expected.shape[1]
+    assert np.allclose(kit.encode(TEXTS), expected, atol=1e-6)
+    assert np.allclose(kit.encode(TEXTS[::-1]), expected[::-1], atol=1e-6)  # rows in the order given
+    # Another process encodes from the kit alone: no torch, no transformers.
+    script = ("import json, sys; from retriever.encode.query_kit import QueryKitEncoder; "
+              f"kit = QueryKitEncoder.open(json.loads({json.dumps(json.dumps(record))})); "
+              "vector = kit.encode(['how do I read a file'])[0]; "
+              "print(json.dumps([vector.tolist(), 'torch' in sys.modules, 'transformers' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RETRIEVER_ONNX_CACHE": str(onnx_cache_dir())},
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    vector, torch_loaded, transformers_loaded = json.loads(done.stdout)
+    assert np.allclose(vector, expected[0], atol=1e-6) and not torch_loaded and not transformers_loaded
+
+
+def test_a_kit_is_never_used_for_other_model_files_or_settings_and_a_damaged_one_is_skipped(tiny_bert, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    record = _record(model)
+    _full_encoder(record)
+    assert QueryKitEncoder.open(record) is not None
+    assert QueryKitEncoder.open(_record(model, max_length=16)) is None  # another encoder record: another key
+    config = model / "config.json"
+    stat = config.stat()
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the model's files changed
+    assert kit_key(record) is not None and QueryKitEncoder.open(record) is None
+    _full_encoder(record)  # the changed model leaves its own kit
+    kit_file = onnx_cache_dir() / KITS / f"{kit_key(record)}.json"
+    assert QueryKitEncoder.open(record) is not None
+    kit_file.write_text(kit_file.read_text()[:100])  # cut short
+    assert QueryKitEncoder.open(record) is None
+    assert QueryKitEncoder.open({**record, "model": str(tmp_path / "no-such-model")}) is None
