@@ -399,6 +399,7 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
 
 def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
     from retriever.encode.encoder import Encoder
+    from retriever.encode.query_kit import QueryKitEncoder
     from retriever.index import Index
 
     def interrupt(*args, **kwargs):
@@ -412,6 +413,7 @@ def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
         130, "interrupted: index 'docs' is unchanged (the previous version is intact)")
     assert len(Index.open("docs", built_home)) == 4
     monkeypatch.setattr(Encoder, "encode", interrupt)
+    monkeypatch.setattr(QueryKitEncoder, "encode", interrupt)  # a search may encode from the kept kit
     done = cli("search", "q")
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (130, "interrupted")
     done = cli("encode", extra, "--out", tmp_path / "v.npy", "--model", Index.open("docs", built_home)

@@ -49,6 +49,7 @@ def test_the_python_api_searches_with_onnx_runtime_by_default_and_pytorch_when_a
                                                                                       monkeypatch):
     from retriever import Document, Index
     from retriever.encode.onnx_runtime import OnnxForward
+    from retriever.encode.query_kit import QueryKitEncoder
 
     notes = [Document(f"n{i}", f"Note {i} about {word}.", None, "mem", i + 1)
              for i, word in enumerate(["cats", "ships", "rain", "bread", "music", "trains"] * 4)]
@@ -56,8 +57,10 @@ def test_the_python_api_searches_with_onnx_runtime_by_default_and_pytorch_when_a
     torch_index = Index.open("notes", tmp_path, device="cpu", runtime="torch")
     onnx_index = Index.open("notes", tmp_path, device="cpu")
     queries = ["a note about rain", "bread and music"]
-    calls, forward = [], OnnxForward.__call__
+    calls, forward, kit = [], OnnxForward.__call__, QueryKitEncoder.encode
     monkeypatch.setattr(OnnxForward, "__call__", lambda self, *args: calls.append(1) or forward(self, *args))
+    # Where an earlier encoder kept its graph and kit, the query is encoded from the kit: ONNX Runtime too.
+    monkeypatch.setattr(QueryKitEncoder, "encode", lambda self, *args, **kw: calls.append(1) or kit(self, *args, **kw))
     expected = torch_index.search(queries, k=5, mode="dense")
     assert not calls  # PyTorch's forward pass
     got = onnx_index.search(queries, k=5, mode="dense")
