@@ -8,7 +8,10 @@ sets); the index's own rules are `cover` and `cover`, and a `--no-passages` buil
 Dense, a document's score from its passages' cosines:
 - `first`: its first passage's (what the encoder reads of it: a build without passages);
 - `max`: its best passage's (MaxP, Dai and Callan, SIGIR 2019; the rule before issue 54);
-- `cover`: the first weighed by the share of the text it spans, the best by the rest (`passages.document_scores`).
+- `cover`: the first weighed by the share of the text it spans, the best by the rest (`passages.document_scores`);
+- `near`: `cover` for a document at most twice what the encoder reads (its first passage spans at least half of
+  it), `max` for one far longer, whose first passage is one part among many (the issue's "passage scoring only for
+  documents far longer than the length normalisation handles", on the dense side).
 Keyword, BM25 over title and text (k1 1.2, b 0.75, the query's every word, as the index scores):
 - `whole`: the document whole, with the documents' statistics;
 - `passage`: its best passage, with the passages' statistics (the rule before issue 54);
@@ -40,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.hybrid import model_path  # noqa: E402
 from benchmarks.passages_real import GROUPS, LONG, load_task, recall_at, split_of  # noqa: E402
 
-DENSE = ("first", "max", "cover")
+DENSE = ("first", "max", "cover", "near")
 KEYWORD = ("whole", "passage", "sum", "cover")
 CANDIDATES = 100
 
@@ -100,7 +103,8 @@ def scored(rset, encoder, seed: int = 0) -> tuple[dict, dict, float, list[str], 
     similarity = queries @ passages.T
     first, best = similarity[:, starts], np.maximum.reduceat(similarity, starts, axis=1)
     share = coverage[starts]
-    dense = {"first": first, "max": best, "cover": share * first + (1 - share) * best}
+    cover = share * first + (1 - share) * best
+    dense = {"first": first, "max": best, "cover": cover, "near": np.where(share >= 0.5, cover, best)}
     whole_texts = [f"{d.title} {d.text}" if d.title else d.text for d in documents]
     passage_texts = [(f"{documents[o].title} " if documents[o].title else "") + documents[o].text[a:b]
                      for o, (a, b) in zip(owners.tolist(), spans.tolist())]
@@ -169,18 +173,18 @@ def report(files: list[Path]) -> str:
              "*first + whole* is what a `--no-passages` build ranks by; *max + passage*, the rules before issue 54; "
              "*cover + cover*, the index's rules now.", ""]
     shown = [("first", "whole"), ("max", "passage"), ("max", "whole"), ("cover", "whole"), ("cover", "sum"),
-             ("cover", "cover")]
+             ("cover", "cover"), ("near", "cover")]
     for path in files:
         found = json.loads(path.read_text())
         lines += [f"## {path.name}", "", f"Command: `{found.get('command', 'not recorded')}`.", "",
                   "| task | max length | dense: " + " / ".join(DENSE) + " | keyword: " + " / ".join(KEYWORD) + " | "
                   + " | ".join(f"{one} + {other}" for one, other in shown) + " |",
                   "|---|---:|---:|---:|" + "---:|" * len(shown)]
-        for task in found["tasks"]:
+        for task in found["tasks"]:  # a rule added after a file was made: "-" in it
             lines.append(f"| {task['task']} | {task['max_length']} | "
-                         + " / ".join(f"{task['dense'][rule]:g}" for rule in DENSE) + " | "
-                         + " / ".join(f"{task['keyword'][rule]:g}" for rule in KEYWORD) + " | "
-                         + " | ".join(f"{task['hybrid'][f'{one}+{other}']:g}" for one, other in shown) + " |")
+                         + " / ".join(_cell(task["dense"].get(rule)) for rule in DENSE) + " | "
+                         + " / ".join(_cell(task["keyword"].get(rule)) for rule in KEYWORD) + " | "
+                         + " | ".join(_cell(task["hybrid"].get(f"{one}+{other}")) for one, other in shown) + " |")
         by = {}
         for task in found["tasks"]:
             by.setdefault(task["max_length"], []).append(task)
@@ -191,6 +195,9 @@ def report(files: list[Path]) -> str:
             base = np.mean([task["hybrid"]["first+whole"] for task in tasks])
             cells, digits = [], 3 if tasks[0]["task"] in LONG else 2
             for one, other in shown:
+                if any(f"{one}+{other}" not in task["hybrid"] for task in tasks):
+                    cells.append("-")
+                    continue
                 values = [task["hybrid"][f"{one}+{other}"] - task["hybrid"]["first+whole"] for task in tasks]
                 cells.append(f"{np.mean(values) + base:.{digits}f} ({np.mean(values):+.{digits}f}, worst "
                              f"{min(values):+.{digits}f})")
@@ -200,12 +207,16 @@ def report(files: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
 def held_out(tasks: list[dict]) -> list[str]:
     """Each collection held out of the choice of rules: the pair the other collections choose (the highest mean
     difference from *first + whole* over their tasks, every max length), and what it gives the one held out."""
-    pairs = [f"{one}+{other}" for one in DENSE for other in KEYWORD]
+    pairs = [f"{one}+{other}" for one in DENSE for other in KEYWORD if f"{one}+{other}" in tasks[0]["hybrid"]]
     collections = sorted({task["task"] for task in tasks})
-    lines = ["Each collection held out of the choice: the rules (of all 12 pairs) with the highest mean difference "
+    lines = [f"Each collection held out of the choice: the rules (of all {len(pairs)} pairs) with the highest mean difference "
              "from *first + whole* on the other two collections, at every max length, and what they give the one "
              "held out:", "", "| held out | chosen on the others | others' mean | held out: difference at each "
              "max length | held out: *cover + cover* |", "|---|---|---:|---|---|"]
