@@ -67,3 +67,19 @@ def test_a_kit_is_never_used_for_other_model_files_or_settings_and_a_damaged_one
     kit_file.write_text(kit_file.read_text()[:100])  # cut short
     assert QueryKitEncoder.open(record) is None
     assert QueryKitEncoder.open({**record, "model": str(tmp_path / "no-such-model")}) is None
+
+
+def test_a_kit_encodes_from_many_threads_at_once(tiny_bert, tmp_path):
+    """Index.search may run in many threads at once: each gets its own texts' vectors, long and short mixed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    record = _record(model)
+    expected = _full_encoder(record).encode(TEXTS)
+    kit = QueryKitEncoder.open(record)
+    # Long texts keep the tokenizer busy (it lets go of the GIL meanwhile) while other threads would reset it.
+    long = [" ".join(f"word{i} and more words" for i in range(400))] * 50
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda number: kit.encode(TEXTS if number % 2 else long), range(48)))
+    assert all(np.allclose(got, expected, atol=1e-6) for got in results[1::2])

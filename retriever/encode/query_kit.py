@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -95,6 +96,9 @@ class QueryKitEncoder:
         from tokenizers import Tokenizer
 
         self.backend = Tokenizer.from_str(tokenizer_json)
+        # A Rust tokenizer is not safe to call from two threads at once ("Already borrowed"), and Index.search may
+        # be: tokenizing takes turns, as in the full encoder; the session's runs need no lock.
+        self._tokenizer_lock = threading.Lock()
         self.settings, self.dim, self.model_name = settings, dim, model_name
         self.max_length = settings.max_length
         options = onnxruntime.SessionOptions()
@@ -125,7 +129,8 @@ class QueryKitEncoder:
 
     def encode(self, texts, progress: bool = False, description: str = "Encoding") -> np.ndarray:
         texts = list(texts)
-        tokens, truncated = backend_tokens(self.backend, texts, self.settings)
+        with self._tokenizer_lock:
+            tokens, truncated = backend_tokens(self.backend, texts, self.settings)
         output = np.empty((len(texts), self.dim), dtype=np.float32)
         for batch in padded_batches(texts, tokens, truncated, self.settings).batches:
             feed = {"attention_mask": batch.attention_mask,
