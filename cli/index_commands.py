@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -285,11 +286,6 @@ def _name_from(corpus: Path) -> str:
                              "pass --name") from None
 
 
-# What `list`'s table takes beside the name column: borders and padding (1 + 3 per column beside the name's) and
-# the other columns' least widths (documents 9, model 16, type 5, written 16, calibrator 10).
-LIST_FIXED_WIDTH = 1 + 3 * 5 + 9 + 16 + 5 + 16 + 10
-
-
 def list_indexes(
     as_json: Annotated[bool, typer.Option("--json", help=(
         'print {"index_dir", "indexes": [{"name", "version", "documents", "passages", "model", "calibrator", '
@@ -317,36 +313,17 @@ def list_indexes(
         _say(f"no index in {home}; build one with: retriever build CORPUS {index_options(home)}".rstrip())
         return
     stdout.print(_plain(f"indexes in {home}"), soft_wrap=False, overflow="fold")  # a long home folds, whole
-    # Fits 80 columns: the short fields never wrap; a model's folder path and the calibrator fold. A name is what a
-    # user types: it never breaks mid-word. Where the names leave the model too little room beside them, each name
-    # goes on a line of its own above its model (as `search` stacks long ids above their text).
-    names = max(len(record["name"]) for record in records)
-    stacked = names + 3 + LIST_FIXED_WIDTH > stdout.width
-    table = Table()
-    if stacked:
-        table.add_column("name / model", overflow="fold", min_width=16)
-    else:
-        table.add_column("name", no_wrap=True, min_width=max(4, names))
-    table.add_column("documents", justify="right", no_wrap=True, min_width=9)
-    if not stacked:
-        table.add_column("model", overflow="fold", min_width=16)
-    table.add_column("type", no_wrap=True, min_width=5)
-    table.add_column("written (UTC)", no_wrap=True, min_width=16)
-    table.add_column("calibrator", overflow="fold", min_width=10)
+    # A name is what a user types: it is never broken. Beside the other columns where it fits; else on a line of its
+    # own above its model (as `search` stacks long ids above their text); where even that column would be too
+    # narrow for it, each index is a block of its own lines. The short fields never wrap; a model's folder path and
+    # the calibrator fold.
     fields = [record for record in records if record.get("fields")]
     reasons: list[str] = []
-
-    def add_row(name: str, documents: str, model: str, index_type: str, written: str, calibrator: str) -> None:
-        if stacked:
-            cells = [Text.assemble((terminal_safe(name), "bold"), "\n", terminal_safe(model)), documents]
-        else:
-            cells = [_plain(name), documents, _plain(model)]
-        table.add_row(*cells, _plain(index_type), written, _plain(calibrator))
-
+    rows = []
     for record in records:
         written = datetime.fromisoformat(record["written"]).strftime("%Y-%m-%d %H:%M")
         if "problem" in record:
-            add_row(record["name"], "", "", "", written, record["problem"])
+            rows.append((record["name"], "", "", "", written, record["problem"]))
             continue
         # The cell says what was chosen; why (auto's evidence) goes under the table, whole: folded into a
         # column of 80 it was unreadable.
@@ -359,8 +336,42 @@ def list_indexes(
         documents = f"{record['documents']:,}" + (f"\n{record['passages']:,} passages"
                                                   if record.get("passages", record["documents"]) != record["documents"]
                                                   else "")
-        add_row(record["name"], documents, record["model"], record["index_type"], written, calibrator)
-    stdout.print(table)
+        rows.append((record["name"], documents, record["model"], record["index_type"], written, calibrator))
+    names = max(len(row[0]) for row in rows)
+    counts = max([len(line) for row in rows for line in row[1].split("\n")] + [len("documents")])
+    # Borders and padding (1 + 3 per column) and the least widths of type (5), written (16) and calibrator (10).
+    beside = 1 + 3 * 5 + counts + 5 + 16 + 10
+    if names + 3 + 16 + beside <= stdout.width:
+        layout = "columns"
+    elif max(names, 16) + beside <= stdout.width:
+        layout = "stacked"
+    else:
+        for name, documents, model, index_type, written, calibrator in rows:
+            stdout.print(Text(terminal_safe(name), style="bold"), soft_wrap=True)
+            details = (f"documents {documents.replace(chr(10), ', ')} · model {model} · type {index_type} · "
+                       f"written {written} UTC · calibrator {calibrator.replace(chr(10), ', ')}")
+            stdout.print(_plain(textwrap.fill(details, width=max(stdout.width, 20), initial_indent="  ",
+                                              subsequent_indent="  ", break_long_words=False)), soft_wrap=True)
+        layout = "blocks"
+    table = Table()
+    if layout == "stacked":
+        table.add_column("name / model", overflow="fold", min_width=max(names, 16))
+    else:
+        table.add_column("name", no_wrap=True, min_width=max(4, names))
+    table.add_column("documents", justify="right", no_wrap=True, min_width=counts)
+    if layout != "stacked":
+        table.add_column("model", overflow="fold", min_width=16)
+    table.add_column("type", no_wrap=True, min_width=5)
+    table.add_column("written (UTC)", no_wrap=True, min_width=16)
+    table.add_column("calibrator", overflow="fold", min_width=10)
+    for name, documents, model, index_type, written, calibrator in rows:
+        if layout == "stacked":
+            cells = [Text.assemble((terminal_safe(name), "bold"), "\n", terminal_safe(model)), documents]
+        else:
+            cells = [_plain(name), documents, _plain(model)]
+        table.add_row(*cells, _plain(index_type), written, _plain(calibrator))
+    if layout != "blocks":
+        stdout.print(table)
     for reason in reasons:
         stdout.print(_plain(reason))
     for record in fields:  # under the table: a column would not fit 80 columns

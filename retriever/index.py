@@ -62,8 +62,8 @@ from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
 from retriever.encode.query_kit import QueryKitEncoder
 from retriever.errors import RetrieverError, param
-from retriever.files.folder import (FolderOptions, FolderReport, folder_files, is_file_list, noted_documents,
-                                    read_file)
+from retriever.files.folder import (FOLDER_KEY, FolderOptions, FolderReport, folder_files, is_file_list,
+                                    noted_documents, read_file)
 from retriever.files.readers import UnreadableFile
 from retriever.filters import parse_where
 from retriever.metadata import listed_fields
@@ -551,7 +551,7 @@ class Index:
             rowids = np.asarray(segment.rowids)[snapshot.live_documents(segment)]
             for row in snapshot.rows(rowids, ("doc_id", "metadata")).values():
                 metadata = row["metadata"] or {}
-                if metadata.get("folder") == source:  # whichever engine read it
+                if metadata.get(FOLDER_KEY) == source:  # whichever engine read it
                     digests[row["doc_id"]] = metadata.get("sha256")
         return digests
 

@@ -725,22 +725,29 @@ def test_a_zero_score_is_shown_as_zero(monkeypatch):
 
 def test_list_at_80_columns_never_breaks_a_name_mid_word(cli, tmp_path, tiny_bert, monkeypatch):
     """Names longer than the room beside the other columns ('python-doc' / 'umentation') go on a line of their own
-    above their model, whole; short ones keep their column."""
+    above their model, whole; names too long even for that column make each index a block of its own lines; wide
+    enough, each name keeps its column. No line is wider than the terminal."""
     import cli.index_commands as commands
 
-    monkeypatch.setattr(commands, "stdout", Console(width=80))
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"_id": "a", "text": "hello world"}\n{"_id": "b", "text": "goodbye moon"}\n')
     names = ["python-documentation", "cranfield-abstracts-2026", "notes"]
     for name in names:
         assert cli("build", corpus, "--name", name, "--model", tiny_bert, "--calibrator", "none").returncode == 0
-    shown = cli("list").stdout
-    lines = shown.splitlines()
-    assert max(len(line) for line in lines) <= 80, shown
-    cells = [line.split("│")[1].strip() for line in lines if line.count("│") == 6]
-    assert all(name in cells for name in names), shown  # each whole, in its own cell line
-    assert "name / model" in shown
-    monkeypatch.setattr(commands, "stdout", Console(width=120))
-    wide = cli("list").stdout
-    assert all(any(line.split("│")[1].strip() == name for line in wide.splitlines() if line.count("│") == 7)
-               for name in names), wide
+
+    def shown(width: int) -> list[str]:
+        monkeypatch.setattr(commands, "stdout", Console(width=width))
+        lines = cli("list").stdout.splitlines()
+        assert max(len(line) for line in lines) <= width, "\n".join(lines)
+        return lines
+
+    stacked = shown(80)
+    cells = [line.split("│")[1].strip() for line in stacked if line.count("│") == 6]
+    assert "name / model" in "\n".join(stacked) and all(name in cells for name in names), stacked
+    wide = shown(140)
+    assert all(any(line.split("│")[1].strip() == name for line in wide if line.count("│") == 7) for name in names)
+    long_name = "archive-of-the-project-documentation-2024"
+    assert cli("build", corpus, "--name", long_name, "--model", tiny_bert, "--calibrator", "none").returncode == 0
+    blocks = shown(80)
+    assert all(name in [line.strip() for line in blocks] for name in [*names, long_name]), blocks
+    assert not any("│" in line for line in blocks)

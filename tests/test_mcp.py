@@ -174,3 +174,36 @@ def _leaves(error: BaseException) -> list[BaseException]:
     """ERROR, or the errors an exception group (anyio's task groups) holds, however deep."""
     nested = getattr(error, "exceptions", None)
     return [leaf for inner in nested for leaf in _leaves(inner)] if nested else [error]
+
+
+def test_answers_over_http_and_mcp_name_no_server_folder(tmp_path, tiny_bert):
+    """An index built from a folder records the folder it read (absolute, for `sync`): a search's hits and a fetched
+    document show the file's path within it, never the server's folder."""
+    folder = tmp_path / "private-notes"
+    (folder / "garden").mkdir(parents=True)
+    (folder / "garden" / "tomatoes.md").write_text("# Tomatoes\n\nThe tomatoes ripen late in a cold August.\n")
+    (folder / "ships.txt").write_text("The lighthouse keeper logs every passing ship.\n")
+    Index.build(folder, "notes", tmp_path / "indexes", model=str(tiny_bert), calibrator="none", device="cpu")
+    access = AccessPolicy.create(api_key=WRITE_KEY)
+    headers = {"Authorization": f"Bearer {WRITE_KEY}"}
+    with serving_in_thread(create_app(tmp_path / "indexes", device="cpu", access=access)) as url:
+        answers = [httpx.get(f"{url}/search", params={"q": "tomatoes", "include": "text,metadata"}, headers=headers,
+                             timeout=60).text,
+                   httpx.get(f"{url}/indexes/notes/documents/garden/tomatoes.md", headers=headers, timeout=60).text]
+
+        async def session():
+            transport = streamable_http_client(f"{url}/mcp", http_client=httpx2.AsyncClient(headers=headers,
+                                                                                             timeout=60))
+            async with Client(transport) as client:
+                found = await client.call_tool("search", {"query": "tomatoes", "k": 2})
+                document = await client.call_tool("get_document", {"id": "garden/tomatoes.md"})
+                return found, document
+
+        found, document = asyncio.run(session())
+    hit = found.structured_content["hits"][0]
+    assert hit["path"] == "garden/tomatoes.md" and "folder" not in hit["metadata"]
+    assert "folder" not in document.structured_content["metadata"]
+    shown = answers + [json.dumps(found.structured_content), json.dumps(document.structured_content)]
+    assert all(str(tmp_path) not in text for text in shown), shown
+    fetched = json.loads(answers[1])["document"]
+    assert fetched["metadata"]["path"] == "garden/tomatoes.md" and fetched["source"] == "private-notes"  # its name

@@ -62,6 +62,16 @@ def test_a_kit_is_never_used_for_other_model_files_or_settings_and_a_damaged_one
     os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the model's files changed
     assert kit_key(record) is not None and QueryKitEncoder.open(record) is None
     _full_encoder(record)  # the changed model leaves its own kit
+    assert QueryKitEncoder.open(record) is not None
+    # Other weights copied over the file with its size and modification time kept (cp -p, rsync -a, an archive):
+    weights = next(path for path in model.iterdir() if path.suffix in (".safetensors", ".bin"))
+    stat, data = weights.stat(), bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert weights.stat().st_size == stat.st_size and weights.stat().st_mtime_ns == stat.st_mtime_ns
+    assert QueryKitEncoder.open(record) is None
+    _full_encoder(record)
     kit_file = onnx_cache_dir() / KITS / f"{kit_key(record)}.json"
     assert QueryKitEncoder.open(record) is not None
     kit_file.write_text(kit_file.read_text()[:100])  # cut short

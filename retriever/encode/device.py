@@ -14,12 +14,17 @@ if TYPE_CHECKING:
 DEVICES = ("auto", "cpu", "cuda")
 
 
+# Device nodes of a GPU torch may take for CUDA: NVIDIA's, WSL2's GPU bridge, AMD's ROCm, NVIDIA Jetson's.
+GPU_DEVICE_NODES = ("nvidia[0-9]*", "dxg", "kfd", "nvhost-*")
+
+
 def cpu_only_machine() -> bool:
     """Whether this machine surely has no CUDA device, told without importing torch (a second of a one-off
-    search's time): a Mac, or Linux with no NVIDIA device node. Unsure elsewhere (False): torch then decides."""
+    search's time): a Mac, or Linux with none of GPU_DEVICE_NODES. Unsure elsewhere (False): torch then decides."""
     if sys.platform == "darwin":
         return True
-    return sys.platform.startswith("linux") and not any(Path("/dev").glob("nvidia[0-9]*"))
+    return sys.platform.startswith("linux") and not any(
+        next(Path("/dev").glob(pattern), None) is not None for pattern in GPU_DEVICE_NODES)
 
 
 def resolve_device(device: str | None = "auto") -> torch.device:

@@ -51,15 +51,28 @@ def kit_key(record: dict) -> str | None:
         return None
     if not folder.is_dir():
         return None
-    files = []
-    for path in sorted(folder.iterdir()):
-        if path.is_file():
-            stat = path.stat()
-            files.append((path.name, stat.st_size, stat.st_mtime_ns))
-    described = (KIT_FORMAT, onnxruntime.__version__, str(folder.resolve()), files,
+    try:
+        # A file rewritten in place keeps its name and may keep its size and modification time (`cp -p`, `rsync
+        # -a`, unpacking an archive): its change time and inode move on any rewrite, and no copy tool sets them.
+        files = [(path.name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+                 for path in sorted(folder.iterdir()) if path.is_file() for stat in (path.stat(),)]
+    except OSError:  # a file removed while listed, an unreadable folder: no kit, the long way
+        return None
+    described = (KIT_FORMAT, onnxruntime.__version__, _version("tokenizers"), _version("transformers"),
+                 str(folder.resolve()), files,
                  json.dumps({key: record.get(key) for key in ("model", "pooling", "layers", "max_length", "dtype")},
                             sort_keys=True))
     return hashlib.sha256(repr(described).encode()).hexdigest()[:40]
+
+
+def _version(package: str) -> str | None:
+    """PACKAGE's installed version, read without importing it (transformers built the tokenizer a kit keeps)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def keep_kit(record: dict, graph: Path, tokenizer_json: str, settings: TokenizerSettings, dim: int) -> None:

@@ -32,6 +32,8 @@ from retriever.corpus import CORPUS_FORMATS, Document
 from retriever.errors import RetrieverError
 from retriever.files.readers import UnreadableFile, reader_for
 
+# The metadata key of the folder a document was read from (absolute, resolved): `sync` finds its files by it.
+FOLDER_KEY = "folder"
 # Larger files are skipped: a file this size is a data dump or a disk image more often than a document, and reading
 # it whole would hold the build's memory.
 MAX_FILE_BYTES = 256 * 1024 * 1024
@@ -254,7 +256,7 @@ def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_
         raise UnreadableFile("nested too deeply to parse") from None
     if not found.text.strip():
         raise UnreadableFile("no text in it")
-    metadata = {"path": relative, "folder": source, "type": reader.name, "size": status.st_size,
+    metadata = {"path": relative, FOLDER_KEY: source, "type": reader.name, "size": status.st_size,
                 "modified": datetime.fromtimestamp(status.st_mtime, timezone.utc).isoformat(timespec="seconds"),
                 "sha256": hashlib.sha256(data).hexdigest()}
     if found.page_starts is not None and len(found.page_starts) <= MAX_PAGES_RECORDED:

@@ -49,7 +49,8 @@ from retriever.serve.metrics import RequestMetrics, ServerMetrics
 from retriever.serve.open_indexes import OpenIndexes, Served
 from retriever.serve.searching import search_and_answer
 from retriever.serve.mcp_tools import Catalog, create_mcp_server, http_endpoint
-from retriever.serve.public import as_json_reads_it, describe_invalid, private_paths, public_model, public_record, scrub
+from retriever.serve.public import (as_json_reads_it, describe_invalid, private_paths, public_metadata, public_model,
+                                    public_record, public_source, scrub)
 from retriever.serve.protocol import (
     MAX_ANSWER_CHARS,
     MAX_BODY_BYTES,
@@ -280,8 +281,9 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                 raise NotFoundError(f"no document '{doc_id}' in index '{name}'")
             return await run_in_threadpool(render, {
                 "index": name, "version": served.snapshot.manifest.version,
-                "document": {key: document.get(key) for key in ("doc_id", "title", "text", "source", "line",
-                                                                "metadata")}})
+                "document": {**{key: document.get(key) for key in ("doc_id", "title", "text", "line")},
+                             "source": public_source(document.get("source")),
+                             "metadata": public_metadata(document.get("metadata"))}})
 
     @app.post("/indexes", status_code=201)
     async def create_index(request: CreateRequest = Body(...)):
@@ -349,8 +351,17 @@ def render_answer(served: Served, texts: list[str], ids: list[str | None], hits:
                                kind_mismatch_note(options.where, served.snapshot.field_kinds)) if note]
     return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
                    "mode": options.mode, "scores": score_meaning(options), "k": options.k, **({"warnings": notes} if notes else {}),
-                   "queries": [search_record(query_id, text, found, options.mode, include)
+                   "queries": [public_answer(search_record(query_id, text, found, options.mode, include))
                                for query_id, text, found in zip(ids, texts, hits)]})
+
+
+def public_answer(record: dict) -> dict:
+    """A query's `search_record` as a client of the server sees it: metadata without server paths
+    (`public.public_metadata`)."""
+    for result in record["results"]:
+        if "metadata" in result:
+            result["metadata"] = public_metadata(result["metadata"])
+    return record
 
 
 def render(payload: dict, status: int = 200) -> Response:

@@ -31,7 +31,8 @@ from retriever.search.results import SearchHit
 from retriever.serve.batcher import SearchBatcher
 from retriever.serve.open_indexes import OpenIndexes, Served
 from retriever.serve.protocol import HTTP_MAX_K, MAX_ANSWER_CHARS, ApiError, check_search
-from retriever.serve.public import as_json_reads_it, describe_invalid, one_line, private_paths, public_record, scrub
+from retriever.serve.public import (as_json_reads_it, describe_invalid, one_line, private_paths, public_metadata,
+                                    public_record, scrub)
 from retriever.serve.searching import search_and_answer
 from retriever.text import check_text
 from retriever.versions.catalog import default_index, describe_indexes
@@ -236,7 +237,7 @@ def search_answer(served: Served, options: SearchOptions, hits: list[SearchHit],
                         scores=score_meaning(options), warnings=notes,
                         hits=[Hit(rank=hit.rank, id=hit.doc_id, title=hit.title, score=round(float(hit.score), 6) + 0.0,
                                   passage=hit.passage, span=list(hit.span), path=_path(hit.metadata), page=hit.page,
-                                  metadata=hit.metadata, text=hit.text if include_text else None)
+                                  metadata=public_metadata(hit.metadata), text=hit.text if include_text else None)
                               for hit in hits])
 
 
@@ -263,7 +264,7 @@ def document_window(served: Served, document: dict, start: int | None, end: int 
             high = low + max_chars
     return DocumentWindow(index=served.name, version=served.snapshot.manifest.version, id=document["doc_id"],
                           title=document.get("title"), path=_path(document.get("metadata")),
-                          metadata=document.get("metadata"), text=text[low:high], start=low, end=high,
+                          metadata=public_metadata(document.get("metadata")), text=text[low:high], start=low, end=high,
                           length=len(text))
 
 

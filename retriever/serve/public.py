@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 from retriever.errors import NO_VALUE, RetrieverError
+from retriever.files.folder import FOLDER_KEY
+from retriever.metadata import ADAPTER_KEYS
 
 
 def as_json_reads_it(problem: RetrieverError, names: dict[str, str] | None = None) -> str:
@@ -28,6 +30,20 @@ def describe_invalid(problem: dict) -> str:
 def public_model(model: str) -> str:
     """A model named by a local folder is shown by the folder's name: no server path in any answer."""
     return Path(model).name if os.path.isabs(model) else model
+
+
+def public_metadata(metadata: dict | None) -> dict | None:
+    """A document's metadata as a client sees it: without the folder it was read from on the server (an absolute
+    server path; `path`, the file within it, stays) and without what a framework adapter keeps for itself (a Haystack
+    store's exact embeddings: kilobytes per hit)."""
+    if not metadata:
+        return metadata
+    return {key: value for key, value in metadata.items() if key != FOLDER_KEY and key not in ADAPTER_KEYS}
+
+
+def public_source(source: str | None) -> str | None:
+    """Where a document was read from, by its file's name: no server path (a corpus file, a folder)."""
+    return Path(source).name if source and os.path.isabs(source) else source
 
 
 def public_record(record: dict, private: tuple[str, ...]) -> dict:
