@@ -164,7 +164,8 @@ def report(files: list[Path]) -> str:
         if "one_off_seconds" in found:
             taken = found["one_off_seconds"]
             lines += [f"## A one-off `retriever search \"...\"` ({found['machine']}, {found['model']}"
-                      + (f", calibrator {found['calibrator']}" if "calibrator" in found else "") + ")", "",
+                      + (f", calibrator {found['calibrator'].partition(' (')[0]}" if "calibrator" in found else "")
+                      + ")", "",
                       "Command: `python benchmarks/query_runtime.py cli --index-dir DIR"
                       + (f" --calibrator {found['calibrator']}`" if found.get("calibrator") == "flow" else "`")
                       + ". The whole process (start, model, one Cranfield question, exit), median of "
