@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -130,18 +131,6 @@ def _check_answers(found: dict) -> None:
     assert "past the document's end" in text["past_end"]
 
 
-def test_over_stdio_an_agent_host_lists_the_tools_and_each_answers(index_dir):
-    """`retriever mcp` as a host launches it: a subprocess speaking MCP on stdin and stdout."""
-    server = StdioServerParameters(command=sys.executable, args=["-m", "cli.main", "mcp", "--index-dir",
-                                                                 str(index_dir), "--device", "cpu"], cwd=str(REPO))
-
-    async def session():
-        async with Client(server, read_timeout_seconds=120) as client:
-            return await _exercise(client)
-
-    _check_answers(asyncio.run(session()))
-
-
 def _over_http(url: str, key: str | None, host: str | None = None) -> dict:
     headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **({"Host": host} if host else {})}
 
@@ -174,6 +163,21 @@ def _leaves(error: BaseException) -> list[BaseException]:
     """ERROR, or the errors an exception group (anyio's task groups) holds, however deep."""
     nested = getattr(error, "exceptions", None)
     return [leaf for inner in nested for leaf in _leaves(inner)] if nested else [error]
+
+
+def test_over_stdio_an_agent_host_lists_the_tools_and_each_answers(index_dir):
+    """`retriever mcp` as a host launches it: a subprocess speaking MCP on stdin and stdout."""
+    # The test's environment whole (the SDK passes a host's few safe variables only): the session's ONNX cache, never
+    # the user's.
+    server = StdioServerParameters(command=sys.executable, args=["-m", "cli.main", "mcp", "--index-dir",
+                                                                 str(index_dir), "--device", "cpu"], cwd=str(REPO),
+                                   env=dict(os.environ))
+
+    async def session():
+        async with Client(server, read_timeout_seconds=120) as client:
+            return await _exercise(client)
+
+    _check_answers(asyncio.run(session()))
 
 
 def test_answers_over_http_and_mcp_name_no_server_folder(tmp_path, tiny_bert):
