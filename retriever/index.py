@@ -57,10 +57,9 @@ from retriever.engines.stages import (
     write_segment_vectors,
 )
 from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, written_passages
-from retriever.encode.device import cpu_only_machine
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
-from retriever.encode.query_kit import QueryKitEncoder
+from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
 from retriever.errors import RetrieverError, param
 from retriever.files.folder import (FOLDER_KEY, FolderOptions, FolderReport, folder_files, is_file_list,
                                     noted_documents, read_file)
@@ -297,14 +296,7 @@ class Index:
         return self._encoder or self._query_kit or self._encoder_for(self.snapshot)
 
     def _kit_may_serve(self) -> bool:
-        """Whether this index's queries would run on ONNX Runtime on the CPU (`encode.runtimes`: auto picks it there
-        for fp32), told without importing torch: the device is the CPU, or auto where the machine has no NVIDIA
-        device (where it has one, torch decides)."""
-        record = self.snapshot.manifest.encoder
-        if self._runtime not in ("auto", "onnx") or record.get("dtype", "fp32") != "fp32" or is_external(record):
-            return False
-        device = str(self.snapshot.device or "auto").lower()
-        return device == "cpu" or (device == "auto" and cpu_only_machine())
+        return kit_may_serve(self.snapshot.manifest.encoder, self.snapshot.device, self._runtime)
 
     def _encoder_for(self, snapshot: Snapshot) -> Encoder:
         """The encoder SNAPSHOT's manifest records: this index's own (loaded on first use, once), or for another

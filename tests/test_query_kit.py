@@ -93,3 +93,30 @@ def test_a_kit_encodes_from_many_threads_at_once(tiny_bert, tmp_path):
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda number: kit.encode(TEXTS if number % 2 else long), range(24)))
     assert all(np.allclose(got, expected, atol=1e-6) for got in results[1::2])
+
+
+def test_a_server_answers_searches_from_the_kit_and_loads_the_model_at_the_first_write(tiny_bert, tmp_path,
+                                                                                        monkeypatch):
+    """`retriever serve` and `retriever mcp` start without loading the model where its kit is kept; the first write
+    loads it, once, and the search answers are the full encoder's."""
+    from fastapi.testclient import TestClient
+
+    from retriever.index import Index
+    from retriever.serve.app import create_app
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    notes = [{"_id": f"n{i}", "text": f"Note {i} about {word}."} for i, word in enumerate(["cats", "rain", "bread"] * 4)]
+    Index.build(notes, "notes", tmp_path / "indexes", model=str(model), calibrator="none", device="cpu")
+    with Index.open("notes", tmp_path / "indexes", device="cpu", runtime="torch") as index:
+        expected = [hit.doc_id for hit in index.search("bread", k=3, mode="dense")]
+    _full_encoder(Index.open("notes", tmp_path / "indexes").snapshot.manifest.encoder)  # a kit kept, as on a used machine
+    loads, init = [], Encoder.__init__
+    monkeypatch.setattr(Encoder, "__init__", lambda self, *args, **kw: init(self, *args, **kw) or loads.append(1))
+    with TestClient(create_app(tmp_path / "indexes", device="cpu", preload=True), base_url="http://127.0.0.1") as client:
+        found = client.get("/search", params={"q": "bread", "k": 3, "mode": "dense"}).json()["queries"][0]["results"]
+        assert [hit["doc_id"] for hit in found] == expected and loads == []
+        for number in (1, 2):
+            added = client.post("/indexes/notes/documents", json={"documents": [{"_id": f"new{number}", "text": "x"}]})
+            assert added.status_code == 201, added.text
+        assert loads == [1]  # the first write loaded the model; the second, on a newer version, shares it

@@ -39,6 +39,18 @@ def onnx_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "retriever" / "onnx"
 
 
+def kit_may_serve(record: dict, device: str | None, runtime: str) -> bool:
+    """Whether queries for the encoder RECORD, on DEVICE with RUNTIME, would run on ONNX Runtime on the CPU
+    (`encode.runtimes`: auto picks it there for fp32), told without importing torch: the device is the CPU, or auto
+    where the machine has no GPU (where it may have one, torch decides); never for vectors computed outside."""
+    from retriever.encode.device import cpu_only_machine
+
+    if runtime not in ("auto", "onnx") or record.get("dtype", "fp32") != "fp32" or record.get("external"):
+        return False
+    device = str(device or "auto").lower()
+    return device == "cpu" or (device == "auto" and cpu_only_machine())
+
+
 def kit_key(record: dict) -> str | None:
     """The kit's key for an encoder RECORD (a manifest's `encoder`), or None where its model is not a local folder
     (a hub name resolves to files that may change under it; that encoder loads the long way)."""

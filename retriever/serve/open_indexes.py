@@ -17,10 +17,12 @@ from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from fastapi.concurrency import run_in_threadpool
 
 from retriever.errors import NotFoundError, RetrieverError, UnavailableError
+from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
 from retriever.index import Index, load_encoder
 from retriever.search.dense import RemoteSegments
 from retriever.search.searcher import Searcher
@@ -51,6 +53,30 @@ class Served:
         return self.index.snapshot
 
 
+class _LoadedAtFirstUse:
+    """A model's full encoder, loaded by LOAD at its first use (the first write through the server), once; every
+    version of every index on that model shares it."""
+
+    def __init__(self, load):
+        self._load, self._lock, self._encoder = load, threading.Lock(), None
+
+    def __getattr__(self, name: str):
+        if self._encoder is None:
+            with self._lock:
+                if self._encoder is None:
+                    self._encoder = self._load()
+        return getattr(self._encoder, name)
+
+
+def _loaded(snapshot, runtime: str):
+    """The full encoder SNAPSHOT records (its manifest, device and name); a model this machine lacks is the
+    server's problem (503), not the request's."""
+    try:
+        return load_encoder(snapshot, runtime)
+    except RetrieverError as error:
+        raise UnavailableError(str(error), parameter=error.parameter) from None
+
+
 class OpenIndexes:
     """Each index of INDEX_DIR opened once, swapped for its newer version when one is committed; one encoder per
     model (RUNTIME: its forward pass); REMOTE: a distributed server's shards, which search every version's vectors."""
@@ -63,7 +89,8 @@ class OpenIndexes:
         self.metrics = metrics
         self.remote = remote
         self._held: dict[str, Served] = {}
-        self._encoders: dict[str, object] = {}
+        self._encoders: dict[str, object] = {}  # per model: what encodes its queries, batched
+        self._full: dict[str, object] = {}  # per model: the full encoder (a write's passages and vectors)
         self._opening = threading.Lock()  # one opener at a time; the others wait for the same new version
         self._leases: Leases[Served] = Leases(lambda served: served.index.close())
 
@@ -94,15 +121,23 @@ class OpenIndexes:
                     self.metrics.forget(name)
                 raise
             key = json.dumps(snapshot.manifest.encoder, sort_keys=True)
-            if key not in self._encoders:  # loads the model: once per model for the server's life
+            if key not in self._encoders:  # once per model for the server's life
+                # Queries from the kept kit where there is one (`encode.query_kit`: no model loaded, the server up
+                # in about a second), the full encoder loaded at the first write; else the full encoder, now.
+                record = snapshot.manifest.encoder
+                kit = QueryKitEncoder.open(record) if kit_may_serve(record, self.device, self.runtime) else None
                 try:
-                    self._encoders[key] = load_encoder(snapshot, self.runtime)
+                    full = None if kit is not None else load_encoder(snapshot, self.runtime)
                 except RetrieverError as error:  # this machine lacks the model: the server's problem, not the request's
                     snapshot.close()
                     raise UnavailableError(str(error), parameter=error.parameter) from None
+                self._encoders[key] = kit or full
+                # What loading needs of this version, not the version (it may be closed by then).
+                recorded = SimpleNamespace(manifest=snapshot.manifest, device=snapshot.device, name=snapshot.name)
+                self._full[key] = full or _LoadedAtFirstUse(lambda: _loaded(recorded, self.runtime))
             searcher = Searcher(snapshot, self.remote)
             # The server swaps versions itself (`using`), each request on the one it began with.
-            index = Index(snapshot, encoder=self._encoders[key], searcher=searcher, follow_writes=False)
+            index = Index(snapshot, encoder=self._full[key], searcher=searcher, follow_writes=False)
             served = Served(index, searcher, self._encoders[key])
             with self._leases.lock:
                 previous = self._held.get(name)
