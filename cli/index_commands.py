@@ -411,7 +411,7 @@ def search(
     Stored text is printed with control characters escaped (\\x1b, \\u202e): a document cannot drive the terminal.
     --json is exact JSON, with those characters as \\u escapes."""
     from retriever.corpus import read_queries
-    from retriever.filters import kind_mismatch_note, unknown_fields_note
+    from retriever.filters import filter_notes
     from retriever.index import Index
     from retriever.search.options import SearchOptions
     from retriever.search.fusion import score_meaning
@@ -430,10 +430,8 @@ def search(
     settings = replace(settings, k=min(k, max(len(index), 1)))
     resolved = settings.resolved(index.name, index.snapshot.has_keywords, index.snapshot.manifest.hybrid)
     mode = resolved.mode
-    for note in (unknown_fields_note(settings.where, index.snapshot.manifest.metadata_fields),
-                 kind_mismatch_note(settings.where, index.snapshot.field_kinds)):
-        if note:
-            _say(f"note: {note}")
+    for note in filter_notes(settings.where, index.snapshot.manifest.metadata_fields, index.snapshot.field_kinds):
+        _say(f"note: {note}")
     if queries is None:
         batch = [(None, query)]
         results = [index.search(query, settings)]

@@ -255,6 +255,13 @@ def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20
 _KIND_NAMES = {BOOLEAN: "true/false", NUMBER: "numbers", STRING: "text"}
 
 
+def filter_notes(where: Filter | None, fields: list[str],
+                 kinds: Callable[[list[str]], dict[str, set[int]]]) -> list[str]:
+    """What a search's answer should say of WHERE over an index with metadata FIELDS and value KINDS: the notes of
+    `unknown_fields_note` and `kind_mismatch_note` that apply (the CLI, the server and the MCP tools all say them)."""
+    return [note for note in (unknown_fields_note(where, fields), kind_mismatch_note(where, kinds)) if note]
+
+
 def kind_mismatch_note(where: Filter | None, kinds: Callable[[list[str]], dict[str, set[int]]]) -> str | None:
     """One line naming a value WHERE compares a metadata path with whose kind no document's value there has, while
     they hold values of another kind (`{"year": "2020"}` where years are numbers): such a condition selects

@@ -294,9 +294,9 @@ def test_results_per_request_are_bounded(client):
 
 
 def test_the_text_in_one_answer_is_bounded(client, monkeypatch):
-    import retriever.serve.app as server
+    import retriever.serve.protocol as protocol
 
-    monkeypatch.setattr(server, "MAX_ANSWER_CHARS", 2_000)
+    monkeypatch.setattr(protocol, "MAX_ANSWER_CHARS", 2_000)
     detail = one_line_error(client.post("/search", json={"queries": ["dog"] * 20, "k": 10}), 413)
     assert "lower k" in detail
     assert client.get("/search?q=dog&k=2").status_code == 200

@@ -421,6 +421,8 @@ class _Embedder:
     serialisation. MODEL: a Hugging Face name or a local folder (default: the embedded all-MiniLM-L6-v2, which
     needs no download); POOLING, MAX_LENGTH, DEVICE and BATCH_SIZE as `retriever build` takes them."""
 
+    runtime = "torch"  # documents: what a build encodes with
+
     def __init__(self, model: str | None = None, pooling: str = "last-avg", max_length: int | None = None,
                  device: str = "auto", batch_size: int = 64):
         self.model, self.pooling, self.max_length = model, pooling, max_length
@@ -431,10 +433,8 @@ class _Embedder:
         if self._encoder is None:
             from retriever.encode.encoder import Encoder
 
-            # PyTorch for documents (what a build encodes with); ONNX Runtime for one query at a time on a CPU.
-            runtime = "auto" if isinstance(self, RetrieverTextEmbedder) else "torch"
             self._encoder = Encoder(self.model, self.pooling, None, self.max_length, self.device,
-                                    batch_size=self.batch_size, runtime=runtime)
+                                    batch_size=self.batch_size, runtime=self.runtime)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         self.warm_up()
@@ -453,6 +453,8 @@ class _Embedder:
 class RetrieverTextEmbedder(_Embedder):
     """A query's embedding by retriever's own encoder, for RetrieverEmbeddingRetriever and RetrieverHybridRetriever:
     the embedded model works in a pipeline with no download (Haystack's own embedders fetch theirs from the hub)."""
+
+    runtime = "auto"  # one query at a time: ONNX Runtime on a CPU
 
     @component.output_types(embedding=list[float])
     def run(self, text: str):

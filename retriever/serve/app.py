@@ -38,7 +38,7 @@ from urllib.parse import unquote_to_bytes
 from retriever.corpus import documents_from_records, unique_keys
 from retriever.errors import (ConflictError, DamagedIndexError, NotFoundError, RetrieverError,
                               UnavailableError, param)
-from retriever.filters import FilterError, kind_mismatch_note, unknown_fields_note
+from retriever.filters import FilterError, filter_notes
 from retriever.index import Index
 from retriever.search.fusion import score_meaning
 from retriever.search.options import SearchOptions
@@ -52,7 +52,6 @@ from retriever.serve.mcp_tools import Catalog, create_mcp_server, http_endpoint
 from retriever.serve.public import (as_json_reads_it, describe_invalid, private_paths, public_metadata, public_model,
                                     public_record, public_source, scrub)
 from retriever.serve.protocol import (
-    MAX_ANSWER_CHARS,
     MAX_BODY_BYTES,
     MAX_DOCUMENTS,
     AddRequest,
@@ -60,6 +59,7 @@ from retriever.serve.protocol import (
     CreateRequest,
     SearchQuery,
     SearchRequest,
+    check_answer_chars,
     check_search,
     hit_parts,
     search_options,
@@ -344,11 +344,8 @@ def render_answer(served: Served, texts: list[str], ids: list[str | None], hits:
     documents' text in it would exceed MAX_ANSWER_CHARS (a few very long documents times many queries)."""
     chars = sum((len(hit.text) if "text" in include else len(hit.passage)) + len(hit.title or "")
                 for found in hits for hit in found)
-    if chars > MAX_ANSWER_CHARS:
-        raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
-                            f"{MAX_ANSWER_CHARS // 2**20} M per request (lower k or send fewer queries at once)")
-    notes = [note for note in (unknown_fields_note(options.where, served.snapshot.manifest.metadata_fields),
-                               kind_mismatch_note(options.where, served.snapshot.field_kinds)) if note]
+    check_answer_chars(chars, "lower k or send fewer queries at once")
+    notes = filter_notes(options.where, served.snapshot.manifest.metadata_fields, served.snapshot.field_kinds)
     return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
                    "mode": options.mode, "scores": score_meaning(options), "k": options.k, **({"warnings": notes} if notes else {}),
                    "queries": [public_answer(search_record(query_id, text, found, options.mode, include))

@@ -24,13 +24,13 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, ValidationError
 
 from retriever.errors import NotFoundError, RetrieverError, UnavailableError
-from retriever.filters import kind_mismatch_note, unknown_fields_note
+from retriever.filters import filter_notes
 from retriever.search.fusion import score_meaning
 from retriever.search.options import MODES, SearchOptions
 from retriever.search.results import SearchHit
 from retriever.serve.batcher import SearchBatcher
 from retriever.serve.open_indexes import OpenIndexes, Served
-from retriever.serve.protocol import HTTP_MAX_K, MAX_ANSWER_CHARS, ApiError, check_search
+from retriever.serve.protocol import HTTP_MAX_K, ApiError, check_answer_chars, check_search
 from retriever.serve.public import (as_json_reads_it, describe_invalid, one_line, private_paths, public_metadata,
                                     public_record, scrub)
 from retriever.serve.searching import search_and_answer
@@ -225,14 +225,11 @@ class refusals_as_tool_errors:
 
 
 def search_answer(served: Served, options: SearchOptions, hits: list[SearchHit], include_text: bool) -> SearchAnswer:
-    if include_text:
-        chars = sum(len(hit.text) + len(hit.title or "") for hit in hits)
-        if chars > MAX_ANSWER_CHARS:  # the HTTP API's bound on one answer
-            raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
-                                f"{MAX_ANSWER_CHARS // 2**20} M (lower k, or leave include_text off)")
+    if include_text:  # the HTTP API's bound on one answer
+        check_answer_chars(sum(len(hit.text) + len(hit.title or "") for hit in hits),
+                           "lower k, or leave include_text off")
     snapshot = served.snapshot
-    notes = [note for note in (unknown_fields_note(options.where, snapshot.manifest.metadata_fields),
-                               kind_mismatch_note(options.where, snapshot.field_kinds)) if note]
+    notes = filter_notes(options.where, snapshot.manifest.metadata_fields, snapshot.field_kinds)
     return SearchAnswer(index=served.name, version=snapshot.manifest.version, mode=options.mode,
                         scores=score_meaning(options), warnings=notes,
                         hits=[Hit(rank=hit.rank, id=hit.doc_id, title=hit.title, score=round(float(hit.score), 6) + 0.0,

@@ -125,6 +125,14 @@ class CreateRequest(BaseModel):
                                              "is kept for `retriever rollback`")
 
 
+def check_answer_chars(chars: int, advice: str) -> None:
+    """Refuse (413) an answer that would hold CHARS characters of document text, over MAX_ANSWER_CHARS (a few very
+    long documents times many queries), saying what to do (ADVICE)."""
+    if chars > MAX_ANSWER_CHARS:
+        raise ApiError(413, f"the answer would hold {chars / 2**20:.0f} M characters of document text; at most "
+                            f"{MAX_ANSWER_CHARS // 2**20} M per request ({advice})")
+
+
 def check_search(texts: list[str], ids: list[str | None], k: int) -> None:
     """Every query of a request checked on its own, before it can join anyone else's batch."""
     if len(texts) > MAX_QUERIES:
