@@ -4,10 +4,12 @@ without re-encoding what it finished, and readers during writes see one version 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ FORKING_WRITER = textwrap.dedent(
     import importlib, json, os, signal, sys, traceback
     from retriever.index import Index
     from transformers import AutoModel, AutoTokenizer  # imported now, once, for every child
+    import transformers.models.bert.modeling_bert  # the test model's code: its import costs seconds, lazily
 
     def write(target, call, when, operation, index_dir, argument, model):
         module_name, _, attribute = target.partition(":")
@@ -126,16 +129,23 @@ MOMENTS = {
 }
 
 
-@pytest.fixture()
-def crash_index(tmp_path, tiny_bert):
+@pytest.fixture(scope="module")
+def built_crash_index(tmp_path_factory, tiny_bert):
     """An index of two segments with a deletion, so every write has something to keep; four long documents of the
-    first are cut into passages."""
-    index_dir = tmp_path / "indexes"
-    Index.build(with_metadata(tmp_path / "base.jsonl", with_long(sentences(40))), "crash", index_dir, model=str(tiny_bert),
-                calibrator="whitening", device="cpu")
-    Index.open("crash", index_dir, device="cpu").add(with_metadata(tmp_path / "more.jsonl", sentences(5, start=40)))
+    first are cut into passages. Made once: each test writes to its own copy."""
+    folder = tmp_path_factory.mktemp("crash-index")
+    index_dir = folder / "indexes"
+    Index.build(with_metadata(folder / "base.jsonl", with_long(sentences(40))), "crash", index_dir,
+                model=str(tiny_bert), calibrator="whitening", device="cpu")
+    Index.open("crash", index_dir, device="cpu").add(with_metadata(folder / "more.jsonl", sentences(5, start=40)))
     Index.open("crash", index_dir, device="cpu").delete(["d3"])
     return index_dir
+
+
+@pytest.fixture()
+def crash_index(built_crash_index, tmp_path):
+    """A copy of the built index of its own (the index's link is relative, so the copy is whole)."""
+    return Path(shutil.copytree(built_crash_index, tmp_path / "indexes", symlinks=True))
 
 
 def with_metadata(path, docs: dict[str, str]):
@@ -299,13 +309,14 @@ def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tm
 READER_SCRIPT = textwrap.dedent(
     """
     import sys, time
+    from pathlib import Path
     import numpy as np
     from retriever.index import Index
     from retriever.search.options import SearchOptions
     from retriever.search.searcher import Searcher
-    index_dir, seconds = sys.argv[1], float(sys.argv[2])
-    opened, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
+    index_dir, ready, stop = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    opened, end = 0, time.monotonic() + 60
+    while not stop.exists() and time.monotonic() < end:
         index = Index.open("swap", index_dir, device="cpu")
         searcher = Searcher(index.snapshot)
         live = [doc_id for segment in index.snapshot.segments for rowid, doc_id in
@@ -319,6 +330,7 @@ READER_SCRIPT = textwrap.dedent(
         assert sorted(hits[hits >= 0].tolist()) == sorted(set(np.concatenate([s.rowids for s in index.snapshot.segments]))
                                                          - set(index.snapshot.tombstones.tolist()))
         opened += 1
+        ready.touch()
     print(opened)
     """
 )
@@ -329,10 +341,16 @@ def test_readers_during_writes_see_one_version_never_a_mix(tmp_path, tiny_bert):
     corpora = [write_jsonl(tmp_path / "a.jsonl", {f"a{i}": f"alpha text {i}" for i in range(300)}),
                write_jsonl(tmp_path / "b.jsonl", {f"b{i}": f"beta text number {i}" for i in range(500)})]
     Index.build(corpora[0], "swap", index_dir, model=str(tiny_bert), calibrator="none", device="cpu")
-    reader = subprocess.Popen([sys.executable, "-c", READER_SCRIPT, index_dir, "12"],
+    # The reader opens and checks version after version until the writer, after two rounds of its four writes
+    # (begun once the reader has opened its first), tells it to stop.
+    ready, stop = tmp_path / "ready", tmp_path / "stop"
+    reader = subprocess.Popen([sys.executable, "-c", READER_SCRIPT, index_dir, ready, stop],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    writes, started = 0, time.monotonic()
-    while reader.poll() is None and time.monotonic() - started < 60:
+    started = time.monotonic()
+    while not ready.exists() and reader.poll() is None and time.monotonic() - started < 60:
+        time.sleep(0.05)  # the reader has opened its first version: every write below overlaps its reading
+    writes = 0
+    while reader.poll() is None and writes < 8:
         cycle = writes % 4
         if cycle == 0:
             Index.build(corpora[(writes // 4) % 2], "swap", index_dir, model=str(tiny_bert), calibrator="none",
@@ -347,9 +365,10 @@ def test_readers_during_writes_see_one_version_never_a_mix(tmp_path, tiny_bert):
         elif cycle == 3:
             index.compact()
         writes += 1
+    stop.touch()
     out, err = reader.communicate(timeout=60)
     assert reader.returncode == 0, err
-    assert writes >= 8 and int(out) >= 10
+    assert writes == 8 and int(out) >= 10
 
 
 # A sync killed at each step of its one write: the index is the old state, whole; the next sync makes the new one.
