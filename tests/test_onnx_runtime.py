@@ -103,3 +103,31 @@ def test_an_unwritable_cache_folder_still_gives_the_graph(tiny_bert, tmp_path, m
     monkeypatch.setenv("RETRIEVER_ONNX_CACHE", str(blocked / "onnx"))
     encoder = Encoder(str(tiny_bert), device="cpu", runtime="onnx")
     assert encoder.encode(TEXTS).shape == (len(TEXTS), encoder.dim)
+
+
+def _kept_operators(folder) -> set[str]:
+    import onnx
+
+    (graph,) = folder.glob("*.onnx")
+    return {node.op_type for node in onnx.load(str(graph)).graph.node}
+
+
+def test_the_kept_graph_runs_fused_attention_and_keeps_torch_s_vectors(tiny_bert, tmp_path, monkeypatch):
+    monkeypatch.setenv("RETRIEVER_ONNX_CACHE", str(tmp_path / "graphs"))
+    torch_encoder = Encoder(str(tiny_bert), device="cpu", runtime="torch")
+    onnx_encoder = Encoder(str(tiny_bert), device="cpu", batch_size=3, runtime="onnx")
+    assert {"Attention", "SkipLayerNormalization"} <= _kept_operators(tmp_path / "graphs")
+    np.testing.assert_allclose(onnx_encoder.encode(TEXTS), torch_encoder.encode(TEXTS), atol=1e-5)
+    # The export switched the model's attention to its plain form for the tracer only.
+    assert torch_encoder.model.config._attn_implementation == onnx_encoder.model.config._attn_implementation
+
+
+def test_a_fused_graph_that_disagrees_is_not_kept(tiny_bert, tmp_path, monkeypatch):
+    from retriever.encode import onnx_runtime
+
+    monkeypatch.setenv("RETRIEVER_ONNX_CACHE", str(tmp_path / "graphs"))
+    monkeypatch.setattr(onnx_runtime, "_FUSED_AGREEMENT", 1.5)  # no cosine reaches it: every fused graph disagrees
+    onnx_encoder = Encoder(str(tiny_bert), device="cpu", runtime="onnx")
+    assert "Attention" not in _kept_operators(tmp_path / "graphs")
+    np.testing.assert_allclose(onnx_encoder.encode(TEXTS), Encoder(str(tiny_bert), device="cpu").encode(TEXTS),
+                               atol=1e-5)

@@ -27,7 +27,9 @@ import numpy as np
 
 from retriever.encode.tokenizing import TokenizerSettings, backend_tokens, padded_batches
 
-KIT_FORMAT = 1
+# 2: kits name fused graphs (`onnx_runtime._fused`); a kit of 1 names a plain graph, and is passed over so the next
+# full load keeps one that names the faster graph.
+KIT_FORMAT = 2
 KITS = "kits"  # the folder beside the graphs
 ONNX_CACHE_ENV = "RETRIEVER_ONNX_CACHE"
 
