@@ -214,11 +214,12 @@ def report(files: list[Path]) -> str:
             lines += [f"## Query p50 through `Index.open(name).search([q])` ({found['machine']}, {found['model']})", "",
                       f"Command: `python benchmarks/query_runtime.py p50`. Cranfield ({found['documents']:,} abstracts, "
                       f"a default build), {found['queries']} of its questions one at a time after {WARM_UP} untimed, "
-                      "the two indexes taking turns query by query; runtimes: "
+                      "the two indexes taking turns query by query (and, where shown, every 20 queries); runtimes: "
                       + ", ".join(f"{label}: {runtime}" for label, runtime in found["runtimes"].items()) + ". "
-                      + f"ONNX Runtime's settings: {found.get('config', 'as shipped (threads sleep when idle)')}.", "",
+                      + f"ONNX Runtime's settings: {found.get('config', 'as shipped (threads sleep when idle)')}"
+                      + (f"; its graph: {found['graph']}" if "graph" in found else "") + ".", "",
                       "| load | torch (the old default), ms | default, ms | ratio |", "|---|---:|---:|---:|"]
-            for load in ("quiet", "busy loop on one core"):
+            for load in (load for load in LOADS if load in found):
                 times = found[load]
                 lines.append(f"| {load} | {times['torch (the old default)']:.2f} | {times['default']:.2f} | "
                              f"{times['ratio']:.2f}x |")
