@@ -196,7 +196,7 @@ def report(files: list[Path]) -> str:
                       "| --runtime torch, s | --runtime onnx, s | --runtime auto (the default), s |", "|---:|---:|---:|",
                       f"| {taken['torch']:.2f} | {taken['onnx']:.2f} | {taken['auto']:.2f} |", ""]
         elif "tasks" in found:
-            lines += [f"## Same vectors, same rankings ({found['model']})", "",
+            lines += [f"## Same vectors, same rankings ({found['model']}, `{path.name}`)", "",
                       "Command: `python benchmarks/query_runtime.py agree`. Each query encoded alone by PyTorch and "
                       "by ONNX Runtime; nDCG@10 x100 of the default search of a default build (documents encoded by "
                       "PyTorch) with each runtime's query vectors.", "",
@@ -211,7 +211,8 @@ def report(files: list[Path]) -> str:
             lines += ["", f"Lowest cosine over every query of the {len(found['tasks'])} tasks: {worst_cosine:.7f}; "
                       f"largest nDCG@10 difference: {worst:.2f}.", ""]
         else:
-            lines += [f"## Query p50 through `Index.open(name).search([q])` ({found['machine']}, {found['model']})", "",
+            lines += [f"## Query p50 through `Index.open(name).search([q])` ({found['machine']}, {found['model']}, "
+                      f"`{path.name}`)", "",
                       f"Command: `python benchmarks/query_runtime.py p50`. Cranfield ({found['documents']:,} abstracts, "
                       f"a default build), {found['queries']} of its questions one at a time after {WARM_UP} untimed, "
                       "the two indexes taking turns query by query (and, where shown, every 20 queries); runtimes: "
