@@ -131,3 +131,31 @@ def test_a_fused_graph_that_disagrees_is_not_kept(tiny_bert, tmp_path, monkeypat
     assert "Attention" not in _kept_operators(tmp_path / "graphs")
     np.testing.assert_allclose(onnx_encoder.encode(TEXTS), Encoder(str(tiny_bert), device="cpu").encode(TEXTS),
                                atol=1e-5)
+
+
+def test_a_model_whose_plain_attention_does_not_trace_exports_as_it_is_and_one_that_does_not_trace_is_refused(
+        tiny_bert, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("RETRIEVER_ONNX_CACHE", str(tmp_path / "graphs"))
+    export, calls = torch.onnx.export, []
+
+    def first_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("an attention the tracer cannot follow")
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", first_fails)
+    encoder = Encoder(str(tiny_bert), device="cpu", runtime="onnx")
+    assert len(calls) == 2 and "Attention" not in _kept_operators(tmp_path / "graphs")
+    np.testing.assert_allclose(encoder.encode(TEXTS), Encoder(str(tiny_bert), device="cpu").encode(TEXTS), atol=1e-5)
+
+    def never(*args, **kwargs):
+        raise RuntimeError("no tracing this")
+
+    monkeypatch.setattr(torch.onnx, "export", never)
+    monkeypatch.setenv("RETRIEVER_ONNX_CACHE", str(tmp_path / "other"))
+    with pytest.raises(RetrieverError, match=r"^this model cannot run on ONNX Runtime \(RuntimeError: no tracing "
+                                             r"this\); use runtime='torch'$"):
+        Encoder(str(tiny_bert), device="cpu", runtime="onnx")

@@ -22,7 +22,7 @@ import io
 import os
 import tempfile
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import ClassVar
 
@@ -117,20 +117,22 @@ def _export(wrapper: _Pooled, model: torch.nn.Module, input_names: list[str]) ->
     attention fused where ONNX Runtime can (`_fused`)."""
     example = torch.ones((1, 4), dtype=torch.int64)
     names = ["attention_mask", *input_names]
-    buffer = io.BytesIO()
-    try:
-        with warnings.catch_warnings(), _eager_attention(model):
-            warnings.simplefilter("ignore")  # the tracer's notes on Python branches the example input takes
-            torch.onnx.export(wrapper, (example, *[example] * len(input_names)), buffer,
-                              input_names=names, output_names=["vectors"], opset_version=_OPSET, dynamo=False,
-                              dynamic_axes={name: {0: "batch", 1: "tokens"} for name in names})
-    except Exception as error:  # noqa: BLE001 - an architecture the exporter cannot trace
-        raise RetrieverError(f"this model cannot run on ONNX Runtime ({type(error).__name__}: "
-                             f"{str(error).splitlines()[0] if str(error) else ''}); use "
-                             f"{param('runtime', 'torch')}") from None
-    finally:
-        model.eval()  # the exporter restores the wrapper's mode recursively; the model must stay in eval
-    return _fused(buffer.getvalue(), model.config, input_names)
+    for plain_attention in (True, False):  # a model whose plain attention does not trace exports as it is
+        buffer = io.BytesIO()
+        try:
+            with warnings.catch_warnings(), (_eager_attention(model) if plain_attention else nullcontext()):
+                warnings.simplefilter("ignore")  # the tracer's notes on Python branches the example input takes
+                torch.onnx.export(wrapper, (example, *[example] * len(input_names)), buffer,
+                                  input_names=names, output_names=["vectors"], opset_version=_OPSET, dynamo=False,
+                                  dynamic_axes={name: {0: "batch", 1: "tokens"} for name in names})
+            return _fused(buffer.getvalue(), model.config, input_names)
+        except Exception as error:  # noqa: BLE001 - an architecture the exporter cannot trace
+            failure = error
+        finally:
+            model.eval()  # the exporter restores the wrapper's mode recursively; the model must stay in eval
+    raise RetrieverError(f"this model cannot run on ONNX Runtime ({type(failure).__name__}: "
+                         f"{str(failure).splitlines()[0] if str(failure) else ''}); use "
+                         f"{param('runtime', 'torch')}") from None
 
 
 @contextmanager
