@@ -7,7 +7,10 @@ passage and query is encoded once (all-MiniLM-L6-v2, the evaluation cache); a do
 best passage's cosine (`max`, MaxP); by the index's rule (`cover`: its first passage weighed by the share of the
 text it spans, its best by the rest); by `cover` for a document at most twice (`near 2`) or four times (`near 4`)
 what the encoder reads (its first passage spans at least a half or a quarter of it) and `max` beyond; and by the
-share squared as the first passage's weight (`share squared`: nearer `max` the longer the document). Calibrations:
+share squared as the first passage's weight (`share squared`: nearer `max` the longer the document); and by `max`
+for a document over four times the corpus's median (`far 4 (median)`) or mean (`far 4 (mean)`) length in
+characters, `cover` for the rest (a document far longer than the corpus's own, as BM25's length normalisation reads
+length), or over four times both the median and the encoder's read (`far 4 (median and read)`). Calibrations:
 none (the raw vectors),
 and whitening and the flow, each fitted on the documents' reads (what each document's first passage is: what a
 build fits on today) or on every passage (at most 25,000 rows, as a build samples). Recall@10 of the source page
@@ -72,6 +75,9 @@ def run(model: str, seed: int, tasks: str = "long", max_lengths: tuple[int, ...]
             # The share of a document's text its first passage spans, up to where its last passage ends.
             share = np.minimum(passages.spans[starts, 1] / np.maximum(passages.spans[ends - 1, 1], 1), 1.0)
             doc_ids = [document.doc_id for document in documents]
+            # Each document's length against the corpus's typical one (characters of text).
+            lengths = np.array([len(document.text) for document in documents], np.float64)
+            to_median, to_mean = lengths / max(np.median(lengths), 1.0), lengths / max(lengths.mean(), 1.0)
 
             def scores(calibrate) -> dict[str, float]:
                 similarity = l2_normalize(calibrate(queries)) @ l2_normalize(calibrate(vectors)).T
@@ -79,7 +85,10 @@ def run(model: str, seed: int, tasks: str = "long", max_lengths: tuple[int, ...]
                 cover = share * similarity[:, starts] + (1 - share) * best
                 rules = {"max": best, "cover": cover,
                          "near 2": np.where(share >= 0.5, cover, best), "near 4": np.where(share >= 0.25, cover, best),
-                         "share squared": share**2 * similarity[:, starts] + (1 - share**2) * best}
+                         "share squared": share**2 * similarity[:, starts] + (1 - share**2) * best,
+                         "far 4 (median)": np.where(to_median > 4, best, cover),
+                         "far 4 (mean)": np.where(to_mean > 4, best, cover),
+                         "far 4 (median and read)": np.where((to_median > 4) & (share < 0.25), best, cover)}
                 return {rule: metric(value, doc_ids, query_ids, rset, long) for rule, value in rules.items()}
 
             record = {"task": name, "split": split_of(name), "max_length": max_length, "documents": len(documents),
