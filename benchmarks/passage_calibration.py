@@ -54,6 +54,7 @@ def run(model: str, seed: int, tasks: str = "long", max_lengths: tuple[int, ...]
     from retriever.evaluation.data import resolve_data_dir
     from retriever.evaluation.retrieval_tasks import IR_CLASSIC
     from retriever.numeric import l2_normalize
+    from retriever.store.passages import coverages, document_scores, passage_keys
 
     names = list(LONG_DOCUMENT_TASKS) if tasks == "long" else list(IR_CLASSIC)
     long = tasks == "long"
@@ -71,9 +72,8 @@ def run(model: str, seed: int, tasks: str = "long", max_lengths: tuple[int, ...]
             passages = cutter.cut(documents)
             vectors = np.asarray(encoder.encode(passages.texts), np.float32)
             starts = passages.offsets[:-1]
-            ends = passages.offsets[1:]
-            # The share of a document's text its first passage spans, up to where its last passage ends.
-            share = np.minimum(passages.spans[starts, 1] / np.maximum(passages.spans[ends - 1, 1], 1), 1.0)
+            # The share of each document's text its first passage spans, as the index weighs it.
+            share = coverages(passage_keys(np.arange(len(documents)), passages.counts()), passages.spans)[starts]
             doc_ids = [document.doc_id for document in documents]
             # Each document's length against the corpus's typical one (characters of text).
             lengths = np.array([len(document.text) for document in documents], np.float64)
@@ -82,7 +82,7 @@ def run(model: str, seed: int, tasks: str = "long", max_lengths: tuple[int, ...]
             def scores(calibrate) -> dict[str, float]:
                 similarity = l2_normalize(calibrate(queries)) @ l2_normalize(calibrate(vectors)).T
                 best = np.maximum.reduceat(similarity, starts, axis=1)
-                cover = share * similarity[:, starts] + (1 - share) * best
+                cover = document_scores(similarity[:, starts], best, share)  # the index's own rule
                 rules = {"max": best, "cover": cover,
                          "near 2": np.where(share >= 0.5, cover, best), "near 4": np.where(share >= 0.25, cover, best),
                          "share squared": share**2 * similarity[:, starts] + (1 - share**2) * best,

@@ -92,15 +92,19 @@ def _timed(indexes: dict, queries: list[str], turn: int = 1) -> dict[str, float]
 
 
 def _graph_kept(index) -> str:
-    """Which graph the default index's queries run: fused (ONNX Runtime's attention kernels) or plain."""
+    """Which graph the default index's queries run, as its query kit names it: fused (ONNX Runtime's attention
+    kernels) or plain."""
     import onnx
 
-    index.search(["warm"], k=1)
-    encoder = index._query_encoder()
-    path = getattr(encoder, "graph_path", None) or getattr(getattr(encoder, "_forward", None), "graph_path", None)
-    if path is None:
+    from retriever.encode.query_kit import KITS, kit_key, onnx_cache_dir
+
+    index.search(["warm"], k=1)  # the first search exports the graph and keeps the kit
+    key = kit_key(index.snapshot.manifest.encoder)
+    kit = onnx_cache_dir() / KITS / f"{key}.json"
+    if key is None or not kit.is_file():
         return "not kept"
-    return "fused" if any(node.op_type == "Attention" for node in onnx.load(str(path)).graph.node) else "plain"
+    graph = onnx_cache_dir() / json.loads(kit.read_text(encoding="utf-8"))["graph"]
+    return "fused" if any(node.op_type == "Attention" for node in onnx.load(str(graph)).graph.node) else "plain"
 
 
 def p50(model: str) -> dict:

@@ -117,7 +117,11 @@ def _export(wrapper: _Pooled, model: torch.nn.Module, input_names: list[str]) ->
     attention fused where ONNX Runtime can (`_fused`)."""
     example = torch.ones((1, 4), dtype=torch.int64)
     names = ["attention_mask", *input_names]
-    for plain_attention in (True, False):  # a model whose plain attention does not trace exports as it is
+    # PyTorch's fused attention (`sdpa`) exports as a pattern ONNX Runtime's optimizer does not recognise, the plain
+    # one as one it fuses: exported with the plain one where the model has it, else (or where that fails) as it is.
+    switchable = (getattr(model, "set_attn_implementation", None) is not None
+                  and getattr(model.config, "_attn_implementation", None) not in (None, "eager"))
+    for plain_attention in ((True, False) if switchable else (False,)):
         buffer = io.BytesIO()
         try:
             with warnings.catch_warnings(), (_eager_attention(model) if plain_attention else nullcontext()):
@@ -137,22 +141,13 @@ def _export(wrapper: _Pooled, model: torch.nn.Module, input_names: list[str]) ->
 
 @contextmanager
 def _eager_attention(model: torch.nn.Module):
-    """MODEL's attention written out as plain products while it is exported: PyTorch's fused attention
-    (`sdpa`) exports as a pattern ONNX Runtime's optimizer does not recognise, the plain one as one it fuses."""
-    previous = getattr(model.config, "_attn_implementation", None)
-    switch = getattr(model, "set_attn_implementation", None)
-    if switch is None or previous in (None, "eager"):
-        yield
-        return
-    try:
-        switch("eager")
-    except Exception:  # noqa: BLE001 - a model without the plain form exports as it is
-        yield
-        return
+    """MODEL's attention written out as plain products while it is exported, then as it was."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
     try:
         yield
     finally:
-        switch(previous)
+        model.set_attn_implementation(previous)
 
 
 def _fused(graph: bytes, config, input_names: list[str]) -> bytes:
