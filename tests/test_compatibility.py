@@ -120,6 +120,30 @@ def test_an_index_whose_keywords_scored_passages_alone_searches_dense_until_comp
                                       before[1])
 
 
+UNIT_PER_PASSAGE_FIXTURE = Path(__file__).parent / "fixtures" / "index-bc24e85"
+
+
+def test_an_index_whose_passage_keywords_hold_every_passage_searches_as_one_written_today(tmp_path):
+    """`tests/fixtures/index-bc24e85` is the 772c492 fixture compacted by commit bc24e85: its keyword index of
+    passages has a unit per passage, the 20 notes' included; today's has units for the 3 cut pages' passages alone.
+    Both rank and score alike, and say where a hit matched alike."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    shutil.copytree(UNIT_PER_PASSAGE_FIXTURE, old, symlinks=True)
+    shutil.copytree(UNIT_PER_PASSAGE_FIXTURE, new, symlinks=True)
+    verify_index("pages", old)
+    Index.open("pages", new, device="cpu").compact()
+    with Index.open("pages", old, device="cpu") as before, Index.open("pages", new, device="cpu") as today:
+        written, rewritten = before.snapshot.segments[0], today.snapshot.segments[0]
+        assert written.passage_keywords.documents == len(written.keys) == 38
+        assert rewritten.passage_keywords.documents == 18  # 3 pages of 6 passages
+        for query in ("part 5 of page 2", "violin harbour", "note 7", "page 1 part 3 harbour"):
+            for mode in ("keyword", "hybrid"):
+                one, other = before.search(query, k=8, mode=mode), today.search(query, k=8, mode=mode)
+                assert [(hit.doc_id, hit.passage, hit.span) for hit in one] == \
+                    [(hit.doc_id, hit.passage, hit.span) for hit in other]
+                np.testing.assert_allclose([hit.score for hit in one], [hit.score for hit in other], rtol=1e-6)
+
+
 def _where(clause: dict):
     from retriever.filters import parse_where
 

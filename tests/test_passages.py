@@ -171,6 +171,16 @@ def test_the_index_keeps_a_vector_per_passage_and_counts_both(index):
     assert info["documents"] == 43 and info["passages"] == len(segment.keys)
 
 
+def test_the_keyword_index_of_passages_holds_the_cut_documents_passages_alone(index):
+    """A document that is one passage scores as a whole document: a passage unit of its own would repeat it."""
+    segment = index.snapshot.segments[0]
+    keys = np.asarray(segment.keys)
+    owners, counts = np.unique(segment.documents_of(keys), return_counts=True)
+    cut = np.isin(segment.documents_of(keys), owners[counts > 1])
+    assert 0 < cut.sum() < len(keys) and segment.passage_keywords.documents == cut.sum()
+    np.testing.assert_array_equal(segment.passage_unit_keys, keys[cut])
+
+
 def test_dense_search_scores_a_document_from_its_first_and_best_passages_exactly(index):
     snapshot = index.snapshot
     segment = snapshot.segments[0]

@@ -92,13 +92,17 @@ class KeywordSearcher:
                         passages = None
                         if self._split:
                             passages = KeywordScorer([segments[number].passage_keywords for number in self._split],
-                                                     [snapshot.live_vectors(segments[number])
-                                                      for number in self._split], statistics=documents)
+                                                     [self._live_units(segments[number]) for number in self._split],
+                                                     statistics=documents)
                     except DamagedIndexError as error:
                         raise snapshot.damaged(SEGMENTS, error) from error
                     self._scorers = (documents, passages)
                 scorers = self._scorers
         return scorers
+
+    def _live_units(self, segment: Segment) -> np.ndarray:
+        """SEGMENT's mask of passage keyword units whose documents are not deleted."""
+        return ~np.isin(segment.documents_of(segment.passage_unit_keys), self.snapshot.tombstones)
 
     def lists(self, texts: Sequence[str], depth: int, stop_words: bool,
               matches: Matches | None = None) -> list[KeywordList]:
@@ -174,7 +178,7 @@ class KeywordSearcher:
                 rowids[mine] = np.asarray(self.snapshot.segments[number].rowids)[positions[mine]]
             else:
                 segment = self.snapshot.segments[numbers[number]]
-                keys[mine] = np.asarray(segment.keys)[positions[mine]]
+                keys[mine] = segment.passage_unit_keys[positions[mine]]
                 rowids[mine] = segment.documents_of(keys[mine])
         # Every match read, or only the best ASKED units of the version are sure to be among these (a segment
         # prunes below an earlier one's ASKED-th score): documents come from those alone, and no unit left out
@@ -287,8 +291,9 @@ def _best_of_documents(segment: Segment, query: QueryMatches, number: int,
     """The best passage (score, key) of each of ROWIDS, all in SEGMENT (number NUMBER of QUERY's scorer); (0, -1)
     where no passage of it holds a query term."""
     documents = np.unique(rowids)
-    keys = np.asarray(segment.keys)
-    # A document's passages are one run of positions (keys ascend, grouped by document): read as runs.
+    keys = segment.passage_unit_keys
+    # A document's passages are one run of units (keys ascend, grouped by document): read as runs. A document that
+    # is one passage has none.
     lows = np.searchsorted(keys, documents << PASSAGE_BITS)
     lengths = np.searchsorted(keys, (documents + 1) << PASSAGE_BITS) - lows
     runs = np.repeat(np.arange(len(documents)), lengths)

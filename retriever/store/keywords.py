@@ -111,8 +111,8 @@ PASSAGE_FILES = (PASSAGE_KEYWORDS, PASSAGE_POSTINGS, PASSAGE_COUNTS)
 class KeywordIndex:
     """A per-segment structure (`retriever.store.segment.STRUCTURES`): the keyword index of the segment's
     documents (UNITS "documents", a unit per document in row id order), or of its passages ("passages", a unit per
-    vector key, each with its document's title; written only where some document is cut), from the segment's
-    finished document table."""
+    passage of a cut document in key order, each with its document's title; written only where some document is
+    cut), from the segment's finished document table."""
 
     tokenizer: str = DEFAULT_TOKENIZER
     name: str = "keywords"
@@ -208,15 +208,17 @@ def text_postings(texts: list[str], tokenizer: str = DEFAULT_TOKENIZER
 
 
 def _passages(folder: Path, documents) -> Iterator[tuple[str, str]]:
-    """(title, text) of each passage of the segment in FOLDER, in key order."""
+    """(title, text) of each passage of the segment in FOLDER's cut documents (`passages.cut_positions`), in key
+    order."""
     spans = load_npy(folder / SPANS, mmap_mode="r")
     owners = document_of(load_npy(folder / PASSAGES, mmap_mode="r"))
     position = 0
     for rowid, document in documents.documents():
-        title = document.title or ""
         end = int(np.searchsorted(owners, rowid, side="right"))
-        for start, stop in np.asarray(spans[position:end]).tolist():
-            yield title, document.text[start:stop]
+        if end - position > 1:
+            title = document.title or ""
+            for start, stop in np.asarray(spans[position:end]).tolist():
+                yield title, document.text[start:stop]
         position = end
 
 

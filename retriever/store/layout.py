@@ -10,7 +10,8 @@
       keywords.db            KEYWORDS, with POSTINGS and COUNTS: the keyword index of the documents
                              (`retriever.store.keywords`)
       keyword-passages.db    PASSAGE_KEYWORDS, with PASSAGE_POSTINGS and PASSAGE_COUNTS: the keyword index of the
-                             passages, where documents are cut into passages
+                             passages of the documents cut into passages, where some are (of every passage, in
+                             an index written before 2026-11-29)
 """
 
 from __future__ import annotations

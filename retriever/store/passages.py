@@ -57,6 +57,19 @@ def keys_of(sorted_keys: np.ndarray, rowids: np.ndarray) -> np.ndarray:
     return np.asarray(sorted_keys[positions], np.int64)
 
 
+def cut_positions(keys: np.ndarray) -> np.ndarray:
+    """The positions in KEYS (ascending passage keys) of the passages of documents cut into more than one: the
+    units of a segment's keyword index of passages (a document that is one passage scores as a whole document, so
+    a unit of its own would only repeat it)."""
+    keys = np.asarray(keys, np.int64)
+    if not len(keys):
+        return np.empty(0, np.int64)
+    owners = document_of(keys)
+    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+    counts = np.diff(np.r_[starts, len(keys)])
+    return np.flatnonzero(np.repeat(counts > 1, counts)).astype(np.int64)
+
+
 def document_scores(first: np.ndarray, best: np.ndarray, coverage: np.ndarray) -> np.ndarray:
     """Cut documents' scores: their first passage's score FIRST weighed by its COVERAGE of the document, their best
     passage's BEST by the rest (float32). Between the two, float rounding too (the keyword side's search relies on a

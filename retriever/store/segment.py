@@ -37,7 +37,7 @@ from retriever.store.layout import DOCUMENTS, KEYWORDS, PASSAGE_KEYWORDS, PASSAG
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
 from retriever.store.keywords import PASSAGE_FILES, KeywordIndex, KeywordSegment
-from retriever.store.passages import coverages, document_of, keys_of
+from retriever.store.passages import coverages, cut_positions, document_of, keys_of
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
 
@@ -102,7 +102,8 @@ class Segment:
         self.vectors = VectorStore.load(folder / VECTORS, spec, device=device)
         self.documents = DocumentTable.open(folder / DOCUMENTS)
         self.keywords: KeywordSegment | None = None  # a unit per document
-        self.passage_keywords: KeywordSegment | None = None  # a unit per passage, where documents are cut
+        self.passage_keywords: KeywordSegment | None = None  # a unit per passage of a cut document, where any is
+        self.passage_unit_keys: np.ndarray | None = None  # the vector key of each of those units, ascending
         self.keywords_stale = False  # its keyword index scores passages alone (written before documents were whole)
         self.passage_keys = self.spans = None
         self._keys_cache: list[tuple[object, np.ndarray]] = []
@@ -131,9 +132,14 @@ class Segment:
                 if not (folder / PASSAGE_KEYWORDS).is_file():
                     raise RetrieverError(f"{folder}: documents cut into passages, but no keyword index of passages")
                 self.passage_keywords = KeywordSegment(folder, PASSAGE_FILES)
-                if self.passage_keywords.documents != len(self.keys):
-                    raise RetrieverError(f"{folder / PASSAGE_KEYWORDS}: {self.passage_keywords.documents} units for "
-                                         f"{len(self.keys)} passages")
+                units = self.passage_keywords.documents
+                # A unit per passage of a cut document; an index written before 2026-11-29 has one per passage.
+                positions = (np.arange(len(self.keys), dtype=np.int64) if units == len(self.keys)
+                             else cut_positions(self.passage_keys))
+                if units != len(positions):
+                    raise RetrieverError(f"{folder / PASSAGE_KEYWORDS}: {units} units for the "
+                                         f"{len(positions)} passages of the cut documents")
+                self.passage_unit_keys = np.asarray(self.passage_keys[positions], np.int64)
         except BaseException:
             self.close()  # no connection left open by a segment that failed to open
             raise
