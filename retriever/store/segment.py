@@ -8,7 +8,7 @@
                     documents.db    the documents (SQLite), keyed by the same row ids
                     keywords.db     the keyword index (`retriever.store.keywords`): its term dictionary and
                     keyword-*.npy   statistics, and the BM25 postings by position, a unit per document
-                    keyword-passage*  the same with a unit per passage, where documents are cut into passages
+                    keyword-passage*  the same with a unit per passage of a cut document, where any is
 
                     + the files of each registered per-segment structure (`STRUCTURES`; the keyword index is one)
 
