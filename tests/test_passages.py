@@ -370,10 +370,17 @@ def test_k_distinct_documents_come_back_when_long_ones_crowd_the_top(index, mode
         assert {hit.doc_id for hit in hits} == {f"s{i}" for i in range(40) if i % 6 == 0} | {"long0", "long1", "long2"}
 
 
-def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path):
-    """Each segment prunes passages below an earlier segment's floor: the documents must still be the exact best
+@pytest.mark.parametrize("side_by_side", [True, False])
+def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path, monkeypatch, side_by_side):
+    """Each segment prunes passages below an earlier segment's floor, and the documents' search raises the
+    passages' floor as it runs beside it (or before it, on one core): the documents must still be the exact best
     ones, as scoring every match (what a filter does) ranks them."""
     from retriever.filters import parse_where
+    from retriever.search import keyword
+
+    monkeypatch.setattr(keyword, "SIDE_BY_SIDE_FROM", 0)  # however few postings a query has
+    if not side_by_side:
+        monkeypatch.setattr(keyword, "_side_by_side", lambda: None)
 
     documents = corpus(longs=6, shorts=30)
     index = Index.build(documents[:12], "p", tmp_path, model=str(tiny_bert), max_length=WINDOW, calibrator="none",
