@@ -106,10 +106,11 @@ class KeywordSearcher:
         """SEGMENT's mask of passage keyword units whose documents are not deleted."""
         return ~np.isin(segment.documents_of(segment.passage_unit_keys), self.snapshot.tombstones)
 
-    def lists(self, texts: Sequence[str], depth: int, stop_words: bool,
-              matches: Matches | None = None) -> list[KeywordList]:
+    def lists(self, texts: Sequence[str], depth: int, stop_words: bool, matches: Matches | None = None,
+              side_by_side: bool = True) -> list[KeywordList]:
         """Each text's keyword top DEPTH (with MATCHES, among those row ids), with its matches kept for scoring
-        other candidates. STOP_WORDS: leave out a query's stop words where it has other words."""
+        other candidates. STOP_WORDS: leave out a query's stop words where it has other words. SIDE_BY_SIDE: the
+        documents' and the passages' searches may run in two threads (`_both`)."""
         documents, passages = self.scorers()
         sides = []
         for text in texts:
@@ -117,11 +118,11 @@ class KeywordSearcher:
             with self.snapshot.reading(SEGMENTS, errors=(sqlite3.DatabaseError,)):
                 whole = documents.match(text, stop_words)
                 query = KeywordQuery(whole, passages.weighted(whole) if passages is not None else None)
-            sides.append(KeywordList(query, *self._top(query, depth, matches)))
+            sides.append(KeywordList(query, *self._top(query, depth, matches, side_by_side)))
         return sides
 
-    def _top(self, query: KeywordQuery, count: int,
-             matches: Matches | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _top(self, query: KeywordQuery, count: int, matches: Matches | None,
+             side_by_side: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The COUNT best documents over all segments: (row ids, scores, best passage keys), best first, ties to
         the lower row id (as `fusion.top_list` breaks them); with MATCHES, among those row ids only (every match
         scored, then filtered: the scores are the unfiltered index's). Each side's best units are read, twice as
@@ -135,7 +136,7 @@ class KeywordSearcher:
                 whole = self._best(query.documents, asked, every)
                 rowids, scores, keys, floor = whole.rowids, whole.scores, np.full(len(whole.rowids), -1), whole.floor
             else:
-                whole, parts = self._both(query, asked, count, every)
+                whole, parts = self._both(query, asked, count, every, side_by_side)
                 rowids = np.union1d(whole.rowids, parts.rowids)
                 scores, keys = self._combined(query, rowids, whole, parts)
                 floor = max(whole.floor, parts.floor)
@@ -159,16 +160,17 @@ class KeywordSearcher:
                 return rowids, scores, keys
             asked *= WIDEN
 
-    def _both(self, query: KeywordQuery, asked: int, count: int, every: bool) -> tuple[_Found, _Found]:
+    def _both(self, query: KeywordQuery, asked: int, count: int, every: bool,
+              side_by_side: bool = True) -> tuple[_Found, _Found]:
         """Each side's best units for QUERY's COUNT best documents: the documents' and the passages'.
 
         A document scores at least its own BM25 and at most the higher of that and its best passage's: the COUNT-th
         best document score is reached by COUNT documents, so a passage below it cannot lift its document among
         the best, and it is the passages' floor. The two MaxScore runs go side by side, in two threads, the
         documents' raising the passages' floor as its COUNT-th best score rises; one after the other where the
-        machine has one core, where every matching unit is read, or where the passages' postings are too few to
-        repay handing their search to a thread (`SIDE_BY_SIDE_FROM`)."""
-        pool = _side_by_side()
+        machine has one core, where SIDE_BY_SIDE is False, where every matching unit is read, or where the
+        passages' postings are too few to repay handing their search to a thread (`SIDE_BY_SIDE_FROM`)."""
+        pool = _side_by_side() if side_by_side else None
         if every or pool is None or query.passages.postings() < SIDE_BY_SIDE_FROM:
             whole = self._best(query.documents, asked, every)
             return whole, self._best(query.passages, asked, every, self._split, floor=_kth(whole.scores, count))
