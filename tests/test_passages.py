@@ -474,3 +474,35 @@ def test_a_window_too_short_is_refused_zero_included(window):
     """0 once built with the default window, where 15 and -5 were refused."""
     with pytest.raises(RetrieverError, match="too short"):
         PassageSettings(window=window).checked(256)
+
+
+
+def test_a_forked_child_searches_keywords_with_threads_of_its_own(index, monkeypatch):
+    """The pool the passages' search runs in is the parent's: a child forked after a search must start its own
+    (the parent's threads are not in it: its pool would take the search and never run it)."""
+    import json
+    import os
+    import select
+    import signal
+
+    from retriever.search import keyword
+
+    monkeypatch.setattr(keyword, "SIDE_BY_SIDE_FROM", 0)
+    query = "harbour violin page 2"
+    expected = [hit.doc_id for hit in search(index, query, k=5, mode="keyword")]
+    assert keyword._POOL is not None
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child reports through the pipe)
+        try:
+            os.write(writing, json.dumps([hit.doc_id for hit in search(index, query, k=5, mode="keyword")]).encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    ready, _, _ = select.select([reading], [], [], 60)
+    if not ready:
+        os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    assert ready, "the forked child's keyword search never finished"
+    with os.fdopen(reading) as pipe:
+        assert json.loads(pipe.read()) == expected

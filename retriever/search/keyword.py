@@ -327,6 +327,16 @@ def _side_by_side() -> ThreadPoolExecutor | None:
     return _POOL
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads are not there, so its pool would take work and never do it."""
+    global _POOL
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _kth(scores: np.ndarray, count: int) -> float:
     """The COUNT-th highest of SCORES (0 where there are fewer)."""
     if count <= 0 or len(scores) < count:
