@@ -66,37 +66,10 @@ def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower
     for floor in (0.0, float(exact[best[-1]])):  # none, and the exact COUNT-th best score
         found, scores = kernels.max_score(np.concatenate(lists), np.concatenate(counts), starts, ends,
                                           weights[order], ceilings[order], order.astype(np.int64), K1_PLUS_1, norm,
-                                          dead, count, floor, np.zeros(1), np.zeros(1), 0)
+                                          dead, count, floor)
         ranked = np.lexsort((found, -scores))
         assert found[ranked].tolist() == best.tolist()
         np.testing.assert_array_equal(scores, exact[found])
-
-
-def test_max_score_takes_a_floor_raised_beside_it_and_raises_one_for_another_search():
-    generator = np.random.default_rng(5)
-    documents, count, rank = 60_000, 20, 10
-    norm = (0.3 + 0.9 * generator.random(documents)).astype(np.float32)
-    lists = [np.sort(generator.choice(documents, int(share * documents), replace=False)).astype(np.int32)
-             for share in (0.02, 0.2, 0.6)]
-    counts = [generator.integers(1, 4, len(held)).astype(np.uint16) for held in lists]
-    weights = np.array([2.5, 1.0, 0.3], np.float32)
-    ceilings = weights.astype(np.float64) * float(K1_PLUS_1) * (1 + 1e-5)
-    order = np.argsort(ceilings, kind="stable")
-    starts = np.cumsum([0] + [len(held) for held in lists])[:-1][order]
-    ends = starts + np.array([len(held) for held in lists])[order]
-
-    def search(floor, listen, publish, rank):
-        return kernels.max_score(np.concatenate(lists), np.concatenate(counts), starts, ends, weights[order],
-                                 ceilings[order], order.astype(np.int64), K1_PLUS_1, norm,
-                                 np.empty(0, np.int32), count, floor, listen, publish, rank)
-
-    published = np.zeros(1)
-    found, scores = search(0.0, np.zeros(1), published, rank)
-    assert published[0] == np.sort(scores)[::-1][rank - 1]  # the RANK-th best score found
-    given = search(float(published[0]), np.zeros(1), np.zeros(1), 0)
-    listened = search(0.0, published, np.zeros(1), 0)  # the same floor, raised by another search
-    assert sorted(listened[0].tolist()) == sorted(given[0].tolist())
-    assert set(found[scores >= published[0]].tolist()) <= set(listened[0].tolist())
 
 
 def test_the_kernels_compile_where_no_cache_folder_can_be_written(monkeypatch):

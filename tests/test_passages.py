@@ -370,17 +370,10 @@ def test_k_distinct_documents_come_back_when_long_ones_crowd_the_top(index, mode
         assert {hit.doc_id for hit in hits} == {f"s{i}" for i in range(40) if i % 6 == 0} | {"long0", "long1", "long2"}
 
 
-@pytest.mark.parametrize("side_by_side", [True, False])
-def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path, monkeypatch, side_by_side):
-    """Each segment prunes passages below an earlier segment's floor, and the documents' search raises the
-    passages' floor as it runs beside it (or before it, on one core): the documents must still be the exact best
+def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path):
+    """Each segment prunes passages below an earlier segment's floor: the documents must still be the exact best
     ones, as scoring every match (what a filter does) ranks them."""
     from retriever.filters import parse_where
-    from retriever.search import keyword
-
-    monkeypatch.setattr(keyword, "SIDE_BY_SIDE_FROM", 0)  # however few postings a query has
-    if not side_by_side:
-        monkeypatch.setattr(keyword, "_side_by_side", lambda: None)
 
     documents = corpus(longs=6, shorts=30)
     index = Index.build(documents[:12], "p", tmp_path, model=str(tiny_bert), max_length=WINDOW, calibrator="none",
@@ -474,35 +467,3 @@ def test_a_window_too_short_is_refused_zero_included(window):
     """0 once built with the default window, where 15 and -5 were refused."""
     with pytest.raises(RetrieverError, match="too short"):
         PassageSettings(window=window).checked(256)
-
-
-
-def test_a_forked_child_searches_keywords_with_threads_of_its_own(index, monkeypatch):
-    """The pool the passages' search runs in is the parent's: a child forked after a search must start its own
-    (the parent's threads are not in it: its pool would take the search and never run it)."""
-    import json
-    import os
-    import select
-    import signal
-
-    from retriever.search import keyword
-
-    monkeypatch.setattr(keyword, "SIDE_BY_SIDE_FROM", 0)
-    query = "harbour violin page 2"
-    expected = [hit.doc_id for hit in search(index, query, k=5, mode="keyword")]
-    assert keyword._POOL is not None
-    reading, writing = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover (the child reports through the pipe)
-        try:
-            os.write(writing, json.dumps([hit.doc_id for hit in search(index, query, k=5, mode="keyword")]).encode())
-        finally:
-            os._exit(0)
-    os.close(writing)
-    ready, _, _ = select.select([reading], [], [], 60)
-    if not ready:
-        os.kill(child, signal.SIGKILL)
-    os.waitpid(child, 0)
-    assert ready, "the forked child's keyword search never finished"
-    with os.fdopen(reading) as pipe:
-        assert json.loads(pipe.read()) == expected

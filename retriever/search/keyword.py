@@ -13,11 +13,9 @@ passage evidence helps combined with the document's). A document that is one pas
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,11 +104,10 @@ class KeywordSearcher:
         """SEGMENT's mask of passage keyword units whose documents are not deleted."""
         return ~np.isin(segment.documents_of(segment.passage_unit_keys), self.snapshot.tombstones)
 
-    def lists(self, texts: Sequence[str], depth: int, stop_words: bool, matches: Matches | None = None,
-              side_by_side: bool = True) -> list[KeywordList]:
+    def lists(self, texts: Sequence[str], depth: int, stop_words: bool,
+              matches: Matches | None = None) -> list[KeywordList]:
         """Each text's keyword top DEPTH (with MATCHES, among those row ids), with its matches kept for scoring
-        other candidates. STOP_WORDS: leave out a query's stop words where it has other words. SIDE_BY_SIDE: the
-        documents' and the passages' searches may run in two threads (`_both`)."""
+        other candidates. STOP_WORDS: leave out a query's stop words where it has other words."""
         documents, passages = self.scorers()
         sides = []
         for text in texts:
@@ -118,11 +115,11 @@ class KeywordSearcher:
             with self.snapshot.reading(SEGMENTS, errors=(sqlite3.DatabaseError,)):
                 whole = documents.match(text, stop_words)
                 query = KeywordQuery(whole, passages.weighted(whole) if passages is not None else None)
-            sides.append(KeywordList(query, *self._top(query, depth, matches, side_by_side)))
+            sides.append(KeywordList(query, *self._top(query, depth, matches)))
         return sides
 
-    def _top(self, query: KeywordQuery, count: int, matches: Matches | None,
-             side_by_side: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _top(self, query: KeywordQuery, count: int,
+             matches: Matches | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The COUNT best documents over all segments: (row ids, scores, best passage keys), best first, ties to
         the lower row id (as `fusion.top_list` breaks them); with MATCHES, among those row ids only (every match
         scored, then filtered: the scores are the unfiltered index's). Each side's best units are read, twice as
@@ -132,11 +129,14 @@ class KeywordSearcher:
         matching unit was read."""
         asked, every = count * FIRST_PASSAGES, matches is not None
         while True:
+            whole = self._best(query.documents, asked, every)
             if query.passages is None:
-                whole = self._best(query.documents, asked, every)
                 rowids, scores, keys, floor = whole.rowids, whole.scores, np.full(len(whole.rowids), -1), whole.floor
             else:
-                whole, parts = self._both(query, asked, count, every, side_by_side)
+                # A document scores at least its own BM25 and at most the higher of that and its best passage's:
+                # the COUNT-th best document score is reached by COUNT documents, so a passage below it cannot
+                # lift its document among the best, and the passages' MaxScore starts from it.
+                parts = self._best(query.passages, asked, every, self._split, floor=_kth(whole.scores, count))
                 rowids = np.union1d(whole.rowids, parts.rowids)
                 scores, keys = self._combined(query, rowids, whole, parts)
                 floor = max(whole.floor, parts.floor)
@@ -160,41 +160,16 @@ class KeywordSearcher:
                 return rowids, scores, keys
             asked *= WIDEN
 
-    def _both(self, query: KeywordQuery, asked: int, count: int, every: bool,
-              side_by_side: bool = True) -> tuple[_Found, _Found]:
-        """Each side's best units for QUERY's COUNT best documents: the documents' and the passages'.
-
-        A document scores at least its own BM25 and at most the higher of that and its best passage's: the COUNT-th
-        best document score is reached by COUNT documents, so a passage below it cannot lift its document among
-        the best, and it is the passages' floor. The two MaxScore runs go side by side, in two threads, the
-        documents' raising the passages' floor as its COUNT-th best score rises; one after the other where the
-        machine has one core, where SIDE_BY_SIDE is False, where every matching unit is read, or where the
-        passages' postings are too few to repay handing their search to a thread (`SIDE_BY_SIDE_FROM`)."""
-        pool = _side_by_side() if side_by_side else None
-        if every or pool is None or query.passages.postings() < SIDE_BY_SIDE_FROM:
-            whole = self._best(query.documents, asked, every)
-            return whole, self._best(query.passages, asked, every, self._split, floor=_kth(whole.scores, count))
-        floor = np.zeros(1)
-        passages = pool.submit(query.passages.candidates, asked, 0.0, floor)
-        try:
-            documents = query.documents.candidates(asked, publish=floor, rank=count)
-        finally:
-            found = passages.result()
-        whole = self._best(query.documents, asked, False, found=documents)
-        return whole, self._best(query.passages, asked, False, self._split, floor=_kth(whole.scores, count),
-                                 found=found)
-
     def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None,
-              floor: float = 0.0, found: tuple | None = None) -> _Found:
+              floor: float = 0.0) -> _Found:
         """The documents of QUERY's best ASKED units (EVERY: of every matching unit) of those scoring at least
         FLOOR, each by its best unit there: the documents' units, or with NUMBERS (the version's segments QUERY's
-        scorer reads, in its order), the passages'. FOUND: `QueryMatches.candidates`, already searched (with a
-        floor that rose to FLOOR at most)."""
+        scorer reads, in its order), the passages'."""
         if every:
             segments, positions, scores = query.every_match()
             floor = 0.0
         else:
-            segments, positions, scores = found if found is not None else query.candidates(asked, floor)
+            segments, positions, scores = query.candidates(asked, floor)
         keys = np.full(len(positions), -1, np.int64)
         rowids = np.empty(len(positions), np.int64)
         for number in range(len(query.scorer.segments)):
@@ -212,9 +187,6 @@ class KeywordSearcher:
         complete = every or not any((segments == number).sum() == asked for number in range(len(query.scorer.segments)))
         if not complete and len(scores) >= asked:
             floor = max(floor, float(np.partition(scores, len(scores) - asked)[len(scores) - asked]))
-        if floor > 0:
-            # A unit held below FLOOR (found before the floor rose to it) may not be its document's best: those
-            # below are all left out alike.
             sure = scores >= floor
             rowids, scores, keys = rowids[sure], scores[sure], keys[sure]
         # A document's first unit, best first (ties to the lower key), is its best.
@@ -305,36 +277,6 @@ class KeywordSearcher:
         mean = float(scores.sum()) / documents
         squares = float(np.square(scores).sum()) / documents
         return mean, float(np.sqrt(max(squares - mean * mean, 0.0)))
-
-
-# The passages' postings a query must have for their search to run beside the documents': handing a search to a
-# thread and back costs about what MaxScore takes over this many postings (measured on 2 cores, issue 54: 0.3 to
-# 0.4 ms on a 1,398-abstract index, where a search reads a few thousand; MaxScore about 1.4 ns a posting at a
-# million passages).
-SIDE_BY_SIDE_FROM = 250_000
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _side_by_side() -> ThreadPoolExecutor | None:
-    """The threads the passages' MaxScore runs in beside the documents' (None where this process has one core)."""
-    global _POOL
-    if _POOL is None:
-        with _POOL_LOCK:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            if _POOL is None and cores > 1:
-                _POOL = ThreadPoolExecutor(max_workers=cores, thread_name_prefix="retriever-passages")
-    return _POOL
-
-
-def _forget_pool() -> None:
-    """In a forked child: the parent's threads are not there, so its pool would take work and never do it."""
-    global _POOL
-    _POOL = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _kth(scores: np.ndarray, count: int) -> float:

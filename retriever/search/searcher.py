@@ -68,11 +68,9 @@ class Searcher:
                                                                side.keys.tolist()), start=1)]
                 for side in sides])
         # Hybrid: the two sides one after the other (measured on 2 cores, a thread for the keyword side gained
-        # nothing beside the dense search and lost beside the encoder: benchmarks/results/README.md, hybrid at 1M),
-        # and the keyword side in one thread: just after the dense search, whose threads still spin, a second one
-        # lost (benchmarks/results/search_p50_side_by_side.md).
+        # nothing beside the dense search and lost beside the encoder: benchmarks/results/README.md, hybrid at 1M).
         dense_scores, dense_ids, dense_keys = self.dense.top_passages(vectors, plan.dense, plan.matches)
-        sides = self.keyword.lists(texts, plan.depth, plan.options.drops_stop_words, plan.matches, side_by_side=False)
+        sides = self.keyword.lists(texts, plan.depth, plan.options.drops_stop_words, plan.matches)
         return ranked_hits(self.snapshot, fuse(vectors, dense_scores, dense_ids, dense_keys, sides, plan.options,
                                                self.dense, self.keyword))
 

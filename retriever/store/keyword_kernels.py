@@ -91,8 +91,7 @@ def _lowest_bit(word):
 
 
 @_compiled
-def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_plus_1, norm, dead, count, floor,
-              listen, publish, rank):
+def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_plus_1, norm, dead, count, floor):
     """The COUNT best documents of one segment by MaxScore (Turtle and Flood 1995), a window of documents at a time
     as Lucene's MaxScoreBulkScorer does: (positions, exact float32 scores), the best first in no particular order.
 
@@ -105,11 +104,7 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
     documents are then taken in order: the low-ceiling terms are looked up, highest ceiling first, while the
     document can still reach the threshold, and a document that can is scored exactly. DEAD: deleted positions,
     ascending. Documents are ordered by score, then lower position: one holding an equal score later does not
-    displace one found before.
-
-    Two searches may run at once, one raising the other's floor (`QueryMatches.candidates`): LISTEN[0] is a floor
-    another search raises while this one runs, read before each window; with RANK > 0, PUBLISH[0] is raised to the
-    RANK-th best score found here whenever that rises (a floor for a search that needs only scores above it)."""
+    displace one found before."""
     terms = len(starts)
     cumulative = np.empty(terms + 1, np.float64)  # cumulative[i]: the ceilings of terms below i
     cumulative[0] = 0.0
@@ -135,11 +130,6 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
     base = 0
     while base < documents:
         limit = min(documents, base + min(width, max(FIRST_WINDOW, base)))
-        if listen[0] > threshold:  # the other search raised the floor
-            threshold = listen[0]
-            margin = abs(threshold) * 2.5e-7 + 1e-30
-            while essential < terms and cumulative[essential + 1] < threshold - margin:
-                essential += 1
         walked = essential  # fixed for the window: its terms' contributions are in PARTIAL
         for i in range(walked, terms):
             at = heads[i]
@@ -200,12 +190,6 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
                     best_positions[worst] = document
                     best_scores[worst] = found
                     worst = _worst(best_scores, best_positions, held)
-                else:
-                    continue  # nothing held changed
-                if 0 < rank <= held:
-                    ranked = np.sort(best_scores[:held])[held - rank]
-                    if ranked > publish[0]:
-                        publish[0] = ranked
                 if held == count and best_scores[worst] > threshold:
                     threshold = np.float64(best_scores[worst])
                     margin = abs(threshold) * 2.5e-7 + 1e-30

@@ -298,10 +298,6 @@ class QueryMatches:
     def __init__(self, scorer: KeywordScorer, terms: list[TermPostings]):
         self.scorer, self.terms = scorer, terms
 
-    def postings(self) -> int:
-        """How many postings its terms have over all segments: what a search of every match reads."""
-        return sum(len(held[0]) for term in self.terms for held in term.postings if held is not None)
-
     def scores(self, segment: int, positions: np.ndarray) -> np.ndarray:
         """The exact scores of the documents at POSITIONS of segment number SEGMENT (0 where no term occurs): each
         term's contribution looked up in its postings and added in the terms' order (float64, then float32), the
@@ -327,19 +323,14 @@ class QueryMatches:
         tf = np.asarray(counts, dtype=np.float32)
         return term.weight * tf * self.scorer.k1_plus_1 / (tf + self.scorer.norms[segment][positions])
 
-    def candidates(self, count: int, floor: float = 0.0, listen: np.ndarray | None = None,
-                   publish: np.ndarray | None = None, rank: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def candidates(self, count: int, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of matching live documents, sure to hold the COUNT best
         (ties: the lower position first) of those scoring at least FLOOR, found by MaxScore in each segment
         (`keyword_kernels.max_score`). A segment's COUNT-th best score is a floor for the next segments': a
-        document below it cannot be among the COUNT best of the version. Beside a search in another thread:
-        LISTEN[0] is a floor that search raises as it goes (those scoring at least its last value are held), and
-        PUBLISH[0] is raised to each segment's RANK-th best score here, a floor for that search."""
+        document below it cannot be among the COUNT best of the version."""
         if not self.terms:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
         floor = float(floor)
-        listen = np.zeros(1) if listen is None else listen
-        publish = np.zeros(1) if publish is None else publish
         segments, positions, scores = [], [], []
         for number, (keywords, norm, dead) in enumerate(zip(self.scorer.segments, self.scorer.norms,
                                                             self.scorer.dead)):
@@ -354,7 +345,7 @@ class QueryMatches:
             ends = starts + np.array([len(here[i].postings[number][0]) for i in order], np.int64)
             found, exact = _kernels().max_score(keywords.positions, keywords.counts, starts, ends, weights[order],
                                              ceilings[order], order.astype(np.int64), self.scorer.k1_plus_1, norm,
-                                             dead, count, floor, listen, publish, rank)
+                                             dead, count, floor)
             segments.append(np.full(len(found), number, np.int32))
             positions.append(found)
             scores.append(exact)
