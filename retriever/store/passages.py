@@ -57,6 +57,13 @@ def keys_of(sorted_keys: np.ndarray, rowids: np.ndarray) -> np.ndarray:
     return np.asarray(sorted_keys[positions], np.int64)
 
 
+def document_runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each document's run of passages starts and ends in KEYS (ascending passage keys, at least one)."""
+    owners = document_of(keys)
+    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+    return starts, np.r_[starts[1:], len(keys)]
+
+
 def cut_positions(keys: np.ndarray) -> np.ndarray:
     """The positions in KEYS (ascending passage keys) of the passages of documents cut into more than one: the
     units of a segment's keyword index of passages (a document that is one passage scores as a whole document, so
@@ -64,10 +71,8 @@ def cut_positions(keys: np.ndarray) -> np.ndarray:
     keys = np.asarray(keys, np.int64)
     if not len(keys):
         return np.empty(0, np.int64)
-    owners = document_of(keys)
-    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
-    counts = np.diff(np.r_[starts, len(keys)])
-    return np.flatnonzero(np.repeat(counts > 1, counts)).astype(np.int64)
+    starts, ends = document_runs(keys)
+    return np.flatnonzero(np.repeat(ends - starts > 1, ends - starts)).astype(np.int64)
 
 
 def document_scores(first: np.ndarray, best: np.ndarray, coverage: np.ndarray) -> np.ndarray:
@@ -87,7 +92,6 @@ def coverages(keys: np.ndarray, spans: np.ndarray) -> np.ndarray:
     keys, spans = np.asarray(keys, np.int64), np.asarray(spans, np.int64).reshape(-1, 2)
     if not len(keys):
         return np.empty(0, np.float32)
-    starts = np.flatnonzero(np.r_[True, document_of(keys[1:]) != document_of(keys[:-1])])
-    ends = np.r_[starts[1:], len(keys)]
+    starts, ends = document_runs(keys)
     share = spans[starts, 1] / np.maximum(spans[ends - 1, 1], 1)
     return np.repeat(np.minimum(share, 1.0), ends - starts).astype(np.float32)

@@ -134,12 +134,12 @@ class Segment:
                 self.passage_keywords = KeywordSegment(folder, PASSAGE_FILES)
                 units = self.passage_keywords.documents
                 # A unit per passage of a cut document; an index written before 2026-11-29 has one per passage.
-                positions = (np.arange(len(self.keys), dtype=np.int64) if units == len(self.keys)
-                             else cut_positions(self.passage_keys))
-                if units != len(positions):
+                unit_keys = (self.passage_keys if units == len(self.keys)
+                             else self.passage_keys[cut_positions(self.passage_keys)])
+                if units != len(unit_keys):
                     raise RetrieverError(f"{folder / PASSAGE_KEYWORDS}: {units} units for the "
-                                         f"{len(positions)} passages of the cut documents")
-                self.passage_unit_keys = np.asarray(self.passage_keys[positions], np.int64)
+                                         f"{len(unit_keys)} passages of the cut documents")
+                self.passage_unit_keys = np.asarray(unit_keys, np.int64)
         except BaseException:
             self.close()  # no connection left open by a segment that failed to open
             raise
