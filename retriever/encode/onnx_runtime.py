@@ -31,7 +31,7 @@ import torch
 
 from retriever.errors import RetrieverError, UnavailableError, param
 from retriever.encode.pooling import Pooling, pool
-from retriever.encode.query_kit import onnx_cache_dir
+from retriever.encode.query_kit import onnx_cache_dir, session_options
 
 
 # Part of each graph's digest, so a change to how graphs are made is a new entry. Where graphs are kept:
@@ -86,12 +86,7 @@ class OnnxForward:
 
         self.input_names = list(input_names)
         wrapper = _Pooled(model, pooling, num_hidden_layers, self.input_names).eval()
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        # Idle workers sleep instead of spinning: on a few cores a spinning pool takes the CPU that the server's
-        # HTTP loop and the next batch need.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
+        options = session_options(threads or torch.get_num_threads())
         cached = onnx_cache_dir() / f"{_graph_digest(wrapper, pooling, num_hidden_layers, self.input_names)}.onnx"
         self.session = None
         self.graph_path: Path | None = None  # the kept graph this session runs (None: exported in memory only)

@@ -32,6 +32,7 @@ from retriever.encode.tokenizing import TokenizerSettings, backend_tokens, padde
 KIT_FORMAT = 2
 KITS = "kits"  # the folder beside the graphs
 ONNX_CACHE_ENV = "RETRIEVER_ONNX_CACHE"
+SPIN_MICROSECONDS = 50  # a worker's longest spin between two operators of one run
 
 
 def onnx_cache_dir() -> Path:
@@ -39,6 +40,26 @@ def onnx_cache_dir() -> Path:
     if os.environ.get(ONNX_CACHE_ENV):
         return Path(os.environ[ONNX_CACHE_ENV]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "retriever" / "onnx"
+
+
+def session_options(threads: int | None = None):
+    """ONNX Runtime's settings for an encoder's session (this kit's and `onnx_runtime.OnnxForward`'s), THREADS
+    intra-op threads (default: ONNX Runtime's own choice, the physical cores).
+
+    Within a run the workers spin briefly between operators (at most SPIN_MICROSECONDS each wait) and stop spinning
+    when the run ends: a short query is a hundred small operators, and a worker put to sleep between them costs more
+    than the operator; a worker still spinning after the run would take the CPU from the search that follows it, and
+    from a neighbour (benchmarks/results/query_runtime.md)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_MICROSECONDS))
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    options.log_severity_level = 3
+    return options
 
 
 def kit_may_serve(record: dict, device: str | None, runtime: str) -> bool:
@@ -128,11 +149,8 @@ class QueryKitEncoder:
         self._tokenizer_lock = threading.Lock()
         self.settings, self.dim, self.model_name = settings, dim, model_name
         self.max_length = settings.max_length
-        options = onnxruntime.SessionOptions()
-        # As the full encoder's session (`onnx_runtime.OnnxForward`): idle workers sleep instead of spinning.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        self.session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        self.session = onnxruntime.InferenceSession(str(graph), session_options(),
+                                                    providers=["CPUExecutionProvider"])
 
     @classmethod
     def open(cls, record: dict) -> QueryKitEncoder | None:
