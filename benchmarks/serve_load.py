@@ -134,9 +134,9 @@ def request(port: int, method: str, path: str, body: dict | None = None, connect
 
 
 def run_phase(port: int, queries: list[str], clients: int, seconds: float, writes: list[dict],
-              initial_version: str, name: str = NAME) -> dict:
+              initial_version: int, name: str = NAME) -> dict:
     """CLIENTS sequential clients for SECONDS while the writer commits every WRITE_EVERY_S; see the docstring."""
-    results: list[list[tuple[float, float, str]]] = [[] for _ in range(clients)]  # (start, latency, version)
+    results: list[list[tuple[float, float, int]]] = [[] for _ in range(clients)]  # (start, latency, version)
     failures: list[str] = []
     committed = [initial_version]
     write_log: list[dict] = []
@@ -171,7 +171,7 @@ def run_phase(port: int, queries: list[str], clients: int, seconds: float, write
                 continue
             answer = json.loads(body)
             hits = answer["queries"][0]["results"] if len(answer.get("queries", [])) == 1 else None
-            if not isinstance(answer.get("version"), str) or hits is None or not 1 <= len(hits) <= 10:
+            if not isinstance(answer.get("version"), int) or hits is None or not 1 <= len(hits) <= 10:
                 failures.append(f"malformed answer: {body[:200]!r}")
                 continue
             results[number].append((begin, latency, answer["version"]))
@@ -252,8 +252,12 @@ def cli_per_query(index_dir: Path, queries: list[str], runs: int) -> dict:
     return {"runs": runs, "seconds": [round(t, 3) for t in times], "median_ms": round(1000 * statistics.median(times), 1)}
 
 
-def current_version(index_dir: Path, name: str = NAME) -> str:
-    return Path(os.path.realpath(index_dir / name)).name
+def current_version(index_dir: Path, name: str = NAME) -> int:
+    """The version number NAME serves now (what each answer's `version` names)."""
+    from retriever.index import Index
+
+    with Index.open(name, index_dir, device="cpu") as index:
+        return index.snapshot.manifest.version
 
 
 def main() -> None:
@@ -279,7 +283,7 @@ def main() -> None:
     }
     from retriever.index import Index
 
-    spec = Index.open(NAME, index_dir, device="cpu").manifest.index
+    spec = Index.open(NAME, index_dir, device="cpu").snapshot.manifest.index
     report["index"]["type"] = spec["type"]
 
     def write_offset() -> int:  # each phase adds passages not added before

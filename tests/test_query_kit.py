@@ -95,6 +95,32 @@ def test_a_kit_encodes_from_many_threads_at_once(tiny_bert, tmp_path):
     assert all(np.allclose(got, expected, atol=1e-6) for got in results[1::2])
 
 
+def test_a_scripts_queries_spin_within_a_run_and_a_servers_sleep_with_the_same_vectors(tiny_bert, tmp_path):
+    """Queries asked one at a time (Index.search) keep ONNX Runtime's workers spinning between a run's operators and
+    stopping at its end; a server's kit, encoding concurrent batches beside its HTTP loop, lets idle workers sleep;
+    both give the same vectors."""
+    from retriever.index import Index
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    Index.build([{"_id": "a", "text": "a note"}], "notes", tmp_path / "indexes", model=str(model),
+                calibrator="none", device="cpu")
+    with Index.open("notes", tmp_path / "indexes", device="cpu") as index:
+        record = index.snapshot.manifest.encoder
+        _full_encoder(record)
+        scripts = index._query_encoder()  # what Index.search encodes with once a kit is kept
+        assert isinstance(scripts, QueryKitEncoder)
+        servers = QueryKitEncoder.open(record)  # as the server opens it (retriever.serve.open_indexes)
+
+        def entry(kit, key):
+            return kit.session.get_session_options().get_session_config_entry(key)
+
+        assert entry(scripts, "session.intra_op.allow_spinning") == "1"
+        assert entry(scripts, "session.force_spinning_stop") == "1"
+        assert entry(servers, "session.intra_op.allow_spinning") == "0"
+        assert np.array_equal(scripts.encode(TEXTS), servers.encode(TEXTS))
+
+
 def test_a_server_answers_searches_from_the_kit_and_loads_the_model_at_the_first_write(tiny_bert, tmp_path,
                                                                                         monkeypatch):
     """`retriever serve` and `retriever mcp` start without loading the model where its kit is kept; the first write

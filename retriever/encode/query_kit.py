@@ -42,22 +42,27 @@ def onnx_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "retriever" / "onnx"
 
 
-def session_options(threads: int | None = None):
-    """ONNX Runtime's settings for an encoder's session (this kit's and `onnx_runtime.OnnxForward`'s), THREADS
-    intra-op threads (default: ONNX Runtime's own choice, the physical cores).
+def session_options(threads: int | None = None, spin_within_runs: bool = False):
+    """ONNX Runtime's settings for an encoder's session, THREADS intra-op threads (default: ONNX Runtime's own
+    choice, the physical cores). Idle workers sleep: on a few cores a spinning pool takes the CPU that a server's HTTP
+    loop and its next batch need (the server's kit, `onnx_runtime.OnnxForward`: with 16 clients, spinning within
+    runs served 15% fewer queries a second, benchmarks/results/query_runtime.md).
 
-    Within a run the workers spin briefly between operators (at most SPIN_MICROSECONDS each wait) and stop spinning
-    when the run ends: a short query is a hundred small operators, and a worker put to sleep between them costs more
-    than the operator; a worker still spinning after the run would take the CPU from the search that follows it, and
-    from a neighbour (benchmarks/results/query_runtime.md)."""
+    SPIN_WITHIN_RUNS (a kit's single queries, one at a time): within a run the workers spin briefly between operators
+    (at most SPIN_MICROSECONDS each wait) and stop when the run ends. A short query is a hundred small operators, and
+    a worker put to sleep after each costs more than the operator; one still spinning after the run would take the
+    CPU from the search that follows it."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_MICROSECONDS))
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+    if spin_within_runs:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_MICROSECONDS))
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+    else:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     return options
 
@@ -139,7 +144,8 @@ class QueryKitEncoder:
 
     runtime = "onnx"
 
-    def __init__(self, graph: Path, tokenizer_json: str, settings: TokenizerSettings, dim: int, model_name: str):
+    def __init__(self, graph: Path, tokenizer_json: str, settings: TokenizerSettings, dim: int, model_name: str,
+                 spin_within_runs: bool = False):
         import onnxruntime
         from tokenizers import Tokenizer
 
@@ -149,11 +155,13 @@ class QueryKitEncoder:
         self._tokenizer_lock = threading.Lock()
         self.settings, self.dim, self.model_name = settings, dim, model_name
         self.max_length = settings.max_length
-        self.session = onnxruntime.InferenceSession(str(graph), session_options(),
+        self.session = onnxruntime.InferenceSession(str(graph), session_options(spin_within_runs=spin_within_runs),
                                                     providers=["CPUExecutionProvider"])
 
     @classmethod
-    def open(cls, record: dict) -> QueryKitEncoder | None:
+    def open(cls, record: dict, spin_within_runs: bool = False) -> QueryKitEncoder | None:
+        """The kit kept for the encoder RECORD, or None. SPIN_WITHIN_RUNS: for queries asked one at a time
+        (`session_options`), not a server's concurrent batches."""
         key = kit_key(record)
         if key is None:
             return None
@@ -166,7 +174,8 @@ class QueryKitEncoder:
             graph = path.parent.parent / kit["graph"]
             if not graph.is_file():
                 return None
-            return cls(graph, kit["tokenizer"], settings, int(kit["dim"]), str(record.get("model")))
+            return cls(graph, kit["tokenizer"], settings, int(kit["dim"]), str(record.get("model")),
+                       spin_within_runs)
         except FileNotFoundError:
             return None
         except Exception:  # noqa: BLE001 - a damaged kit (a crash mid-write elsewhere): the long way, as if none
