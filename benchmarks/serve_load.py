@@ -1,6 +1,6 @@
 """Load on `retriever serve`: concurrent single-query clients while a writer commits, on loopback only.
 
-    python benchmarks/serve_load.py --work DIR [--vectors VECTORS.npy] [--seconds 60] [--clients 1,4,16]
+    python benchmarks/serve_load.py --work DIR [--vectors VECTORS.npy] [--seconds 60] [--clients 1,4,16] [--mode dense]
 
 The index holds 100,000 real passages of ../shared/data/passages (every 10.9th, as `benchmarks/scale.py`'s
 encode-build-100k), built once into DIR with the default model (all-MiniLM-L6-v2, max_length 256) as an `hnsw` index
@@ -134,7 +134,7 @@ def request(port: int, method: str, path: str, body: dict | None = None, connect
 
 
 def run_phase(port: int, queries: list[str], clients: int, seconds: float, writes: list[dict],
-              initial_version: int, name: str = NAME) -> dict:
+              initial_version: int, name: str = NAME, mode: str | None = None) -> dict:
     """CLIENTS sequential clients for SECONDS while the writer commits every WRITE_EVERY_S; see the docstring."""
     results: list[list[tuple[float, float, int]]] = [[] for _ in range(clients)]  # (start, latency, version)
     failures: list[str] = []
@@ -156,7 +156,7 @@ def run_phase(port: int, queries: list[str], clients: int, seconds: float, write
                 sent[0] += 1
             query = queries[turn % len(queries)]
             turn += clients
-            path = "/search?" + urlencode({"q": query, "k": 10, "index": name})
+            path = "/search?" + urlencode({"q": query, "k": 10, "index": name, **({"mode": mode} if mode else {})})
             begin = time.perf_counter()
             try:
                 status, body = request(port, "GET", path, connection=connection)
@@ -252,6 +252,9 @@ def cli_per_query(index_dir: Path, queries: list[str], runs: int) -> dict:
     return {"runs": runs, "seconds": [round(t, 3) for t in times], "median_ms": round(1000 * statistics.median(times), 1)}
 
 
+DEFAULT_MODE = "the index's default"  # no mode sent: what a client naming none gets
+
+
 def current_version(index_dir: Path, name: str = NAME) -> int:
     """The version number NAME serves now (what each answer's `version` names)."""
     from retriever.index import Index
@@ -266,6 +269,8 @@ def main() -> None:
     parser.add_argument("--vectors", type=Path, help="the passages' vectors (row i = passage i), to skip encoding")
     parser.add_argument("--seconds", type=float, default=60.0, help="per phase")
     parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--mode", choices=("dense", "keyword", "hybrid"), default=None,
+                        help="each search's mode (default: the index's own, as a client that names none gets)")
     parser.add_argument("--cli-runs", type=int, default=5, help="CLI invocations for the per-query baseline")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "serve_load")
     args = parser.parse_args()
@@ -277,7 +282,8 @@ def main() -> None:
     report: dict = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "index": {"name": NAME, "documents": DOCUMENTS, "model": "all-MiniLM-L6-v2", "max_length": MAX_LENGTH},
-        "settings": {"seconds_per_phase": args.seconds, "k": 10, "write_every_s": WRITE_EVERY_S,
+        "settings": {"seconds_per_phase": args.seconds, "k": 10, "mode": args.mode or DEFAULT_MODE,
+                     "write_every_s": WRITE_EVERY_S,
                      "documents_per_write": WRITE_DOCUMENTS, "queries": len(queries)},
         "phases": [],
     }
@@ -301,7 +307,7 @@ def main() -> None:
                       file=sys.stderr)
                 offset = write_offset() * WRITE_DOCUMENTS
                 phase = run_phase(server.port, queries, clients, args.seconds, writes[offset:],
-                                  current_version(index_dir))
+                                  current_version(index_dir), mode=args.mode)
                 phase["max_batch"], phase["runtime"] = max_batch, runtime
                 if (max_batch, runtime) == (64, "auto"):
                     report["phases"].append(phase)
@@ -353,7 +359,8 @@ def markdown(report: dict) -> str:
         "",
         f"`retriever serve` on {report['machine']['cpus']} CPUs, index `{index['name']}`: {index['documents']:,} real "
         f"passages, {index['model']} (max_length {index['max_length']}), index type `{index['type']}`. Clients send "
-        f"single-query GET /search (k=10) back to back over 127.0.0.1 for {report['settings']['seconds_per_phase']:.0f} s "
+        f"single-query GET /search (k=10, mode: {report['settings'].get('mode', DEFAULT_MODE)}) back to back over "
+        f"127.0.0.1 for {report['settings']['seconds_per_phase']:.0f} s "
         f"per phase while a writer POSTs {report['settings']['documents_per_write']} documents every "
         f"{report['settings']['write_every_s']:.0f} s.",
         "",
