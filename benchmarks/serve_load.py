@@ -289,7 +289,8 @@ def main() -> None:
     }
     from retriever.index import Index
 
-    spec = Index.open(NAME, index_dir, device="cpu").snapshot.manifest.index
+    with Index.open(NAME, index_dir, device="cpu") as index:
+        spec = index.snapshot.manifest.index
     report["index"]["type"] = spec["type"]
 
     def write_offset() -> int:  # each phase adds passages not added before

@@ -292,7 +292,8 @@ class Index:
         if self._encoder is None and self._query_kit is None and self._kit_may_serve():
             with self._encoder_lock:
                 if self._query_kit is None:
-                    # A script's or the CLI's queries come one at a time: the kit's workers spin within a run.
+                    # One caller's queries, a run at a time (a script, the CLI, a query file): the kit's workers
+                    # spin within a run; a server's kit, encoding concurrent batches, does not.
                     self._query_kit = QueryKitEncoder.open(self.snapshot.manifest.encoder,
                                                            spin_within_runs=True) or False
         return self._encoder or self._query_kit or self._encoder_for(self.snapshot)

@@ -33,6 +33,9 @@ KIT_FORMAT = 2
 KITS = "kits"  # the folder beside the graphs
 ONNX_CACHE_ENV = "RETRIEVER_ONNX_CACHE"
 SPIN_MICROSECONDS = 50  # a worker's longest spin between two operators of one run
+# The first ONNX Runtime measured to honour `session.intra_op.spin_duration_us` (earlier releases ignore an unknown
+# key, so their workers would spin unbounded within a run: measured slower beside a busy neighbour).
+SPIN_BOUNDED_FROM = (1, 32)
 
 
 def onnx_cache_dir() -> Path:
@@ -48,16 +51,16 @@ def session_options(threads: int | None = None, spin_within_runs: bool = False):
     loop and its next batch need (the server's kit, `onnx_runtime.OnnxForward`: with 16 clients, spinning within
     runs served 15% fewer queries a second, benchmarks/results/query_runtime.md).
 
-    SPIN_WITHIN_RUNS (a kit's single queries, one at a time): within a run the workers spin briefly between operators
-    (at most SPIN_MICROSECONDS each wait) and stop when the run ends. A short query is a hundred small operators, and
-    a worker put to sleep after each costs more than the operator; one still spinning after the run would take the
-    CPU from the search that follows it."""
+    SPIN_WITHIN_RUNS (`Index.search`'s kit: one caller's queries, run after run): within a run the workers spin
+    briefly between operators (at most SPIN_MICROSECONDS each wait, on ONNX Runtime SPIN_BOUNDED_FROM onward) and stop
+    when the run ends. A short query is a hundred small operators, and a worker put to sleep after each costs more
+    than the operator; one still spinning after the run would take the CPU from the search that follows it."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    if spin_within_runs:
+    if spin_within_runs and _release(onnxruntime.__version__) >= SPIN_BOUNDED_FROM:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_MICROSECONDS))
         options.add_session_config_entry("session.force_spinning_stop", "1")
@@ -65,6 +68,15 @@ def session_options(threads: int | None = None, spin_within_runs: bool = False):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     return options
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as 1.32.0 or 1.33.0.dev20260101; (0, 0) where it is not one."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
 
 
 def kit_may_serve(record: dict, device: str | None, runtime: str) -> bool:
