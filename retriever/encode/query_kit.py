@@ -60,7 +60,7 @@ def session_options(threads: int | None = None, spin_within_runs: bool = False):
     options = onnxruntime.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    if spin_within_runs and _release(onnxruntime.__version__) >= SPIN_BOUNDED_FROM:
+    if spin_within_runs and spin_is_bounded():
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_MICROSECONDS))
         options.add_session_config_entry("session.force_spinning_stop", "1")
@@ -70,13 +70,15 @@ def session_options(threads: int | None = None, spin_within_runs: bool = False):
     return options
 
 
-def _release(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as 1.32.0 or 1.33.0.dev20260101; (0, 0) where it is not one."""
-    parts = version.split(".")
+def spin_is_bounded() -> bool:
+    """Whether the installed ONNX Runtime is one measured to honour a bound on a worker's spin (SPIN_BOUNDED_FROM)."""
+    import onnxruntime
+
+    parts = onnxruntime.__version__.split(".")
     try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return 0, 0
+        return (int(parts[0]), int(parts[1])) >= SPIN_BOUNDED_FROM
+    except (IndexError, ValueError):  # not a release number: assume the least
+        return False
 
 
 def kit_may_serve(record: dict, device: str | None, runtime: str) -> bool:
