@@ -112,14 +112,15 @@ def _graph_kept(index) -> str:
 
 
 def _workers_sleep(index) -> None:
-    """INDEX's queries on ONNX Runtime with the settings shipped before (idle workers sleep between operators)."""
+    """INDEX's queries on ONNX Runtime with the settings shipped before (idle workers sleep between operators), as a
+    server's kit still has them."""
     import onnxruntime
 
+    from retriever.encode.query_kit import session_options
+
     kit = index._query_encoder()  # a benchmark's look inside: the same graph, another session
-    options = onnxruntime.SessionOptions()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
-    kit.session = onnxruntime.InferenceSession(kit.session._model_path, options, providers=["CPUExecutionProvider"])
+    kit.session = onnxruntime.InferenceSession(kit.session._model_path, session_options(),
+                                               providers=["CPUExecutionProvider"])
 
 
 def p50(model: str) -> dict:

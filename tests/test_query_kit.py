@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.encode.encoder import Encoder
-from retriever.encode.query_kit import KITS, QueryKitEncoder, kit_key, onnx_cache_dir
+from retriever.encode.query_kit import KITS, QueryKitEncoder, kit_key, onnx_cache_dir, spin_is_bounded
 
 TEXTS = ["how do I read a file", "the quick brown fox jumps over the lazy dog " * 20, "ünïcödé ✓", "a"]
 
@@ -114,8 +114,6 @@ def test_a_scripts_queries_spin_within_a_run_and_a_servers_sleep_with_the_same_v
 
         def entry(kit, key):
             return kit.session.get_session_options().get_session_config_entry(key)
-
-        from retriever.encode.query_kit import spin_is_bounded
 
         bounded = spin_is_bounded()  # an older ONNX Runtime would ignore the bound: its kit sleeps
         assert entry(scripts, "session.intra_op.allow_spinning") == ("1" if bounded else "0")

@@ -174,7 +174,7 @@ class QueryKitEncoder:
 
     @classmethod
     def open(cls, record: dict, spin_within_runs: bool = False) -> QueryKitEncoder | None:
-        """The kit kept for the encoder RECORD, or None. SPIN_WITHIN_RUNS: for queries asked one at a time
+        """The kit kept for the encoder RECORD, or None. SPIN_WITHIN_RUNS: for one caller's queries, run after run
         (`session_options`), not a server's concurrent batches."""
         key = kit_key(record)
         if key is None:
