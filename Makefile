@@ -13,6 +13,8 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 DATA ?= ../shared/data
 BROWSER ?= yes
+# The tests run in a worker per CPU (up to 4; pytest-xdist), a test file to each; PARALLEL= runs them in one process.
+PARALLEL ?= -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 # pip shows what it collects and installs (a quiet install of a few minutes looks hung); setuptools' banner about
 # editable installs, a warning for package authors, is left out.
 PIP := PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install --progress-bar on
@@ -59,7 +61,7 @@ browser:
 	    chromium chromium-driver >/dev/null; }
 
 test: $(VENV)/.installed-test browser
-	RETRIEVER_DATA=$(DATA) $(BIN)/python -m pytest --durations=15
+	RETRIEVER_DATA=$(DATA) $(BIN)/python -m pytest $(PARALLEL) --durations=15
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -14,6 +14,17 @@ REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+# Test files run first, in this order (the rest as collected): the slowest, so that a parallel run (`make test`: a
+# file to each worker, in this order) does not end on one of them, and the tests that start Ray long before the
+# other file that does (`ray_to_itself`).
+FIRST = ("test_engine_ray.py", "test_index_crash.py", "test_auto_calibrator.py", "test_cli_encode.py",
+         "test_search_page.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
+
+
 @pytest.fixture(autouse=True)
 def index_home(tmp_path_factory, monkeypatch) -> Path:
     """Every test gets its own empty index home ($RETRIEVER_HOME, inherited by subprocesses): no test reads or
@@ -32,18 +43,27 @@ def onnx_graphs(tmp_path_factory) -> Path:
         yield folder
 
 
-@pytest.fixture(autouse=True, scope="session")
-def ray_sessions_removed():
-    """The session folders the Ray tests' clusters leave in the temporary folder (/tmp/ray/session_*) are removed
-    when the run ends; those of other Ray processes on the machine, there before, are left alone."""
+@pytest.fixture(scope="module")
+def ray_to_itself():
+    """The machine's Ray to one test module at a time: every test that starts a Ray cluster asks for this. Workers
+    of a parallel run (`make test` runs pytest-xdist's, a test file to each) take turns through a lock file, since a
+    second cluster on the machine is found by one that starts after it (`ray.init` joins it) and a test that kills
+    Ray's encode actors finds them by name. The session folders the module's clusters leave in the temporary folder
+    (/tmp/ray/session_*) are removed when it is done; those there before are left alone."""
+    import fcntl
     import shutil
     import tempfile
 
     root = Path(tempfile.gettempdir()) / "ray"
-    before = set(root.glob("session_2*"))
-    yield
-    for folder in set(root.glob("session_2*")) - before:
-        shutil.rmtree(folder, ignore_errors=True)
+    with open(Path(tempfile.gettempdir()) / "retriever-tests-ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        before = set(root.glob("session_2*"))
+        try:
+            yield
+        finally:
+            for folder in set(root.glob("session_2*")) - before:
+                shutil.rmtree(folder, ignore_errors=True)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
