@@ -231,11 +231,8 @@ def encode_stage(assets: Path, corpus: Path, model: str, max_length: int, batch_
     return result
 
 
-def precision(assets: Path) -> dict:
-    """STS-B test Spearman of the real MiniLM, raw and flow, in fp32, fp16 and bf16 on the GPU, through `bench`."""
-    from retriever.encode.encoder import Encoder
-    from retriever.evaluation.runner import plan_benchmark, run_benchmark
-
+def real_minilm(assets: Path) -> Path:
+    """The carried all-MiniLM-L6-v2 (real weights, fp16, `prepare`'s) unpacked into a model folder."""
     folder = Path(tempfile.mkdtemp(prefix="minilm-sts-"))
     for file in (assets / "models" / STS_MODEL).iterdir():
         if file.name == "check.json":
@@ -245,6 +242,15 @@ def precision(assets: Path) -> dict:
                 shutil.copyfileobj(source, target)
         else:
             shutil.copy(file, folder)
+    return folder
+
+
+def precision(assets: Path) -> dict:
+    """STS-B test Spearman of the real MiniLM, raw and flow, in fp32, fp16 and bf16 on the GPU, through `bench`."""
+    from retriever.encode.encoder import Encoder
+    from retriever.evaluation.runner import plan_benchmark, run_benchmark
+
+    folder = real_minilm(assets)
     plan = plan_benchmark("stsb", calibrators="none,flow", data_dir=assets / "data",
                           limit=None if DEVICE == "cuda" else 100)
     scores = {}
@@ -257,6 +263,62 @@ def precision(assets: Path) -> dict:
                   for dtype in ("fp16", "bf16")}
     return {"stsb_test_spearman": scores, "minus_fp32": difference,
             "cpu_check": json.loads((assets / "models" / STS_MODEL / "check.json").read_text())}
+
+
+# A default build in a process of its own (its peak resident memory is the build's): every default (calibrator
+# auto, index type auto, the keyword index, the hybrid check), on the GPU; prints one JSON line.
+DEFAULT_BUILD = """
+import json, resource, sys, tempfile, time
+import torch
+from retriever.index import Index
+corpus, model, device = sys.argv[1:4]
+home = tempfile.mkdtemp(prefix="gpu-default-")
+started = time.perf_counter()
+summary = Index.build(corpus, "default", home, model=model, device=device, dtype=sys.argv[4])
+wall = time.perf_counter() - started
+with Index.open("default", home, device="cpu") as index:
+    manifest = index.snapshot.manifest
+print(json.dumps({"documents": summary.documents, "wall_s": wall, "timings_s": summary.timings,
+                  "calibrator": ((manifest.calibrator.get("decision") or {}).get("chosen") or manifest.calibrator)["name"],
+                  "index_type": manifest.index_type,
+                  "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                  "gpu_peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None}))
+"""
+
+
+def scaled_corpus(corpus: Path, documents: int, out: Path, seed: int = 0) -> Path:
+    """DOCUMENTS passages for a build at scale from the carried sample (a million real ones would not fit the
+    carry): the sample's own, then new ones of 2 to 6 of its sentences drawn at random (seeded), about a passage's
+    length, every one different."""
+    import random
+
+    from benchmarks.encode_speed import corpus_texts
+    from retriever.calibration.pseudo_queries import split_sentences
+
+    texts = corpus_texts(corpus, PASSAGES)
+    pieces = [sentence for text in texts for sentence in split_sentences(text)]
+    rng = random.Random(seed)
+    with open(out, "w", encoding="utf-8") as target:
+        for number in range(documents):
+            text = texts[number] if number < len(texts) else " ".join(rng.sample(pieces, rng.randint(2, 6)))
+            target.write(json.dumps({"_id": f"p{number}", "text": text}) + "\n")
+    return out
+
+
+def default_builds(assets: Path, corpus: Path, sizes: list[int]) -> dict:
+    """The default build, every stage timed (`ChangeSummary.timings`), with its peak memory, at each of SIZES
+    passages: real MiniLM weights (auto's check then decides as it would on real vectors), fp16 on the GPU."""
+    model = real_minilm(assets)
+    result = {}
+    for size in sizes:
+        path = corpus if size <= PASSAGES else scaled_corpus(corpus, size, corpus.with_name(f"scaled-{size}.jsonl"))
+        done = subprocess.run([sys.executable, "-c", DEFAULT_BUILD, str(path), str(model), DEVICE, SPEED_DTYPE],
+                              capture_output=True, text=True, cwd=REPO)
+        if done.returncode != 0:
+            raise RuntimeError(f"the default build of {size:,} passages failed:\n{done.stderr[-3000:]}")
+        result[str(size)] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(json.dumps({size: result[str(size)]}), flush=True)
+    return result
 
 
 def anisotropic(rows: int, dim: int, seed: int = 0):
@@ -475,6 +537,8 @@ def run(assets: Path, out: Path, only: set[str] | None) -> None:
         report.step("exact search 1M x 384", exact_search)
     if wanted("filtered"):
         report.step("filtered exact search 1M x 384", filtered_search)
+    if wanted("builds"):
+        report.step("default builds by stage", default_builds, assets, corpus, [PASSAGES, 10 * PASSAGES])
     home = report.data["steps"].get("encode MiniLM-L6 shape", {}).get("index_home")
     if wanted("hybrid") and home:
         report.step("hybrid search, 100k", hybrid_search, home, queries)
@@ -514,6 +578,34 @@ def markdown(data: dict) -> str:
                   "| model shape | dtype | batch | build's encode stage (passages/s) | `Encoder.encode` in memory | "
                   "ratio | tokenizing alone (1 thread) | forward passes alone | in memory by tokenizing processes |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---|", *encode_rows, ""]
+        whole = [(MODEL_LABELS.get(step["model"], step["model"]), step, run) for name, step in steps.items()
+                 if name.startswith("encode") and "runs" in step for run in step["runs"] if run.get("builds")]
+        if whole:
+            lines += ["The same builds end to end (calibrator `none`: read, encode, keyword index, vector index, "
+                      "write), against the same encoder in memory:", "",
+                      "| model shape | build end to end (passages/s, best of 2) | in memory | ratio | "
+                      "stages of that build (s) |", "|---|---:|---:|---:|---|"]
+            for label, step, run in whole:
+                best = min(run["builds"], key=lambda build: build["wall"])
+                rate = step["passages"] / best["wall"]
+                lines.append(f"| {label} | {rate:,.0f} | {run['in_memory_per_s']:,.0f} | "
+                             f"{rate / run['in_memory_per_s']:.2f} | "
+                             + ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in best["timings"].items()
+                                         if isinstance(seconds, (int, float))) + " |")
+            lines.append("")
+    builds = steps.get("default builds by stage", {})
+    build_rows = [f"| {int(size):,} | {fig['wall_s']:.1f} | {fig['calibrator']} | {fig['index_type']} | "
+                  f"{fig['peak_rss_gib']:.1f} | " + (f"{fig['gpu_peak_gib']:.1f}" if fig["gpu_peak_gib"] else "-")
+                  + " | " + ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in fig["timings_s"].items()
+                                      if isinstance(seconds, (int, float))) + " |"
+                  for size, fig in builds.items() if isinstance(fig, dict) and "wall_s" in fig]
+    if build_rows:
+        lines += [f"## The default build by stage (all-MiniLM-L6-v2, real weights, {SPEED_DTYPE}; every default: auto, "
+                  "the keyword index, the hybrid check)", "",
+                  "| passages | wall (s) | calibrator | index | peak memory (GiB) | GPU peak (GiB) | stages (s) |",
+                  "|---:|---:|---|---|---:|---:|---|", *build_rows, "",
+                  f"Beyond the {PASSAGES:,} carried passages, new ones of 2 to 6 of their sentences drawn at random "
+                  "(`scaled_corpus`).", ""]
     precision = steps.get("precision: real MiniLM on STS-B", {})
     if "stsb_test_spearman" in precision:
         lines += ["## Precision: all-MiniLM-L6-v2 (real weights), STS-B test Spearman x100 on the GPU", "",
@@ -580,7 +672,8 @@ def main() -> None:
     parser.add_argument("--assets", type=Path, default=REPO / ".gpu")
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
-    parser.add_argument("--only", help="comma-separated steps: encode, precision, flow, search, filtered, hybrid")
+    parser.add_argument("--only", help="comma-separated steps: encode, precision, flow, search, filtered, builds, "
+                                       "hybrid")
     parser.add_argument("--smoke", action="store_true", help="run every step on the CPU at small sizes")
     args = parser.parse_args()
     if args.smoke:
