@@ -15,13 +15,19 @@ the machine weighs on both:
     done
     python benchmarks/vectors_build_speed.py report benchmarks/results/vectors_build_speed/runs.jsonl \\
         --out benchmarks/results/vectors_build_speed.md
+
+Each run also records the CPU time its build took (every thread, user and system): divided by the CPUs, the wall
+time that work would take with every CPU busy from start to end, a floor no overlapping of the build's stages goes
+under (runs_cpu_time.jsonl and vectors_build_speed_cpu_time.md: the same commands, with those names).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -46,19 +52,26 @@ def run(code: Path, corpus: Path, vectors: Path) -> dict:
 
     assert Path(retriever.__file__).resolve().is_relative_to(code.resolve()), retriever.__file__
     with tempfile.TemporaryDirectory(prefix="retriever-vectors-build-") as folder:
-        started = time.perf_counter()
+        cpu, started = _cpu_seconds(), time.perf_counter()
         summary = Index.build(corpus, "speed", folder, vectors=vectors)
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
         with Index.open("speed", folder) as index:
             manifest = index.snapshot.manifest
             decision = (manifest.calibrator.get("decision") or {})
             check = decision.get("check") or {}
             found = {"code": commit, "dirty": dirty, "documents": summary.documents, "wall_s": round(wall, 2),
+                     "cpu_s": round(cpu, 2), "cpus": len(os.sched_getaffinity(0)),
                      "timings_s": {stage: round(seconds, 2) for stage, seconds in summary.timings.items()},
                      "calibrator": (decision.get("chosen") or manifest.calibrator).get("name"),
                      "pseudo_queries": check.get("pseudo_queries"), "index_type": manifest.index_type,
                      "hybrid_weight": (manifest.hybrid or {}).get("weight"), "machine": platform.machine()}
     return found
+
+
+def _cpu_seconds() -> float:
+    """CPU time this process and the children it waited for have spent, every thread, user and system."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def report(path: Path, note: str | None = None) -> str:
@@ -76,17 +89,26 @@ def report(path: Path, note: str | None = None) -> str:
         stages = ", ".join(f"{stage} {seconds:g}" for stage, seconds in run["timings_s"].items())
         lines.append(f"| {_label(run)} | {number} | {run['wall_s']:.2f} | {run['calibrator']} | "
                      f"{run['pseudo_queries'] or 0:,} | {run['index_type']} | {run['hybrid_weight']} | {stages} |")
+    timed = all("cpu_s" in run for run in runs)
     lines += ["", f"Median wall time over each code's runs; the ratio against the runs of {first} it alternated with "
-              "(those just before or after one of its own):", "", "| code | runs | median wall s | ratio |",
-              "|---|---:|---:|---:|"]
+              "(those just before or after one of its own)"
+              + (("; CPU time (every thread, user and system), and the wall time the same work would take were "
+                  "every CPU busy from start to end (CPU time / CPUs), the floor no overlapping of stages goes "
+                  "under:") if timed else ":"), "",
+              "| code | runs | median wall s | ratio |" + (" median CPU s | floor s | floor ratio |" if timed else ""),
+              "|---|---:|---:|---:|" + ("---:|---:|---:|" if timed else "")]
     for code in codes:
         mine = [number for number, run in enumerate(runs) if _label(run) == code]
         median = float(np.median([runs[number]["wall_s"] for number in mine]))
-        ratio = ""
+        ratio, floor_ratio = "", ""
+        floor = float(np.median([runs[number]["cpu_s"] / runs[number]["cpus"] for number in mine])) if timed else 0.0
         if code != first:
             beside = alternated_with([_label(run) for run in runs], mine, first)
-            ratio = f"{median / float(np.median([runs[other]['wall_s'] for other in beside])):.2f}x"
-        lines.append(f"| {code} | {len(mine)} | {median:.2f} | {ratio} |")
+            baseline = float(np.median([runs[other]['wall_s'] for other in beside]))
+            ratio, floor_ratio = f"{median / baseline:.2f}x", f"{floor / baseline:.2f}x"
+        lines.append(f"| {code} | {len(mine)} | {median:.2f} | {ratio} |" + (
+            f" {float(np.median([runs[number]['cpu_s'] for number in mine])):.1f} | {floor:.1f} | {floor_ratio} |"
+            if timed else ""))
     return "\n".join(lines) + "\n"
 
 
