@@ -13,7 +13,8 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 DATA ?= ../shared/data
 BROWSER ?= yes
-# The tests run in a worker per CPU (up to 4; pytest-xdist), a test file to each; PARALLEL= runs them in one process.
+# The tests run in a worker per CPU core (pytest-xdist's -n auto, up to 4), a test file to each; PARALLEL= runs them
+# in one process.
 PARALLEL ?= -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 # pip shows what it collects and installs (a quiet install of a few minutes looks hung); setuptools' banner about
 # editable installs, a warning for package authors, is left out.

@@ -17,8 +17,9 @@ the machine weighs on both:
         --out benchmarks/results/vectors_build_speed.md
 
 Each run also records the CPU time its build took (every thread, user and system): divided by the CPUs, the wall
-time that work would take with every CPU busy from start to end, a floor no overlapping of the build's stages goes
-under (runs_cpu_time.jsonl and vectors_build_speed_cpu_time.md: the same commands, with those names).
+time that work would take with every CPU busy from start to end, an estimate of how far overlapping the build's
+stages could go (threads that spin while they wait count as busy) (runs_cpu_time.jsonl and
+vectors_build_speed_cpu_time.md: the same commands, with those names).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def report(path: Path, note: str | None = None) -> str:
     lines += ["", f"Median wall time over each code's runs; the ratio against the runs of {first} it alternated with "
               "(those just before or after one of its own)"
               + (("; CPU time (every thread, user and system), and the wall time the same work would take were "
-                  "every CPU busy from start to end (CPU time / CPUs), the floor no overlapping of stages goes "
-                  "under:") if timed else ":"), "",
+                  "every CPU busy from start to end (CPU time / CPUs): about as far as overlapping the stages could "
+                  "go:") if timed else ":"), "",
               "| code | runs | median wall s | ratio |" + (" median CPU s | floor s | floor ratio |" if timed else ""),
               "|---|---:|---:|---:|" + ("---:|---:|---:|" if timed else "")]
     for code in codes:

@@ -15,14 +15,15 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
 # Test files run first, in this order (the rest as collected): the slowest, so that a parallel run (`make test`: a
-# file to each worker, in this order) does not end on one of them, and the tests that start Ray long before the
-# other file that does (`ray_to_itself`).
-FIRST = ("test_engine_ray.py", "test_index_crash.py", "test_auto_calibrator.py", "test_cli_encode.py",
-         "test_search_page.py")
+# file to each worker, in this order) does not end on one of them, and the file of tests that start Ray long before
+# the other file that starts one (`exclusive_ray`).
+SLOWEST_FILES_FIRST = ("test_engine_ray.py", "test_index_crash.py", "test_auto_calibrator.py", "test_cli_encode.py",
+                       "test_search_page.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))
+    first = SLOWEST_FILES_FIRST
+    items.sort(key=lambda item: first.index(item.path.name) if item.path.name in first else len(first))
 
 
 @pytest.fixture(autouse=True)
@@ -44,18 +45,21 @@ def onnx_graphs(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ray_to_itself():
+def exclusive_ray():
     """The machine's Ray to one test module at a time: every test that starts a Ray cluster asks for this. Workers
     of a parallel run (`make test` runs pytest-xdist's, a test file to each) take turns through a lock file, since a
     second cluster on the machine is found by one that starts after it (`ray.init` joins it) and a test that kills
-    Ray's encode actors finds them by name. The session folders the module's clusters leave in the temporary folder
-    (/tmp/ray/session_*) are removed when it is done; those there before are left alone."""
+    Ray's encode actors finds them by name. A wait counts toward the waiting test's timeout (pytest-timeout times
+    fixtures too): `SLOWEST_FILES_FIRST` starts the long file of Ray tests first, well before the other. The session
+    folders the module's clusters leave in the temporary folder (/tmp/ray/session_*) are removed when it is done;
+    those there before are left alone."""
     import fcntl
     import shutil
     import tempfile
 
     root = Path(tempfile.gettempdir()) / "ray"
-    with open(Path(tempfile.gettempdir()) / "retriever-tests-ray.lock", "w") as lock:
+    # One lock per user: another user's file in the shared temporary folder may not be writable.
+    with open(Path(tempfile.gettempdir()) / f"retriever-tests-ray-{os.getuid()}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         before = set(root.glob("session_2*"))
         try:

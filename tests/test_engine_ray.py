@@ -22,7 +22,7 @@ from retriever.engines.ray_build import RayOptions, loopback_only, ray_cluster  
 from retriever.errors import RetrieverError  # noqa: E402
 from retriever.index import Index  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("ray_to_itself")
+pytestmark = pytest.mark.usefixtures("exclusive_ray")
 
 QUERIES = ["how do I compress a file", "the meaning of a word", "a verse about the lord", "kernel memory",
            "package for python development"]

@@ -168,7 +168,7 @@ def test_a_version_a_call_still_reads_is_closed_only_once_that_call_is_done(inde
 # ------------------------------------------------------------------------------------------------ on Ray Serve
 
 @pytest.mark.timeout(420)
-@pytest.mark.usefixtures("ray_to_itself")
+@pytest.mark.usefixtures("exclusive_ray")
 def test_ray_serve_two_shards_match_the_local_server_hold_the_keys_and_survive_a_killed_replica(index_dir):
     """The distributed server on a local Ray cluster (loopback only): the same top-10 as the local server for 30
     queries; the API keys hold; /metrics parses; a shard replica killed under a bounded load gives 503s and no
