@@ -95,7 +95,8 @@ def test_a_kit_encodes_from_many_threads_at_once(tiny_bert, tmp_path):
     assert all(np.allclose(got, expected, atol=1e-6) for got in results[1::2])
 
 
-def test_a_scripts_queries_spin_within_a_run_and_a_servers_sleep_with_the_same_vectors(tiny_bert, tmp_path):
+def test_a_scripts_queries_spin_within_a_run_and_a_servers_sleep_with_the_same_vectors(tiny_bert, tmp_path,
+                                                                                         monkeypatch):
     """Queries asked one at a time (Index.search) keep ONNX Runtime's workers spinning between a run's operators and
     stopping at its end; a server's kit, encoding concurrent batches beside its HTTP loop, lets idle workers sleep;
     both give the same vectors."""
@@ -105,12 +106,20 @@ def test_a_scripts_queries_spin_within_a_run_and_a_servers_sleep_with_the_same_v
     shutil.copytree(tiny_bert, model)
     Index.build([{"_id": "a", "text": "a note"}], "notes", tmp_path / "indexes", model=str(model),
                 calibrator="none", device="cpu")
+    opened = []  # the kits Index.search opens
+    open_kit = QueryKitEncoder.open.__func__
+
+    def opening(cls, record, spin_within_runs=False):
+        opened.append(open_kit(cls, record, spin_within_runs))
+        return opened[-1]
+    monkeypatch.setattr(QueryKitEncoder, "open", classmethod(opening))
     with Index.open("notes", tmp_path / "indexes", device="cpu") as index:
         record = index.snapshot.manifest.encoder
         _full_encoder(record)
-        scripts = index._query_encoder()  # what Index.search encodes with once a kit is kept
+        assert index.search("a note", k=1)[0].doc_id == "a"
+        (scripts,) = opened  # what Index.search encoded with, once the kit was kept
         assert isinstance(scripts, QueryKitEncoder)
-        servers = QueryKitEncoder.open(record)  # as the server opens it (retriever.serve.open_indexes)
+        servers = open_kit(QueryKitEncoder, record)  # as the server opens it (retriever.serve.open_indexes)
 
         def entry(kit, key):
             return kit.session.get_session_options().get_session_config_entry(key)
