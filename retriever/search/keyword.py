@@ -128,8 +128,10 @@ class KeywordSearcher:
         stands once its last score reaches that (the threshold algorithm, Fagin et al., PODS 2001), or every
         matching unit was read."""
         asked, every = count * FIRST_PASSAGES, matches is not None
+        # The documents' side is read to COUNT: each of those documents scores at least its BM25, so its floor
+        # never stands above the COUNT-th best score, and never makes the answer wait (one unit per document).
+        whole = self._best(query.documents, count, every)
         while True:
-            whole = self._best(query.documents, asked, every)
             if query.passages is None:
                 rowids, scores, keys, floor = whole.rowids, whole.scores, np.full(len(whole.rowids), -1), whole.floor
             else:
