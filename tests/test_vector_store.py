@@ -277,3 +277,14 @@ def test_vectors_of_ids_are_the_stored_vectors_a_search_scores(data, stores, kin
     np.testing.assert_array_equal(found, vectors[[7, 3, 4000, 7]])  # ivf: its codes are the vectors
     scores, top = stores[kind].search(queries[:1], 1)
     assert float(stores[kind].vectors_of(top[0])[0] @ queries[0]) == pytest.approx(float(scores[0, 0]), abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["ivf", "ivfpq"])
+def test_ivf_answers_a_query_alone_as_in_a_batch(data, stores, kind):
+    # A query alone is searched bucket-parallel, a batch query-parallel: the answers must not depend on it.
+    _, _, queries = data
+    scores, ids = stores[kind].search(queries[:16], 10)
+    for row in range(16):
+        alone_scores, alone_ids = stores[kind].search(queries[row : row + 1], 10)
+        np.testing.assert_array_equal(alone_ids[0], ids[row])
+        np.testing.assert_array_equal(alone_scores[0], scores[row])
