@@ -16,6 +16,15 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return unit_rows(vectors).astype(np.float32, copy=False)
 
 
+def row_dots(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """Each row of MATRIX dotted with VECTOR, on the calling thread. A search scores a few hundred stored vectors
+    against its query this way: through BLAS (`matrix @ vector`, a matrix-vector product, threaded by OpenBLAS past
+    about 9,000 numbers) the library's worker threads go on spinning after the product and take a core from
+    what the search does next: the next query's IVF scan, the keyword side (measured on 2 cores:
+    benchmarks/results/README.md, the query path at a million passages)."""
+    return np.einsum("ij,j->i", matrix, vector)
+
+
 def anisotropy(vectors: np.ndarray, seed: int = 0, pairs: int = 20_000) -> dict:
     """What cosine similarity sees of VECTORS: the mean cosine of PAIRS random pairs (0 for an isotropic space, near
     1 for a narrow cone), drawn with SEED, and the share of the variance of the unit vectors along their top

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retriever.numeric import find_in
+from retriever.numeric import find_in, row_dots
 from retriever.search.plan import DensePlan
 from retriever.store.passages import PASSAGE_BITS, document_scores
 from retriever.store.segment import Segment
@@ -61,7 +61,7 @@ def best_of(parts: Sequence[PassageVectors], query: np.ndarray, rowids: np.ndarr
     if not parts:
         return scores, keys
     owners = np.concatenate([part.owners for part in parts])
-    passage_scores = np.concatenate([part.vectors @ query for part in parts])
+    passage_scores = np.concatenate([row_dots(part.vectors, query) for part in parts])
     starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
     highest = np.maximum.reduceat(passage_scores, starts)
     best = document_scores(passage_scores[starts], highest, np.concatenate([part.coverage for part in parts])[starts])
