@@ -42,6 +42,8 @@ class PassageVectors:
         if not parts:
             return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, dim), np.float32),
                        np.empty(0, np.float32))
+        if len(parts) == 1:  # one segment's: megabytes of a hybrid search's long pages, not copied
+            return parts[0]
         return cls(*(np.concatenate([getattr(part, name) for part in parts])
                      for name in ("owners", "keys", "vectors", "coverage")))
 
