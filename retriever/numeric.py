@@ -16,13 +16,25 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return unit_rows(vectors).astype(np.float32, copy=False)
 
 
+# What a query's products run on. OpenBLAS threads a matrix-vector product past about 9,000 numbers and a matrix
+# product past about 260,000 multiplications (one 768-d vector through a 768 x 768 matrix), and its worker threads
+# then go on spinning for a while: on a machine of few cores they take a core from what comes next (the next
+# query's encoder, an IVF scan), which waits several times longer (benchmarks/results/README.md, "The query path at
+# a million passages"). A query's products are small, so they run on the calling thread (`np.einsum`, no BLAS);
+# a batch of more than FEW_ROWS rows is worth BLAS's threads.
+FEW_ROWS = 4
+
+
 def row_dots(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    """Each row of MATRIX dotted with VECTOR, on the calling thread. A search scores a few hundred stored vectors
-    against its query this way: through BLAS (`matrix @ vector`, a matrix-vector product, threaded by OpenBLAS past
-    about 9,000 numbers) the library's worker threads go on spinning after the product and take a core from
-    what the search does next: the next query's IVF scan, the keyword side (measured on 2 cores:
-    benchmarks/results/README.md, the query path at a million passages)."""
+    """Each row of MATRIX dotted with VECTOR, on the calling thread: a search scores a few hundred or thousand
+    stored vectors against its query this way."""
     return np.einsum("ij,j->i", matrix, vector)
+
+
+def product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """LEFT @ RIGHT (2-d), on the calling thread where LEFT has at most FEW_ROWS rows (a query's vector through a
+    calibrator), else through BLAS."""
+    return np.einsum("ij,jk->ik", left, right) if len(left) <= FEW_ROWS else left @ right
 
 
 def anisotropy(vectors: np.ndarray, seed: int = 0, pairs: int = 20_000) -> dict:

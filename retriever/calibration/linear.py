@@ -14,7 +14,7 @@ import numpy as np
 
 from retriever.calibration.base import Calibrator, centered_gram, column_mean, row_chunks
 from retriever.errors import RetrieverError
-from retriever.numeric import ledoit_wolf
+from retriever.numeric import ledoit_wolf, product
 from retriever.store.arrays import HEADER_LOCK
 
 # Eigenvalues are raised to at least this fraction of the largest, so exactly singular covariances (constant or
@@ -61,9 +61,9 @@ class LinearCalibrator(Calibrator):
             if self.scale is not None:
                 y /= self.scale
             if self.removed is not None:
-                y -= (y @ self.removed) @ self.removed.T  # O(dim K) per vector, not O(dim^2)
+                y -= product(product(y, self.removed), self.removed.T)  # O(dim K) per vector, not O(dim^2)
             if self.W is not None:
-                y = y @ self.W
+                y = product(y, self.W)
             out[start : start + len(chunk)] = y
             start += len(chunk)
         return out
