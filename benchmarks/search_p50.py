@@ -82,7 +82,9 @@ def run(code: Path, work: Path, corpus: Path | None = None, vectors_file: Path |
             if number >= WARM_UP:
                 timings.append(time.perf_counter() - clock)
         found["p50_ms"][BY_TEXT] = round(1000 * float(np.percentile(timings, 50)), 2)
-        found["model"], found["calibrator"] = index.snapshot.manifest.encoder.model, index.snapshot.calibrator.name
+        encoder = index.snapshot.manifest.encoder  # a record, or in older code its dict
+        found["model"] = encoder["model"] if isinstance(encoder, dict) else encoder.model
+        found["calibrator"] = index.snapshot.calibrator.name
         index.close()
         return found
     searcher = Searcher(index.snapshot)
