@@ -155,3 +155,13 @@ def test_identical_vectors_cannot_be_whitened_but_pass_sn():
     with pytest.raises(RetrieverError, match="all 50 vectors are identical"):
         make_calibrator("whitening").fit(X)
     assert np.array_equal(make_calibrator("sn").fit(X).transform(X), np.zeros_like(X))
+
+
+@pytest.mark.parametrize("name", ["whitening", "whitening-16", "natsv-2", "sn"])
+def test_a_query_alone_is_calibrated_as_in_a_batch(name):
+    # A query's vector (a few rows) is multiplied on the calling thread, a batch through BLAS: the same vector.
+    X = correlated_sample(2000, 96)
+    calibrator = make_calibrator(name).fit(X)
+    batch = calibrator.transform(X[:12])
+    for row in range(12):
+        np.testing.assert_allclose(calibrator.transform(X[row : row + 1])[0], batch[row], rtol=0, atol=1e-6)

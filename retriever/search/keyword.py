@@ -122,11 +122,11 @@ class KeywordSearcher:
              matches: Matches | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The COUNT best documents over all segments: (row ids, scores, best passage keys), best first, ties to
         the lower row id (as `fusion.top_list` breaks them); with MATCHES, among those row ids only (every match
-        scored, then filtered: the scores are the unfiltered index's). Each side's best units are read, twice as
-        many as documents wanted, then WIDEN x more until the answer is sure: a document neither side read scores
-        at most the higher of the two sides' floors (its score is never above its best unit's), so the answer
-        stands once its last score reaches that (the threshold algorithm, Fagin et al., PODS 2001), or every
-        matching unit was read."""
+        scored, then filtered: the scores are the unfiltered index's). The documents' best are read, as many as
+        wanted, and the passages' best units, twice as many, then WIDEN x more until the answer is sure: a
+        document neither side read scores at most the higher of the two sides' floors (its score is never above
+        its best unit's), so the answer stands once its last score reaches that (the threshold algorithm, Fagin et
+        al., PODS 2001), or every matching unit was read."""
         asked, every = count * FIRST_PASSAGES, matches is not None
         # The documents' side is read to COUNT: each of those documents scores at least its BM25, so its floor
         # never stands above the COUNT-th best score, and never makes the answer wait (one unit per document).

@@ -76,8 +76,8 @@ class FaissSearcher:
         self._bitmap: tuple[np.ndarray, np.ndarray] | None = None  # (include array, its bitmap): filters repeat
         # An IVF search splits its work over queries by default: one query, one core. Fewer queries than cores
         # split it over the buckets scanned instead (`parallel_mode` 1), for the same answers (the buckets' best
-        # merged in one heap) at about 0.7x the wait on 2 cores; a batch keeps one query per core, which does more
-        # per second (benchmarks/results/README.md, the dense side at a million passages).
+        # merged in one heap) and a shorter wait; a batch keeps one query per core, which does more per second
+        # (benchmarks/results/README.md, "The query path at a million passages").
         self._ivf = _ivf_of(index) if spec.kind.trained else None
 
     def search(self, queries: np.ndarray, k: int, options: StoreQuery) -> tuple[np.ndarray, np.ndarray]:
