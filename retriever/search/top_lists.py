@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retriever.numeric import find_in, row_dots
+from retriever.numeric import find_in, product, row_dots
 from retriever.search.plan import DensePlan
 from retriever.store.passages import PASSAGE_BITS, document_scores
 from retriever.store.segment import Segment
@@ -160,7 +160,7 @@ def _documents_of_passages(snapshot: Snapshot, segment: Segment, queries: np.nda
     documents = segment.documents_of(found_keys)
     held = np.unique(documents[documents >= 0])
     firsts = held << PASSAGE_BITS
-    first_scores = queries @ _vectors(snapshot, segment, firsts).T if len(held) else np.empty((len(queries), 0))
+    first_scores = product(queries, _vectors(snapshot, segment, firsts).T) if len(held) else np.empty((len(queries), 0))
     coverage = segment.coverage_of(firsts)
     out_scores = np.full((len(queries), k), -np.inf, np.float32)
     out_ids = np.full((len(queries), k), -1, np.int64)
