@@ -75,13 +75,7 @@ def run(code: Path, work: Path, corpus: Path | None = None, vectors_file: Path |
     found = {"code": commit, "dirty": dirty, "vectors": index.snapshot.manifest.live_vectors,
              "documents": len(index.snapshot), "index": index.snapshot.spec.type, "p50_ms": {}}
     if by_text:
-        timings = []
-        for number, text in enumerate(texts):
-            clock = time.perf_counter()
-            index.search(text)
-            if number >= WARM_UP:
-                timings.append(time.perf_counter() - clock)
-        found["p50_ms"][BY_TEXT] = round(1000 * float(np.percentile(timings, 50)), 2)
+        found["p50_ms"][BY_TEXT] = p50_ms(texts, lambda number, text: index.search(text))
         encoder = index.snapshot.manifest.encoder  # a record, or in older code its dict
         found["model"] = encoder["model"] if isinstance(encoder, dict) else encoder.model
         found["calibrator"] = index.snapshot.calibrator.name
@@ -90,15 +84,22 @@ def run(code: Path, work: Path, corpus: Path | None = None, vectors_file: Path |
     searcher = Searcher(index.snapshot)
     vectors = index.snapshot.calibrate(load_encoder(index.snapshot).encode(texts))
     for mode in MODES:
-        options, timings = SearchOptions(k=10, mode=mode), []
-        for number, text in enumerate(texts):
-            clock = time.perf_counter()
-            searcher.search([text], None if mode == "keyword" else vectors[number : number + 1], options)
-            if number >= WARM_UP:
-                timings.append(time.perf_counter() - clock)
-        found["p50_ms"][mode] = round(1000 * float(np.percentile(timings, 50)), 2)
+        options = SearchOptions(k=10, mode=mode)
+        found["p50_ms"][mode] = p50_ms(texts, lambda number, text: searcher.search(
+            [text], None if mode == "keyword" else vectors[number : number + 1], options))
     index.close()
     return found
+
+
+def p50_ms(texts: list[str], search) -> float:
+    """The median milliseconds of SEARCH(number, text) over TEXTS, one at a time, the first WARM_UP untimed."""
+    timings = []
+    for number, text in enumerate(texts):
+        clock = time.perf_counter()
+        search(number, text)
+        if number >= WARM_UP:
+            timings.append(time.perf_counter() - clock)
+    return round(1000 * float(np.percentile(timings, 50)), 2)
 
 
 def report(path: Path, note: str | None = None) -> str:

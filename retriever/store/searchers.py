@@ -78,7 +78,7 @@ class FaissSearcher:
         # split it over the buckets scanned instead (`parallel_mode` 1), for the same answers (the buckets' best
         # merged in one heap) and a shorter wait; a batch keeps one query per core, which does more per second
         # (benchmarks/results/README.md, "The query path at a million passages").
-        self._ivf = _ivf_of(index) if spec.kind.trained else None
+        self._ivf = faiss.extract_index_ivf(index) if spec.kind.trained else None  # as VectorStore finds it
 
     def search(self, queries: np.ndarray, k: int, options: StoreQuery) -> tuple[np.ndarray, np.ndarray]:
         # The selector objects must outlive the search: SWIG parameters hold bare pointers to them.
@@ -114,14 +114,6 @@ class FaissSearcher:
             # how that search spreads over the cores, never what it finds.
             self._ivf.parallel_mode = 1 if len(queries) < faiss.omp_get_max_threads() else 0
         return self.index.search(queries, k, params=params)
-
-
-def _ivf_of(index: faiss.Index) -> faiss.IndexIVF | None:
-    """The IVF index inside INDEX (under an OPQ transform or an id map), None where there is none."""
-    try:
-        return faiss.extract_index_ivf(index)
-    except RuntimeError:
-        return None
 
 
 class FaissGpuSearcher:
