@@ -372,7 +372,7 @@ def test_k_distinct_documents_come_back_when_long_ones_crowd_the_top(index, mode
 
 def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path):
     """Each segment prunes passages below an earlier segment's floor: the documents must still be the exact best
-    ones, as scoring every match (what a filter does) ranks them."""
+    ones, with the same best passages, as scoring every match (what a filter does) ranks them."""
     from retriever.filters import parse_where
 
     documents = corpus(longs=6, shorts=30)
@@ -387,6 +387,7 @@ def test_keyword_top_documents_are_exact_across_segments(tiny_bert, tmp_path):
         exact = searcher.keyword.lists(queries, k, False, everything)
         for fast, slow in zip(pruned, exact):
             assert fast.rowids.tolist() == slow.rowids.tolist()
+            assert fast.keys.tolist() == slow.keys.tolist()
             np.testing.assert_allclose(fast.scores, slow.scores, rtol=1e-6)
 
 
