@@ -51,6 +51,10 @@ class KeywordList:
     keys: np.ndarray
 
 
+# A best passage's key not looked up, and a score that is a bound (`KeywordSearcher._combined`).
+UNKNOWN, PENDING = -2, -3
+
+
 @dataclass
 class _Found:
     """Documents among one side's best units: row ids, each one's best unit score there and that unit's key, and
@@ -118,43 +122,45 @@ class KeywordSearcher:
              matches: Matches | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The COUNT best documents over all segments: (row ids, scores, best passage keys), best first, ties to
         the lower row id (as `fusion.top_list` breaks them); with MATCHES, among those row ids only (every match
-        scored, then filtered: the scores are the unfiltered index's).
-
-        The documents' best COUNT by their own BM25 are read first and scored exactly (their best passages looked
-        up): COUNT documents reach the COUNT-th of those scores, THRESHOLD. Another document scores at most the
-        higher of its BM25, below THRESHOLD, and its best passage's, so only passages reaching THRESHOLD can lift
-        one among the best: the passages' MaxScore starts from it, reads twice as many units as wanted, then
-        WIDEN x more until the answer is sure (a document neither side read scores at most the higher of the
-        two sides' floors: the threshold algorithm, Fagin et al., PODS 2001)."""
-        every = matches is not None
+        scored, then filtered: the scores are the unfiltered index's). The documents' best are read, as many as
+        wanted, and the passages' best units, twice as many, then WIDEN x more until the answer is sure: a
+        document neither side read scores at most the higher of the two sides' floors (its score is never above
+        its best unit's), so the answer stands once its last score reaches that (the threshold algorithm, Fagin et
+        al., PODS 2001), or every matching unit was read."""
+        asked, every = count * FIRST_PASSAGES, matches is not None
+        # The documents' side is read to COUNT: each of those documents scores at least its BM25, so its floor
+        # never stands above the COUNT-th best score, and never makes the answer wait (one unit per document).
         whole = self._best(query.documents, count, every)
-        if query.passages is None:
-            rowids, scores, keys = whole.rowids, whole.scores, np.full(len(whole.rowids), -1)
-        elif every:
-            parts = self._best(query.passages, 0, every, self._split)
-            rowids = np.union1d(whole.rowids, parts.rowids)
-            scores, keys = self._combined(query, rowids, whole, parts)
-        else:
-            passage, found, coverage = self.best_passages(query.passages, whole.rowids)
-            known = document_scores(whole.scores, np.maximum(whole.scores, passage), coverage)
-            known_keys = np.where(passage > 0, found, -1)
-            threshold, asked = _kth(known, count), count * FIRST_PASSAGES
-            while True:
-                parts = self._best(query.passages, asked, every, self._split, floor=threshold)
-                # The documents these passages lift: their best passage is among PARTS (it is their best unit read).
-                lifted = parts.rowids[~np.isin(parts.rowids, whole.rowids)]
-                lifted_scores, lifted_keys = self._combined(query, lifted, parts=parts)
-                rowids = np.concatenate([whole.rowids, lifted])
-                scores, keys = np.concatenate([known, lifted_scores]), np.concatenate([known_keys, lifted_keys])
+        while True:
+            if query.passages is None:
+                rowids, scores, keys, floor = whole.rowids, whole.scores, np.full(len(whole.rowids), -1), whole.floor
+            else:
+                # A document scores at least its own BM25 and at most the higher of that and its best passage's:
+                # the COUNT-th best document score is reached by COUNT documents, so a passage below it cannot
+                # lift its document among the best, and the passages' MaxScore starts from it.
+                parts = self._best(query.passages, asked, every, self._split, floor=_kth(whole.scores, count))
+                rowids = np.union1d(whole.rowids, parts.rowids)
+                scores, keys = self._combined(query, rowids, whole, parts)
+                floor = max(whole.floor, parts.floor)
+            if matches is not None:
+                kept = matches.contains(rowids)
+                rowids, scores, keys = rowids[kept], scores[kept], keys[kept]
+            order = np.lexsort((rowids, -scores))[:count]
+            while query.passages is not None and (keys[order] == PENDING).any():
+                # Bounds among the best: those documents scored exactly (never above their bound), then again.
+                pending = order[keys[order] == PENDING]
+                scores[pending], keys[pending] = self._combined(query, rowids[pending], whole)
                 order = np.lexsort((rowids, -scores))[:count]
-                if parts.floor <= threshold or (len(order) == count and float(scores[order[-1]]) >= parts.floor):
-                    return rowids[order], scores[order], keys[order]
-                asked *= WIDEN
-        if matches is not None:
-            kept = matches.contains(rowids)
-            rowids, scores, keys = rowids[kept], scores[kept], keys[kept]
-        order = np.lexsort((rowids, -scores))[:count]
-        return rowids[order], scores[order], keys[order]
+            if every or floor == 0 or (len(order) == count and float(scores[order[-1]]) >= floor):
+                rowids, scores, keys = rowids[order], scores[order], keys[order]
+                if query.passages is not None:
+                    # Where a document's own score decided, its best passage was not needed: found for the hits.
+                    unknown = keys == UNKNOWN
+                    if unknown.any():
+                        passage, found, _ = self.best_passages(query.passages, rowids[unknown])
+                        keys[unknown] = np.where(passage > 0, found, -1)
+                return rowids, scores, keys
+            asked *= WIDEN
 
     def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None,
               floor: float = 0.0) -> _Found:
@@ -194,9 +200,11 @@ class KeywordSearcher:
     def _combined(self, query: KeywordQuery, rowids: np.ndarray, whole: _Found | None = None,
                   parts: _Found | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each of ROWIDS' score (`store.passages.document_scores`) and best passage's key (-1 where the document
-        is one passage, or no passage of it holds a query term), its BM25 and best passage looked up, or taken
-        from WHOLE and PARTS, units already read: PARTS is to hold every document of ROWIDS' best passage (every
-        matching passage was read, or ROWIDS are documents PARTS found)."""
+        is one passage, or no passage of it holds a query term); WHOLE, PARTS: each side's best units already read
+        (document scores and best passages known: a document's best passage is among PARTS where any of its
+        passages is, and else below PARTS' floor, so where its own score reaches that floor its passage cannot
+        change its score; its key is then UNKNOWN; where it does not, the document is given its bound, the
+        floor, and the key PENDING, for `_top` to score it exactly should it rank among the best)."""
         if whole is None:
             document = self.document_scores(query.documents, rowids)
         else:
@@ -208,9 +216,15 @@ class KeywordSearcher:
             passage, keys = np.zeros(len(rowids), np.float32), np.full(len(rowids), -1, np.int64)
             at, held = find_in(rowids, parts.rowids)
             passage[held], keys[held] = parts.scores[at[held]], parts.keys[at[held]]
+            # Every matching passage read (floor 0): a document none of whose passages came holds no query term.
+            # Else one below the floor (its best passage is, too) is given the floor: a bound, PENDING.
+            bounded = ~held & (document < parts.floor)
+            passage[bounded], keys[bounded] = parts.floor, PENDING
+            keys[~held & ~bounded & (parts.floor > 0)] = UNKNOWN
             coverage = self.coverages(rowids)
         # Where it matched: its best passage (a query term in it), whichever scored higher.
-        return document_scores(document, np.maximum(document, passage), coverage), np.where(passage > 0, keys, -1)
+        return (document_scores(document, np.maximum(document, passage), coverage),
+                np.where((passage > 0) | (keys < -1), keys, -1))
 
     def scores_of(self, query: KeywordQuery, rowids: np.ndarray) -> np.ndarray:
         """QUERY's score of each of ROWIDS (0 where no query term occurs in it)."""
