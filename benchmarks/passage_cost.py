@@ -40,6 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks.study_cli import study_main  # noqa: E402
 
 PASSAGES = REPO.parent / "shared" / "data" / "passages" / "passages.jsonl.gz"
 MODES = ("dense", "keyword", "hybrid")
@@ -236,25 +237,16 @@ def report(files: list[Path]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    built = commands.add_parser("build")
-    built.add_argument("--out", type=Path, required=True)
-    searched = commands.add_parser("search")
-    searched.add_argument("--work", type=Path, required=True)
-    searched.add_argument("--queries", type=int, default=1000)
-    searched.add_argument("--out", type=Path, required=True)
-    merge = commands.add_parser("report")
-    merge.add_argument("files", nargs="+", type=Path)
-    merge.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    if args.command == "report":
-        args.out.write_text(report(args.files))
-        return
-    results = build_cost() if args.command == "build" else search_cost(args.work, args.queries)
-    results["machine"] = machine()
-    results["command"] = " ".join(["python", "benchmarks/passage_cost.py", *sys.argv[1:]])
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    def search_arguments(searched: argparse.ArgumentParser) -> None:
+        searched.add_argument("--work", type=Path, required=True)
+        searched.add_argument("--queries", type=int, default=1000)
+
+    def with_machine(results: dict) -> dict:
+        return {**results, "machine": machine()}
+
+    study_main(__file__, __doc__.splitlines()[0], report,
+               build=(None, lambda args: with_machine(build_cost())),
+               search=(search_arguments, lambda args: with_machine(search_cost(args.work, args.queries))))
 
 
 if __name__ == "__main__":
