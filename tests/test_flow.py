@@ -197,6 +197,44 @@ def test_save_and_load_give_identical_output(tmp_path):
     assert np.array_equal(loaded.log_prob(X), flow.log_prob(X))
 
 
+@pytest.mark.parametrize("options", [{}, {"k": 6}, {"mixing": "lu"}, {"permutation": "random", "levels": 3}])
+def test_vectors_are_calibrated_in_numpy_as_the_torch_module_maps_them(options):
+    X = correlated_sample(1500, 10)
+    flow = make_calibrator("flow", device="cpu", width=16, **options).fit(X)
+    with torch.inference_mode():
+        expected = flow.flow(torch.from_numpy(X))[0].numpy()
+    np.testing.assert_allclose(flow.transform(X), expected, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(flow.inverse(flow.transform(X[:50])), X[:50] if "k" not in options else
+                               flow.inverse(expected[:50]), rtol=0, atol=2e-3)
+
+
+def test_a_loaded_flow_calibrates_without_importing_torch(tmp_path):
+    import subprocess
+    import sys
+
+    X = correlated_sample(1500, 10)
+    flow = make_calibrator("flow-6+lu", device="cpu", width=16).fit(X)
+    flow.save(tmp_path)
+    np.save(tmp_path / "x.npy", X[:20])
+    script = ("import sys, numpy as np; from retriever.calibration import load_calibrator; "
+              f"folder = {str(tmp_path)!r}; z = load_calibrator(folder, expected_dim=10).transform("
+              "np.load(folder + '/x.npy')); np.save(folder + '/z.npy', z); print('torch' in sys.modules)")
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "False"
+    assert np.array_equal(np.load(tmp_path / "z.npy"), flow.transform(X[:20]))
+
+
+def test_a_flow_saved_before_its_numpy_map_loads_through_torch_with_the_same_vectors(tmp_path):
+    X = correlated_sample(1500, 10)
+    flow = make_calibrator("flow", device="cpu", width=16).fit(X)
+    flow.save(tmp_path)
+    (tmp_path / "flow-forward.npz").unlink()  # what a flow saved by an earlier version holds: flow.pt alone
+    loaded = load_calibrator(tmp_path, expected_dim=10)
+    assert np.array_equal(loaded.transform(X), flow.transform(X))
+    loaded.save(tmp_path / "again")  # saved again (a copy of an index), it gains its map
+    assert np.array_equal(load_calibrator(tmp_path / "again", expected_dim=10).transform(X), flow.transform(X))
+
+
 @pytest.mark.parametrize("dim, levels", [(7, 2), (9, 3), (5, 1)])
 def test_odd_dimensions(dim, levels):
     X = correlated_sample(1000, dim)

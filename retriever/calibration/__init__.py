@@ -99,7 +99,8 @@ def saved_config(folder: str | Path, expected_dim: int | None = None) -> dict:
 
 
 def loads_torch(config: dict) -> bool:
-    """Whether loading the saved calibrator CONFIG describes needs torch (a flow, or auto's choice of one)."""
+    """Whether loading the saved calibrator CONFIG describes may need torch: a flow, or auto's choice of one (a flow
+    saved before its NumPy map was is read through torch; one saved with it is not)."""
     chosen = (config.get("decision") or {}).get("chosen") if config.get("name") == AutoCalibrator.name else config
     return isinstance(chosen, dict) and FLOW_NAME.match(str(chosen.get("name", ""))) is not None
 

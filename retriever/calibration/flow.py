@@ -4,26 +4,38 @@ behaved than in the anisotropic raw space; `flow-K` first whitens to K dimension
 
 One departure from the paper, explained where it is made: the default fit adds a transport-cost penalty, with a 3x
 larger learning rate to match.
+
+Torch fits the flow; every vector it calibrates then goes through its map in NumPy (`flow_forward.FlowForward`,
+saved beside the weights), so searching an index calibrated by a flow never imports torch. Torch is imported here
+only to fit a flow, to invert one or score its density, or to load one saved before the map was.
 """
 
 from __future__ import annotations
 
+import io
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor, nn
 
 from retriever.calibration.base import FLOW_NAME, Calibrator, check_matrix
-from retriever.calibration.glow import MIXINGS, PERMUTATIONS, Glow, Reduction
+from retriever.calibration.flow_forward import MIXINGS, PERMUTATIONS, FlowForward
 from retriever.encode.device import resolve_device
 from retriever.errors import RetrieverError
 
-# Vectors per forward pass in `transform`: large enough to amortise per-call overhead, small enough for memory.
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from retriever.calibration.glow import Glow
+
+# Rows read from X at a time (it may be a memmap): large enough to amortise per-call overhead, small for memory.
 TRANSFORM_BATCH = 16384
-# Transforms of at most this many rows run on one CPU thread (see FlowCalibrator._apply).
+# `inverse` and `log_prob` (torch) of at most this many rows run on one CPU thread (see FlowCalibrator._apply).
 SMALL_TRANSFORM = 2048
+# The flow's map in NumPy, saved beside its weights (`weights_file`).
+FORWARD_FILE = "flow-forward.npz"
 
 
 class FlowCalibrator(Calibrator):
@@ -97,7 +109,9 @@ class FlowCalibrator(Calibrator):
         self.cuda_graph = True
         self.fit_path: str | None = None  # how the last fit ran: "cuda-graph" or "eager"
         self.dim = None
-        self.flow: Glow | None = None
+        self.flow: Glow | None = None  # the torch module: after a fit, or once `inverse` or `log_prob` needs it
+        self.forward: FlowForward | None = None  # its map in NumPy: what `transform` applies
+        self._weights: bytes | None = None  # a flow loaded with its map: its torch weights as saved, read if needed
         self.losses: list[float] = []  # training loss (per dimension) of each step of the last fit
 
     def config(self) -> dict:
@@ -133,10 +147,16 @@ class FlowCalibrator(Calibrator):
             raise RetrieverError(f"calibrator '{self.name}' needs K <= the vector dimension {dim}")
 
     def _new_flow(self, dim: int) -> Glow:
+        from retriever.calibration.glow import Glow
+
         return Glow(dim, self.levels, self.depth, self.width, self.permutation, self.seed, self.mixing, self.k)
 
     def fit(self, X: np.ndarray) -> FlowCalibrator:
         """One or more epochs of Adam over random minibatches of X; X may be an np.memmap (read batch by batch)."""
+        import torch
+
+        from retriever.calibration.glow import Reduction
+
         dim = self._check_fit_input(X)
         self.check_dim(dim)
         device = resolve_device(self.device)
@@ -167,6 +187,7 @@ class FlowCalibrator(Calibrator):
         _own_buffers(flow)
         self.losses = torch.stack(losses).tolist() if isinstance(losses, list) else losses.tolist()
         self.flow = flow.eval()
+        self.forward = flow.forward_map()
         self.dim = dim
         return self
 
@@ -184,6 +205,8 @@ class FlowCalibrator(Calibrator):
         (a few hundred kernels of a few microseconds, whose launches cost more than their work) is captured
         once as a CUDA graph and replayed with each batch gathered into its input. The first steps run eagerly,
         on a side stream, as the capture's warm-up; a last, smaller batch runs eagerly too."""
+        import torch
+
         vectors = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(device)
         full = self.batch_size
         step_rows = torch.from_numpy(np.concatenate(batches)).to(device)
@@ -218,15 +241,20 @@ class FlowCalibrator(Calibrator):
         return losses.cpu()
 
     def transform(self, X: np.ndarray) -> np.ndarray:
+        """The flow's z of each row of X, in NumPy (`FlowForward`), TRANSFORM_BATCH rows read at a time."""
         self._check_transform_input(X)
-        return self._apply(X, lambda flow, batch: flow(batch)[0], self.flow.dim)
+        out = np.empty((X.shape[0], self.forward.out_dim), dtype=np.float32)
+        for start in range(0, X.shape[0], TRANSFORM_BATCH):
+            out[start : start + TRANSFORM_BATCH] = self.forward(X[start : start + TRANSFORM_BATCH])
+        return out
 
     def inverse(self, Z: np.ndarray) -> np.ndarray:
         """Vectors x with transform(x) = Z (for flow-K: the x in the kept K-dimensional subspace)."""
         self._require_fitted()
         check_matrix(Z)
-        if Z.shape[1] != self.flow.dim:
-            raise RetrieverError(f"Z has {Z.shape[1]}-dim vectors but calibrator '{self.name}' gives {self.flow.dim}")
+        if Z.shape[1] != self.forward.out_dim:
+            raise RetrieverError(f"Z has {Z.shape[1]}-dim vectors but calibrator '{self.name}' gives "
+                                 f"{self.forward.out_dim}")
         return self._apply(Z, lambda flow, batch: flow.inverse(batch), self.dim)
 
     def log_prob(self, X: np.ndarray) -> np.ndarray:
@@ -235,10 +263,14 @@ class FlowCalibrator(Calibrator):
         return self._apply(X, lambda flow, batch: flow.log_prob(batch)[:, None], 1)[:, 0].astype(np.float64)
 
     def _apply(self, X: np.ndarray, function, out_dim: int) -> np.ndarray:
-        """function(flow, batch) over X in batches, on the flow's device, into one float32 (n, out_dim) array.
+        """function(torch flow, batch) over X in batches, on the flow's device, into one float32 (n, out_dim) array.
 
-        A few rows (a batch of queries, re-ranked candidates) run on one CPU thread: their matrix products are too
-        small to split, and waking other threads costs more than the product itself, far more on a busy machine."""
+        A few rows run on one CPU thread: their matrix products are too small to split, and waking other threads
+        costs more than the product itself, far more on a busy machine."""
+        import torch
+
+        if self.flow is None:  # loaded with its map alone: its torch module is read now
+            self.flow = self._torch_flow(io.BytesIO(self._weights), self.weights_file)
         device = next(self.flow.parameters()).device
         out = np.empty((X.shape[0], out_dim), dtype=np.float32)
         small = X.shape[0] <= SMALL_TRANSFORM
@@ -249,22 +281,50 @@ class FlowCalibrator(Calibrator):
         return out
 
     def _save_weights(self, path: Path) -> None:
-        torch.save(self.flow.state_dict(), path)
+        if self.flow is None:  # loaded with its map alone, saved again (a write's new version): the bytes it read
+            path.write_bytes(self._weights)
+        else:
+            import torch
+
+            torch.save(self.flow.state_dict(), path)
+        self.forward.save(path.with_name(FORWARD_FILE))
 
     def _load_weights(self, path: Path) -> None:
+        """The map in NumPy where it was saved (torch is not imported); else, for a flow saved before the map was,
+        the torch module, and the map read from it."""
+        forward_path = path.with_name(FORWARD_FILE)
+        if forward_path.is_file():
+            forward = FlowForward.load(forward_path)
+            problem = forward.mismatch(self.dim, self.levels, self.depth, self.width, self.permutation, self.mixing,
+                                       self.k)
+            if problem is not None:
+                raise RetrieverError(f"{forward_path} does not match the flow described next to it ({problem})")
+            # The weights' bytes are kept, not their path: a later write may prune this version's folder.
+            self.forward, self.flow, self._weights = forward, None, path.read_bytes()
+            return
+        self.flow = self._torch_flow(path, path)
+        self.forward = self.flow.forward_map()
+
+    def _torch_flow(self, source: Path | io.BytesIO, path: Path | str) -> Glow:
+        """The torch module of the weights in SOURCE (a file, or its bytes), read from PATH (named in errors)."""
+        import torch
+
         flow = self._new_flow(self.dim)
         try:
-            flow.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            flow.load_state_dict(torch.load(source, map_location="cpu", weights_only=True))
         except (RuntimeError, KeyError) as error:
             first_line = str(error).strip().splitlines()[0]
             raise RetrieverError(f"{path} does not match the flow described next to it ({first_line})") from None
-        self.flow = flow.to(resolve_device(self.device)).eval()
+        return flow.to(resolve_device(self.device)).eval()
 
 
 def share_one_buffer(module: nn.Module) -> nn.Parameter:
     """Make every parameter of module, and its .grad, a view of one flat tensor, returned as a Parameter.
 
     Optimizing that one tensor makes Adam and gradient clipping one op per step instead of one per tensor."""
+    import torch
+    from torch import nn
+
     parameters = list(module.parameters())
     flat = nn.Parameter(torch.cat([parameter.detach().reshape(-1) for parameter in parameters]))
     flat.grad = torch.zeros_like(flat)
@@ -286,12 +346,16 @@ def _own_buffers(module: nn.Module) -> None:
 
 def _clip_grad_norm(grad: Tensor, max_norm: float) -> None:
     """`nn.utils.clip_grad_norm_` for one tensor, without its per-call bookkeeping (half the time at this size)."""
+    import torch
+
     grad.mul_(torch.clamp(max_norm / (grad.norm() + 1e-6), max=1.0))
 
 
 def _adam(parameters, lr: float, capturable: bool = False) -> torch.optim.Adam:
     """Adam as one fused kernel where torch supports it (CPU since torch 2.4): 5x faster steps for a small flow.
     CAPTURABLE: its step count lives on the GPU, so a CUDA graph can hold the step."""
+    import torch
+
     parameters = list(parameters)
     try:
         return torch.optim.Adam(parameters, lr=lr, fused=True, capturable=capturable)
@@ -301,6 +365,8 @@ def _adam(parameters, lr: float, capturable: bool = False) -> torch.optim.Adam:
 
 def _fits_on_device(X: np.ndarray, device: torch.device) -> bool:
     """Whether X fits in a quarter of the GPU's free memory (the graphed fit copies all of it there)."""
+    import torch
+
     free, _ = torch.cuda.mem_get_info(device)
     return X.shape[0] * X.shape[1] * 4 <= free // 4
 
@@ -313,6 +379,8 @@ def _single_thread_on(device: torch.device):
     if device.type != "cpu":
         yield
         return
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from retriever.calibration.flow_forward import MIXINGS, PERMUTATIONS, FlowForward
 from retriever.errors import RetrieverError
 
 # Glow/BERT-flow store actnorm log-scales divided by 3 and multiply them back: a 3x larger effective step size for
@@ -29,8 +30,6 @@ from retriever.errors import RetrieverError
 LOGSCALE_FACTOR = 3.0
 # An ActNorm input dimension whose std on the init batch is at most this fraction of the largest is constant.
 CONSTANT_STD = 1e-6
-PERMUTATIONS = ("reverse", "random")
-MIXINGS = ("none", "lu")
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -369,6 +368,16 @@ class Glow(nn.Module):
                 x = x[:, :keep]
         return torch.cat(factored + [x], dim=1), logdet, transport
 
+    @torch.no_grad()
+    def forward_map(self) -> FlowForward:
+        """This flow's x -> z in NumPy (its parameters read out, float32): what calibrates vectors."""
+        def array(tensor: Tensor) -> np.ndarray:
+            return np.ascontiguousarray(tensor.detach().cpu().numpy(), dtype=np.float32)
+
+        reduction = None if self.reduction is None else (array(self.reduction.mean), array(self.reduction.weight))
+        levels = [[_step_arrays(transform, array) for transform in level] for level in self.levels]
+        return FlowForward(reduction, levels, self.level_dims[1:])
+
     def inverse(self, z: Tensor) -> Tensor:
         *factored, x = torch.split(z, self.factored_dims + [self.level_dims[-1]], dim=1)
         for index in reversed(range(len(self.levels))):
@@ -479,3 +488,20 @@ def _step(dim: int, width: int, permutation: str, mixing: str) -> tuple[nn.Modul
     """One flow step: ActNorm -> permutation (-> LU mixing) -> AdditiveCoupling."""
     mixer = (LUMixing(dim),) if mixing == "lu" else ()
     return (ActNorm(dim), _permutation(dim, permutation), *mixer, AdditiveCoupling(dim, width))
+
+
+def _step_arrays(transform: nn.Module, array) -> tuple[str, dict[str, np.ndarray]]:
+    """A step's kind and arrays as `FlowForward` applies them (ARRAY: a tensor read out as float32)."""
+    if isinstance(transform, ActNorm):
+        scale = transform.log_scale.exp()
+        return "actnorm", {"scale": array(scale), "shift": array(transform.bias * scale)}
+    if isinstance(transform, Reverse):
+        return "reverse", {}
+    if isinstance(transform, Permutation):
+        return "permutation", {"order": transform.order.cpu().numpy().astype(np.int64)}
+    if isinstance(transform, LUMixing):
+        return "mixing", {"weight": array(transform.weight().t())}
+    first, second, last = transform._linears
+    return "coupling", {"first": array(first.weight.t()), "first_bias": array(first.bias),
+                        "second": array(second.weight.t()), "second_bias": array(second.bias),
+                        "last": array(last.weight.t()), "last_bias": array(last.bias)}

@@ -73,7 +73,8 @@ class Snapshot:
                                                   device=device))
             with self.reading(CALIBRATOR, opening=True):
                 config = saved_config(folder / CALIBRATOR, expected_dim=manifest.encoder["dim"])
-                # A flow's weights load at first use (they need torch): show, delete, verify... never import it.
+                # A flow's weights load at first use (one saved before its NumPy map needs torch): show, delete,
+                # verify... never import it.
                 self._calibrator = (None if loads_torch(config) else
                                     load_calibrator(folder / CALIBRATOR, expected_dim=manifest.encoder["dim"]))
             with self.reading(TOMBSTONES, opening=True):
