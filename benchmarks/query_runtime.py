@@ -5,6 +5,8 @@ it saves where users wait.
     python benchmarks/query_runtime.py agree --out benchmarks/results/query_runtime/agree_minilm.json
     python benchmarks/query_runtime.py p50 --out benchmarks/results/query_runtime/p50_cpu.json
     python benchmarks/query_runtime.py cli --index-dir /tmp/runtime-indexes --out benchmarks/results/query_runtime/cli_cpu.json
+    python benchmarks/query_runtime.py codes --codes ../before,. --index-dir /tmp/flow-indexes \\
+        --out benchmarks/results/query_runtime/cli_cpu_flow_codes.json
     python benchmarks/query_runtime.py report benchmarks/results/query_runtime/*.json \\
         --out benchmarks/results/query_runtime.md
 
@@ -14,7 +16,8 @@ with either's query vectors. `p50`: one default index of Cranfield's abstracts, 
 as `Index.open(name, runtime="torch")` (the old default), `Index.open(name)` and `Index.open(name)` with ONNX
 Runtime's workers sleeping between operators (the settings shipped before they spun within a run); its questions
 searched one at a time through `Index.search`, the three taking turns query by query, quiet and then beside a busy
-loop taking one core.
+loop taking one core. `codes`: a one-off `retriever search` of two checkouts in turn on one index (by default
+calibrated by a flow, which each checkout's code maps its own way), and whether each imported torch.
 """
 
 from __future__ import annotations
@@ -171,21 +174,10 @@ def one_off(model: str, index_dir: Path, rounds: int = 5, calibrator: str = "aut
     """Seconds of a whole `retriever search "..."` process (start, model, one query, exit) per runtime, the
     runtimes taking turns; the Cranfield index (with CALIBRATOR) built into INDEX_DIR first if it is not there.
     torch is the old default of a one-query search; auto, today's, encodes from the kept kit (`encode.query_kit`)."""
-    from retriever.corpus import Document
-    from retriever.evaluation.data import resolve_data_dir
-    from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS
     from retriever.index import Index
     from retriever.versions.catalog import calibrator_label
 
-    rset = RETRIEVAL_TASKS["cranfield"].load(resolve_data_dir())
-    name = "cranfield" if calibrator == "auto" else f"cranfield-{calibrator}"
-    if not (index_dir / name).exists():
-        documents = [Document(doc, text, title, "corpus", number)
-                     for number, (doc, (title, text)) in enumerate(rset.corpus.items(), start=1)]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            Index.build(documents, name, index_dir, model=model_path(model), device="cpu", calibrator=calibrator)
-    query = next(iter(rset.queries.values()))
+    name, query = _cranfield_index(model, index_dir, calibrator)
     command = [str(Path(sys.executable).parent / "retriever"), "search", query, "--name", name,
                "--index-dir", str(index_dir), "-k", "3"]
     subprocess.run([*command, "--runtime", "onnx"], check=True, capture_output=True)  # the graph exported, kept
@@ -203,12 +195,82 @@ def one_off(model: str, index_dir: Path, rounds: int = 5, calibrator: str = "aut
     return found
 
 
+def _cranfield_index(model: str, index_dir: Path, calibrator: str) -> tuple[str, str]:
+    """The name of the Cranfield index with CALIBRATOR in INDEX_DIR, built there first if it is not, and a
+    question of its."""
+    from retriever.corpus import Document
+    from retriever.evaluation.data import resolve_data_dir
+    from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS
+    from retriever.index import Index
+
+    rset = RETRIEVAL_TASKS["cranfield"].load(resolve_data_dir())
+    name = "cranfield" if calibrator == "auto" else f"cranfield-{calibrator}"
+    if not (index_dir / name).exists():
+        documents = [Document(doc, text, title, "corpus", number)
+                     for number, (doc, (title, text)) in enumerate(rset.corpus.items(), start=1)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Index.build(documents, name, index_dir, model=model_path(model), device="cpu", calibrator=calibrator)
+    return name, next(iter(rset.queries.values()))
+
+
+def one_off_codes(model: str, index_dir: Path, codes: list[Path], rounds: int = 7, calibrator: str = "flow") -> dict:
+    """Seconds of a whole `retriever search "..."` process (the default runtime) of each checkout of CODES in turn,
+    on one Cranfield index (with CALIBRATOR) that this checkout builds into INDEX_DIR first if it is not there; and
+    whether each checkout's process imported torch."""
+    from retriever.index import Index
+    from retriever.versions.catalog import calibrator_label
+
+    name, query = _cranfield_index(model, index_dir, calibrator)
+    argv = ["retriever", "search", query, "--name", name, "--index-dir", str(index_dir), "-k", "3"]
+
+    def command(code: Path) -> list[str]:
+        return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(code.resolve())!r}); sys.argv = {argv!r}; "
+                "from cli.main import main\ntry:\n    main()\n"
+                "finally:\n    print('torch' in sys.modules, file=sys.stderr)"]
+
+    loads_torch = {}
+    for code in codes:  # each once untimed: the ONNX graph exported and kept
+        loads_torch[str(code)] = subprocess.run(command(code), check=True, capture_output=True,
+                                                text=True).stderr.strip().splitlines()[-1] == "True"
+    seconds = {str(code): [] for code in codes}
+    for _ in range(rounds):
+        for code in codes:
+            started = time.perf_counter()
+            subprocess.run(command(code), check=True, capture_output=True)
+            seconds[str(code)].append(time.perf_counter() - started)
+    found = {"model": model, "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
+             "rounds": rounds, "calibrator": calibrator_label(Index.open(name, index_dir).snapshot.manifest.calibrator),
+             "codes": {code: {"commit": _commit(Path(code)), "median_s": round(float(np.median(taken)), 2),
+                              "imports_torch": loads_torch[code]} for code, taken in seconds.items()}}
+    print(json.dumps(found), file=sys.stderr, flush=True)
+    return found
+
+
+def _commit(code: Path) -> str:
+    return subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def report(files: list[Path]) -> str:
     lines = ["# Queries on the fastest runtime (issue 56)", "",
              f"{generated_from(__file__, files)}.", ""]
     for path in files:
         found = json.loads(path.read_text())
-        if "one_off_seconds" in found:
+        if "codes" in found:
+            lines += [f"## A one-off `retriever search \"...\"`, one checkout against another ({found['machine']}, "
+                      f"{found['model']}, calibrator {found['calibrator'].partition(' (')[0]})", "",
+                      "Command: `python benchmarks/query_runtime.py codes --codes A,B --index-dir DIR`. The whole "
+                      "process (start, one Cranfield question, exit) with the default runtime, each checkout's code "
+                      f"on the same index in turn, median of {found['rounds']} rounds; ONNX Runtime's graph and query "
+                      "kit already kept.", "",
+                      "| checkout | median s | imports torch |", "|---|---:|---|"]
+            lines += [f"| {run['commit']} | {run['median_s']:.2f} | {'yes' if run['imports_torch'] else 'no'} |"
+                      for run in found["codes"].values()]
+            first, *others = found["codes"].values()
+            lines += [f"\n{other['commit']} against {first['commit']}: {other['median_s'] / first['median_s']:.2f}x."
+                      for other in others] + [""]
+        elif "one_off_seconds" in found:
             taken = found["one_off_seconds"]
             lines += [f"## A one-off `retriever search \"...\"` ({found['machine']}, {found['model']}"
                       + (f", calibrator {found['calibrator'].partition(' (')[0]}" if "calibrator" in found else "")
@@ -270,7 +332,17 @@ def main() -> None:
         cli.add_argument("--index-dir", type=Path, required=True)
         cli.add_argument("--calibrator", default="auto")
 
+    def codes_arguments(codes: argparse.ArgumentParser) -> None:
+        codes.add_argument("--model", default="minilm")
+        codes.add_argument("--codes", required=True, help="two or more checkouts, comma-separated, the first the base")
+        codes.add_argument("--index-dir", type=Path, required=True)
+        codes.add_argument("--calibrator", default="flow")
+        codes.add_argument("--rounds", type=int, default=7)
+
     study_main(__file__, __doc__, report,
+               codes=(codes_arguments, lambda args: one_off_codes(
+                   args.model, args.index_dir, [Path(code) for code in args.codes.split(",")], args.rounds,
+                   args.calibrator)),
                agree=(agree_arguments, lambda args: agree(args.model, args.seed)),
                p50=(p50_arguments, lambda args: p50(args.model)),
                cli=(cli_arguments, lambda args: one_off(args.model, args.index_dir, calibrator=args.calibrator)))
