@@ -239,12 +239,40 @@ def one_off_codes(model: str, index_dir: Path, codes: list[Path], rounds: int = 
             started = time.perf_counter()
             subprocess.run(command(code), check=True, capture_output=True)
             seconds[str(code)].append(time.perf_counter() - started)
+    hits = {str(code): _every_question_hits(code, name, index_dir) for code in codes}
+    base = hits[str(codes[0])]
     found = {"model": model, "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
              "rounds": rounds, "calibrator": calibrator_label(Index.open(name, index_dir).snapshot.manifest.calibrator),
+             "questions": len(base) // len(MODES_COMPARED), "modes": list(MODES_COMPARED),
              "codes": {code: {"commit": _commit(Path(code)), "median_s": round(float(np.median(taken)), 2),
-                              "imports_torch": loads_torch[code]} for code, taken in seconds.items()}}
+                              "imports_torch": loads_torch[code],
+                              "hit_lists_differing": sum(mine != theirs for mine, theirs in zip(
+                                  [[doc for doc, _ in found] for found in hits[code]],
+                                  [[doc for doc, _ in found] for found in base])),
+                              "largest_score_difference": max(
+                                  (abs(a[1] - b[1]) for mine, theirs in zip(hits[code], base)
+                                   for a, b in zip(mine, theirs)), default=0.0)}
+                       for code, taken in seconds.items()}}
     print(json.dumps(found), file=sys.stderr, flush=True)
     return found
+
+
+MODES_COMPARED = ("dense", "hybrid")
+
+
+def _every_question_hits(code: Path, name: str, index_dir: Path) -> list[list[list]]:
+    """Every Cranfield question's top 10 (doc id, score) in each of MODES_COMPARED, searched by CODE's checkout
+    through `Index.open(name).search`."""
+    script = (f"import json, sys; sys.path.insert(0, {str(code.resolve())!r})\n"
+              "from retriever.evaluation.data import resolve_data_dir\n"
+              "from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS\n"
+              "from retriever.index import Index\n"
+              f"index = Index.open({name!r}, {str(index_dir)!r})\n"
+              "questions = list(RETRIEVAL_TASKS['cranfield'].load(resolve_data_dir()).queries.values())\n"
+              f"print(json.dumps([[[hit.doc_id, hit.score] for hit in index.search(question, k=10, mode=mode)]"
+              f" for mode in {list(MODES_COMPARED)!r} for question in questions]))")
+    return json.loads(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                                     text=True).stdout)
 
 
 def _commit(code: Path) -> str:
@@ -263,10 +291,13 @@ def report(files: list[Path]) -> str:
                       "Command: `python benchmarks/query_runtime.py codes --codes A,B --index-dir DIR`. The whole "
                       "process (start, one Cranfield question, exit) with the default runtime, each checkout's code "
                       f"on the same index in turn, median of {found['rounds']} rounds; ONNX Runtime's graph and query "
-                      "kit already kept.", "",
-                      "| checkout | median s | imports torch |", "|---|---:|---|"]
-            lines += [f"| {run['commit']} | {run['median_s']:.2f} | {'yes' if run['imports_torch'] else 'no'} |"
-                      for run in found["codes"].values()]
+                      "kit already kept. Then every Cranfield question searched by each checkout's "
+                      f"`Index.search` ({', '.join(found['modes'])}, top 10), against the first checkout's.", "",
+                      "| checkout | median s | imports torch | hit lists differing from the first's | largest score "
+                      "difference |", "|---|---:|---|---:|---:|"]
+            lines += [f"| {run['commit']} | {run['median_s']:.2f} | {'yes' if run['imports_torch'] else 'no'} | "
+                      f"{run['hit_lists_differing']} of {found['questions'] * len(found['modes'])} | "
+                      f"{run['largest_score_difference']:.1e} |" for run in found["codes"].values()]
             first, *others = found["codes"].values()
             lines += [f"\n{other['commit']} against {first['commit']}: {other['median_s'] / first['median_s']:.2f}x."
                       for other in others] + [""]
