@@ -204,6 +204,8 @@ def test_vectors_are_calibrated_in_numpy_as_the_torch_module_maps_them(options):
     with torch.inference_mode():
         expected = flow.flow(torch.from_numpy(X))[0].numpy()
     np.testing.assert_allclose(flow.transform(X), expected, rtol=0, atol=2e-5)
+    for row in (0, 700, 1499):  # a query alone, as a search calibrates it, is calibrated as in a build's batch
+        np.testing.assert_allclose(flow.transform(X[row : row + 1])[0], flow.transform(X)[row], rtol=0, atol=1e-6)
     np.testing.assert_allclose(flow.inverse(flow.transform(X[:50])), X[:50] if "k" not in options else
                                flow.inverse(expected[:50]), rtol=0, atol=2e-3)
 

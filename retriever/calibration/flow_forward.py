@@ -1,6 +1,7 @@
 """A fitted flow's map x -> z in NumPy: every vector a flow calibrates, the build's and each query's, goes through
 `FlowForward`, so a search needs no torch (importing it took a one-off search most of its time) and stored and
-query vectors come from the same arithmetic. Torch fits the flow (`glow`, `flow`); `Glow.forward_map` reads its
+query vectors come from the same operations (to float rounding: a query's few rows multiply on the calling thread,
+`numeric.product`, a build's blocks through BLAS). Torch fits the flow (`glow`, `flow`); `Glow.forward_map` reads its
 parameters into a `FlowForward`, which is saved beside the flow's weights.
 
 The steps are the torch module's (`glow`): an optional whitening to K dimensions (`flow-K`), then for each level its
