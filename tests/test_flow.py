@@ -205,7 +205,7 @@ def test_vectors_are_calibrated_in_numpy_as_the_torch_module_maps_them(options):
         expected = flow.flow(torch.from_numpy(X))[0].numpy()
     np.testing.assert_allclose(flow.transform(X), expected, rtol=0, atol=2e-5)
     for row in (0, 700, 1499):  # a query alone, as a search calibrates it, is calibrated as in a build's batch
-        np.testing.assert_allclose(flow.transform(X[row : row + 1])[0], flow.transform(X)[row], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(flow.transform(X[row : row + 1])[0], flow.transform(X)[row], rtol=0, atol=1e-5)
     np.testing.assert_allclose(flow.inverse(flow.transform(X[:50])), X[:50] if "k" not in options else
                                flow.inverse(expected[:50]), rtol=0, atol=2e-3)
 
@@ -224,6 +224,43 @@ def test_a_loaded_flow_calibrates_without_importing_torch(tmp_path):
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert ran.stdout.strip() == "False"
     assert np.array_equal(np.load(tmp_path / "z.npy"), flow.transform(X[:20]))
+
+
+def test_a_flow_loaded_with_its_map_inverts_and_scores_densities_after_its_folder_is_gone(tmp_path):
+    import shutil
+
+    X = correlated_sample(1500, 10)
+    flow = make_calibrator("flow", device="cpu", width=16).fit(X)
+    flow.save(tmp_path / "first")
+    loaded = load_calibrator(tmp_path / "first", expected_dim=10)
+    shutil.rmtree(tmp_path / "first")  # a later write pruned the version it was read from
+    loaded.save(tmp_path / "second")
+    again = load_calibrator(tmp_path / "second", expected_dim=10)
+    assert (tmp_path / "second" / "flow.pt").read_bytes() and again.flow is None  # the torch module not read yet
+    assert np.array_equal(again.transform(X), flow.transform(X))
+    assert np.array_equal(again.log_prob(X), flow.log_prob(X))
+    Z = flow.transform(X[:20])
+    assert np.array_equal(again.inverse(Z), flow.inverse(Z))
+
+
+def test_weights_other_than_those_its_map_was_read_from_are_refused(tmp_path):
+    X = correlated_sample(1500, 10)
+    make_calibrator("flow", device="cpu", width=16, seed=0).fit(X).save(tmp_path / "one")
+    make_calibrator("flow", device="cpu", width=16, seed=1).fit(X).save(tmp_path / "other")
+    (tmp_path / "one" / "flow.pt").write_bytes((tmp_path / "other" / "flow.pt").read_bytes())
+    with pytest.raises(RetrieverError, match="its map was read from other weights"):
+        load_calibrator(tmp_path / "one", expected_dim=10)
+
+
+@pytest.mark.parametrize("damaged", ["flow-forward.npz", "flow.pt"])
+def test_a_damaged_map_or_weights_file_is_one_clear_error(tmp_path, damaged):
+    make_calibrator("flow", device="cpu", width=16).fit(correlated_sample(1500, 10)).save(tmp_path)
+    if damaged == "flow.pt":  # read through torch only where there is no map
+        (tmp_path / "flow-forward.npz").unlink()
+    path = tmp_path / damaged
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(RetrieverError, match="is not a flow's saved map|does not match the flow described"):
+        load_calibrator(tmp_path, expected_dim=10)
 
 
 def test_a_flow_saved_before_its_numpy_map_loads_through_torch_with_the_same_vectors(tmp_path):

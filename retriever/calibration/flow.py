@@ -12,7 +12,10 @@ only to fit a flow, to invert one or score its density, or to load one saved bef
 
 from __future__ import annotations
 
+import hashlib
 import io
+import pickle
+import threading
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,8 +37,10 @@ if TYPE_CHECKING:
 TRANSFORM_BATCH = 16384
 # `inverse` and `log_prob` (torch) of at most this many rows run on one CPU thread (see FlowCalibrator._apply).
 SMALL_TRANSFORM = 2048
-# The flow's map in NumPy, saved beside its weights (`weights_file`).
+# The flow's map in NumPy, saved beside its weights (`weights_file`), with the weights' sha256.
 FORWARD_FILE = "flow-forward.npz"
+# Held while a flow loaded with its map alone reads its torch module (`inverse`, `log_prob`): once, for every thread.
+_READING_TORCH = threading.Lock()
 
 
 class FlowCalibrator(Calibrator):
@@ -269,8 +274,9 @@ class FlowCalibrator(Calibrator):
         costs more than the product itself, far more on a busy machine."""
         import torch
 
-        if self.flow is None:  # loaded with its map alone: its torch module is read now
-            self.flow = self._torch_flow(io.BytesIO(self._weights), self.weights_file)
+        with _READING_TORCH:
+            if self.flow is None:  # loaded with its map alone: its torch module is read now
+                self.flow = self._torch_flow(io.BytesIO(self._weights), self.weights_file)
         device = next(self.flow.parameters()).device
         out = np.empty((X.shape[0], out_dim), dtype=np.float32)
         small = X.shape[0] <= SMALL_TRANSFORM
@@ -287,6 +293,7 @@ class FlowCalibrator(Calibrator):
             import torch
 
             torch.save(self.flow.state_dict(), path)
+        self.forward.weights_digest = hashlib.sha256(path.read_bytes()).hexdigest()
         self.forward.save(path.with_name(FORWARD_FILE))
 
     def _load_weights(self, path: Path) -> None:
@@ -300,7 +307,11 @@ class FlowCalibrator(Calibrator):
             if problem is not None:
                 raise RetrieverError(f"{forward_path} does not match the flow described next to it ({problem})")
             # The weights' bytes are kept, not their path: a later write may prune this version's folder.
-            self.forward, self.flow, self._weights = forward, None, path.read_bytes()
+            weights = path.read_bytes()
+            if hashlib.sha256(weights).hexdigest() != forward.weights_digest:
+                raise RetrieverError(f"{path} does not match the flow described next to it (its map was read from "
+                                     "other weights)")
+            self.forward, self.flow, self._weights = forward, None, weights
             return
         self.flow = self._torch_flow(path, path)
         self.forward = self.flow.forward_map()
@@ -312,8 +323,8 @@ class FlowCalibrator(Calibrator):
         flow = self._new_flow(self.dim)
         try:
             flow.load_state_dict(torch.load(source, map_location="cpu", weights_only=True))
-        except (RuntimeError, KeyError) as error:
-            first_line = str(error).strip().splitlines()[0]
+        except (RuntimeError, KeyError, ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
+            first_line = (str(error).strip() or type(error).__name__).splitlines()[0]
             raise RetrieverError(f"{path} does not match the flow described next to it ({first_line})") from None
         return flow.to(resolve_device(self.device)).eval()
 

@@ -13,6 +13,7 @@ z = [factored_1, ..., factored_{L-1}, final]. Float32 throughout.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +26,10 @@ MIXINGS = ("none", "lu")
 # Each step's kind and the arrays it holds (`Step`), in the order `__call__` applies them.
 STEP_ARRAYS = {"actnorm": ("scale", "shift"), "reverse": (), "permutation": ("order",), "mixing": ("weight",),
                "coupling": ("first", "first_bias", "second", "second_bias", "last", "last_bias")}
-_LAYOUT = "layout"
-# Rows mapped at a time: a block's intermediate arrays stay in the CPU's cache through the steps' elementwise work
-# (100,000 MiniLM vectors: 0.6 s in blocks of 1,024 to 4,096, 1.2 s in one of 16,384; torch took 0.8 s on 2 CPUs).
-BLOCK_ROWS = 2048  # the npz entry holding the steps' kinds and the levels' kept dimensions, as JSON
+_LAYOUT = "layout"  # the npz entry holding the steps' kinds, the levels' kept dimensions and the weights' digest
+# Rows mapped at a time: few enough that a block's intermediate arrays stay in the CPU's cache through the steps'
+# elementwise work (timed in benchmarks/results/README.md, "a flow calibrates in NumPy").
+BLOCK_ROWS = 2048
 
 
 class FlowForward:
@@ -37,11 +38,12 @@ class FlowForward:
     i (one fewer entry than levels)."""
 
     def __init__(self, reduction: tuple[np.ndarray, np.ndarray] | None,
-                 levels: list[list[tuple[str, dict[str, np.ndarray]]]], keep: list[int]):
-        if len(keep) != len(levels) - 1:
+                 levels: list[list[tuple[str, dict[str, np.ndarray]]]], keep: list[int], weights_digest: str = ""):
+        if len(keep) != len(levels) - 1 or not levels:
             raise RetrieverError(f"a flow of {len(levels)} levels keeps dimensions after {len(levels) - 1}, not "
                                  f"{len(keep)}")
         self.reduction, self.levels, self.keep = reduction, levels, list(keep)
+        self.weights_digest = weights_digest  # sha256 of the torch weights it was read from (`flow.FORWARD_FILE`)
         first = reduction[1].shape[1] if reduction is not None else _in_dim(levels)
         self.in_dim = reduction[0].shape[0] if reduction is not None else first
         self.out_dim = first
@@ -71,14 +73,27 @@ class FlowForward:
         """What differs between this map and a flow of those settings on DIM-dim vectors (None: nothing)."""
         steps = ["actnorm", "reverse" if permutation == "reverse" else "permutation",
                  *(["mixing"] if mixing == "lu" else []), "coupling"] * depth
-        widths = {arrays["first"].shape[1] for level in self.levels for kind, arrays in level if kind == "coupling"}
+        flow_dim = k if k is not None else dim
+        level_dims = [flow_dim]
+        for _ in range(levels - 1):
+            level_dims.append(level_dims[-1] - level_dims[-1] // 2)
         found = {"input dimensions": self.in_dim, "reduced to": self.reduction[1].shape[1] if self.reduction else None,
                  "levels": len(self.levels), "steps": [[kind for kind, _ in level] for level in self.levels],
-                 "coupling widths": widths}
+                 "kept dimensions": self.keep}
         described = {"input dimensions": dim, "reduced to": k, "levels": levels, "steps": [steps] * levels,
-                     "coupling widths": {width}}
+                     "kept dimensions": level_dims[1:]}
         differing = [name for name in found if found[name] != described[name]]
-        return None if not differing else f"its {differing[0]} differ"
+        if differing:
+            return f"its {differing[0]} differ"
+        if self.reduction is not None and (self.reduction[0].shape != (dim,) or self.reduction[1].shape != (dim, k)):
+            return "its whitening's arrays have other shapes"
+        for level, level_dim in zip(self.levels, level_dims):
+            for kind, arrays in level:
+                if any(_shapes(kind, level_dim, width)[name] != arrays[name].shape for name in STEP_ARRAYS[kind]):
+                    return f"its {kind} arrays have other shapes"
+                if kind == "permutation" and not np.array_equal(np.sort(arrays["order"]), np.arange(level_dim)):
+                    return "a permutation of it is not one"
+        return None
 
     def save(self, path: Path) -> None:
         """One .npz: every array, and the layout as JSON (read back with pickles refused)."""
@@ -90,7 +105,8 @@ class FlowForward:
             kinds.append([kind for kind, _ in level])
             for number, (kind, step) in enumerate(level):
                 arrays.update({f"{index}.{number}.{name}": step[name] for name in STEP_ARRAYS[kind]})
-        layout = {"kinds": kinds, "keep": self.keep, "reduction": self.reduction is not None}
+        layout = {"kinds": kinds, "keep": self.keep, "reduction": self.reduction is not None,
+                  "weights_sha256": self.weights_digest}
         with open(path, "wb") as file:
             np.savez(file, **arrays, **{_LAYOUT: np.array(json.dumps(layout))})
 
@@ -103,8 +119,8 @@ class FlowForward:
                 levels = [[(kind, {name: saved[f"{index}.{number}.{name}"] for name in STEP_ARRAYS[kind]})
                            for number, kind in enumerate(kinds)]
                           for index, kinds in enumerate(layout["kinds"])]
-            return cls(reduction, levels, layout["keep"])
-        except (OSError, ValueError, KeyError, TypeError) as error:
+            return cls(reduction, levels, layout["keep"], str(layout["weights_sha256"]))
+        except (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile) as error:
             raise RetrieverError(f"{path} is not a flow's saved map ({error})") from None
 
 
@@ -127,6 +143,15 @@ def _apply(kind: str, arrays: dict[str, np.ndarray], x: np.ndarray) -> np.ndarra
     hidden = np.maximum(product(hidden, arrays["second"]) + arrays["second_bias"], 0)
     shift = product(hidden, arrays["last"]) + arrays["last_bias"]
     return np.concatenate([kept, x[:, split:] + shift], axis=1)
+
+
+def _shapes(kind: str, dim: int, width: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of a step's arrays in a level of DIM dimensions, its couplings WIDTH wide."""
+    split = dim // 2
+    return {"actnorm": {"scale": (dim,), "shift": (dim,)}, "reverse": {}, "permutation": {"order": (dim,)},
+            "mixing": {"weight": (dim, dim)},
+            "coupling": {"first": (split, width), "first_bias": (width,), "second": (width, width),
+                         "second_bias": (width,), "last": (width, dim - split), "last_bias": (dim - split,)}}[kind]
 
 
 def _in_dim(levels: list[list[tuple[str, dict[str, np.ndarray]]]]) -> int:

@@ -1,5 +1,6 @@
 """The Glow of BERT-flow (Li et al., EMNLP 2020): a normalizing flow that maps sentence vectors to a standard
-Gaussian, its layers, and the hand-written gradients it trains with (`FlowCalibrator` in `flow` fits and applies it).
+Gaussian, its layers, and the hand-written gradients it trains with (`FlowCalibrator` in `flow` fits it, and applies
+its map in NumPy, `Glow.forward_map`).
 
 The architecture follows the paper's code (bohanli/BERT-flow, `flow/glow_ops_1x1.py`) on 1 x 1 "images":
   step  = ActNorm -> fixed permutation (Reverse) -> AdditiveCoupling       (log|det| comes only from ActNorm)

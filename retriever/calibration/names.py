@@ -18,8 +18,8 @@ VALID_NAMES = "auto, flow, flow-K, flow+lu, flow-K+lu, whitening, whitening-K, s
 # Options every calibrator accepts so callers can pass them uniformly; linear calibrators are deterministic
 # numpy code and need neither.
 COMMON_OPTIONS = ("seed", "device")
-# The flow module (and torch with it) is imported only when a flow is made or loaded: commands that read an index's
-# documents or files never pay for torch.
+# The flow module is imported only when a flow is made or loaded (and torch only when one is fitted, inverted, or
+# read from weights saved without their NumPy map): commands that read an index's documents or files pay for neither.
 
 
 def make_fixed(name: str, **options) -> Calibrator:

@@ -84,7 +84,7 @@ def plan_benchmark(
     RetrieverError."""
     tasks = resolve_tasks(datasets)
     folder = resolve_data_dir(data_dir)
-    from retriever.calibration import make_calibrator  # imports torch: after the checks that need nothing
+    from retriever.calibration import make_calibrator  # imports the calibrators: after the checks that need nothing
 
     names = parse_calibrators(calibrators)
     for name in names:
