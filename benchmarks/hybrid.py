@@ -29,6 +29,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks.study_cli import study_main  # noqa: E402
 
 from retriever.evaluation.retrieval import evaluate_run, search_runs  # noqa: E402
 from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS  # noqa: E402
@@ -193,29 +194,25 @@ def report(files: list[Path]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    measure = commands.add_parser("run")
-    measure.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
-    measure.add_argument("--tasks", default=",".join(DEV + HELD_OUT))
-    measure.add_argument("--calibrator", default="auto")
-    measure.add_argument("--seed", type=int, default=0)
-    measure.add_argument("--out", type=Path, required=True)
-    measure.add_argument("--update", action="store_true",
-                         help="measure only --labels and add them to OUT's tasks (a setting added to the grid later)")
-    measure.add_argument("--labels", default=None, help="comma-separated settings, e.g. zscore@0.8 (with --update, "
-                         "or to measure only those beside dense and keyword)")
-    measure.add_argument("--no-passages", action="store_true",
-                         help="one vector per document, cut at max_length (how indexes were built before passages)")
-    merge = commands.add_parser("report")
-    merge.add_argument("files", nargs="+", type=Path)
-    merge.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    if args.command == "report":
-        args.out.write_text(report(args.files))
-        return
-    command = " ".join(["python", "benchmarks/hybrid.py", *sys.argv[1:]])
-    if args.update:
+    def arguments(measure: argparse.ArgumentParser) -> None:
+        measure.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
+        measure.add_argument("--tasks", default=",".join(DEV + HELD_OUT))
+        measure.add_argument("--calibrator", default="auto")
+        measure.add_argument("--seed", type=int, default=0)
+        measure.add_argument("--update", action="store_true", help="measure only --labels and add them to OUT's "
+                             "tasks (a setting added to the grid later)")
+        measure.add_argument("--labels", default=None, help="comma-separated settings, e.g. zscore@0.8 (with --update, "
+                             "or to measure only those beside dense and keyword)")
+        measure.add_argument("--no-passages", action="store_true",
+                             help="one vector per document, cut at max_length (how indexes were built before passages)")
+
+    def measured(args: argparse.Namespace) -> dict:
+        if not args.update:
+            from retriever.encode.passages import PassageSettings
+
+            labels = [label for label in args.labels.split(",") if label] if args.labels else None
+            return run(args.model, [t for t in args.tasks.split(",") if t], args.calibrator, args.seed, labels,
+                       PassageSettings(enabled=not args.no_passages))
         results = json.loads(args.out.read_text())
         labels = [label for label in args.labels.split(",") if label]
         added = run(results["model"], [task["task"] for task in results["tasks"]], results["calibrator"],
@@ -225,15 +222,10 @@ def main() -> None:
                 if label in task["ndcg@10"] and task["ndcg@10"][label] != new_task["ndcg@10"][label]:
                     raise SystemExit(f"{task['task']}: {label} differs from the first run; measure everything again")
             task["ndcg@10"].update({label: new_task["ndcg@10"][label] for label in labels})
-        results["command"] = f"{results['command']}; then {command}"
-    else:
-        from retriever.encode.passages import PassageSettings
+        command = " ".join(["python", "benchmarks/hybrid.py", *sys.argv[1:]])
+        return {**results, "command": f"{results['command']}; then {command}"}
 
-        labels = [label for label in args.labels.split(",") if label] if args.labels else None
-        results = run(args.model, [t for t in args.tasks.split(",") if t], args.calibrator, args.seed, labels,
-                      PassageSettings(enabled=not args.no_passages))
-        results["command"] = command
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    study_main(__file__, __doc__.splitlines()[0], report, run=(arguments, measured))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ Measure = tuple[Callable[[argparse.ArgumentParser], None] | None, Callable[[argp
 
 def study_main(script: str, description: str, report: Callable[[list[Path]], str], **commands: Measure) -> None:
     """Run SCRIPT (its `__file__`) as its command line asks: one of COMMANDS (name -> Measure) writes the dict it
-    measured to `--out`, with "command", the command line; `report FILES... --out PATH` writes REPORT(FILES)."""
+    measured to `--out`, with "command", the command line (unless the dict says how it was made itself); `report
+    FILES... --out PATH` writes REPORT(FILES)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     subcommands = parser.add_subparsers(dest="command", required=True)
     for name, (add_arguments, _) in commands.items():
@@ -32,7 +33,7 @@ def study_main(script: str, description: str, report: Callable[[list[Path]], str
         args.out.write_text(report(args.files))
         return
     found = commands[args.command][1](args)
-    found["command"] = " ".join(["python", f"benchmarks/{Path(script).name}", *sys.argv[1:]])
+    found.setdefault("command", " ".join(["python", f"benchmarks/{Path(script).name}", *sys.argv[1:]]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(found, indent=1) + "\n")
 
