@@ -287,13 +287,15 @@ class FlowCalibrator(Calibrator):
         return out
 
     def _save_weights(self, path: Path) -> None:
-        if self.flow is None:  # loaded with its map alone, saved again (a write's new version): the bytes it read
-            path.write_bytes(self._weights)
-        else:
+        weights = self._weights  # loaded with its map alone, saved again (a write's new version): the bytes it read
+        if self.flow is not None:
             import torch
 
-            torch.save(self.flow.state_dict(), path)
-        self.forward.weights_digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            buffer = io.BytesIO()
+            torch.save(self.flow.state_dict(), buffer)
+            weights = buffer.getvalue()
+        path.write_bytes(weights)
+        self.forward.weights_digest = hashlib.sha256(weights).hexdigest()
         self.forward.save(path.with_name(FORWARD_FILE))
 
     def _load_weights(self, path: Path) -> None:

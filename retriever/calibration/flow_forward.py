@@ -73,21 +73,18 @@ class FlowForward:
         """What differs between this map and a flow of those settings on DIM-dim vectors (None: nothing)."""
         steps = ["actnorm", "reverse" if permutation == "reverse" else "permutation",
                  *(["mixing"] if mixing == "lu" else []), "coupling"] * depth
-        flow_dim = k if k is not None else dim
-        level_dims = [flow_dim]
-        for _ in range(levels - 1):
-            level_dims.append(level_dims[-1] - level_dims[-1] // 2)
+        dims = level_dims(k if k is not None else dim, levels)
         found = {"input dimensions": self.in_dim, "reduced to": self.reduction[1].shape[1] if self.reduction else None,
                  "levels": len(self.levels), "steps": [[kind for kind, _ in level] for level in self.levels],
                  "kept dimensions": self.keep}
         described = {"input dimensions": dim, "reduced to": k, "levels": levels, "steps": [steps] * levels,
-                     "kept dimensions": level_dims[1:]}
+                     "kept dimensions": dims[1:]}
         differing = [name for name in found if found[name] != described[name]]
         if differing:
             return f"its {differing[0]} differ"
         if self.reduction is not None and (self.reduction[0].shape != (dim,) or self.reduction[1].shape != (dim, k)):
             return "its whitening's arrays have other shapes"
-        for level, level_dim in zip(self.levels, level_dims):
+        for level, level_dim in zip(self.levels, dims):
             for kind, arrays in level:
                 if any(_shapes(kind, level_dim, width)[name] != arrays[name].shape for name in STEP_ARRAYS[kind]):
                     return f"its {kind} arrays have other shapes"
@@ -122,6 +119,15 @@ class FlowForward:
             return cls(reduction, levels, layout["keep"], str(layout["weights_sha256"]))
         except (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile) as error:
             raise RetrieverError(f"{path} is not a flow's saved map ({error})") from None
+
+
+def level_dims(dim: int, levels: int) -> list[int]:
+    """The dimensions entering each of LEVELS levels of a flow on DIM: each level keeps the larger half (ceil) and
+    factors out the rest."""
+    dims = [dim]
+    for _ in range(levels - 1):
+        dims.append(dims[-1] - dims[-1] // 2)
+    return dims
 
 
 def _apply(kind: str, arrays: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:

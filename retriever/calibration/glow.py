@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from retriever.calibration.flow_forward import MIXINGS, PERMUTATIONS, FlowForward
+from retriever.calibration.flow_forward import FlowForward, level_dims
 from retriever.errors import RetrieverError
 
 # Glow/BERT-flow store actnorm log-scales divided by 3 and multiply them back: a 3x larger effective step size for
@@ -324,9 +324,7 @@ class Glow(nn.Module):
                 f"a {levels}-level flow needs vectors of at least {2 ** levels} dimensions (got {flow_dim})"
             )
         self.dim = flow_dim  # the dimension of z, which the loss is averaged over
-        self.level_dims = [flow_dim]  # dimensions entering each level
-        for _ in range(levels - 1):
-            self.level_dims.append(self.level_dims[-1] - self.level_dims[-1] // 2)  # keep ceil, factor out floor
+        self.level_dims = level_dims(flow_dim, levels)
         # Weights and random permutations come from this seed alone, without touching the global RNG.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
