@@ -1,4 +1,4 @@
-"""The retrieval check: per-query nDCG@10 through a flat index, the paired bootstrap, the comparison of candidates."""
+"""The retrieval check: per-query nDCG@10 by the target's rank among the pool, the paired bootstrap, the comparison of candidates."""
 
 from __future__ import annotations
 
@@ -22,6 +22,28 @@ def test_scores_are_the_targets_rank_in_the_top_ten():
     scores = score_queries(check, identity)
     assert scores.ndcg == pytest.approx([1.0, 1 / np.log2(3), 0.0])
     assert scores.reciprocal_rank == pytest.approx([1.0, 0.5, 0.0])
+
+
+def test_a_tie_counts_against_the_target_and_the_ranks_are_an_exact_searchs():
+    eye = np.eye(12, dtype=np.float32)
+    # a distractor that is the target's twin ties with it and ranks ahead: the target second, not first
+    twin = CheckSet(eye[:1], eye[:1], ["known-item"], np.stack([eye[0]] + [eye[i] for i in range(1, 12)]))
+    assert score_queries(twin, identity).reciprocal_rank == pytest.approx([0.5])
+    # a calibration that maps every document to one point gains nothing by it: every target falls below the top 10
+    rng = np.random.default_rng(3)
+    check = CheckSet(rng.normal(size=(20, 12)), rng.normal(size=(20, 12)), ["span"] * 20, rng.normal(size=(30, 12)))
+    assert not score_queries(check, lambda X: np.ones((len(X), 12), np.float32)).ndcg.any()
+    # elsewhere, each target's rank is where a flat FAISS inner-product index of the pool puts it
+    import faiss
+
+    from retriever.calibration.check import target_ranks
+    from retriever.numeric import l2_normalize
+
+    pool = l2_normalize(np.concatenate([check.targets, check.distractors]).astype(np.float32))
+    index = faiss.IndexFlatIP(12)
+    index.add(pool)
+    _, ids = index.search(l2_normalize(check.queries.astype(np.float32)), len(pool))
+    assert target_ranks(check, identity).tolist() == [int(np.flatnonzero(row == i)[0]) + 1 for i, row in enumerate(ids)]
 
 
 def test_scores_use_the_calibrator_on_queries_and_pool_alike():

@@ -3,8 +3,9 @@
 A `CheckSet` is pseudo-queries cut out of corpus documents (`retriever.calibration.pseudo_queries`), as raw vectors: each
 query, its target (the source document without the query, encoded again, or for a known-item query the document
 as stored), and distractors (other documents of the corpus, as stored). A calibrator is scored exactly as search
-would use it: pool = targets + distractors, calibrated, L2-normalized and added to a flat FAISS inner-product index;
-queries calibrated the same way; top 10.
+would use it: pool = targets + distractors, calibrated and L2-normalized as an index stores them; queries calibrated
+the same way; each target ranked among the pool by inner product, as exact search ranks it (a tie counts against
+the target); top 10.
 Per pseudo-query, nDCG@10 (one relevant document: 1 / log2(rank + 1)) and reciprocal rank.
 
 A score is the mean over all pseudo-queries; the corpus decides how many of each kind it gives, and
@@ -24,6 +25,12 @@ import numpy as np
 from retriever.numeric import l2_normalize
 
 DEPTH = 10
+# A pool vector scoring within TIE of a query's target counts ahead of it. The scores are float32 inner products of
+# unit vectors, good to about 1e-7, and computed in more than one matrix product: a closer score is a tie, and a tie
+# is no evidence that a calibration finds the target (nor may one that maps documents together gain by it).
+TIE = 1e-6
+# Queries scored against a pool at a time (bounds the scores held: BLOCK x the pool's rows).
+BLOCK = 256
 # Bootstrap resamples: the intervals' ends are tail quantiles (0.5% and 99.5% with five candidates), which need
 # thousands of resamples to be stable.
 RESAMPLES = 2000
@@ -47,9 +54,10 @@ class CheckSet:
     # were given. pool_texts: the targets' texts then the distractors', as the vectors are ordered.
     query_texts: list[str] | None = None
     pool_texts: list[str] | None = None
-    # The distractors passed through a calibrator's transform and L2-normalized, where something keeps them (a check
-    # read in rounds calibrates its stored vectors once per transform, not once per round); None: computed here.
-    calibrated_distractors: Callable[[Callable[[np.ndarray], np.ndarray]], np.ndarray] | None = None
+    # Each query's target's rank among the pool by a calibrator's transform (1: first), where something keeps what
+    # ranking them needs (a check read in rounds scores each pseudo-query against the distractors that every round
+    # shares once per transform, not once a round: `pseudo_queries.CheckRounds`); None: searched here.
+    target_ranks: Callable[[Callable[[np.ndarray], np.ndarray]], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         self.kinds = np.asarray(self.kinds, dtype=str)
@@ -65,9 +73,7 @@ class CheckSet:
     def pool(self, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """Targets then distractors, passed through TRANSFORM and L2-normalized (row by row, as an index stores
         them)."""
-        distractors = (self.calibrated_distractors(transform) if self.calibrated_distractors is not None
-                       else l2_normalize(transform(self.distractors)))
-        return np.concatenate([l2_normalize(transform(self.targets)), distractors])
+        return np.concatenate([l2_normalize(transform(self.targets)), l2_normalize(transform(self.distractors))])
 
     def counts(self) -> dict[str, int]:
         names, counts = np.unique(self.kinds, return_counts=True)
@@ -87,20 +93,37 @@ class QueryScores:
 
 
 def score_queries(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> QueryScores:
-    """Search every pseudo-query through a flat inner-product index of the pool, all vectors passed through
-    TRANSFORM (a calibrator's) and L2-normalized as the index does."""
-    from retriever.store.vectors import VectorStore
-
-    pool = check.pool(transform)
-    store = VectorStore.create(pool.shape[1], "flat", device="cpu")
-    store.add(np.arange(len(pool), dtype=np.int64), pool)
-    _, ids = store.search(l2_normalize(transform(check.queries)), min(DEPTH, len(pool)))
-    found = ids == np.arange(len(check))[:, None]
-    rank = np.where(found.any(1), found.argmax(1) + 1, 0)  # 0: not in the top DEPTH
+    """Rank every pseudo-query's target among the pool by inner product, all vectors passed through TRANSFORM (a
+    calibrator's) and L2-normalized as the index stores them, and score the top DEPTH."""
+    rank = check.target_ranks(transform) if check.target_ranks is not None else target_ranks(check, transform)
+    rank = np.where(rank <= DEPTH, rank, 0)  # 0: not in the top DEPTH
     hit = rank > 0
     ndcg = np.where(hit, 1.0 / np.log2(np.maximum(rank, 1) + 1.0), 0.0)
     reciprocal = np.where(hit, 1.0 / np.maximum(rank, 1), 0.0)
     return QueryScores(ndcg, reciprocal)
+
+
+def target_ranks(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Each query's target's rank among CHECK's whole pool by TRANSFORM (1: first), as an exact inner-product search
+    ranks it, a tie against the target (`count_ahead`)."""
+    queries, pool = l2_normalize(transform(check.queries)), check.pool(transform)
+    ranks = np.empty(len(queries), np.int64)
+    for start in range(0, len(queries), BLOCK):
+        scores = queries[start : start + BLOCK] @ pool.T
+        rows = np.arange(len(scores))
+        own = scores[rows, start + rows]  # the targets lead the pool
+        ranks[start : start + BLOCK] = (scores >= own[:, None] - TIE).sum(1)  # itself among them: rank 1 + ahead
+    return ranks
+
+
+def count_ahead(queries: np.ndarray, target_scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per query (L2-normalized, as ROWS are), how many ROWS rank ahead of its target, whose score is
+    TARGET_SCORES: those scoring above it or tied with it (within `TIE`)."""
+    ahead = np.zeros(len(queries), np.int64)
+    for start in range(0, len(queries), BLOCK):
+        scores = queries[start : start + BLOCK] @ rows.T
+        ahead[start : start + BLOCK] = (scores >= target_scores[start : start + BLOCK, None] - TIE).sum(1)
+    return ahead
 
 
 def paired_bootstrap(differences: np.ndarray, kinds: np.ndarray, confidence: float, resamples: int = RESAMPLES,

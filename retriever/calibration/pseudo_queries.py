@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retriever.calibration.check import CheckSet
+from retriever.calibration.check import BLOCK, CheckSet, count_ahead
 from retriever.numeric import l2_normalize
 
 KINDS = ("title", "sentence", "span", "known-item")
@@ -187,9 +187,9 @@ class CheckRounds:
                               if len(stored) else [])
         self._queries: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
-        # The stored vectors through each transform a round was scored with, L2-normalized: every round searches
-        # among some of them, and a candidate is scored in every round.
-        self._calibrated: dict[Callable[[np.ndarray], np.ndarray], np.ndarray] = {}
+        # What ranking the pseudo-queries by each transform a round was scored with needs, kept: a candidate is
+        # scored in every round, and each round's pool is mostly the same distractors.
+        self._ranked: dict[Callable[[np.ndarray], np.ndarray], _Ranked] = {}
         self.seconds = 0.0  # spent encoding
 
     @property
@@ -231,14 +231,27 @@ class CheckRounds:
                         for query, source in zip(made, self.sources[:size].tolist())]
         return CheckSet(queries, targets, np.asarray([query.kind for query in made], dtype=str), distractors,
                         [query.query for query in made], target_texts + [self._stored_texts[i] for i in at.tolist()],
-                        calibrated_distractors=(lambda transform: self._calibrated_stored(transform)[at]) if len(at) else None)
+                        target_ranks=lambda transform: self._target_ranks(size, transform))
 
-    def _calibrated_stored(self, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """The stored vectors through TRANSFORM, L2-normalized: computed on first use, then kept."""
-        found = self._calibrated.get(transform)
-        if found is None:
-            found = self._calibrated[transform] = l2_normalize(transform(self._stored))
-        return found
+    def _target_ranks(self, size: int, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The rank of each of the first SIZE pseudo-queries' targets (1: first) among the round of SIZE's pool by
+        TRANSFORM, as `check.target_ranks` ranks a whole check. The pool is the first SIZE targets, the sources of
+        the pseudo-queries not yet asked, and the other documents drawn, which every round shares: how many of
+        those rank ahead of a target is counted once per pseudo-query and transform, and kept."""
+        ranked = self._ranked.get(transform)
+        if ranked is None:
+            # the stored vectors through TRANSFORM, L2-normalized, once: the others' block and the sources' (in
+            # pseudo-query order); the rest of a round's pool is the targets, calibrated as they are first asked
+            stored = l2_normalize(transform(self._stored))
+            ranked = self._ranked[transform] = _Ranked(*(
+                stored[np.array([self._stored_at[int(p)] for p in positions.tolist()], np.int64)]
+                for positions in (self.others, self.sources)))
+        asked = len(ranked.target_scores)
+        ranked.extend(np.concatenate(self._queries)[asked:size], np.concatenate(self._targets)[asked:size], transform)
+        queries, targets, floor = ranked.queries[:size], ranked.targets[:size], ranked.target_scores[:size]
+        ranks = 1 + ranked.others_ahead[:size] + count_ahead(queries, floor, ranked.sources[size:])
+        ranks += count_ahead(queries, floor, targets) - 1  # the targets, itself among them
+        return ranks
 
     def _dim(self) -> int:
         if self._stored is not None:
@@ -263,6 +276,31 @@ class CheckRounds:
         self._queries.append(queries)
         self._targets.append(targets)
         self.seconds += time.perf_counter() - clock
+
+
+class _Ranked:
+    """One transform's pseudo-queries as far as ranked: the others' and the sources' stored vectors through it
+    (L2-normalized), the queries and targets asked so far likewise, each target's score for its query, and how many
+    of the others rank ahead of it."""
+
+    def __init__(self, others: np.ndarray, sources: np.ndarray):
+        self.others, self.sources = others, sources
+        dim = others.shape[1]
+        self.queries = self.targets = np.empty((0, dim), np.float32)
+        self.target_scores = np.empty(0, np.float32)
+        self.others_ahead = np.empty(0, np.int64)
+
+    def extend(self, queries: np.ndarray, targets: np.ndarray, transform: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Add the next pseudo-queries (raw QUERIES and TARGETS) passed through TRANSFORM."""
+        if not len(queries):
+            return
+        queries, targets = l2_normalize(transform(queries)), l2_normalize(transform(targets))
+        # each target's score, from a matrix product as every other pool vector's
+        scores = np.concatenate([np.diagonal(queries[start : start + BLOCK] @ targets[start : start + BLOCK].T)
+                                 for start in range(0, len(queries), BLOCK)])
+        self.others_ahead = np.concatenate([self.others_ahead, count_ahead(queries, scores, self.others)])
+        self.queries, self.targets = np.concatenate([self.queries, queries]), np.concatenate([self.targets, targets])
+        self.target_scores = np.concatenate([self.target_scores, scores])
 
 
 def check_rounds(check: CheckSet | CheckRounds) -> Iterator[tuple[CheckSet, int]]:
