@@ -41,7 +41,6 @@ def run(code: Path, max_lengths: list[int]) -> dict:
     from retriever.encode.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
     from retriever.evaluation.data import resolve_data_dir
-    from retriever.evaluation.retrieval import evaluate_run, search_runs
 
     assert Path(sys.modules["retriever"].__file__).is_relative_to(code), "imported another checkout's code"
     data = resolve_data_dir()
@@ -52,21 +51,30 @@ def run(code: Path, max_lengths: list[int]) -> dict:
                                                            if max_length == 256 else [])
         for name in tasks:
             rset = passages_real.load_task(name, data)
-            seen: list = []
             started = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                runs = search_runs(rset, encoder.encode, encoder, "auto", {"default": {}}, 0,
-                                   passages=passages_real.builds(None, max_length)["passages"],
-                                   on_snapshot=lambda snapshot: seen.append(snapshot.manifest))
-            record = {"task": name, "max_length": max_length,
-                      "default": round(evaluate_run(runs["default"], rset.qrels, rset.ignore_identical)["ndcg@10"], 2),
-                      "calibrator": seen[0].calibrator.get("decision"), "hybrid": seen[0].hybrid,
+            ndcg, manifest = default_build_searched(passages_real, rset, encoder, max_length)
+            record = {"task": name, "max_length": max_length, "default": ndcg,
+                      "calibrator": manifest.calibrator.get("decision"), "hybrid": manifest.hybrid,
                       "seconds": round(time.perf_counter() - started, 1)}
             print(json.dumps({key: record[key] for key in ("task", "max_length", "default", "seconds")}),
                   file=sys.stderr, flush=True)
             found["builds"].append(record)
     return found
+
+
+def default_build_searched(passages_real, rset, encoder, max_length: int = 256) -> tuple[float, object]:
+    """RSET's corpus built as `retriever build` builds it (passages, calibrator auto, the hybrid check) from
+    ENCODER's vectors, and searched by default: nDCG@10 (x100, rounded to 2 places) and the build's manifest.
+    PASSAGES_REAL: that module, of the checkout whose code runs (its tasks and the build's settings)."""
+    from retriever.evaluation.retrieval import evaluate_run, search_runs
+
+    seen: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = search_runs(rset, encoder.encode, encoder, "auto", {"default": {}}, 0,
+                           passages=passages_real.builds(None, max_length)["passages"],
+                           on_snapshot=lambda snapshot: seen.append(snapshot.manifest))
+    return round(evaluate_run(runs["default"], rset.qrels, rset.ignore_identical)["ndcg@10"], 2), seen[0]
 
 
 def _check_figures(record: dict) -> dict[str, float]:

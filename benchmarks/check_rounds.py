@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,6 +25,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import passages_real  # noqa: E402  (the tasks, the build settings and the searches, shared)
+from check_decisions import default_build_searched  # noqa: E402
 
 BEFORE = REPO / "benchmarks" / "results" / "passages_real" / "labeled_minilm.json"
 
@@ -34,25 +34,18 @@ def run() -> dict:
     from retriever.encode.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
     from retriever.evaluation.data import resolve_data_dir
-    from retriever.evaluation.retrieval import evaluate_run, search_runs
 
     data = resolve_data_dir()
     encoder = CachedEncoder(Encoder(None, "last-avg", None, 256, device="cpu"), resolve_cache_dir())
     found = {"model": "minilm", "tasks": []}
     for name in passages_real.GROUPS["labeled"]:
         rset = passages_real.load_task(name, data)
-        seen: list = []
         started = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            runs = search_runs(rset, encoder.encode, encoder, "auto", {"default": {}}, 0,
-                               passages=passages_real.builds()["passages"],
-                               on_snapshot=lambda snapshot: seen.append(snapshot.manifest))
-        manifest = seen[0]
+        default, manifest = default_build_searched(passages_real, rset, encoder)
         check = manifest.calibrator.get("decision", {}).get("check", {})
         evidence = manifest.hybrid.get("evidence", {})
         record = {"task": name, "split": passages_real.split_of(name),
-                  "default": round(evaluate_run(runs["default"], rset.qrels, rset.ignore_identical)["ndcg@10"], 2),
+                  "default": default,
                   "weight": manifest.hybrid["weight"],
                   "calibrator": manifest.calibrator["decision"]["chosen"]["name"],
                   "auto_read": [check.get("pseudo_queries"), check.get("planned", check.get("pseudo_queries"))],
