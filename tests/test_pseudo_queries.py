@@ -125,6 +125,9 @@ def test_a_round_scores_as_the_same_check_read_whole_and_calibrates_the_stored_v
 
     documents = [("heapq", PROSE)] * 400 + [(None, f"document {i} with a few more words here") for i in range(800)]
     stored = np.random.default_rng(0).normal(size=(1200, 3)).astype(np.float32)
+    # the short documents stored as the encoder encodes them: twins of one another (a length and a word count), so
+    # known-item targets tie with distractors and with the sources of the queries not yet asked
+    stored[400:] = CountingEncoder().encode([text for _, text in documents[400:]])
     rounds = CheckRounds(1200, lambda positions: [documents[i] for i in positions], lambda positions: stored[positions],
                          CountingEncoder(), seed=0, pseudo_queries=1000, distractors=100)
     calls = []
@@ -133,12 +136,18 @@ def test_a_round_scores_as_the_same_check_read_whole_and_calibrates_the_stored_v
         calls.append(len(X))
         return X * np.array([1.0, 2.0, 0.5], np.float32) + 1.0
 
-    for size in rounds.sizes():
+    def fewer_dimensions(X):
+        return (X[:, :2] * np.array([1.0, 3.0], np.float32)).astype(np.float32)
+
+    # rounds asked out of order, by two transforms kept side by side, one of them dropping a dimension
+    for size, each in [(500, transform), (250, fewer_dimensions), (250, transform), (1000, fewer_dimensions),
+                       (500, fewer_dimensions), (1000, transform)]:
         current = rounds.at(size)
         plain = CheckSet(current.queries, current.targets, current.kinds, current.distractors)
-        kept, fresh = score_queries(current, transform), score_queries(plain, transform)
+        kept, fresh = score_queries(current, each), score_queries(plain, each)
         assert np.allclose(kept.ndcg, fresh.ndcg) and np.allclose(kept.reciprocal_rank, fresh.reciprocal_rank)
         # every target's rank, below the top 10 too: the round's kept counts add up to its whole pool's
-        assert np.array_equal(current.target_ranks(transform), target_ranks(plain, transform))
-    # the stored vectors (every document drawn) went through the transform once, not once a round
+        assert np.array_equal(current.kept_ranks(each), target_ranks(plain, each))
+    assert {tuple(row) for row in current.targets} & {tuple(row) for row in current.distractors}  # twins there
+    assert len(score_queries(rounds.at(0), transform).ndcg) == 0  # a round of none scores none
     assert calls.count(len(rounds.others) + len(rounds.sources)) == 1

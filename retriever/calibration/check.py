@@ -26,8 +26,9 @@ from retriever.numeric import l2_normalize
 
 DEPTH = 10
 # A pool vector scoring within TIE of a query's target counts ahead of it. The scores are float32 inner products of
-# unit vectors, good to about 1e-7, and computed in more than one matrix product: a closer score is a tie, and a tie
-# is no evidence that a calibration finds the target (nor may one that maps documents together gain by it).
+# unit vectors, good to a few 1e-7 over a few hundred dimensions, and computed in more than one matrix product: a
+# closer score is a tie, and a tie is no evidence that a calibration finds the target (nor may one that maps
+# documents together gain by it).
 TIE = 1e-6
 # Queries scored against a pool at a time (bounds the scores held: BLOCK x the pool's rows).
 BLOCK = 256
@@ -56,8 +57,9 @@ class CheckSet:
     pool_texts: list[str] | None = None
     # Each query's target's rank among the pool by a calibrator's transform (1: first), where something keeps what
     # ranking them needs (a check read in rounds scores each pseudo-query against the distractors that every round
-    # shares once per transform, not once a round: `pseudo_queries.CheckRounds`); None: searched here.
-    target_ranks: Callable[[Callable[[np.ndarray], np.ndarray]], np.ndarray] | None = None
+    # shares once per transform, not once a round: `pseudo_queries.CheckRounds`); None: ranked here
+    # (`target_ranks`). It answers for these queries and this pool: a copy holding other rows must drop it.
+    kept_ranks: Callable[[Callable[[np.ndarray], np.ndarray]], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         self.kinds = np.asarray(self.kinds, dtype=str)
@@ -95,7 +97,7 @@ class QueryScores:
 def score_queries(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> QueryScores:
     """Rank every pseudo-query's target among the pool by inner product, all vectors passed through TRANSFORM (a
     calibrator's) and L2-normalized as the index stores them, and score the top DEPTH."""
-    rank = check.target_ranks(transform) if check.target_ranks is not None else target_ranks(check, transform)
+    rank = check.kept_ranks(transform) if check.kept_ranks is not None else target_ranks(check, transform)
     rank = np.where(rank <= DEPTH, rank, 0)  # 0: not in the top DEPTH
     hit = rank > 0
     ndcg = np.where(hit, 1.0 / np.log2(np.maximum(rank, 1) + 1.0), 0.0)
@@ -116,13 +118,19 @@ def target_ranks(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray])
     return ranks
 
 
-def count_ahead(queries: np.ndarray, target_scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def count_ahead(queries: np.ndarray, target_scores: np.ndarray, rows: np.ndarray,
+                leave_out_own: bool = False) -> np.ndarray:
     """Per query (L2-normalized, as ROWS are), how many ROWS rank ahead of its target, whose score is
-    TARGET_SCORES: those scoring above it or tied with it (within `TIE`)."""
+    TARGET_SCORES: those scoring above it or tied with it (within `TIE`). LEAVE_OUT_OWN: row i is query i's
+    target itself, not counted."""
     ahead = np.zeros(len(queries), np.int64)
     for start in range(0, len(queries), BLOCK):
         scores = queries[start : start + BLOCK] @ rows.T
-        ahead[start : start + BLOCK] = (scores >= target_scores[start : start + BLOCK, None] - TIE).sum(1)
+        beats = scores >= target_scores[start : start + BLOCK, None] - TIE
+        if leave_out_own:
+            rows_here = np.arange(len(beats))
+            beats[rows_here, start + rows_here] = False
+        ahead[start : start + BLOCK] = beats.sum(1)
     return ahead
 
 

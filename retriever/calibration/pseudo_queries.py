@@ -231,13 +231,16 @@ class CheckRounds:
                         for query, source in zip(made, self.sources[:size].tolist())]
         return CheckSet(queries, targets, np.asarray([query.kind for query in made], dtype=str), distractors,
                         [query.query for query in made], target_texts + [self._stored_texts[i] for i in at.tolist()],
-                        target_ranks=lambda transform: self._target_ranks(size, transform))
+                        kept_ranks=lambda transform: self._target_ranks(size, transform))
 
     def _target_ranks(self, size: int, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """The rank of each of the first SIZE pseudo-queries' targets (1: first) among the round of SIZE's pool by
-        TRANSFORM, as `check.target_ranks` ranks a whole check. The pool is the first SIZE targets, the sources of
-        the pseudo-queries not yet asked, and the other documents drawn, which every round shares: how many of
-        those rank ahead of a target is counted once per pseudo-query and transform, and kept."""
+        TRANSFORM, as the function `check.target_ranks` ranks a whole check. The pool is the first SIZE targets,
+        the sources of the pseudo-queries not yet asked, and the other documents drawn, which every round shares:
+        how many of those rank ahead of a target is counted once per pseudo-query and transform, and kept (a
+        transform is a fitted calibrator's, which never changes once fitted)."""
+        if size == 0:
+            return np.empty(0, np.int64)
         ranked = self._ranked.get(transform)
         if ranked is None:
             # the stored vectors through TRANSFORM, L2-normalized, once: the others' block and the sources' (in
@@ -247,11 +250,12 @@ class CheckRounds:
                 stored[np.array([self._stored_at[int(p)] for p in positions.tolist()], np.int64)]
                 for positions in (self.others, self.sources)))
         asked = len(ranked.target_scores)
-        ranked.extend(np.concatenate(self._queries)[asked:size], np.concatenate(self._targets)[asked:size], transform)
+        if asked < size:
+            ranked.extend(np.concatenate(self._queries)[asked:size], np.concatenate(self._targets)[asked:size],
+                          transform)
         queries, targets, floor = ranked.queries[:size], ranked.targets[:size], ranked.target_scores[:size]
         ranks = 1 + ranked.others_ahead[:size] + count_ahead(queries, floor, ranked.sources[size:])
-        ranks += count_ahead(queries, floor, targets) - 1  # the targets, itself among them
-        return ranks
+        return ranks + count_ahead(queries, floor, targets, leave_out_own=True)
 
     def _dim(self) -> int:
         if self._stored is not None:
