@@ -109,13 +109,14 @@ def target_ranks(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray])
     """Each query's target's rank among CHECK's whole pool by TRANSFORM (1: first), as an exact inner-product search
     ranks it, a tie against the target (`count_ahead`)."""
     queries, pool = l2_normalize(transform(check.queries)), check.pool(transform)
-    ranks = np.empty(len(queries), np.int64)
-    for start in range(0, len(queries), BLOCK):
-        scores = queries[start : start + BLOCK] @ pool.T
-        rows = np.arange(len(scores))
-        own = scores[rows, start + rows]  # the targets lead the pool
-        ranks[start : start + BLOCK] = (scores >= own[:, None] - TIE).sum(1)  # itself among them: rank 1 + ahead
-    return ranks
+    # the targets lead the pool: row i is query i's own
+    return 1 + count_ahead(queries, paired_scores(queries, pool[: len(queries)]), pool, leave_out_own=True)
+
+
+def paired_scores(queries: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Each query's score for its own target (row i with row i), from matrix products as every other score is."""
+    return np.concatenate([np.diagonal(queries[start : start + BLOCK] @ targets[start : start + BLOCK].T)
+                           for start in range(0, len(queries), BLOCK)] or [np.empty(0, np.float32)])
 
 
 def count_ahead(queries: np.ndarray, target_scores: np.ndarray, rows: np.ndarray,

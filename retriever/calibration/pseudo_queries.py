@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retriever.calibration.check import BLOCK, CheckSet, count_ahead
+from retriever.calibration.check import CheckSet, count_ahead, paired_scores
 from retriever.numeric import l2_normalize
 
 KINDS = ("title", "sentence", "span", "known-item")
@@ -299,9 +299,7 @@ class _Ranked:
         if not len(queries):
             return
         queries, targets = l2_normalize(transform(queries)), l2_normalize(transform(targets))
-        # each target's score, from a matrix product as every other pool vector's
-        scores = np.concatenate([np.diagonal(queries[start : start + BLOCK] @ targets[start : start + BLOCK].T)
-                                 for start in range(0, len(queries), BLOCK)])
+        scores = paired_scores(queries, targets)
         self.others_ahead = np.concatenate([self.others_ahead, count_ahead(queries, scores, self.others)])
         self.queries, self.targets = np.concatenate([self.queries, queries]), np.concatenate([self.targets, targets])
         self.target_scores = np.concatenate([self.target_scores, scores])
