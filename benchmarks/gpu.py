@@ -231,6 +231,71 @@ def encode_stage(assets: Path, corpus: Path, model: str, max_length: int, batch_
     return result
 
 
+BATCH_SIZES = (64, 128, 256, 512, 1024)
+
+
+def batch_sizes(assets: Path, corpus: Path) -> dict:
+    """The encoder's batch size on the GPU. `Encoder.encode` in memory at each of BATCH_SIZES, with torch's peak GPU
+    memory, for both model shapes (random weights); then builds of the 100,000 passages (calibrator `none`, the
+    MiniLM-shaped encoder loaded beforehand) at batch 64 (the default) and 512, each with the keyword index written
+    on a thread while encoding (the default) and after it."""
+    import torch
+
+    from benchmarks.encode_speed import corpus_texts, random_model_folder
+    from retriever.encode.encoder import Encoder
+    from retriever.engines import local
+    from retriever.index import Index
+
+    texts = corpus_texts(corpus, PASSAGES)
+    result = {"dtype": SPEED_DTYPE, "in_memory": {}, "builds": []}
+    kept = {}
+    for model, max_length, rows in ((STS_MODEL, 256, PASSAGES // 2), ("bert-base-config", 512, PASSAGES // 5)):
+        folder = random_model_folder(assets / "models" / model)
+        figures = {}
+        for batch in BATCH_SIZES:
+            encoder = Encoder(folder, device=DEVICE, dtype=SPEED_DTYPE, batch_size=batch, max_length=max_length)
+            encoder.encode(texts[-min(rows, 8 * batch):])  # warm-up: kernels, the allocator, the tokenizing workers
+            if DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            seconds, _ = _timed(encoder.encode, texts[:rows])
+            figures[batch] = {"per_s": rows / seconds,
+                              "gpu_peak_gib": torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None}
+            if model == STS_MODEL and batch in (64, 512):
+                kept[batch] = encoder
+            else:
+                encoder.close()
+            del encoder
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+        result["in_memory"][model] = {"max_length": max_length, "texts": rows, "by_batch": figures}
+        print(json.dumps({model: figures}), flush=True)
+    read = local.LocalEngine.read
+
+    def read_after(self, writer):  # the keyword index written after the vectors, not on a thread beside them
+        self.overlap = False
+        return read(self, writer)
+
+    for batch, encoder in kept.items():
+        for overlap in (True, False):
+            local.LocalEngine.read = read if overlap else read_after
+            home = Path(tempfile.mkdtemp(prefix="gpu-batch-"))
+            _synchronize()
+            started = time.perf_counter()
+            try:
+                summary = Index.build(corpus, "bench", home, calibrator="none", encoder=encoder, device=DEVICE,
+                                      batch_size=batch, dtype=SPEED_DTYPE, max_length=256, replace=True)
+            finally:
+                local.LocalEngine.read = read
+            wall = time.perf_counter() - started
+            shutil.rmtree(home, ignore_errors=True)
+            build = {"batch_size": batch, "keywords_on_thread": overlap, "wall_s": wall, "per_s": PASSAGES / wall,
+                     "timings_s": summary.timings}
+            result["builds"].append(build)
+            print(json.dumps(build), flush=True)
+        encoder.close()
+    return result
+
+
 def real_minilm(assets: Path) -> Path:
     """The carried all-MiniLM-L6-v2 (`prepare`'s: real weights in fp16, the word-embedding rows of tokens STS-B never
     uses set to zero) unpacked into a model folder."""
@@ -274,9 +339,10 @@ import json, resource, sys, tempfile, time
 import torch
 from retriever.index import Index
 corpus, model, device, dtype = sys.argv[1:5]
+options = {"batch_size": int(sys.argv[5])} if len(sys.argv) > 5 else {}  # else the default's
 home = tempfile.mkdtemp(prefix="gpu-default-")
 started = time.perf_counter()
-summary = Index.build(corpus, "default", home, model=model, device=device, dtype=dtype)
+summary = Index.build(corpus, "default", home, model=model, device=device, dtype=dtype, **options)
 wall = time.perf_counter() - started
 own, children = (resource.getrusage(who).ru_maxrss / 2**20 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
@@ -316,19 +382,21 @@ def scaled_corpus(corpus: Path, documents: int, out: Path, seed: int = 0) -> Pat
     return out
 
 
-def default_builds(assets: Path, corpus: Path, sizes: list[int], report: Report, name: str) -> dict:
+def default_builds(assets: Path, corpus: Path, sizes: list[int], report: Report, name: str,
+                   batch_size: int | None = None) -> dict:
     """The default build at each of SIZES passages, every stage timed (`ChangeSummary.timings`), with its peak
     memory; each size's figures (or its error) saved in REPORT's step NAME as soon as they are known. The model is
     `real_minilm`: real weights, so its timings and memory are a real build's; but 7.8% of the carried passages'
     tokens fall on its zeroed rows (the first 2,000 passages, read to 256 tokens), so what auto's check and the
     hybrid check decide need not be what they would decide on the model's own vectors."""
     model = real_minilm(assets)
-    result = {"dtype": SPEED_DTYPE, "carried_passages": PASSAGES, "sizes": {}}
+    result = {"dtype": SPEED_DTYPE, "carried_passages": PASSAGES, "batch_size": batch_size or "default", "sizes": {}}
     for size in sizes:
         path = corpus if size <= PASSAGES else scaled_corpus(corpus, size, corpus.with_name(f"scaled-{size}.jsonl"))
         try:
+            batch = [str(batch_size)] if batch_size else []
             done = subprocess.run([sys.executable, "-c", DEFAULT_BUILD_SCRIPT, str(path), str(model), DEVICE,
-                                   SPEED_DTYPE], capture_output=True, text=True, cwd=REPO,
+                                   SPEED_DTYPE, *batch], capture_output=True, text=True, cwd=REPO,
                                   timeout=DEFAULT_BUILD_TIMEOUT_S)
             if done.returncode != 0:
                 raise RuntimeError(f"exit {done.returncode}:\n{done.stderr[-3000:]}")
@@ -558,6 +626,10 @@ def run(assets: Path, out: Path, only: set[str] | None) -> None:
         report.step("exact search 1M x 384", exact_search)
     if wanted("filtered"):
         report.step("filtered exact search 1M x 384", filtered_search)
+    if wanted("batch"):
+        report.step("batch sizes", batch_sizes, assets, corpus)
+        report.step("default build at batch 512", default_builds, assets, corpus, [PASSAGES], report,
+                    "default build at batch 512", 512)
     if wanted("builds"):
         report.step("default builds by stage", default_builds, assets, corpus, [PASSAGES, 10 * PASSAGES], report,
                     "default builds by stage")
@@ -704,7 +776,7 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
     parser.add_argument("--only", help="comma-separated steps: encode (encode-minilm: its MiniLM half), precision, "
-                                       "flow, search, filtered, builds, hybrid")
+                                       "flow, search, filtered, builds, batch, hybrid")
     parser.add_argument("--smoke", action="store_true", help="run every step on the CPU at small sizes")
     args = parser.parse_args()
     if args.smoke:
