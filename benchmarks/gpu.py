@@ -247,17 +247,17 @@ def batch_sizes(assets: Path, corpus: Path) -> dict:
     from retriever.index import Index
 
     texts = corpus_texts(corpus, PASSAGES)
-    result = {"dtype": SPEED_DTYPE, "in_memory": {}, "builds": []}
+    result = {"dtype": SPEED_DTYPE, "repeats": 2, "in_memory": {}, "builds": []}
     kept = {}
     for model, max_length, rows in ((STS_MODEL, 256, PASSAGES // 2), ("bert-base-config", 512, PASSAGES // 5)):
         folder = random_model_folder(assets / "models" / model)
         figures = {}
         for batch in BATCH_SIZES:
             encoder = Encoder(folder, device=DEVICE, dtype=SPEED_DTYPE, batch_size=batch, max_length=max_length)
-            encoder.encode(texts[-min(rows, 8 * batch):])  # warm-up: kernels, the allocator, the tokenizing workers
+            encoder.encode(texts[-min(rows, 8 * batch):])  # warm-up: kernels, the allocator
             if DEVICE == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            seconds, _ = _timed(encoder.encode, texts[:rows])
+            seconds, _ = _timed(encoder.encode, texts[:rows], repeats=2)  # the first starts the tokenizing processes
             figures[batch] = {"per_s": rows / seconds,
                               "gpu_peak_gib": torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None}
             if model == STS_MODEL and batch in (64, 512):
@@ -689,13 +689,16 @@ def markdown(data: dict) -> str:
             lines.append("")
     default = steps.get("default builds by stage", {})
     build_rows = []
-    for size, build in default.get("sizes", {}).items():
+    sized = [(step.get("batch_size", "default"), size, build)
+             for step in (default, steps.get("default build at batch 512", {}))
+             for size, build in step.get("sizes", {}).items()]
+    for batch, size, build in sized:
         if "wall_s" not in build:
-            build_rows.append(f"| {int(size):,} | failed: {build.get('error', '?')[:200]} | | | | | | |")
+            build_rows.append(f"| {int(size):,} | {batch} | failed: {build.get('error', '?')[:200]} | | | | | | |")
             continue
         gpu = build["torch_gpu_peak_gib"]
         build_rows.append(
-            f"| {int(size):,} | {build['wall_s']:.1f} | {build['calibrator']} | {build['index_type']} | "
+            f"| {int(size):,} | {batch} | {build['wall_s']:.1f} | {build['calibrator']} | {build['index_type']} | "
             f"{build['peak_rss_gib']:.1f} | {build['children_peak_rss_gib']:.1f} | "
             + (f"{gpu:.1f}" if gpu is not None else "-") + " | "
             + ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in build["timings_s"].items()
@@ -703,12 +706,38 @@ def markdown(data: dict) -> str:
     if build_rows:
         lines += [f"## The default build by stage (all-MiniLM-L6-v2 weights, {default['dtype']}; every other setting "
                   "the default: auto, the keyword index, the hybrid check)", "",
-                  "| passages | wall (s) | calibrator | index | peak memory (GiB) | largest child's (GiB) | "
-                  "torch's GPU peak (GiB) | stages (s) |", "|---:|---:|---|---|---:|---:|---:|---|", *build_rows, "",
+                  "| passages | batch | wall (s) | calibrator | index | peak memory (GiB) | largest child's (GiB) | "
+                  "torch's GPU peak (GiB) | stages (s) |", "|---:|---|---:|---|---|---:|---:|---:|---|",
+                  *build_rows, "",
                   f"Beyond the {default['carried_passages']:,} carried passages, new ones of 2 to 6 of their sentences "
                   "drawn at random (`scaled_corpus`). The carried model's word-embedding rows of tokens STS-B never "
                   "uses are zero: the timings and memory are a real build's, the calibrator and the hybrid weight "
                   "not necessarily.", ""]
+    batches = steps.get("batch sizes", {})
+    if batches.get("in_memory"):
+        lines += [f"## The encoder's batch size ({batches['dtype']}; random weights of each shape)", "",
+                  "`Encoder.encode` in memory, texts a second, and torch's peak GPU memory (GiB):", "",
+                  "| model shape | max_length | texts | " + " | ".join(f"batch {size}" for size in BATCH_SIZES) + " |",
+                  "|---|---:|---:|" + "---:|" * len(BATCH_SIZES)]
+        for model, sweep in batches["in_memory"].items():
+            figures = [sweep["by_batch"].get(str(size), {}) for size in BATCH_SIZES]
+            cells = [f"{figure['per_s']:,.0f} ({figure['gpu_peak_gib']:.2f})"
+                     if figure.get("gpu_peak_gib") is not None else "-" for figure in figures]
+            lines.append(f"| {MODEL_LABELS.get(model, model)} | {sweep['max_length']} | {sweep['texts']:,} | "
+                         + " | ".join(cells) + " |")
+        if not batches.get("repeats"):
+            lines += ["", "Timed once, with each encoder's tokenizing processes started inside the timing (its "
+                      "warm-up was one chunk, which needs none): each figure carries that start, so it is not the "
+                      "encoder's rate. The builds below, their encoders warm, compare batch 64 and 512 cleanly."]
+        lines += ["", "Builds of the 100,000 passages (calibrator `none`, the MiniLM-shaped encoder loaded "
+                  "beforehand), the keyword index written on a thread while encoding (the default) or after:", "",
+                  "| batch | keyword index | wall (s) | documents/s | stages (s) |", "|---:|---|---:|---:|---|"]
+        for build in batches.get("builds", []):
+            written = "on a thread" if build["keywords_on_thread"] else "after"
+            lines.append(f"| {build['batch_size']} | {written} | {build['wall_s']:.1f} | {build['per_s']:,.0f} | "
+                         + ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in build["timings_s"].items()
+                                     if isinstance(seconds, (int, float))) + " |")
+        lines.append("")
     precision = steps.get("precision: real MiniLM on STS-B", {})
     if "stsb_test_spearman" in precision:
         lines += ["## Precision: all-MiniLM-L6-v2 (real weights), STS-B test Spearman x100 on the GPU", "",
@@ -790,6 +819,12 @@ def main() -> None:
         merged = {"runs": [], "steps": {}, "superseded": {}}
         for path in args.runs:
             data = json.loads(path.read_text())
+            if "runs" in data:  # an earlier merge: its runs, steps and superseded steps as they stand
+                merged["runs"] += data["runs"]
+                merged["steps"].update(data["steps"])
+                merged["superseded"].update(data.get("superseded", {}))
+                merged["environment"], merged["started"] = data["environment"], data["started"]
+                continue
             merged["runs"].append({"started": data["started"], "environment": data["environment"],
                                    "steps": list(data["steps"])})
             for name, step in data["steps"].items():
