@@ -85,7 +85,7 @@ def bench(
     max_length: BenchMaxLength = 64,
     device: options.Device = "auto",
     dtype: options.Dtype = "fp32",
-    batch_size: options.BatchSize = 64,
+    batch_size: options.BatchSize = None,
     cache_dir: Annotated[
         Optional[Path], typer.Option("--cache-dir", help="where encoded sentences are kept "
                                      + default("$RETRIEVER_CACHE, else ~/.cache/retriever/embeddings"))

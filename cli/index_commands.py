@@ -176,7 +176,7 @@ def build(
         "`retriever rollback`)")] = False,
     device: options.Device = "auto",
     dtype: options.Dtype = "fp32",
-    batch_size: options.BatchSize = 64,
+    batch_size: options.BatchSize = None,
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
     engine: Annotated[str, typer.Option(

@@ -50,7 +50,7 @@ def encode(
     max_length: options.MaxLength = None,
     device: options.Device = "auto",
     dtype: options.Dtype = "fp32",
-    batch_size: options.BatchSize = 64,
+    batch_size: options.BatchSize = None,
     encoding: options.Encoding = "utf-8",
 ) -> None:
     """Encode FILE into a (documents x dim) float32 .npy, row i for document i.

@@ -67,7 +67,8 @@ Runtime = Annotated[str, typer.Option(
     help="run the encoder on PyTorch or ONNX Runtime (same numbers; ONNX Runtime has less overhead per query on a "
     "CPU, and once its graph is kept a search loads no model at all); auto: onnx on a CPU when onnxruntime is "
     "installed, else torch")]
-BatchSize = Annotated[int, typer.Option("--batch-size", help="texts per forward pass")]
+BatchSize = Annotated[Optional[int], typer.Option(
+    "--batch-size", help="texts per forward pass " + default("64 on a CPU, 512 on a GPU"))]
 IndexName = Annotated[
     Optional[str],
     typer.Option("--name", "-n", help="index name " + default("the only index, or for search/info the latest built")),

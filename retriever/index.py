@@ -333,7 +333,7 @@ class Index:
         index_options: dict | None = None,
         device: str = "auto",
         dtype: str = "fp32",
-        batch_size: int = 64,
+        batch_size: int | None = None,
         encoding: str = "utf-8",
         resume: bool = True,
         progress: bool = False,

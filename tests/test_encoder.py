@@ -315,3 +315,35 @@ def test_tokenizer_processes_are_asked_for_by_number(monkeypatch):
     monkeypatch.setenv("RETRIEVER_TOKENIZER_WORKERS", "many")
     with pytest.raises(RetrieverError, match="RETRIEVER_TOKENIZER_WORKERS must be a number"):
         tokenizer_workers(torch.device("cpu"))
+
+
+def test_the_batch_size_defaults_by_device(tiny_bert):
+    from retriever.encode.encoder import default_batch_size
+
+    assert Encoder(str(tiny_bert), device="cpu").batch_size == 64
+    assert Encoder(str(tiny_bert), device="cpu", batch_size=3).batch_size == 3
+    assert default_batch_size(torch.device("cuda")) == 512  # small batches leave a GPU launching kernels
+    assert default_batch_size(torch.device("cpu")) == 64
+
+
+def test_a_batch_the_gpu_has_no_memory_for_is_encoded_in_halves(tiny_bert):
+    encoder = Encoder(str(tiny_bert), device="cpu", batch_size=8)
+    expected = encoder.encode(TEXTS)
+    forward, sizes = encoder._forward, []
+
+    def at_most_two(attention_mask, inputs):  # a card with memory for two texts a pass
+        if len(attention_mask) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        sizes.append(len(attention_mask))
+        return forward(attention_mask, inputs)
+
+    encoder._forward = at_most_two
+    np.testing.assert_allclose(encoder.encode(TEXTS), expected, atol=2e-5, rtol=1e-4)
+    assert max(sizes) == 2 and sum(sizes) == len(TEXTS)
+
+    def none(attention_mask, inputs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    encoder._forward = none
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # not even one text fits: the error, not a loop
+        encoder.encode(TEXTS)

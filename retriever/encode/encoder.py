@@ -24,6 +24,7 @@ from retriever.encode.runtimes import RUNTIMES, resolve_runtime
 from retriever.encode.query_kit import keep_kit
 from retriever.encode.tokenizing import (
     ENCODING_FIELDS,
+    TokenizedBatch,
     TokenizedTexts,
     TokenizerPool,
     TokenizerSettings,
@@ -34,6 +35,11 @@ from retriever.encode.tokenizing import (
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Tokenize this many texts at a time: bounds memory on big corpora while sorting still removes most padding.
 TOKENIZE_CHUNK = 16384
+# Texts per forward pass when none is asked for. A CPU gains nothing from larger batches; a GPU at 64 spends its
+# time launching kernels for small matrices (benchmarks/results/gpu.md, "The encoder's batch size"). A GPU that
+# lacks the memory for a batch encodes it in halves (`Encoder.encode_tokenized`).
+CPU_BATCH_SIZE = 64
+GPU_BATCH_SIZE = 512
 
 
 class Encoder:
@@ -47,22 +53,23 @@ class Encoder:
         max_length: int | None = None,
         device: str | None = "auto",
         dtype: str = "fp32",
-        batch_size: int = 64,
+        batch_size: int | None = None,
         runtime: str = "torch",
         cap_max_length: bool = False,
     ):
-        """CAP_MAX_LENGTH: take a MAX_LENGTH above the model's positions as the model's limit instead of refusing it
-        (for settings recorded before the limit was checked, see `from_config`)."""
+        """BATCH_SIZE: texts per forward pass; None: `default_batch_size` for the device. CAP_MAX_LENGTH: take a
+        MAX_LENGTH above the model's positions as the model's limit instead of refusing it (for settings recorded
+        before the limit was checked, see `from_config`)."""
         if dtype not in DTYPES:
             raise RetrieverError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}", parameter="dtype")
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise RetrieverError(f"{param('batch_size')} must be at least 1 (got {batch_size})")
         if max_length is not None and max_length < 2:
             raise RetrieverError(f"{param('max_length')} must be at least 2 tokens (got {max_length})")
         self.pooling = Pooling.parse(pooling, layers)
         self.device = resolve_device(device)
         self.dtype = dtype
-        self.batch_size = batch_size
+        self.batch_size = batch_size or default_batch_size(self.device)
         loaded = load_model(model)
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
@@ -90,7 +97,7 @@ class Encoder:
                                                self.device)
 
     @classmethod
-    def from_config(cls, config: dict, device: str | None = "auto", batch_size: int = 64,
+    def from_config(cls, config: dict, device: str | None = "auto", batch_size: int | None = None,
                     runtime: str = "torch") -> Encoder:
         """Rebuild the exact encoder recorded in an index manifest or a benchmark result.
 
@@ -201,7 +208,7 @@ class Encoder:
         output = np.empty((len(tokenized.texts), self.dim), dtype=np.float32)
         pending_rows, pending = [], []
         for batch in tokenized.batches:
-            vectors = self._forward(batch.attention_mask, batch.inputs)
+            vectors = self._forward_in_memory(batch)
             if isinstance(vectors, np.ndarray):
                 output[batch.rows] = vectors
             else:
@@ -212,6 +219,24 @@ class Encoder:
         if pending:
             output[np.concatenate(pending_rows)] = torch.cat(pending).cpu().numpy()
         return output
+
+
+    def _forward_in_memory(self, batch: TokenizedBatch) -> np.ndarray | torch.Tensor:
+        """BATCH's vectors, row for row. A batch the GPU has no memory for is encoded in halves, and each half the
+        same way, down to one text: the default batch size assumes memory that a small card, a large model or a long
+        max_length may lack, and a build should slow down there, not fail."""
+        try:
+            return self._forward(batch.attention_mask, batch.inputs)
+        except torch.cuda.OutOfMemoryError:
+            if len(batch.rows) == 1:
+                raise
+        torch.cuda.empty_cache()  # outside the handler: the error's traceback no longer holds the failed tensors
+        half = len(batch.rows) // 2
+        parts = [self._forward_in_memory(TokenizedBatch(batch.rows[part], {name: values[part] for name, values in
+                                                                           batch.inputs.items()},
+                                                        batch.attention_mask[part]))
+                 for part in (slice(None, half), slice(half, None))]
+        return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)
 
 
 class _Prefetched:
@@ -257,6 +282,11 @@ class _Prefetched:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def default_batch_size(device: torch.device) -> int:
+    """Texts per forward pass on DEVICE when none is asked for."""
+    return GPU_BATCH_SIZE if device.type == "cuda" else CPU_BATCH_SIZE
 
 
 TOKENIZER_WORKERS_ENV = "RETRIEVER_TOKENIZER_WORKERS"

@@ -72,7 +72,7 @@ class BuildSpec:
     index_options: dict | None = None
     device: str = "auto"
     dtype: str = "fp32"
-    batch_size: int = 64
+    batch_size: int | None = None  # None: the encoder's default for its device
     encoding: str = "utf-8"
     fit_queries: str | Path | Sequence[str] | np.ndarray | None = None
     passages: PassageSettings = field(default_factory=PassageSettings)

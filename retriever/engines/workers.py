@@ -132,7 +132,7 @@ class EncodeWorker:
     ({"shard": first row id, "rows", "vectors", "truncated"}), so only counts travel back."""
 
     def __init__(self, config: dict, shard_dir: str, device: str = "auto", threads: int | None = None,
-                 batch_size: int = 64, passages: dict | None = None):
+                 batch_size: int | None = None, passages: dict | None = None):
         where = f"on {socket.gethostname()}"
         if not Path(shard_dir).is_dir():
             raise RetrieverError(f"{where}: {shard_dir} is not there; the index folder must be on storage every "

@@ -424,7 +424,7 @@ class _Embedder:
     runtime = "torch"  # documents: what a build encodes with
 
     def __init__(self, model: str | None = None, pooling: str = "last-avg", max_length: int | None = None,
-                 device: str = "auto", batch_size: int = 64):
+                 device: str = "auto", batch_size: int | None = None):
         self.model, self.pooling, self.max_length = model, pooling, max_length
         self.device, self.batch_size = device, batch_size
         self._encoder = None
