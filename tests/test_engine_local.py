@@ -37,23 +37,36 @@ def test_the_keyword_index_written_while_encoding_gives_the_same_files_byte_for_
     assert any("keywords" in name for name in built[True]) and any("passage" in name for name in built[True])
 
 
-def test_a_build_that_fails_after_reading_waits_for_its_keyword_thread(tiny_bert, tmp_path, monkeypatch):
-    import threading
+MARKER = "RETRIEVER_TEST_KEYWORDS_DONE"
 
+
+def slow_structures(folder, structures):
+    """build_structures, still writing when the encoder fails; then it leaves the id of the process it ran in."""
+    import os
     import time
+
+    from retriever.store.segment import build_structures
+
+    time.sleep(0.5)
+    build_structures(folder, structures)
+    Path(os.environ[MARKER]).write_text(str(os.getpid()))
+
+
+def test_the_keyword_index_is_written_in_a_process_of_its_own_which_a_failed_build_waits_for(tiny_bert, tmp_path,
+                                                                                             monkeypatch):
+    import os
 
     import retriever.engines.local as local_module
 
     def fail(self, writer, encoder):
         raise RuntimeError("the encoder broke")
 
-    def slow(*args, _build=local_module.build_structures):
-        time.sleep(0.5)  # still writing when the encoder fails
-        return _build(*args)
-
+    done = tmp_path / "done"
+    monkeypatch.setenv(MARKER, str(done))
     monkeypatch.setattr(LocalEngine, "encode", fail)
-    monkeypatch.setattr(local_module, "build_structures", slow)
+    monkeypatch.setattr(local_module, "build_structures", slow_structures)  # the worker imports it by name
     with pytest.raises(RuntimeError, match="the encoder broke"):
-        Index.build(corpus(longs=0, shorts=30), "broken", tmp_path, model=str(tiny_bert), max_length=WINDOW,
-                    device="cpu")
-    assert not [thread for thread in threading.enumerate() if thread.name.startswith("retriever-keywords")]
+        Index.build(corpus(longs=0, shorts=30), "broken", tmp_path / "indexes", model=str(tiny_bert),
+                    max_length=WINDOW, device="cpu")
+    assert done.is_file()  # finished before the build returned: nothing writes into its folder after
+    assert int(done.read_text()) != os.getpid()  # on another core, not holding this interpreter's lock

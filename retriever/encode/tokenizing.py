@@ -7,15 +7,13 @@ thread does not help: it holds the interpreter lock the thread feeding the GPU n
 
 from __future__ import annotations
 
-import signal
-import sys
-import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
-from multiprocessing.context import SpawnContext, SpawnProcess
 
 import numpy as np
+
+from retriever.processes import ignore_interrupts, spawn_context
 
 # Model inputs read straight off a fast tokenizer's encodings: input name -> Encoding field.
 ENCODING_FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids"}
@@ -91,7 +89,7 @@ class TokenizerPool:
 
     def __init__(self, backend, settings: TokenizerSettings, workers: int):
         self.workers = workers
-        self._executor = ProcessPoolExecutor(workers, mp_context=_WorkerContext(), initializer=_start_worker,
+        self._executor = ProcessPoolExecutor(workers, mp_context=spawn_context(), initializer=_start_worker,
                                              initargs=(backend.to_str(), settings))
 
     def submit(self, texts) -> Future:
@@ -101,35 +99,6 @@ class TokenizerPool:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-class _WorkerProcess(SpawnProcess):
-    """A spawned tokenizer worker that does not run the user's script. A spawned process imports the parent's main
-    module first (`multiprocessing.spawn` finds it by its `__file__`, or by its `__spec__` under `python -m`), and
-    a script that builds an index at its top level, without an `if __name__ == "__main__":` guard, would build
-    again in every worker and die there. The workers need nothing of it: they run this module's functions only, so
-    the main module is hidden from the spawn while the process starts."""
-
-    def start(self) -> None:
-        main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
-        with _MAIN_HIDDEN_LOCK:
-            saved = {name: main[name] for name in ("__file__", "__spec__") if name in main}
-            main.pop("__file__", None)
-            main["__spec__"] = None
-            try:
-                super().start()
-            finally:
-                main.update(saved)
-
-
-class _WorkerContext(SpawnContext):
-    """spawn, not fork (the parent may hold a CUDA context and tokenizer threads, which a fork cannot copy), with
-    `_WorkerProcess`es."""
-
-    Process = _WorkerProcess
-
-
-_MAIN_HIDDEN_LOCK = threading.Lock()
-
-
 _worker: tuple | None = None  # (backend, settings) in a worker process
 
 
@@ -137,7 +106,7 @@ def _start_worker(tokenizer_json: str, settings: TokenizerSettings) -> None:
     from tokenizers import Tokenizer
 
     global _worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it stops the pool)
+    ignore_interrupts()
     _worker = (Tokenizer.from_str(tokenizer_json), settings)
 
 

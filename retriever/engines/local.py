@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from itertools import chain
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from retriever.engines.base import BuildEngine
 from retriever.engines.workers import corpus_files
 from retriever.text import counted
 from retriever.errors import RetrieverError, param
+from retriever.processes import ignore_interrupts, spawn_context
 from retriever.files.folder import FolderOptions, noted_documents
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
@@ -139,8 +141,8 @@ class LocalEngine(BuildEngine):
 
     @contextmanager
     def _joined(self, writer: IndexWriter) -> Iterator[IndexWriter]:
-        """WRITER's transaction, which ends only once the keyword thread has: a failed build leaves no thread
-        writing into the folder its writer then cleans up or keeps to resume."""
+        """WRITER's transaction, which ends only once the keyword index's writing has: a failed build leaves no
+        process writing into the folder its writer then cleans up or keeps to resume."""
         with writer:
             try:
                 yield writer
@@ -171,11 +173,9 @@ class LocalEngine(BuildEngine):
                     if self._folder is not None else "the file is empty or all blank lines") + ")")
             state.save()
         if self.overlap:
-            # The documents are all in their table: their keyword index needs nothing else, so it is written now
-            # (SQLite and NumPy leave the interpreter lock for much of it) while the encoder and the checks work.
-            pool = ThreadPoolExecutor(1, thread_name_prefix="retriever-keywords")
-            self._early = pool.submit(build_structures, segment, document_structures())
-            pool.shutdown(wait=False)  # the thread ends with its one task
+            # The documents are all in their table: their keyword index needs nothing else, so it is written now,
+            # while the encoder and the checks work.
+            self._early = _in_background(build_structures, segment, document_structures())
         source = self._source
         if source is not None and self._spans is None and source.rows != state.documents:
             raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
@@ -325,3 +325,17 @@ def _encoded_rows(path: Path) -> int:
         return min(int(rows), (path.stat().st_size - offset) // max(1, dim * dtype.itemsize))
     except (RetrieverError, OSError, ValueError):
         return 0
+
+
+def _in_background(function: Callable, *args) -> Future:
+    """FUNCTION(*ARGS) in a process of its own, on another core. Not a thread: the keyword index's tokenizing holds
+    the interpreter lock, which the thread feeding a GPU needs for every kernel launch, and which the flows' fit
+    needs for every step (benchmarks/results/gpu.md). A thread only inside a daemonic process, which may start
+    none."""
+    if multiprocessing.current_process().daemon:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="retriever-keywords")
+    else:
+        pool = ProcessPoolExecutor(1, mp_context=spawn_context(), initializer=ignore_interrupts)
+    future = pool.submit(function, *args)
+    pool.shutdown(wait=False)  # the worker ends with its one task
+    return future
