@@ -26,15 +26,17 @@ def files_of(folder: Path) -> dict[str, str]:
 def test_the_keyword_index_written_while_encoding_gives_the_same_files_byte_for_byte(tiny_bert, tmp_path,
                                                                                      monkeypatch):
     built = {}
-    for overlap in (True, False):
-        monkeypatch.setattr(index_module, "LocalEngine", functools.partial(LocalEngine, overlap=overlap))
-        home = tmp_path / str(overlap)
+    for overlap, in_process in ((True, False), (True, True), (False, None)):  # a thread, a process, after
+        monkeypatch.setattr(index_module, "LocalEngine",
+                            functools.partial(LocalEngine, overlap=overlap, keywords_in_process=in_process))
+        home = tmp_path / f"{overlap}-{in_process}"
         summary = Index.build(corpus(longs=3, shorts=60), "same", home, model=str(tiny_bert), max_length=WINDOW,
                               device="cpu", index_type="flat")
         assert summary.passages > summary.documents  # long documents were cut: both keyword indexes written
-        built[overlap] = files_of(Path(summary.folder))
-    assert built[True] == built[False]
-    assert any("keywords" in name for name in built[True]) and any("passage" in name for name in built[True])
+        built[overlap, in_process] = files_of(Path(summary.folder))
+    assert built[True, False] == built[True, True] == built[False, None]
+    assert any("keywords" in name for name in built[False, None]) and any("passage" in name
+                                                                         for name in built[False, None])
 
 
 MARKER = "RETRIEVER_TEST_KEYWORDS_DONE"
@@ -52,8 +54,8 @@ def slow_structures(folder, structures):
     Path(os.environ[MARKER]).write_text(str(os.getpid()))
 
 
-def test_the_keyword_index_is_written_in_a_process_of_its_own_which_a_failed_build_waits_for(tiny_bert, tmp_path,
-                                                                                             monkeypatch):
+def test_a_keyword_index_written_in_a_process_of_its_own_is_waited_for_by_a_failed_build(tiny_bert, tmp_path,
+                                                                                          monkeypatch):
     import os
 
     import retriever.engines.local as local_module
@@ -63,6 +65,7 @@ def test_the_keyword_index_is_written_in_a_process_of_its_own_which_a_failed_bui
 
     done = tmp_path / "done"
     monkeypatch.setenv(MARKER, str(done))
+    monkeypatch.setattr(index_module, "LocalEngine", functools.partial(LocalEngine, keywords_in_process=True))
     monkeypatch.setattr(LocalEngine, "encode", fail)
     monkeypatch.setattr(local_module, "build_structures", slow_structures)  # the worker imports it by name
     with pytest.raises(RuntimeError, match="the encoder broke"):
@@ -70,3 +73,22 @@ def test_the_keyword_index_is_written_in_a_process_of_its_own_which_a_failed_bui
                     max_length=WINDOW, device="cpu")
     assert done.is_file()  # finished before the build returned: nothing writes into its folder after
     assert int(done.read_text()) != os.getpid()  # on another core, not holding this interpreter's lock
+
+
+@pytest.mark.parametrize("device_type, apart", [("cuda", True), ("cpu", False)])
+def test_by_default_the_keyword_index_is_written_apart_where_the_encoder_runs_on_a_gpu(tiny_bert, tmp_path,
+                                                                                       monkeypatch, device_type,
+                                                                                       apart):
+    import os
+
+    import torch
+
+    import retriever.engines.local as local_module
+
+    done = tmp_path / "done"
+    monkeypatch.setenv(MARKER, str(done))
+    monkeypatch.setattr(local_module, "resolve_device", lambda device: torch.device(device_type))
+    monkeypatch.setattr(local_module, "build_structures", slow_structures)
+    Index.build(corpus(longs=0, shorts=30), "notes", tmp_path / "indexes", model=str(tiny_bert), max_length=WINDOW,
+                device="cpu", calibrator="none")
+    assert (int(done.read_text()) != os.getpid()) is apart

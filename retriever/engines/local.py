@@ -31,6 +31,7 @@ from retriever.processes import ignore_interrupts, spawn_context
 from retriever.files.folder import FolderOptions, noted_documents
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
+from retriever.encode.device import resolve_device
 from retriever.encode.model_card import DeferredEncoder, ModelCard
 from retriever.engines.stages import (
     CHUNK_ROWS,
@@ -74,9 +75,13 @@ class LocalEngine(BuildEngine):
     encoder: Encoder | None = None
     resume: bool = True
     chunk_rows: int = CHUNK_ROWS
-    # The documents' keyword index written on a thread while the build encodes, fits and checks (the same files as
-    # written after, one step after the other: False, for the test that says so).
+    # The documents' keyword index written while the build encodes, fits and checks (the same files as written
+    # after, one step after the other: False, for the test that says so).
     overlap: bool = True
+    # Written by a process of its own (True) or a thread (False); None: a process where the encoder runs on a GPU,
+    # whose feeding thread needs the interpreter lock that the index's tokenizing holds (benchmarks/results/gpu.md);
+    # a thread on a CPU, where the encoder takes every core and a process would only add its start.
+    keywords_in_process: bool | None = None
     # A folder CORPUS: which of its files are read, and whether an unreadable one stops the build.
     folder_options: FolderOptions = field(default_factory=FolderOptions)
     _folder: Path | None = field(default=None, init=False, repr=False)
@@ -175,7 +180,10 @@ class LocalEngine(BuildEngine):
         if self.overlap:
             # The documents are all in their table: their keyword index needs nothing else, so it is written now,
             # while the encoder and the checks work.
-            self._early = _in_background(build_structures, segment, document_structures())
+            apart = self.keywords_in_process
+            if apart is None:
+                apart = resolve_device(self.spec.device).type == "cuda"
+            self._early = _in_background(build_structures, segment, document_structures(), process=apart)
         source = self._source
         if source is not None and self._spans is None and source.rows != state.documents:
             raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
@@ -327,15 +335,13 @@ def _encoded_rows(path: Path) -> int:
         return 0
 
 
-def _in_background(function: Callable, *args) -> Future:
-    """FUNCTION(*ARGS) in a process of its own, on another core. Not a thread: the keyword index's tokenizing holds
-    the interpreter lock, which the thread feeding a GPU needs for every kernel launch, and which the flows' fit
-    needs for every step (benchmarks/results/gpu.md). A thread only inside a daemonic process, which may start
-    none."""
-    if multiprocessing.current_process().daemon:
-        pool = ThreadPoolExecutor(1, thread_name_prefix="retriever-keywords")
-    else:
+def _in_background(function: Callable, *args, process: bool) -> Future:
+    """FUNCTION(*ARGS) on a thread, or with PROCESS in a process of its own (but inside a daemonic process, which
+    may start none)."""
+    if process and not multiprocessing.current_process().daemon:
         pool = ProcessPoolExecutor(1, mp_context=spawn_context(), initializer=ignore_interrupts)
+    else:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="retriever-keywords")
     future = pool.submit(function, *args)
     pool.shutdown(wait=False)  # the worker ends with its one task
     return future
