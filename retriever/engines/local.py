@@ -78,7 +78,7 @@ class LocalEngine(BuildEngine):
     # The documents' keyword index written while the build encodes, fits and checks (the same files as written
     # after, one step after the other: False, for the test that says so).
     overlap: bool = True
-    # Written by a process of its own (True) or a thread (False); None: a process where the encoder runs on a GPU,
+    # Written by a process of its own (True) or a thread (False); None: a process where the build encodes on a GPU,
     # whose feeding thread needs the interpreter lock that the index's tokenizing holds (benchmarks/results/gpu.md);
     # a thread on a CPU, where the encoder takes every core and a process would only add its start.
     keywords_in_process: bool | None = None
@@ -181,8 +181,8 @@ class LocalEngine(BuildEngine):
             # The documents are all in their table: their keyword index needs nothing else, so it is written now,
             # while the encoder and the checks work.
             apart = self.keywords_in_process
-            if apart is None:
-                apart = resolve_device(self.spec.device).type == "cuda"
+            if apart is None:  # a build from vectors feeds no encoder (and imports no torch)
+                apart = self._source is None and resolve_device(self.spec.device).type == "cuda"
             self._early = _in_background(build_structures, segment, document_structures(), process=apart)
         source = self._source
         if source is not None and self._spans is None and source.rows != state.documents:
