@@ -10,6 +10,9 @@ the encoder's prefetching), which a fork cannot copy.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.connection
+import os
 import signal
 import sys
 import threading
@@ -42,6 +45,17 @@ def spawn_context() -> SpawnContext:
     return _LibraryContext()
 
 
-def ignore_interrupts() -> None:
-    """A worker's initializer: Ctrl-C is the parent's to handle (it stops its workers)."""
+def start_worker() -> None:
+    """A worker's first step. Ctrl-C is the parent's to handle (it stops its workers). A worker whose parent died
+    (killed, or out of memory) exits at once: else it would write on into a build that no one will commit, and then
+    wait for work forever, holding the parent's output open."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), name="retriever-parent-watch",
+                         daemon=True).start()
+
+
+def _exit_with(parent_sentinel: int) -> None:
+    multiprocessing.connection.wait([parent_sentinel])
+    os._exit(1)

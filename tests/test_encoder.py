@@ -341,6 +341,19 @@ def test_a_batch_the_gpu_has_no_memory_for_is_encoded_in_halves(tiny_bert):
     np.testing.assert_allclose(encoder.encode(TEXTS), expected, atol=2e-5, rtol=1e-4)
     assert max(sizes) == 2 and sum(sizes) == len(TEXTS)
 
+    encoder = Encoder(str(tiny_bert), device="cpu", batch_size=4)  # batches of 4 and 2
+    forward, failed = encoder._forward, []
+
+    def one_at_a_time(attention_mask, inputs):
+        if len(attention_mask) > 1:
+            failed.append(len(attention_mask))
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return forward(attention_mask, inputs)
+
+    encoder._forward = one_at_a_time
+    np.testing.assert_allclose(encoder.encode(TEXTS), expected, atol=2e-5, rtol=1e-4)
+    assert failed == [4, 2]  # a size that failed is not tried again
+
     def none(attention_mask, inputs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 

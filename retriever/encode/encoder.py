@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -93,6 +94,7 @@ class Encoder:
         # Where the forward pass runs (`retriever.encode.runtimes`): ONNX Runtime (float32, CPU) where asked for gives
         # the same numbers with less overhead per call.
         self.runtime = resolve_runtime(runtime, str(self.device), dtype)
+        self._rows_that_fit = sys.maxsize  # below the smallest batch the GPU had no memory for
         self._forward = RUNTIMES[self.runtime](self.model, self.pooling, self.num_hidden_layers, self._input_names,
                                                self.device)
 
@@ -224,14 +226,19 @@ class Encoder:
     def _forward_in_memory(self, batch: TokenizedBatch) -> np.ndarray | torch.Tensor:
         """BATCH's vectors, row for row. A batch the GPU has no memory for is encoded in halves, and each half the
         same way, down to one text: the default batch size assumes memory that a small card, a large model or a long
-        max_length may lack, and a build should slow down there, not fail."""
-        try:
-            return self._forward(batch.attention_mask, batch.inputs)
-        except torch.cuda.OutOfMemoryError:
-            if len(batch.rows) == 1:
-                raise
-        torch.cuda.empty_cache()  # outside the handler: the error's traceback no longer holds the failed tensors
-        half = len(batch.rows) // 2
+        max_length may lack, and a build should slow down there, not fail. A size that failed is not tried again:
+        later batches are split below it from the start (a chunk's batches come longest first, so the first to fail
+        is among the widest)."""
+        rows = len(batch.rows)
+        if rows <= self._rows_that_fit:
+            try:
+                return self._forward(batch.attention_mask, batch.inputs)
+            except torch.cuda.OutOfMemoryError:
+                if rows == 1:
+                    raise
+                self._rows_that_fit = rows - 1
+            torch.cuda.empty_cache()  # outside the handler: the error's traceback no longer holds the failed tensors
+        half = rows // 2
         parts = [self._forward_in_memory(TokenizedBatch(batch.rows[part], {name: values[part] for name, values in
                                                                            batch.inputs.items()},
                                                         batch.attention_mask[part]))

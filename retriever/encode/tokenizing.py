@@ -13,7 +13,7 @@ from itertools import chain
 
 import numpy as np
 
-from retriever.processes import ignore_interrupts, spawn_context
+from retriever.processes import spawn_context, start_worker
 
 # Model inputs read straight off a fast tokenizer's encodings: input name -> Encoding field.
 ENCODING_FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids"}
@@ -106,7 +106,7 @@ def _start_worker(tokenizer_json: str, settings: TokenizerSettings) -> None:
     from tokenizers import Tokenizer
 
     global _worker
-    ignore_interrupts()
+    start_worker()
     _worker = (Tokenizer.from_str(tokenizer_json), settings)
 
 

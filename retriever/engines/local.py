@@ -27,7 +27,7 @@ from retriever.engines.base import BuildEngine
 from retriever.engines.workers import corpus_files
 from retriever.text import counted
 from retriever.errors import RetrieverError, param
-from retriever.processes import ignore_interrupts, spawn_context
+from retriever.processes import spawn_context, start_worker
 from retriever.files.folder import FolderOptions, noted_documents
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
@@ -182,7 +182,9 @@ class LocalEngine(BuildEngine):
             # while the encoder and the checks work.
             apart = self.keywords_in_process
             if apart is None:  # a build from vectors feeds no encoder (and imports no torch)
-                apart = self._source is None and resolve_device(self.spec.device).type == "cuda"
+                device = None if self._source is not None else (
+                    self.encoder.device if self.encoder is not None else resolve_device(self.spec.device))
+                apart = device is not None and device.type == "cuda"
             self._early = _in_background(build_structures, segment, document_structures(), process=apart)
         source = self._source
         if source is not None and self._spans is None and source.rows != state.documents:
@@ -339,7 +341,7 @@ def _in_background(function: Callable, *args, process: bool) -> Future:
     """FUNCTION(*ARGS) on a thread, or with PROCESS in a process of its own (but inside a daemonic process, which
     may start none)."""
     if process and not multiprocessing.current_process().daemon:
-        pool = ProcessPoolExecutor(1, mp_context=spawn_context(), initializer=ignore_interrupts)
+        pool = ProcessPoolExecutor(1, mp_context=spawn_context(), initializer=start_worker)
     else:
         pool = ThreadPoolExecutor(1, thread_name_prefix="retriever-keywords")
     future = pool.submit(function, *args)
