@@ -281,19 +281,24 @@ def test_tokenizer_processes_give_the_vectors_one_thread_gives(tiny_bert, monkey
 
 
 def test_a_script_without_a_main_guard_builds_with_tokenizer_processes(tiny_bert, tmp_path):
-    """On a GPU, tokenizer worker processes are spawned; a spawned process used to import the user's script again,
-    which built again at its top level and died. The same spawn path, forced on here, on the CPU."""
+    """On a GPU, tokenizer worker processes are spawned, and the keyword index's writer; a spawned process used to
+    import the user's script again, which built again at its top level and died. The same spawn paths, forced on
+    here, on the CPU."""
     import os
     import subprocess
     import sys
 
     script = tmp_path / "build_notes.py"
     script.write_text(
-        "import sys\n"
+        "import functools, sys\n"
+        "import retriever.index\n"
         "from retriever import Document, Index\n"
+        "from retriever.engines.local import LocalEngine\n"
+        "retriever.index.LocalEngine = functools.partial(LocalEngine, keywords_in_process=True)\n"
         "notes = [Document(f'n{i}', f'note {i} about the harbour and its boats', None, 'notes', i + 1)\n"
         "         for i in range(40)]\n"
         "summary = Index.build(notes, 'notes', sys.argv[1], model=sys.argv[2], calibrator='none', device='cpu')\n"
+        "print(Index.open('notes', sys.argv[1]).search('harbour boats', k=3, mode='keyword')[0].doc_id)\n"
         "print('built', summary.documents)\n")
     from pathlib import Path
 
@@ -303,6 +308,7 @@ def test_a_script_without_a_main_guard_builds_with_tokenizer_processes(tiny_bert
                           env=environment, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "built 40" and done.stdout.count("built") == 1
+    assert done.stdout.strip().splitlines()[-2].startswith("n")  # the keyword index its worker wrote answers
 
 
 def test_tokenizer_processes_are_asked_for_by_number(monkeypatch):
