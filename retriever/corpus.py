@@ -252,8 +252,7 @@ def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1, queries: 
             continue
         where = f"{path} line {number}"
         try:
-            # strict=False lets raw tabs and other control characters inside strings through: real dumps have them.
-            record = json.loads(line, strict=False, object_pairs_hook=unique_keys)
+            record = _JSON_RECORD.decode(line)
         except json.JSONDecodeError as error:
             raise RetrieverError(f"{where}: not valid JSON ({_json_problem(error)})") from None
         except RecursionError:
@@ -352,6 +351,11 @@ def unique_keys(pairs: list[tuple[str, object]]) -> dict:
             raise RepeatedKeyError(f"the key {json.dumps(key)} is given twice in one object", "", 0)
         found[key] = value
     return found
+
+
+# One decoder for every line (`json.loads` with options builds a new one each call). strict=False lets raw tabs and
+# other control characters inside strings through: real dumps have them.
+_JSON_RECORD = json.JSONDecoder(strict=False, object_pairs_hook=unique_keys)
 
 
 class RepeatedKeyError(json.JSONDecodeError):
