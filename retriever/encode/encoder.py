@@ -38,7 +38,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOKENIZE_CHUNK = 16384
 # Texts per forward pass when none is asked for. A CPU gains nothing from larger batches; a GPU at 64 spends its
 # time launching kernels for small matrices (benchmarks/results/gpu.md, "The encoder's batch size"). A GPU that
-# lacks the memory for a batch encodes it in halves (`Encoder.encode_tokenized`).
+# lacks the memory for a batch encodes it in halves (`Encoder._forward_in_memory`).
 CPU_BATCH_SIZE = 64
 GPU_BATCH_SIZE = 512
 
@@ -221,7 +221,6 @@ class Encoder:
         if pending:
             output[np.concatenate(pending_rows)] = torch.cat(pending).cpu().numpy()
         return output
-
 
     def _forward_in_memory(self, batch: TokenizedBatch) -> np.ndarray | torch.Tensor:
         """BATCH's vectors, row for row. A batch the GPU has no memory for is encoded in halves, and each half the

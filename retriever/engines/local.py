@@ -8,9 +8,9 @@ encoder settings continues from there.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable, Iterator, Sequence
-import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from itertools import chain
 from contextlib import AbstractContextManager, contextmanager
