@@ -92,3 +92,41 @@ def test_by_default_the_keyword_index_is_written_apart_where_the_encoder_runs_on
     Index.build(corpus(longs=0, shorts=30), "notes", tmp_path / "indexes", model=str(tiny_bert), max_length=WINDOW,
                 device="cpu", calibrator="none")
     assert (int(done.read_text()) != os.getpid()) is apart
+
+
+@pytest.mark.parametrize("longs, calibrator, streamed", [
+    (0, "none", True),  # every chunk's vectors indexed as encoded
+    (0, "whitening", True),  # a calibrator given fitted: the same
+    (2, "none", False),  # a document cut into passages: the segment is keyed by passage, indexed after
+])
+def test_the_vector_index_built_while_encoding_gives_the_same_files_byte_for_byte(tiny_bert, tmp_path, monkeypatch,
+                                                                                  longs, calibrator, streamed):
+    import numpy as np
+
+    from retriever.calibration import make_calibrator
+    from retriever.engines.stages import IndexWhileEncoding
+
+    finished = []
+    finish = IndexWhileEncoding.finish
+
+    def spied(self, rows, spec):
+        finished.append(finish(self, rows, spec))
+        return finished[-1]
+
+    monkeypatch.setattr(IndexWhileEncoding, "finish", spied)
+    if calibrator == "whitening":
+        from retriever.encode.encoder import Encoder
+
+        dim = Encoder(str(tiny_bert), device="cpu").dim
+        calibrator = make_calibrator("whitening").fit(np.random.default_rng(0).normal(size=(200, dim)))
+    built = {}
+    for during in (True, False):
+        monkeypatch.setattr(index_module, "LocalEngine",
+                            functools.partial(LocalEngine, index_during_encoding=during, chunk_rows=16))
+        summary = Index.build(corpus(longs=longs, shorts=70), "same", tmp_path / str(during), model=str(tiny_bert),
+                              max_length=WINDOW, device="cpu", calibrator=calibrator, index_type="flat")
+        built[during] = files_of(Path(summary.folder))
+        assert summary.open().search("short note", k=3)
+    assert finished == [streamed]  # offered once, and taken unless a document was cut
+    assert built[True] == built[False]
+    assert not [name for name in built[True] if name.endswith(".partial")]

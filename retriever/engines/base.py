@@ -39,6 +39,7 @@ from retriever.engines.steps import (
     queries_to_fit,
     save_fitted,
     train_index,
+    untrained_index,
     written_passages,
 )
 from retriever.calibration import DEFAULT_CALIBRATOR, DEFAULT_FIT_SAMPLE, Calibrator
@@ -123,6 +124,11 @@ class BuildEngine(ABC):
         """Write the segments (calibrated with CALIBRATOR, saved in the writer's folder too); returns their
         (name, rows) in row id order."""
 
+    def index_while_encoding(self, calibrator: Calibrator, spec: IndexSpec) -> None:
+        """Offered before encoding where the vectors need no fit and the index no training (CALIBRATOR fitted,
+        SPEC untrained): an engine may build the vector index from each chunk as it is encoded. Its
+        `write_segments` is then still handed the calibrator and spec to write with, and must write the same."""
+
     def encoder_config(self, encoder: Encoder) -> dict:
         """The encoder record the manifest keeps: queries are encoded exactly so."""
         return encoder.config()
@@ -176,6 +182,9 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         if fallback:
             note(notes, fallback_note(fallback, index_dir, name), progress)
 
+        ready = untrained_index(fitted, documents, encoder.dim, spec.index_type, spec.index_options)
+        if ready is not None:
+            engine.index_while_encoding(fitted, ready)
         source, truncated = engine.encode(writer, encoder)
         # The calibrator is fitted, and auto's check run, on the documents' own vectors (what the encoder reads of
         # each, a cut document's first passage): the space the corpus's documents define, whatever passages
@@ -188,7 +197,10 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         made = time.perf_counter() - clock
         clock = time.perf_counter()
         query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
-        calibrated_sample = fit(fitted, reads, spec.fit_sample, seed, query_vectors, check)
+        # Sized by the vectors it holds: a passage each. Where nothing is fitted or trained, no sample is read.
+        ready = untrained_index(fitted, source.rows, encoder.dim, spec.index_type, spec.index_options)
+        calibrated_sample = (None if ready is not None else
+                             fit(fitted, reads, spec.fit_sample, seed, query_vectors, check))
         # The pseudo-queries are encoded as the fit's check and the hybrid check read them: timed apart.
         encoded = check.seconds if check is not None else 0.0
         timings["fit"] = time.perf_counter() - clock - encoded
@@ -201,8 +213,8 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         del check
 
         clock = time.perf_counter()
-        # Sized by the vectors it holds: a passage each.
-        index_spec, template = train_index(source.rows, calibrated_sample, spec.index_type, spec.index_options)
+        index_spec, template = ((ready, None) if ready is not None else
+                                train_index(source.rows, calibrated_sample, spec.index_type, spec.index_options))
         del calibrated_sample
         save_fitted(writer.folder, fitted, index_spec, template)  # what every segment is calibrated with
         timings["train_index"] = time.perf_counter() - clock

@@ -36,6 +36,7 @@ from retriever.encode.model_card import DeferredEncoder, ModelCard
 from retriever.engines.stages import (
     CHUNK_ROWS,
     BuildState,
+    IndexWhileEncoding,
     calibrated_blocks,
     check_vectors,
     encode_table,
@@ -82,6 +83,10 @@ class LocalEngine(BuildEngine):
     # whose feeding thread needs the interpreter lock that the index's tokenizing holds (benchmarks/results/gpu.md);
     # a thread on a CPU, where the encoder takes every core and a process would only add its start.
     keywords_in_process: bool | None = None
+    # Where the calibrator needs no fit and the index no training, the vector index built from each chunk as it
+    # is encoded (`stages.IndexWhileEncoding`) rather than after; None: where the build encodes on a GPU, whose
+    # machine's cores are otherwise idle; on a CPU the encoder takes them all.
+    index_during_encoding: bool | None = None
     # A folder CORPUS: which of its files are read, and whether an unreadable one stops the build.
     folder_options: FolderOptions = field(default_factory=FolderOptions)
     _folder: Path | None = field(default=None, init=False, repr=False)
@@ -92,6 +97,7 @@ class LocalEngine(BuildEngine):
     _state: BuildState | None = field(default=None, init=False, repr=False)
     _segment: Path | None = field(default=None, init=False, repr=False)
     _key: dict | None = field(default=None, init=False, repr=False)
+    _streamed: IndexWhileEncoding | None = field(default=None, init=False, repr=False)
 
     def check(self) -> None:
         corpus = self.corpus
@@ -152,6 +158,9 @@ class LocalEngine(BuildEngine):
             try:
                 yield writer
             finally:
+                streamed, self._streamed = self._streamed, None
+                if streamed is not None:
+                    streamed.close()
                 early, self._early = self._early, None
                 if early is not None:
                     wait([early])
@@ -181,10 +190,8 @@ class LocalEngine(BuildEngine):
             # The documents are all in their table: their keyword index needs nothing else, so it is written now,
             # while the encoder and the checks work.
             apart = self.keywords_in_process
-            if apart is None:  # a build from vectors feeds no encoder (and imports no torch)
-                device = None if self._source is not None else (
-                    self.encoder.device if self.encoder is not None else resolve_device(self.spec.device))
-                apart = device is not None and device.type == "cuda"
+            if apart is None:
+                apart = self._encodes_on_gpu()
             self._early = _in_background(build_structures, segment, document_structures(), process=apart)
         source = self._source
         if source is not None and self._spans is None and source.rows != state.documents:
@@ -194,6 +201,21 @@ class LocalEngine(BuildEngine):
             raise RetrieverError(f"{param('vector_spans')} names {counted(int(self._spans[-1, 0]) + 1, 'document')}; "
                                  f"{self._label()} holds {state.documents:,}")
         return state.documents
+
+    def _encodes_on_gpu(self) -> bool:
+        if self._source is not None:  # a build from vectors feeds no encoder (and imports no torch)
+            return False
+        device = self.encoder.device if self.encoder is not None else resolve_device(self.spec.device)
+        return device.type == "cuda"
+
+    def index_while_encoding(self, calibrator: Calibrator, spec: IndexSpec) -> None:
+        state = self._state
+        wanted = self._encodes_on_gpu() if self.index_during_encoding is None else self.index_during_encoding
+        if not wanted or self._source is not None or state.encoded:  # resumed: earlier chunks are on disk only
+            return
+        dim = self.encoder.dim
+        self._streamed = IndexWhileEncoding(self._segment, calibrator, dim, fitted_out_dim(calibrator, dim),
+                                            spec.for_segment(state.documents))
 
     def load_encoder(self) -> Encoder | DeferredEncoder:
         """The spec's encoder; from precomputed vectors, one that loads its model only if text is encoded
@@ -236,7 +258,8 @@ class LocalEngine(BuildEngine):
         cutter = passage_cutter(encoder, self.spec.passages)
         with DocumentTable.open(self._segment / DOCUMENTS) as table:
             encode_table(encoder, table, writer.folder / ENCODED, state, progress=self.progress,
-                         chunk_rows=self.chunk_rows, cutter=cutter)
+                         chunk_rows=self.chunk_rows, cutter=cutter,
+                         encoded=self._streamed.add if self._streamed is not None else None)
         self.timings["encode"] = time.perf_counter() - clock
         return VectorSource(writer.folder / ENCODED), state.truncated
 
@@ -255,9 +278,12 @@ class LocalEngine(BuildEngine):
                        template) -> list[tuple[str, int]]:
         documents, dim = self._state.documents, source.dim
         passages = split_segment(writer.folder / ENCODED, documents)
-        blocks = calibrated_blocks(source, calibrator, 1, self.progress, passages)
-        write_segment_vectors(self._segment, blocks, dim, fitted_out_dim(calibrator, dim),
-                              spec.for_segment(source.rows), template, split=passages is not None)
+        streamed, self._streamed = self._streamed, None
+        # Ended, with nothing left of it, where a document was cut (passages) or the index trains a template.
+        if not (streamed is not None and streamed.finish(source.rows, spec.for_segment(source.rows))):
+            blocks = calibrated_blocks(source, calibrator, 1, self.progress, passages)
+            write_segment_vectors(self._segment, blocks, dim, fitted_out_dim(calibrator, dim),
+                                  spec.for_segment(source.rows), template, split=passages is not None)
         clock = time.perf_counter()
         built = []
         if self._early is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -37,7 +38,7 @@ from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import NpyAppender, RowSubset, VectorSource, load_npy
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import RawWriter
-from retriever.store.layout import VECTORS
+from retriever.store.layout import RAW, ROWIDS, VECTORS
 from retriever.store.passages import passage_keys, passage_numbers
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
@@ -91,11 +92,13 @@ def write_json_atomically(path: Path, record: dict) -> None:
 def encode_into(encoder, documents: Iterable[Document] | Iterable[tuple[int, Document]], writer: NpyAppender,
                 record: Callable[[int, int, int], None], total: int | None = None, done: int = 0,
                 progress: bool = False, chunk_rows: int = CHUNK_ROWS, cutter: PassageCutter | None = None,
-                passage_writer: NpyAppender | None = None) -> None:
+                passage_writer: NpyAppender | None = None,
+                encoded: Callable[[np.ndarray, int], None] | None = None) -> None:
     """Encode DOCUMENTS chunk by chunk into WRITER; each chunk's vectors are durable on disk before
     RECORD(documents, vectors, truncated) notes the chunk as done (DONE: documents an earlier run already encoded).
     CUTTER: DOCUMENTS are (row id, Document) pairs, each cut into passages (`retriever.encode.passages`); a vector
-    per passage, and its (key, start, end) row in PASSAGE_WRITER."""
+    per passage, and its (key, start, end) row in PASSAGE_WRITER. ENCODED(vectors, documents): each chunk's
+    vectors, once recorded (`IndexWhileEncoding.add`)."""
     cuts: deque = deque()  # per chunk, in order: (documents, truncated, passage rows); filled on the reading thread
 
     def texts() -> Iterator[list[str]]:
@@ -123,6 +126,8 @@ def encode_into(encoder, documents: Iterable[Document] | Iterable[tuple[int, Doc
                 passage_writer.append(rows)
                 passage_writer.flush()
             record(count, len(vectors), truncated + cut_short)
+            if encoded is not None:
+                encoded(vectors, count)
             advance(count)
 
 
@@ -227,10 +232,12 @@ def encoded_passages_path(encoded: Path) -> Path:
 
 
 def encode_table(encoder, table: DocumentTable, out: Path, state: BuildState, first_rowid: int = 1,
-                 progress: bool = False, chunk_rows: int = CHUNK_ROWS, cutter: PassageCutter | None = None) -> None:
+                 progress: bool = False, chunk_rows: int = CHUNK_ROWS, cutter: PassageCutter | None = None,
+                 encoded: Callable[[np.ndarray, int], None] | None = None) -> None:
     """Stage 2: encode TABLE's documents in row id order into OUT (float32 .npy), after the STATE.encoded
     already there; STATE is saved after each chunk, once its vectors are durable. CUTTER: long documents are cut
-    into passages, a vector each, their (key, start, end) rows beside OUT (`encoded_passages_path`)."""
+    into passages, a vector each, their (key, start, end) rows beside OUT (`encoded_passages_path`). ENCODED: as
+    `encode_into`'s."""
     writer = (NpyAppender.resume(out, encoder.dim, "float32", state.vectors) if state.encoded
               else NpyAppender(out, encoder.dim, "float32"))
     passage_writer = None
@@ -250,7 +257,7 @@ def encode_table(encoder, table: DocumentTable, out: Path, state: BuildState, fi
     with writer:
         try:
             encode_into(encoder, documents, writer, record, state.documents, state.encoded, progress, chunk_rows,
-                        cutter, passage_writer)
+                        cutter, passage_writer, encoded)
         finally:
             if passage_writer is not None:
                 passage_writer.close()
@@ -369,15 +376,98 @@ def split_segment(encoded: Path, documents: int) -> np.ndarray | None:
     return rows if len(rows) > documents else None
 
 
+class SegmentVectorWriter:
+    """Stage 4's writer: calibrated unit vectors into a new vector store, raw vectors (with their passages' spans,
+    SPLIT) into the segment's raw store. Only the vector store grows in memory."""
+
+    def __init__(self, folder: Path, dim: int, out_dim: int, spec: IndexSpec, template, split: bool = False):
+        self.folder = folder
+        self.store = VectorStore.create(out_dim, spec, template, device="cpu")
+        self.raw = RawWriter(folder, dim, split=split)
+
+    def add(self, keys: np.ndarray, raw: np.ndarray, calibrated: np.ndarray, spans: np.ndarray | None = None) -> None:
+        self.store.add(keys, calibrated)
+        self.raw.append(keys, raw, spans)
+
+    def finish(self) -> VectorStore:
+        self.raw.close()
+        self.store.save(self.folder / VECTORS)
+        return self.store
+
+
 def write_segment_vectors(folder: Path, blocks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]],
                           dim: int, out_dim: int, spec: IndexSpec, template, split: bool = False) -> VectorStore:
     """Stage 4: add each block's calibrated vectors to a new vector store and its raw vectors (with their passages'
-    spans, SPLIT) to the segment's raw store; save both. Only the vector store grows in memory."""
-    store = VectorStore.create(out_dim, spec, template, device="cpu")
-    raw = RawWriter(folder, dim, split=split)
+    spans, SPLIT) to the segment's raw store; save both."""
+    writer = SegmentVectorWriter(folder, dim, out_dim, spec, template, split)
     for keys, raw_block, calibrated, spans in blocks:
-        store.add(keys, calibrated)
-        raw.append(keys, raw_block, spans)
-    raw.close()
-    store.save(folder / VECTORS)
-    return store
+        writer.add(keys, raw_block, calibrated, spans)
+    return writer.finish()
+
+
+class IndexWhileEncoding:
+    """Stage 4 beside stage 2: each chunk's vectors, once encoded, are calibrated and added to the segment's stores
+    on a thread of their own, so that the vector index is built when the encoder finishes rather than after it.
+    For a build whose CALIBRATOR needs no fit (`none`, or given fitted) and whose index SPEC trains no template.
+
+    Its keys are row ids. A segment some document was cut for is keyed by passage instead, which is known only
+    once every document is encoded, so the first chunk with a cut document ends it (`abandoned`), and stage 4
+    runs after encoding as it does for every other build."""
+
+    # Chunks waiting for the index thread at most: beyond, the encoder waits (their vectors are held in memory).
+    WAITING = 2
+
+    def __init__(self, folder: Path, calibrator: Calibrator, dim: int, out_dim: int, spec: IndexSpec,
+                 first_rowid: int = 1):
+        self.spec, self.calibrator = spec, calibrator
+        self._first = self._next = first_rowid
+        self._folder, self._dim, self._out_dim = folder, dim, out_dim
+        self._writer: SegmentVectorWriter | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="retriever-index")
+        self._waiting: deque[Future] = deque()
+        self.abandoned = False
+
+    def add(self, vectors: np.ndarray, documents: int) -> None:
+        """The next DOCUMENTS documents' VECTORS (one each, unless one was cut)."""
+        if self.abandoned:
+            return
+        if len(vectors) != documents:
+            self.abandoned = True
+            for future in self._waiting:
+                future.cancel()
+            return
+        keys = np.arange(self._next, self._next + documents, dtype=np.int64)
+        self._next += documents
+        while len(self._waiting) >= self.WAITING:
+            self._waiting.popleft().result()
+        self._waiting.append(self._pool.submit(self._add, keys, vectors))
+
+    def _add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        if self._writer is None:  # made here: faiss's thread count is set per thread (`VectorStore.create`)
+            self._writer = SegmentVectorWriter(self._folder, self._dim, self._out_dim, self.spec, None)
+        self._writer.add(keys, vectors, l2_normalize(self.calibrator.transform(vectors)))
+
+    def finish(self, rows: int, spec: IndexSpec) -> bool:
+        """Wait for the index thread; whether the segment's vectors are written, ROWS of them with SPEC (the
+        index the build chose once every vector was counted). Where not, nothing of them is left."""
+        try:
+            while self._waiting:
+                self._waiting.popleft().result()
+        finally:
+            self._pool.shutdown(wait=True)
+        if self._writer is None:
+            return False
+        if self.abandoned or self._next - self._first != rows or spec != self.spec:
+            self._writer.raw.close()
+            self._writer = None
+            for name in (RAW, ROWIDS):
+                (self._folder / name).unlink(missing_ok=True)
+            return False
+        self._writer.finish()
+        return True
+
+    def close(self) -> None:
+        """Stop after the chunk in hand (a failed build)."""
+        for future in self._waiting:
+            future.cancel()
+        self._pool.shutdown(wait=True)

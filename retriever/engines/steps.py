@@ -128,10 +128,26 @@ def train_index(vectors: int, calibrated_sample: np.ndarray, index_type: str,
                 index_options: dict | None) -> tuple[IndexSpec, object]:
     """The index spec for VECTORS vectors (INDEX_TYPE, with INDEX_OPTIONS over its defaults) and its trained
     template (the IVF quantizer every segment shares; None for flat and hnsw)."""
-    dim = calibrated_sample.shape[1]
-    spec = choose_spec(vectors, dim, index_type)
-    spec = IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(dim)
+    spec = index_spec(vectors, calibrated_sample.shape[1], index_type, index_options)
     return spec, train_template(spec, calibrated_sample)
+
+def index_spec(vectors: int, dim: int, index_type: str, index_options: dict | None) -> IndexSpec:
+    """The index for VECTORS calibrated vectors of DIM dimensions: INDEX_TYPE, with INDEX_OPTIONS over its
+    defaults."""
+    spec = choose_spec(vectors, dim, index_type)
+    return IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(dim)
+
+def untrained_index(calibrator: Calibrator, vectors: int, dim: int, index_type: str,
+                    index_options: dict | None) -> IndexSpec | None:
+    """The index for VECTORS raw vectors of DIM dimensions where writing them needs no sample of them: CALIBRATOR
+    is fitted (given so, or `none`, which learns nothing and is fitted here) and the index trains no template.
+    None where a sample is needed."""
+    if calibrator.name == "none" and not calibrator.fitted:
+        calibrator.fit(np.empty((0, dim), np.float32))
+    if not calibrator.fitted:
+        return None
+    spec = index_spec(vectors, fitted_out_dim(calibrator, dim), index_type, index_options)
+    return None if spec.kind.trained else spec
 
 def save_fitted(folder: Path, calibrator: Calibrator, spec: IndexSpec, template) -> None:
     """What every segment of a version is written with: the calibrator and the trained template."""
