@@ -242,6 +242,51 @@ def encode_stage(assets: Path, corpus: Path, model: str, max_length: int, batch_
     return result
 
 
+def index_while_encoding(assets: Path, corpus: Path) -> dict:
+    """Item 5's build (calibrator `none`, the MiniLM-shaped encoder loaded beforehand, batch 512) with the vector
+    index built after encoding, and built while encoding on each of three thread counts (all the cores; the
+    default, the cores the encoder's feeding leaves; 4), alternating over two rounds, against `Encoder.encode` in
+    memory in the same run."""
+    import retriever.index as index_module
+    from benchmarks.encode_speed import corpus_texts, random_model_folder
+    from retriever.encode.encoder import Encoder
+    from retriever.engines.local import LocalEngine
+    from retriever.index import Index
+    from retriever.processes import available_cpus
+
+    texts = corpus_texts(corpus, PASSAGES)
+    encoder = Encoder(random_model_folder(assets / "models" / STS_MODEL), device=DEVICE, dtype=SPEED_DTYPE,
+                      batch_size=512, max_length=256)
+    encoder.encode(texts[:40_000])  # warm-up: kernels, the allocator, the tokenizing processes
+    memory_seconds, _ = _timed(encoder.encode, texts, repeats=2)
+    variants = {"after": {"index_during_encoding": False},
+                "while, all cores": {"index_during_encoding": True, "index_threads": available_cpus()},
+                "while, default threads": {"index_during_encoding": True},
+                "while, 4 threads": {"index_during_encoding": True, "index_threads": 4}}
+    result = {"in_memory_per_s": len(texts) / memory_seconds, "tokenizer_workers": encoder.tokenizer_workers,
+              "cpus": available_cpus(), "builds": {name: [] for name in variants}}
+    engine = index_module.LocalEngine
+    for _ in range(2):
+        for name, options in variants.items():
+            home = Path(tempfile.mkdtemp(prefix="gpu-stream-"))
+            index_module.LocalEngine = functools.partial(engine, **options)
+            try:
+                _synchronize()
+                started = time.perf_counter()
+                summary = Index.build(corpus, "bench", home, calibrator="none", encoder=encoder, device=DEVICE,
+                                      batch_size=512, dtype=SPEED_DTYPE, max_length=256, replace=True)
+                wall = time.perf_counter() - started
+            finally:
+                index_module.LocalEngine = engine
+                shutil.rmtree(home, ignore_errors=True)
+            build = {"wall_s": wall, "per_s": PASSAGES / wall, "ratio_to_in_memory": memory_seconds / wall,
+                     "timings_s": summary.timings}
+            result["builds"][name].append(build)
+            print(json.dumps({name: build}), flush=True)
+    encoder.close()
+    return result
+
+
 BATCH_SIZES = (64, 128, 256, 512, 1024)
 
 
@@ -637,6 +682,8 @@ def run(assets: Path, out: Path, only: set[str] | None) -> None:
         report.step("exact search 1M x 384", exact_search)
     if wanted("filtered"):
         report.step("filtered exact search 1M x 384", filtered_search)
+    if wanted("stream"):
+        report.step("vector index while encoding", index_while_encoding, assets, corpus)
     if wanted("batch"):
         report.step("batch sizes", batch_sizes, assets, corpus)
         report.step("default build at batch 512", default_builds, assets, corpus, [PASSAGES], report,
@@ -704,6 +751,19 @@ def markdown(data: dict) -> str:
                                  + ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in best["timings"].items()
                                              if isinstance(seconds, (int, float))) + " |")
             lines.append("")
+    stream = steps.get("vector index while encoding")
+    if stream:
+        lines += ["## Item 5's build, the vector index built after encoding or while encoding (best of 2, alternating)",
+                  "", f"`Encoder.encode` in memory: {stream['in_memory_per_s']:,.0f} passages/s; "
+                  f"{stream['cpus']} CPUs, {stream['tokenizer_workers']} tokenizing processes.", "",
+                  "| vector index | build end to end (documents/s) | ratio to in memory | stages (s) |",
+                  "|---|---:|---:|---|"]
+        for name, builds in stream["builds"].items():
+            best = min(builds, key=lambda build: build["wall_s"])
+            lines.append(f"| {name} | {best['per_s']:,.0f} | {best['ratio_to_in_memory']:.2f} | "
+                         + ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in best["timings_s"].items()
+                                     if stage != "load_model") + " |")
+        lines.append("")
     default = steps.get("default builds by stage", {})
     build_rows = []
     sized = [(step.get("batch_size", "default"), size, build)
@@ -825,7 +885,7 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
     parser.add_argument("--only", help="comma-separated steps: encode (encode-minilm: its MiniLM half), precision, "
-                                       "flow, search, filtered, builds, batch, hybrid")
+                                       "flow, search, filtered, builds, batch, stream, hybrid")
     parser.add_argument("--smoke", action="store_true", help="run every step on the CPU at small sizes")
     args = parser.parse_args()
     if args.smoke:

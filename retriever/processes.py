@@ -19,6 +19,11 @@ import threading
 from multiprocessing.context import SpawnContext, SpawnProcess
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (a container's or a cgroup's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 class _LibraryProcess(SpawnProcess):
     def start(self) -> None:
         main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}

@@ -40,7 +40,7 @@ from retriever.store.documents import DocumentTable
 from retriever.store.segment import RawWriter
 from retriever.store.layout import RAW, ROWIDS, VECTORS
 from retriever.store.passages import passage_keys, passage_numbers
-from retriever.store.vectors import VectorStore
+from retriever.store.vectors import VectorStore, set_threads
 from retriever.store.spec import IndexSpec
 
 # Documents per chunk: the encoder sorts a chunk by length, so larger chunks pad less; 16,384 texts of a few
@@ -418,8 +418,8 @@ class IndexWhileEncoding:
     WAITING = 2
 
     def __init__(self, folder: Path, calibrator: Calibrator, dim: int, out_dim: int, spec: IndexSpec,
-                 first_rowid: int = 1):
-        self.spec, self.calibrator = spec, calibrator
+                 first_rowid: int = 1, threads: int | None = None):
+        self.spec, self.calibrator, self.threads = spec, calibrator, threads
         self._first = self._next = first_rowid
         self._folder, self._dim, self._out_dim = folder, dim, out_dim
         self._writer: SegmentVectorWriter | None = None
@@ -443,8 +443,9 @@ class IndexWhileEncoding:
         self._waiting.append(self._pool.submit(self._add, keys, vectors))
 
     def _add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
-        if self._writer is None:  # made here: faiss's thread count is set per thread (`VectorStore.create`)
+        if self._writer is None:  # made here: faiss's thread count is set per thread
             self._writer = SegmentVectorWriter(self._folder, self._dim, self._out_dim, self.spec, None)
+            set_threads(self.threads)  # THREADS: the cores the encoder's feeding leaves free (None: all)
         self._writer.add(keys, vectors, l2_normalize(self.calibrator.transform(vectors)))
 
     def finish(self, rows: int, spec: IndexSpec) -> bool:

@@ -31,6 +31,7 @@ import faiss
 import numpy as np
 
 from retriever.errors import RetrieverError, param
+from retriever.processes import available_cpus
 from retriever.store.searchers import StoreQuery, StoreSearcher, make_searcher
 from retriever.store.spec import BACKENDS, TRAIN_PER_BUCKET, IndexSpec
 
@@ -55,7 +56,7 @@ def set_threads(threads: int | None = None) -> None:
     if threads is None:
         if os.environ.get("OMP_NUM_THREADS"):
             return
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = available_cpus()
     faiss.omp_set_num_threads(max(1, threads))
 
 
