@@ -27,7 +27,7 @@ from retriever.engines.base import BuildEngine
 from retriever.engines.workers import corpus_files
 from retriever.text import counted
 from retriever.errors import RetrieverError, param
-from retriever.processes import available_cpus, spawn_context, start_worker
+from retriever.processes import spawn_context, start_worker
 from retriever.files.folder import FolderOptions, noted_documents
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
@@ -87,8 +87,8 @@ class LocalEngine(BuildEngine):
     # is encoded (`stages.IndexWhileEncoding`) rather than after; None: where the build encodes on a GPU, whose
     # machine's cores are otherwise idle; on a CPU the encoder takes them all.
     index_during_encoding: bool | None = None
-    # The threads that index takes (None: the cores left once the encoder's tokenizing processes, its feeding
-    # thread and the keyword index's have one each).
+    # The threads that index takes (None: every core; with fewer the encoder waits for it, which then sets the
+    # pace: benchmarks/results/gpu.md).
     index_threads: int | None = None
     # A folder CORPUS: which of its files are read, and whether an unreadable one stops the build.
     folder_options: FolderOptions = field(default_factory=FolderOptions)
@@ -216,11 +216,9 @@ class LocalEngine(BuildEngine):
         wanted = self._encodes_on_gpu() if self.index_during_encoding is None else self.index_during_encoding
         if not wanted or self._source is not None or state.encoded:  # resumed: earlier chunks are on disk only
             return
-        encoder = self.encoder
-        threads = self.index_threads or max(1, available_cpus() - getattr(encoder, "tokenizer_workers", 0) - 2)
-        self._streamed = IndexWhileEncoding(self._segment, calibrator, encoder.dim,
-                                            fitted_out_dim(calibrator, encoder.dim), spec.for_segment(state.documents),
-                                            threads=threads)
+        dim = self.encoder.dim
+        self._streamed = IndexWhileEncoding(self._segment, calibrator, dim, fitted_out_dim(calibrator, dim),
+                                            spec.for_segment(state.documents), threads=self.index_threads)
 
     def load_encoder(self) -> Encoder | DeferredEncoder:
         """The spec's encoder; from precomputed vectors, one that loads its model only if text is encoded

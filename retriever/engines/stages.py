@@ -445,7 +445,7 @@ class IndexWhileEncoding:
     def _add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         if self._writer is None:  # made here: faiss's thread count is set per thread
             self._writer = SegmentVectorWriter(self._folder, self._dim, self._out_dim, self.spec, None)
-            set_threads(self.threads)  # THREADS: the cores the encoder's feeding leaves free (None: all)
+            set_threads(self.threads)  # None: every core
         self._writer.add(keys, vectors, l2_normalize(self.calibrator.transform(vectors)))
 
     def finish(self, rows: int, spec: IndexSpec) -> bool:
