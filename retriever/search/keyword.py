@@ -25,7 +25,7 @@ from retriever.numeric import find_in
 from retriever.search.plan import Matches
 from retriever.search.top_lists import FIRST_PASSAGES, WIDEN
 from retriever.store.keywords import KeywordScorer, QueryMatches
-from retriever.store.passages import PASSAGE_BITS, document_scores
+from retriever.store.passages import document_scores
 from retriever.store.segment import Segment
 from retriever.versions.layout import SEGMENTS
 from retriever.versions.snapshot import Snapshot
@@ -238,7 +238,7 @@ class KeywordSearcher:
         for number, segment in enumerate(self.snapshot.segments):
             mine = segment.contains(rowids)
             if mine.any():
-                scores[mine] = query.scores(number, np.searchsorted(segment.rowids, rowids[mine]))
+                scores[mine] = query.scores(number, segment.positions_of(rowids[mine]))
         return scores
 
     def coverages(self, rowids: np.ndarray) -> np.ndarray:
@@ -248,7 +248,7 @@ class KeywordSearcher:
             segment = self.snapshot.segments[version_number]
             mine = segment.contains(rowids)
             if mine.any():
-                coverage[mine] = segment.coverage_of(rowids[mine] << PASSAGE_BITS)
+                coverage[mine] = segment.document_coverage(rowids[mine])
         return coverage
 
     def best_passages(self, query: QueryMatches, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -262,7 +262,7 @@ class KeywordSearcher:
             mine = segment.contains(rowids)
             if mine.any():
                 scores[mine], keys[mine] = _best_of_documents(segment, query, number, rowids[mine])
-                coverage[mine] = segment.coverage_of(rowids[mine] << PASSAGE_BITS)
+                coverage[mine] = segment.document_coverage(rowids[mine])
         return scores, keys, coverage
 
     def null(self, query: KeywordQuery) -> tuple[float, float]:
@@ -296,8 +296,8 @@ def _best_of_documents(segment: Segment, query: QueryMatches, number: int,
     keys = segment.passage_unit_keys
     # A document's passages are one run of units (keys ascend, grouped by document): read as runs. A document that
     # is one passage has none.
-    lows = np.searchsorted(keys, documents << PASSAGE_BITS)
-    lengths = np.searchsorted(keys, (documents + 1) << PASSAGE_BITS) - lows
+    lows, highs = segment.unit_runs(documents)
+    lengths = highs - lows
     runs = np.repeat(np.arange(len(documents)), lengths)
     positions = np.arange(len(runs), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths) + lows[runs]
     best = np.zeros(len(documents), np.float32)

@@ -37,7 +37,7 @@ from retriever.store.layout import DOCUMENTS, KEYWORDS, PASSAGE_KEYWORDS, PASSAG
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
 from retriever.store.keywords import PASSAGE_FILES, KeywordIndex, KeywordSegment
-from retriever.store.passages import coverages, cut_positions, document_of, keys_of
+from retriever.store.passages import PASSAGE_BITS, coverages, cut_positions, document_of, document_runs, keys_of
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
 
@@ -108,6 +108,8 @@ class Segment:
         self.passage_keys = self.spans = None
         self._keys_cache: list[tuple[object, np.ndarray]] = []
         self._coverage: np.ndarray | None = None
+        self._document_coverage: np.ndarray | None = None  # `document_coverage`, by document position
+        self._unit_runs: tuple[np.ndarray, np.ndarray] | None = None  # `unit_runs`, by document position
         try:
             # Mapped now, read on demand: the mappings keep this segment readable after a later write prunes the
             # version folder it was opened from, as the open SQLite connections do for the documents and keywords.
@@ -143,6 +145,11 @@ class Segment:
         except BaseException:
             self.close()  # no connection left open by a segment that failed to open
             raise
+        # Row ids with no gap between them (a segment as a build or an add writes it, before any compaction drops
+        # deleted rows): a document's position among them is its row id less the first, found without a search.
+        count = len(self.rowids)
+        self._first = int(self.rowids[0]) if count else 0
+        self._contiguous = count > 0 and int(self.rowids[-1]) - self._first + 1 == count
 
     def __len__(self) -> int:
         return len(self.rowids)
@@ -188,9 +195,36 @@ class Segment:
         keys = np.asarray(keys, np.int64)
         if not self.split:
             return np.ones(len(keys), np.float32)
+        return self._coverages()[np.searchsorted(self.passage_keys, keys)]
+
+    def _coverages(self) -> np.ndarray:
         if self._coverage is None:  # computed once from the spans (two racing threads compute the same array)
             self._coverage = coverages(self.passage_keys, self.spans)
-        return self._coverage[np.searchsorted(self.passage_keys, keys)]
+        return self._coverage
+
+    def positions_of(self, rowids: np.ndarray) -> np.ndarray:
+        """The position among this segment's documents of each of ROWIDS, all of which are here."""
+        rowids = np.asarray(rowids, np.int64)
+        return rowids - self._first if self._contiguous else np.searchsorted(self.rowids, rowids)
+
+    def document_coverage(self, rowids: np.ndarray) -> np.ndarray:
+        """`coverage_of` by document: the coverage of each of ROWIDS, all of which are here. A document's lookup
+        costs an index, not a search of the passage keys (a keyword query asks for a few dozen at random)."""
+        if not self.split:
+            return np.ones(len(rowids), np.float32)
+        if self._document_coverage is None:  # each document's passages are one run of keys, documents ascending
+            self._document_coverage = self._coverages()[document_runs(self.passage_keys)[0]]
+        return self._document_coverage[self.positions_of(rowids)]
+
+    def unit_runs(self, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the units of each of ROWIDS' documents (all here) start and end in `passage_unit_keys`: a run
+        of its passages, empty for a document that is one passage."""
+        if self._unit_runs is None:  # found once for every document: a query then indexes instead of searching
+            documents = np.asarray(self.rowids, np.int64) << PASSAGE_BITS
+            keys = self.passage_unit_keys
+            self._unit_runs = (np.searchsorted(keys, documents), np.searchsorted(keys, documents + (1 << PASSAGE_BITS)))
+        positions = self.positions_of(rowids)
+        return self._unit_runs[0][positions], self._unit_runs[1][positions]
 
     def raw_for(self, keys: np.ndarray) -> np.ndarray:
         """The raw vectors (float32) of vector KEYS, all of which are in this segment."""
@@ -201,6 +235,9 @@ class Segment:
         """Which of ROWIDS are in this segment (boolean mask)."""
         if len(self.rowids) == 0:
             return np.zeros(len(rowids), bool)
+        if self._contiguous:
+            rowids = np.asarray(rowids)
+            return (rowids >= self._first) & (rowids < self._first + len(self.rowids))
         positions = np.minimum(np.searchsorted(self.rowids, rowids), len(self.rowids) - 1)
         return np.asarray(self.rowids)[positions] == rowids
 
