@@ -242,11 +242,12 @@ def encode_stage(assets: Path, corpus: Path, model: str, max_length: int, batch_
     return result
 
 
-def index_while_encoding(assets: Path, corpus: Path) -> dict:
+def index_while_encoding(assets: Path, corpus: Path, flat: bool = False) -> dict:
     """Item 5's build (calibrator `none`, the MiniLM-shaped encoder loaded beforehand, batch 512) with the vector
     index built after encoding, and built while encoding on each of three thread counts (all the cores, the default;
-    the cores the encoder's tokenizing processes and feeding thread leave; 4), alternating over two rounds, against `Encoder.encode` in
-    memory in the same run."""
+    the cores the encoder's tokenizing processes and feeding thread leave; 4), alternating over two rounds, against
+    `Encoder.encode` in memory in the same run. FLAT: after, while on all the cores, and a flat index (no graph)
+    while encoding, instead."""
     import retriever.index as index_module
     from benchmarks.encode_speed import corpus_texts, random_model_folder
     from retriever.encode.encoder import Encoder
@@ -260,6 +261,9 @@ def index_while_encoding(assets: Path, corpus: Path) -> dict:
     encoder.encode(texts[:40_000])  # warm-up: kernels, the allocator, the tokenizing processes
     memory_seconds, _ = _timed(encoder.encode, texts, repeats=2)
     variants = {"after": {"index_during_encoding": False},
+                "while, all cores": {"index_during_encoding": True},
+                "while, flat index (no HNSW graph)": {"index_during_encoding": True, "index_type": "flat"}} if flat else {
+                "after": {"index_during_encoding": False},
                 "while, all cores": {"index_during_encoding": True, "index_threads": available_cpus()},
                 "while, cores less the encoder's feeding": {
                     "index_during_encoding": True, "index_threads": max(1, available_cpus() - encoder.tokenizer_workers - 2)},
@@ -270,12 +274,15 @@ def index_while_encoding(assets: Path, corpus: Path) -> dict:
     for _ in range(2):
         for name, options in variants.items():
             home = Path(tempfile.mkdtemp(prefix="gpu-stream-"))
+            options = dict(options)
+            index_type = options.pop("index_type", "auto")
             index_module.LocalEngine = functools.partial(engine, **options)
             try:
                 _synchronize()
                 started = time.perf_counter()
                 summary = Index.build(corpus, "bench", home, calibrator="none", encoder=encoder, device=DEVICE,
-                                      batch_size=512, dtype=SPEED_DTYPE, max_length=256, replace=True)
+                                      batch_size=512, dtype=SPEED_DTYPE, max_length=256, replace=True,
+                                      index_type=index_type)
                 wall = time.perf_counter() - started
             finally:
                 index_module.LocalEngine = engine
@@ -685,6 +692,8 @@ def run(assets: Path, out: Path, only: set[str] | None) -> None:
         report.step("filtered exact search 1M x 384", filtered_search)
     if wanted("stream"):
         report.step("vector index while encoding", index_while_encoding, assets, corpus)
+    if wanted("stream-flat"):
+        report.step("vector index while encoding, or no graph", index_while_encoding, assets, corpus, True)
     if wanted("batch"):
         report.step("batch sizes", batch_sizes, assets, corpus)
         report.step("default build at batch 512", default_builds, assets, corpus, [PASSAGES], report,
@@ -752,9 +761,12 @@ def markdown(data: dict) -> str:
                                  + ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in best["timings"].items()
                                              if isinstance(seconds, (int, float))) + " |")
             lines.append("")
-    stream = steps.get("vector index while encoding")
-    if stream:
-        lines += ["## Item 5's build, the vector index built after encoding or while encoding (best of 2, alternating)",
+    for title, stream in (("", steps.get("vector index while encoding")),
+                          (", or a flat index", steps.get("vector index while encoding, or no graph"))):
+        if not stream:
+            continue
+        lines += [f"## Item 5's build, the vector index built after encoding or while encoding{title} (best of 2, "
+                  "alternating)",
                   "", f"`Encoder.encode` in memory: {stream['in_memory_per_s']:,.0f} passages/s; "
                   f"{stream['cpus']} CPUs, {stream['tokenizer_workers']} tokenizing processes.", "",
                   "| vector index | build end to end (documents/s) | ratio to in memory | stages (s) |",
@@ -886,7 +898,7 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
     parser.add_argument("--only", help="comma-separated steps: encode (encode-minilm: its MiniLM half), precision, "
-                                       "flow, search, filtered, builds, batch, stream, hybrid")
+                                       "flow, search, filtered, builds, batch, stream, stream-flat, hybrid")
     parser.add_argument("--smoke", action="store_true", help="run every step on the CPU at small sizes")
     args = parser.parse_args()
     if args.smoke:
