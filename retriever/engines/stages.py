@@ -245,7 +245,7 @@ def encode_table(encoder, table: DocumentTable, out: Path, state: BuildState, fi
         path = encoded_passages_path(out)
         passage_writer = (NpyAppender.resume(path, 3, "int64", state.vectors) if state.encoded
                           else NpyAppender(path, 3, "int64"))
-    pairs = table.documents(after_rowid=first_rowid - 1 + state.encoded)
+    pairs = table.documents_to_encode(after_rowid=first_rowid - 1 + state.encoded)
     documents = pairs if cutter is not None else (document for _, document in pairs)
 
     def record(rows: int, vectors: int, truncated: int) -> None:

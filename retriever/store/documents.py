@@ -390,6 +390,20 @@ class DocumentTable:
             last = rows[-1][0]
 
 
+    def documents_to_encode(self, after_rowid: int = 0, batch: int = 4096) -> Iterator[tuple[int, Document]]:
+        """`documents`, with only what the encoder reads of each (id, title and text: no source, line or
+        metadata, which a build's encoding would otherwise read and parse for every document, and drop)."""
+        last = after_rowid
+        while True:
+            rows = self.db.execute("SELECT rowid, doc_id, text, title FROM documents WHERE rowid > ? ORDER BY rowid "
+                                   "LIMIT ?", (last, batch)).fetchall()
+            if not rows:
+                return
+            for rowid, doc_id, text, title in rows:
+                yield rowid, Document(doc_id, text, title, "", 0)
+            last = rows[-1][0]
+
+
 def _has_table(connection: sqlite3.Connection, name: str, schema: str = "main") -> bool:
     return connection.execute(f"SELECT count(*) FROM {schema}.sqlite_master WHERE type = 'table' AND name = ?",
                               (name,)).fetchone()[0] > 0
