@@ -20,7 +20,8 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on (a container's or a cgroup's share, not the host's count)."""
+    """The CPUs this process may run on (its affinity, a container's cpuset; not a CPU quota such as
+    `docker --cpus`, which no count of CPUs expresses)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 

@@ -121,10 +121,10 @@ def test_the_vector_index_built_while_encoding_gives_the_same_files_byte_for_byt
         calibrator = make_calibrator("whitening").fit(np.random.default_rng(0).normal(size=(200, dim)))
     built = {}
     for during in (True, False):
-        monkeypatch.setattr(index_module, "LocalEngine",
-                            functools.partial(LocalEngine, index_during_encoding=during, chunk_rows=16))
+        monkeypatch.setattr(index_module, "LocalEngine", functools.partial(LocalEngine, index_during_encoding=during))
         summary = Index.build(corpus(longs=longs, shorts=70), "same", tmp_path / str(during), model=str(tiny_bert),
-                              max_length=WINDOW, device="cpu", calibrator=calibrator, index_type="flat")
+                              max_length=WINDOW, device="cpu", calibrator=calibrator, index_type="flat",
+                              chunk_rows=16)  # five chunks: the long documents, last, come in the fifth
         built[during] = files_of(Path(summary.folder))
         assert summary.open().search("short note", k=3)
     assert finished == [streamed]  # offered once, and taken unless a document was cut

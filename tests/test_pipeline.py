@@ -9,6 +9,7 @@ import pytest
 from retriever.calibration import make_calibrator
 from retriever.errors import RetrieverError
 from retriever.engines.stages import (
+    IndexWhileEncoding,
     calibrated_blocks,
     chunked,
     fitted_query_count,
@@ -66,3 +67,50 @@ def test_vectors_from_memory_are_checked_like_vectors_from_a_file(tmp_path):
     np.save(tmp_path / "v.npy", bad)
     with pytest.raises(RetrieverError, match="document 4. has NaN"):
         list(VectorSource(tmp_path / "v.npy").blocks())
+
+
+@pytest.mark.parametrize("loud_row", [20_000, 70_000])  # in the raw store's first block, and after it
+def test_vectors_indexed_while_encoding_are_written_as_stage_4_after_encoding_would_write_them(tmp_path, loud_row):
+    """The raw store's precision is decided on its first block as stage 4 reads it, not on the first chunk the
+    encoder hands over: a value too large for float16 at row 20,000 stores float32 either way."""
+    from retriever.store.arrays import NpyAppender
+
+    rows, dim = 80_000, 4
+    vectors = RNG.normal(size=(rows, dim)).astype(np.float32)
+    vectors[loud_row, 0] = 5000.0  # times float16's headroom, past its largest value
+    encoded = tmp_path / "encoded.npy"
+    with NpyAppender(encoded, dim, "float32") as appender:
+        appender.append(vectors)
+    calibrator = make_calibrator("none").fit(np.empty((0, dim), np.float32))
+    after, during = tmp_path / "after", tmp_path / "during"
+    after.mkdir(), during.mkdir()
+    write_segment_vectors(after, calibrated_blocks(VectorSource(encoded), calibrator, 1), dim, dim, IndexSpec("flat"),
+                          None)
+    streamed = IndexWhileEncoding(during, calibrator, dim, dim, IndexSpec("flat"))
+    for start in range(0, rows, 16_384):
+        streamed.add(vectors[start : start + 16_384], len(vectors[start : start + 16_384]))
+    assert streamed.finish(rows, IndexSpec("flat"))
+    for name in (RAW, ROWIDS):
+        assert (during / name).read_bytes() == (after / name).read_bytes()
+    assert np.load(during / RAW).dtype == (np.float32 if loud_row < 65_536 else np.float16)
+
+
+def test_an_index_abandoned_while_encoding_leaves_nothing_behind(tmp_path):
+    """A chunk holding a cut document (more vectors than documents) ends it, chunks still queued or not."""
+    import time
+
+    dim = 4
+    calibrator = make_calibrator("none").fit(np.empty((0, dim), np.float32))
+    streamed = IndexWhileEncoding(tmp_path, calibrator, dim, dim, IndexSpec("flat"))
+    slow = streamed._add
+
+    def add_slowly(keys, vectors):
+        time.sleep(0.2)
+        slow(keys, vectors)
+
+    streamed._add = add_slowly
+    for _ in range(3):
+        streamed.add(RNG.normal(size=(10, dim)).astype(np.float32), 10)
+    streamed.add(RNG.normal(size=(12, dim)).astype(np.float32), 10)  # a document cut in three
+    assert streamed.abandoned and not streamed.finish(42, IndexSpec("flat"))
+    assert not list(tmp_path.iterdir())

@@ -35,7 +35,7 @@ from retriever.errors import RetrieverError
 from retriever.numeric import l2_normalize
 from retriever.versions.integrity import sha256_file
 from retriever.progress import progress_bar, stderr_console
-from retriever.store.arrays import NpyAppender, RowSubset, VectorSource, load_npy
+from retriever.store.arrays import BLOCK_ROWS, NpyAppender, RowSubset, VectorSource, load_npy
 from retriever.store.documents import DocumentTable
 from retriever.store.segment import RawWriter
 from retriever.store.layout import RAW, ROWIDS, VECTORS
@@ -409,12 +409,15 @@ class IndexWhileEncoding:
     """Stage 4 beside stage 2: each chunk's vectors, once encoded, are calibrated and added to the segment's stores
     on a thread of their own, so that the vector index is built when the encoder finishes rather than after it.
     For a build whose CALIBRATOR needs no fit (`none`, or given fitted) and whose index SPEC trains no template.
+    It writes what stage 4 after encoding would, byte for byte: the raw store's first `BLOCK_ROWS` rows are held
+    back and written as one block, as stage 4 reads them (the first block decides the raw vectors' precision).
 
     Its keys are row ids. A segment some document was cut for is keyed by passage instead, which is known only
-    once every document is encoded, so the first chunk with a cut document ends it (`abandoned`), and stage 4
-    runs after encoding as it does for every other build."""
+    once every document is encoded, so the first chunk with a cut document ends it (`abandoned`; so does a vector
+    that is not finite, for stage 4 to name it), and stage 4 runs after encoding as it does for every other build."""
 
-    # Chunks waiting for the index thread at most: beyond, the encoder waits (their vectors are held in memory).
+    # Chunks handed to the index thread and not yet indexed, the one it is on included, at most: beyond, the
+    # encoder waits (their vectors are held in memory).
     WAITING = 2
 
     def __init__(self, folder: Path, calibrator: Calibrator, dim: int, out_dim: int, spec: IndexSpec,
@@ -423,6 +426,8 @@ class IndexWhileEncoding:
         self._first = self._next = first_rowid
         self._folder, self._dim, self._out_dim = folder, dim, out_dim
         self._writer: SegmentVectorWriter | None = None
+        # Raw rows not yet written, while they are fewer than a block (None once the first block is written).
+        self._held: list[tuple[np.ndarray, np.ndarray]] | None = []
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="retriever-index")
         self._waiting: deque[Future] = deque()
         self.abandoned = False
@@ -431,10 +436,10 @@ class IndexWhileEncoding:
         """The next DOCUMENTS documents' VECTORS (one each, unless one was cut)."""
         if self.abandoned:
             return
-        if len(vectors) != documents:
+        if len(vectors) != documents or not np.isfinite(vectors).all():
             self.abandoned = True
-            for future in self._waiting:
-                future.cancel()
+            self._waiting = deque(future for future in self._waiting if not future.cancel())
+            self._waiting.append(self._pool.submit(self._discard))  # the memory and files go now, not at the end
             return
         keys = np.arange(self._next, self._next + documents, dtype=np.int64)
         self._next += documents
@@ -446,7 +451,28 @@ class IndexWhileEncoding:
         if self._writer is None:  # made here: faiss's thread count is set per thread
             self._writer = SegmentVectorWriter(self._folder, self._dim, self._out_dim, self.spec, None)
             set_threads(self.threads)  # None: every core
-        self._writer.add(keys, vectors, l2_normalize(self.calibrator.transform(vectors)))
+        self._writer.store.add(keys, l2_normalize(self.calibrator.transform(vectors)))
+        if self._held is None:
+            self._writer.raw.append(keys, vectors)
+            return
+        self._held.append((keys, vectors))
+        if sum(len(held) for held, _ in self._held) >= BLOCK_ROWS:
+            self._write_held()
+
+    def _write_held(self) -> None:
+        keys = np.concatenate([held for held, _ in self._held])
+        raw = np.concatenate([vectors for _, vectors in self._held])
+        self._held = None
+        for start in range(0, len(keys), BLOCK_ROWS):
+            self._writer.raw.append(keys[start : start + BLOCK_ROWS], raw[start : start + BLOCK_ROWS])
+
+    def _discard(self) -> None:
+        if self._writer is not None:
+            self._writer.raw.close()
+            self._writer = None
+            for name in (RAW, ROWIDS):
+                (self._folder / name).unlink(missing_ok=True)
+        self._held = []
 
     def finish(self, rows: int, spec: IndexSpec) -> bool:
         """Wait for the index thread; whether the segment's vectors are written, ROWS of them with SPEC (the
@@ -454,21 +480,23 @@ class IndexWhileEncoding:
         try:
             while self._waiting:
                 self._waiting.popleft().result()
-        finally:
-            self._pool.shutdown(wait=True)
+        except BaseException:
+            self.close()
+            raise
+        self._pool.shutdown(wait=True)
         if self._writer is None:
             return False
         if self.abandoned or self._next - self._first != rows or spec != self.spec:
-            self._writer.raw.close()
-            self._writer = None
-            for name in (RAW, ROWIDS):
-                (self._folder / name).unlink(missing_ok=True)
+            self._discard()
             return False
+        if self._held:
+            self._write_held()
         self._writer.finish()
         return True
 
     def close(self) -> None:
-        """Stop after the chunk in hand (a failed build)."""
+        """Stop after the chunk in hand, leaving nothing of it (a failed build)."""
         for future in self._waiting:
             future.cancel()
         self._pool.shutdown(wait=True)
+        self._discard()

@@ -391,8 +391,9 @@ class DocumentTable:
 
 
     def documents_to_encode(self, after_rowid: int = 0, batch: int = 4096) -> Iterator[tuple[int, Document]]:
-        """`documents`, with only what the encoder reads of each (id, title and text: no source, line or
-        metadata, which a build's encoding would otherwise read and parse for every document, and drop)."""
+        """`documents`, with only what the encoder reads of each: id, title and text. Their source is "", line 0
+        and metadata None, not the stored ones (which a build's encoding would read and parse for every document,
+        and drop)."""
         last = after_rowid
         while True:
             rows = self.db.execute("SELECT rowid, doc_id, text, title FROM documents WHERE rowid > ? ORDER BY rowid "
