@@ -95,8 +95,10 @@ def test_vectors_indexed_while_encoding_are_written_as_stage_4_after_encoding_wo
     assert np.load(during / RAW).dtype == (np.float32 if loud_row < 65_536 else np.float16)
 
 
-def test_an_index_abandoned_while_encoding_leaves_nothing_behind(tmp_path):
-    """A chunk holding a cut document (more vectors than documents) ends it, chunks still queued or not."""
+@pytest.mark.parametrize("ending", ["a cut document", "a vector that is not finite"])
+def test_an_index_abandoned_while_encoding_leaves_nothing_behind(tmp_path, ending):
+    """A chunk holding a cut document (more vectors than documents) ends it, chunks still queued or not; so does
+    one holding a NaN, for stage 4 to name its row."""
     import time
 
     dim = 4
@@ -111,6 +113,10 @@ def test_an_index_abandoned_while_encoding_leaves_nothing_behind(tmp_path):
     streamed._add = add_slowly
     for _ in range(3):
         streamed.add(RNG.normal(size=(10, dim)).astype(np.float32), 10)
-    streamed.add(RNG.normal(size=(12, dim)).astype(np.float32), 10)  # a document cut in three
-    assert streamed.abandoned and not streamed.finish(42, IndexSpec("flat"))
+    if ending == "a cut document":
+        streamed.add(RNG.normal(size=(12, dim)).astype(np.float32), 10)  # a document cut in three
+    else:
+        streamed.add(np.full((10, dim), np.nan, np.float32), 10)
+    streamed.add(RNG.normal(size=(10, dim)).astype(np.float32), 10)  # handed over after it: not indexed
+    assert not streamed.finish(50, IndexSpec("flat")) and streamed.abandoned
     assert not list(tmp_path.iterdir())

@@ -436,7 +436,7 @@ class IndexWhileEncoding:
         """The next DOCUMENTS documents' VECTORS (one each, unless one was cut)."""
         if self.abandoned:
             return
-        if len(vectors) != documents or not np.isfinite(vectors).all():
+        if len(vectors) != documents:
             self.abandoned = True
             self._waiting = deque(future for future in self._waiting if not future.cancel())
             self._waiting.append(self._pool.submit(self._discard))  # the memory and files go now, not at the end
@@ -448,6 +448,12 @@ class IndexWhileEncoding:
         self._waiting.append(self._pool.submit(self._add, keys, vectors))
 
     def _add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        if not np.isfinite(vectors).all():  # checked here, off the thread that feeds the encoder
+            self.abandoned = True
+            self._discard()
+            return
+        if self.abandoned:  # a later chunk's, handed over before the check above ended it
+            return
         if self._writer is None:  # made here: faiss's thread count is set per thread
             self._writer = SegmentVectorWriter(self._folder, self._dim, self._out_dim, self.spec, None)
             set_threads(self.threads)  # None: every core

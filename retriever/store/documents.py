@@ -376,32 +376,24 @@ class DocumentTable:
 
     def documents(self, after_rowid: int = 0, batch: int = 4096) -> Iterator[tuple[int, Document]]:
         """(row id, document) in row id order, from the first id above AFTER_ROWID; read in batches."""
-        last = after_rowid
-        while True:
-            rows = self.db.execute(
-                f"SELECT d.rowid, d.doc_id, d.text, d.title, s.path, d.line, {self._select['metadata']} FROM {_FROM} "
-                "WHERE d.rowid > ? ORDER BY d.rowid LIMIT ?",
-                (last, batch),
-            ).fetchall()
-            if not rows:
-                return
-            for rowid, doc_id, text, title, source, line, metadata in rows:
-                yield rowid, Document(doc_id, text, title, source, line, json.loads(metadata) if metadata else None)
-            last = rows[-1][0]
-
+        columns = f"d.rowid, d.doc_id, d.text, d.title, s.path, d.line, {self._select['metadata']}"
+        for rowid, doc_id, text, title, source, line, metadata in self._paged(columns, _FROM, after_rowid, batch):
+            yield rowid, Document(doc_id, text, title, source, line, json.loads(metadata) if metadata else None)
 
     def documents_to_encode(self, after_rowid: int = 0, batch: int = 4096) -> Iterator[tuple[int, Document]]:
         """`documents`, with only what the encoder reads of each: id, title and text. Their source is "", line 0
         and metadata None, not the stored ones (which a build's encoding would read and parse for every document,
         and drop)."""
+        for rowid, doc_id, text, title in self._paged("d.rowid, d.doc_id, d.text, d.title", "documents d",
+                                                      after_rowid, batch):
+            yield rowid, Document(doc_id, text, title, "", 0)
+
+    def _paged(self, columns: str, source: str, after_rowid: int, batch: int) -> Iterator[tuple]:
+        """COLUMNS of SOURCE's rows (the documents as `d`) in row id order, the row id first, BATCH at a time."""
         last = after_rowid
-        while True:
-            rows = self.db.execute("SELECT rowid, doc_id, text, title FROM documents WHERE rowid > ? ORDER BY rowid "
-                                   "LIMIT ?", (last, batch)).fetchall()
-            if not rows:
-                return
-            for rowid, doc_id, text, title in rows:
-                yield rowid, Document(doc_id, text, title, "", 0)
+        while rows := self.db.execute(f"SELECT {columns} FROM {source} WHERE d.rowid > ? ORDER BY d.rowid LIMIT ?",
+                                      (last, batch)).fetchall():
+            yield from rows
             last = rows[-1][0]
 
 

@@ -109,7 +109,7 @@ class Segment:
         self._keys_cache: list[tuple[object, np.ndarray]] = []
         self._coverage: np.ndarray | None = None
         self._document_coverage: np.ndarray | None = None  # `document_coverage`, by document position
-        self._unit_runs: tuple[np.ndarray, np.ndarray] | None = None  # `unit_runs`, by document position
+        self._unit_starts: np.ndarray | None = None  # `unit_runs`: by document position, and one past the last
         try:
             # Mapped now, read on demand: the mappings keep this segment readable after a later write prunes the
             # version folder it was opened from, as the open SQLite connections do for the documents and keywords.
@@ -219,12 +219,12 @@ class Segment:
     def unit_runs(self, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where the units of each of ROWIDS' documents (all here) start and end in `passage_unit_keys`: a run
         of its passages, empty for a document that is one passage."""
-        if self._unit_runs is None:  # found once for every document: a query then indexes instead of searching
-            documents = np.asarray(self.rowids, np.int64) << PASSAGE_BITS
-            keys = self.passage_unit_keys
-            self._unit_runs = (np.searchsorted(keys, documents), np.searchsorted(keys, documents + (1 << PASSAGE_BITS)))
+        if self._unit_starts is None:  # found once for every document: a query then indexes instead of searching
+            # Units are grouped by document in row id order: each run ends where the next document's starts.
+            starts = np.searchsorted(self.passage_unit_keys, np.asarray(self.rowids, np.int64) << PASSAGE_BITS)
+            self._unit_starts = np.append(starts, len(self.passage_unit_keys))
         positions = self.positions_of(rowids)
-        return self._unit_runs[0][positions], self._unit_runs[1][positions]
+        return self._unit_starts[positions], self._unit_starts[positions + 1]
 
     def raw_for(self, keys: np.ndarray) -> np.ndarray:
         """The raw vectors (float32) of vector KEYS, all of which are in this segment."""
