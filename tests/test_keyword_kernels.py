@@ -1,4 +1,4 @@
-"""The compiled BM25 loops give NumPy's numbers exactly: sorted or unsorted positions, present or not."""
+"""The compiled BM25 loops give NumPy's numbers exactly: documents looked up, runs of passages, MaxScore's best."""
 
 import numpy as np
 import pytest
@@ -8,35 +8,51 @@ from retriever.store import keyword_kernels as kernels
 WEIGHT, K1_PLUS_1 = np.float32(1.7), np.float32(2.2)
 
 
-def contribution(counts: np.ndarray, norm: np.ndarray) -> np.ndarray:
-    tf = counts.astype(np.float32)
-    return WEIGHT * tf * K1_PLUS_1 / (tf + norm)
+def exact_scores(lists, counts, weights, norm, documents):
+    """Every document's score, the terms in their own order, float32 each into a float64 sum (as the kernels)."""
+    exact = np.zeros(documents)
+    for held, found, weight in zip(lists, counts, weights):
+        tf = found.astype(np.float32)
+        exact[held] += weight * tf * K1_PLUS_1 / (tf + norm[held])
+    return exact
 
 
 @pytest.fixture
-def segment():
-    generator = np.random.default_rng(7)
+def postings():
+    generator = np.random.default_rng(11)
     documents = 5000
     norm = (0.3 + 0.9 * generator.random(documents)).astype(np.float32)
-    held = np.sort(generator.choice(documents, 1200, replace=False)).astype(np.int32)
-    counts = generator.integers(1, 9, len(held)).astype(np.uint16)
-    return generator, documents, norm, held, counts
+    lists = [np.sort(generator.choice(documents, size, replace=False)).astype(np.int32) for size in (40, 1200, 4900)]
+    counts = [generator.integers(1, 9, len(held)).astype(np.uint16) for held in lists]
+    weights = np.array([2.5, 1.1, 0.1], np.float32)
+    starts = np.cumsum([0] + [len(held) for held in lists])[:-1].astype(np.int64)
+    ends = starts + np.array([len(held) for held in lists], np.int64)
+    arrays = (np.concatenate(lists), np.concatenate(counts), starts, ends, weights)
+    return generator, documents, norm, arrays, exact_scores(lists, counts, weights, norm, documents)
 
 
-@pytest.mark.parametrize("order", ["ascending", "shuffled", "descending"])
-def test_looked_up_contributions_match_a_search_in_the_postings(segment, order):
-    generator, documents, norm, held, counts = segment
-    positions = np.sort(generator.choice(documents, 900, replace=False)).astype(np.int32)
-    positions = {"ascending": positions, "shuffled": generator.permutation(positions),
-                 "descending": positions[::-1].copy()}[order]
-    at = np.minimum(np.searchsorted(held, positions), len(held) - 1)
-    hit = held[at] == positions
-    expected = np.zeros(len(positions))
-    expected[hit] += contribution(counts[at[hit]], norm[positions[hit]])
-    total = np.zeros(len(positions))
-    kernels.add_looked_up(total, positions, held, counts, WEIGHT, K1_PLUS_1, norm)
-    assert hit.any() and not hit.all()
-    np.testing.assert_array_equal(total, expected)
+def test_scores_at_given_documents_are_the_sums_of_their_terms_contributions(postings):
+    generator, documents, norm, arrays, exact = postings
+    wanted = np.sort(generator.choice(documents, 900, replace=False)).astype(np.int32)
+    total = kernels.scores_at(*arrays, K1_PLUS_1, norm, wanted)
+    assert (exact[wanted] == 0).any() and (exact[wanted] > 0).any()
+    np.testing.assert_array_equal(total, exact[wanted])
+
+
+def test_best_in_runs_takes_each_runs_best_and_the_first_unit_reaching_it(postings):
+    generator, documents, norm, arrays, exact = postings
+    # Runs of units, some empty (a document that is one passage has none).
+    lows = np.array([10, 20, 20, 100, 4990], np.int64)
+    highs = np.array([14, 20, 60, 100, 5000], np.int64)
+    rounded = exact.astype(np.float32)
+    best, units = kernels.best_in_runs(*arrays, K1_PLUS_1, norm, lows, highs)
+    for run, (low, high) in enumerate(zip(lows, highs)):
+        scores = rounded[low:high]
+        if not len(scores) or scores.max() == 0:
+            assert (best[run], units[run]) == (0, -1)
+        else:
+            assert best[run] == scores.max() and units[run] == low + int(np.argmax(scores))
+    assert (units >= 0).sum() >= 2
 
 
 @pytest.mark.parametrize("documents", [4000, 150_000])  # one window, and windows of growing width
@@ -50,11 +66,7 @@ def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower
     counts = [generator.integers(1, 4, len(held)).astype(np.uint16) for held in lists]
     weights = np.array([3.1, 2.4, 1.5, 0.9, 0.2, 0.05], np.float32)[generator.permutation(terms)]
     dead = np.sort(generator.choice(documents, documents // 13, replace=False)).astype(np.int32)
-    exact = np.zeros(documents)  # the query's terms in their own order, float32 each into a float64 sum
-    for held, found, weight in zip(lists, counts, weights):
-        tf = found.astype(np.float32)
-        exact[held] += weight * tf * K1_PLUS_1 / (tf + norm[held])
-    exact = exact.astype(np.float32)
+    exact = exact_scores(lists, counts, weights, norm, documents).astype(np.float32)
     live = np.setdiff1d(np.arange(documents), dead)
     live = live[exact[live] > 0]
     best = live[np.lexsort((live, -exact[live]))][:count]
@@ -80,9 +92,9 @@ def test_the_kernels_compile_where_no_cache_folder_can_be_written(monkeypatch):
     monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])  # what a read-only install without a home has
     try:
         fresh = importlib.reload(kernels)
-        total = np.zeros(2)
-        fresh.add_looked_up(total, np.array([3, 5], np.int32), np.array([1, 3, 4], np.int32),
-                            np.array([1, 2, 1], np.uint16), WEIGHT, K1_PLUS_1, np.ones(8, np.float32))
+        total = fresh.scores_at(np.array([1, 3, 4], np.int32), np.array([1, 2, 1], np.uint16), np.array([0], np.int64),
+                                np.array([3], np.int64), np.array([WEIGHT]), K1_PLUS_1, np.ones(8, np.float32),
+                                np.array([3, 5], np.int32))
         assert total[1] == 0 and total[0] == pytest.approx(1.7 * 2 * 2.2 / 3)
     finally:
         monkeypatch.undo()

@@ -51,10 +51,6 @@ class KeywordList:
     keys: np.ndarray
 
 
-# A best passage's key not looked up, and a score that is a bound (`KeywordSearcher._combined`).
-UNKNOWN, PENDING = -2, -3
-
-
 @dataclass
 class _Found:
     """Documents among one side's best units: row ids, each one's best unit score there and that unit's key, and
@@ -126,7 +122,7 @@ class KeywordSearcher:
         wanted, and the passages' best units, twice as many, then WIDEN x more until the answer is sure: a
         document neither side read scores at most the higher of the two sides' floors (its score is never above
         its best unit's), so the answer stands once its last score reaches that (the threshold algorithm, Fagin et
-        al., PODS 2001), or every matching unit was read."""
+        al., PODS 2001), or every matching unit was read. The documents either side read are scored exactly."""
         asked, every = count * FIRST_PASSAGES, matches is not None
         # The documents' side is read to COUNT: each of those documents scores at least its BM25, so its floor
         # never stands above the COUNT-th best score, and never makes the answer wait (one unit per document).
@@ -146,20 +142,8 @@ class KeywordSearcher:
                 kept = matches.contains(rowids)
                 rowids, scores, keys = rowids[kept], scores[kept], keys[kept]
             order = np.lexsort((rowids, -scores))[:count]
-            while query.passages is not None and (keys[order] == PENDING).any():
-                # Bounds among the best: those documents scored exactly (never above their bound), then again.
-                pending = order[keys[order] == PENDING]
-                scores[pending], keys[pending] = self._combined(query, rowids[pending], whole)
-                order = np.lexsort((rowids, -scores))[:count]
             if every or floor == 0 or (len(order) == count and float(scores[order[-1]]) >= floor):
-                rowids, scores, keys = rowids[order], scores[order], keys[order]
-                if query.passages is not None:
-                    # Where a document's own score decided, its best passage was not needed: found for the hits.
-                    unknown = keys == UNKNOWN
-                    if unknown.any():
-                        passage, found, _ = self.best_passages(query.passages, rowids[unknown])
-                        keys[unknown] = np.where(passage > 0, found, -1)
-                return rowids, scores, keys
+                return rowids[order], scores[order], keys[order]
             asked *= WIDEN
 
     def _best(self, query: QueryMatches, asked: int, every: bool, numbers: list[int] | None = None,
@@ -191,20 +175,19 @@ class KeywordSearcher:
             floor = max(floor, float(np.partition(scores, len(scores) - asked)[len(scores) - asked]))
             sure = scores >= floor
             rowids, scores, keys = rowids[sure], scores[sure], keys[sure]
-        # A document's first unit, best first (ties to the lower key), is its best.
-        order = np.lexsort((keys, rowids, -scores))
-        _, first = np.unique(rowids[order], return_index=True)
-        best = order[np.sort(first)]
+        if numbers is None:  # a unit is a document: each is here once
+            return _Found(rowids, scores, keys, floor)
+        # A document's best unit is its first by score, ties to the lower key.
+        order = np.lexsort((keys, -scores, rowids))
+        grouped = rowids[order]
+        best = order[np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])] if len(order) else order
         return _Found(rowids[best], scores[best], keys[best], floor)
 
     def _combined(self, query: KeywordQuery, rowids: np.ndarray, whole: _Found | None = None,
                   parts: _Found | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each of ROWIDS' score (`store.passages.document_scores`) and best passage's key (-1 where the document
         is one passage, or no passage of it holds a query term); WHOLE, PARTS: each side's best units already read
-        (document scores and best passages known: a document's best passage is among PARTS where any of its
-        passages is, and else below PARTS' floor, so where its own score reaches that floor its passage cannot
-        change its score; its key is then UNKNOWN; where it does not, the document is given its bound, the
-        floor, and the key PENDING, for `_top` to score it exactly should it rank among the best)."""
+        and scored (a document among PARTS has its best passage there)."""
         if whole is None:
             document = self.document_scores(query.documents, rowids)
         else:
@@ -216,15 +199,11 @@ class KeywordSearcher:
             passage, keys = np.zeros(len(rowids), np.float32), np.full(len(rowids), -1, np.int64)
             at, held = find_in(rowids, parts.rowids)
             passage[held], keys[held] = parts.scores[at[held]], parts.keys[at[held]]
-            # Every matching passage read (floor 0): a document none of whose passages came holds no query term.
-            # Else one below the floor (its best passage is, too) is given the floor: a bound, PENDING.
-            bounded = ~held & (document < parts.floor)
-            passage[bounded], keys[bounded] = parts.floor, PENDING
-            keys[~held & ~bounded & (parts.floor > 0)] = UNKNOWN
+            if not held.all():
+                passage[~held], keys[~held], _ = self.best_passages(query.passages, rowids[~held])
             coverage = self.coverages(rowids)
         # Where it matched: its best passage (a query term in it), whichever scored higher.
-        return (document_scores(document, np.maximum(document, passage), coverage),
-                np.where((passage > 0) | (keys < -1), keys, -1))
+        return document_scores(document, np.maximum(document, passage), coverage), keys
 
     def scores_of(self, query: KeywordQuery, rowids: np.ndarray) -> np.ndarray:
         """QUERY's score of each of ROWIDS (0 where no query term occurs in it)."""
@@ -293,25 +272,12 @@ def _best_of_documents(segment: Segment, query: QueryMatches, number: int,
     """The best passage (score, key) of each of ROWIDS, all in SEGMENT (number NUMBER of QUERY's scorer); (0, -1)
     where no passage of it holds a query term."""
     documents = np.unique(rowids)
-    keys = segment.passage_unit_keys
-    # A document's passages are one run of units (keys ascend, grouped by document): read as runs. A document that
-    # is one passage has none.
-    lows, highs = segment.unit_runs(documents)
-    lengths = highs - lows
-    runs = np.repeat(np.arange(len(documents)), lengths)
-    positions = np.arange(len(runs), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths) + lows[runs]
-    best = np.zeros(len(documents), np.float32)
-    best_keys = np.full(len(documents), -1, np.int64)
-    if len(positions):
-        passage_scores = query.scores(number, positions)
-        starts = np.flatnonzero(lengths)
-        highest = np.maximum.reduceat(passage_scores, np.cumsum(lengths)[starts] - lengths[starts])
-        reaching = np.flatnonzero((passage_scores == highest[np.searchsorted(starts, runs)]) & (passage_scores > 0))
-        first = reaching[np.unique(runs[reaching], return_index=True)[1]]  # the first passage reaching the best
-        best[starts] = highest
-        best_keys[runs[first]] = keys[positions[first]]
+    # A document's passages are one run of units (keys ascend, grouped by document). A document that is one
+    # passage has none.
+    best, units = query.best_in_runs(number, *segment.unit_runs(documents))
+    keys = np.where(units >= 0, segment.passage_unit_keys[np.maximum(units, 0)], -1)
     at = np.searchsorted(documents, rowids)
-    return best[at], best_keys[at]
+    return best[at], keys[at]
 
 
 def _known(rowids: np.ndarray, found: np.ndarray, scores: np.ndarray, score_missing) -> np.ndarray:

@@ -29,21 +29,52 @@ def _bm25(weight, count, k1_plus_1, norm):
 
 
 @_compiled
-def add_looked_up(total, positions, held, counts, weight, k1_plus_1, norm):
-    """Add a term's contribution to TOTAL[i] for each POSITIONS[i] that its postings (HELD, ascending) hold. Each
-    position is searched for from where the previous one was found when they ascend (galloping: sorted positions
-    cost about one pass over the shorter list), from the start otherwise."""
-    length = held.shape[0]
-    low = 0
-    previous = -1
-    for i in range(positions.shape[0]):
-        position = positions[i]
-        if position < previous:
-            low = 0
-        previous = position
-        low = _gallop(held, low, length, position)
-        if low < length and held[low] == position:
-            total[i] += _bm25(weight, counts[low], k1_plus_1, norm[position])
+def scores_at(positions, counts, starts, ends, weights, k1_plus_1, norm, wanted):
+    """The exact scores (float64, before the float32 rounding) of the documents at WANTED (ascending): each term's
+    contribution, where its postings (POSITIONS[STARTS[i]:ENDS[i]], with COUNTS, weight WEIGHTS[i]) hold the
+    document, added in the terms' order. Each term's postings are searched from its last find on (galloping: the
+    wanted documents cost about one pass over the shorter list)."""
+    total = np.zeros(wanted.shape[0], np.float64)
+    for i in range(starts.shape[0]):
+        low = starts[i]
+        end = ends[i]
+        weight = weights[i]
+        for j in range(wanted.shape[0]):
+            position = wanted[j]
+            low = _gallop(positions, low, end, position)
+            if low >= end:
+                break
+            if positions[low] == position:
+                total[j] += _bm25(weight, counts[low], k1_plus_1, norm[position])
+    return total
+
+
+@_compiled
+def best_in_runs(positions, counts, starts, ends, weights, k1_plus_1, norm, lows, highs):
+    """For each run of units LOWS[r]..HIGHS[r] (ascending and disjoint, runs in ascending order), its best unit's
+    exact float32 score (`scores_at`) and that unit (the first reaching it; 0 and -1 where no unit of the run holds
+    a term)."""
+    units = 0
+    for r in range(lows.shape[0]):
+        units += highs[r] - lows[r]
+    wanted = np.empty(units, np.int32)
+    at = 0
+    for r in range(lows.shape[0]):
+        for unit in range(lows[r], highs[r]):
+            wanted[at] = unit
+            at += 1
+    total = scores_at(positions, counts, starts, ends, weights, k1_plus_1, norm, wanted)
+    best = np.zeros(lows.shape[0], np.float32)
+    best_units = np.full(lows.shape[0], -1, np.int64)
+    at = 0
+    for r in range(lows.shape[0]):
+        for unit in range(lows[r], highs[r]):
+            score = np.float32(total[at])
+            if score > best[r]:
+                best[r] = score
+                best_units[r] = unit
+            at += 1
+    return best, best_units
 
 
 @_compiled

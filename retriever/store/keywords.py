@@ -85,7 +85,7 @@ class Tokenizer:
     def _connection(self) -> sqlite3.Connection:
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            connection = sqlite3.connect(":memory:")
+            connection = sqlite3.connect(":memory:", isolation_level=None)  # one statement a text: no transaction
             try:
                 connection.execute(f"CREATE VIRTUAL TABLE query USING fts5(text, tokenize={_quote(self.spec)})")
             except sqlite3.OperationalError as error:
@@ -96,11 +96,9 @@ class Tokenizer:
 
     def __call__(self, text: str) -> dict[str, int]:
         connection = self._connection()
-        with connection:
-            connection.execute("INSERT INTO query (rowid, text) VALUES (1, ?)", (text,))
-            terms = dict(connection.execute("SELECT term, cnt FROM terms"))
-            connection.execute("DELETE FROM query")
-        return terms
+        # The table holds one row, the last text: replacing it drops the text before from FTS5's index.
+        connection.execute("INSERT OR REPLACE INTO query (rowid, text) VALUES (1, ?)", (text,))
+        return dict(connection.execute("SELECT term, cnt FROM terms"))
 
 
 DOCUMENT_FILES = (KEYWORDS, POSTINGS, COUNTS)
@@ -297,6 +295,7 @@ class QueryMatches:
 
     def __init__(self, scorer: KeywordScorer, terms: list[TermPostings]):
         self.scorer, self.terms = scorer, terms
+        self._arrays: list[tuple[np.ndarray, ...] | None] = [None] * len(scorer.segments)
 
     def scores(self, segment: int, positions: np.ndarray) -> np.ndarray:
         """The exact scores of the documents at POSITIONS of segment number SEGMENT (0 where no term occurs): each
@@ -307,16 +306,33 @@ class QueryMatches:
         order = None if bool(np.all(ascending[1:] >= ascending[:-1])) else np.argsort(ascending)
         if order is not None:
             ascending = ascending[order]
-        total = np.zeros(len(ascending), np.float64)
-        norm, k1_plus_1 = self.scorer.norms[segment], self.scorer.k1_plus_1
-        for term in self.terms:
-            if term.postings[segment] is not None and len(ascending):
-                _kernels().add_looked_up(total, ascending, *term.postings[segment], term.weight, k1_plus_1, norm)
+        total = _kernels().scores_at(*self._postings_of(segment), self.scorer.k1_plus_1, self.scorer.norms[segment],
+                                     ascending).astype(np.float32)
         if order is None:
-            return total.astype(np.float32)
+            return total
         scores = np.empty(len(ascending), np.float32)
         scores[order] = total
         return scores
+
+    def best_in_runs(self, segment: int, lows: np.ndarray, highs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each run of positions LOWS[r]..HIGHS[r] of segment number SEGMENT (ascending, disjoint, in
+        ascending order), its best exact score (as `scores` gives it) and the first position reaching it (0 and -1
+        where no term occurs in the run)."""
+        return _kernels().best_in_runs(*self._postings_of(segment), self.scorer.k1_plus_1,
+                                       self.scorer.norms[segment], np.asarray(lows, np.int64),
+                                       np.asarray(highs, np.int64))
+
+    def _postings_of(self, segment: int) -> tuple[np.ndarray, ...]:
+        """The terms held in segment number SEGMENT, in the query's order, as the kernels take them: the segment's
+        postings and counts, each term's (start, end) in them, and its weight."""
+        if self._arrays[segment] is None:
+            here = [term for term in self.terms if term.postings[segment] is not None]
+            starts = np.array([term.starts[segment] for term in here], np.int64)
+            ends = starts + np.array([len(term.postings[segment][0]) for term in here], np.int64)
+            keywords = self.scorer.segments[segment]
+            self._arrays[segment] = (keywords.positions, keywords.counts, starts, ends,
+                                     np.array([term.weight for term in here], np.float32))
+        return self._arrays[segment]
 
     def _contribution(self, term: TermPostings, segment: int, positions: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """What TERM adds to the documents at POSITIONS where it occurs COUNTS times (as the kernels compute it)."""
@@ -334,17 +350,14 @@ class QueryMatches:
         segments, positions, scores = [], [], []
         for number, (keywords, norm, dead) in enumerate(zip(self.scorer.segments, self.scorer.norms,
                                                             self.scorer.dead)):
-            here = [term for term in self.terms if term.postings[number] is not None]  # in the query's order
-            if not here:
+            _, _, starts, ends, weights = self._postings_of(number)  # the terms here, in the query's order
+            if not len(starts):
                 continue
-            weights = np.array([term.weight for term in here], np.float32)
             # A term adds less than weight x (k1 + 1) to any document; a little more, for float32 rounding.
             ceilings = weights.astype(np.float64) * float(self.scorer.k1_plus_1) * (1 + 1e-5)
             order = np.argsort(ceilings, kind="stable")
-            starts = np.array([here[i].starts[number] for i in order], np.int64)
-            ends = starts + np.array([len(here[i].postings[number][0]) for i in order], np.int64)
-            found, exact = _kernels().max_score(keywords.positions, keywords.counts, starts, ends, weights[order],
-                                             ceilings[order], order.astype(np.int64), self.scorer.k1_plus_1, norm,
+            found, exact = _kernels().max_score(keywords.positions, keywords.counts, starts[order], ends[order],
+                                             weights[order], ceilings[order], order, self.scorer.k1_plus_1, norm,
                                              dead, count, floor)
             segments.append(np.full(len(found), number, np.int32))
             positions.append(found)
