@@ -55,6 +55,15 @@ def test_best_in_runs_takes_each_runs_best_and_the_first_unit_reaching_it(postin
     assert (units >= 0).sum() >= 2
 
 
+def test_best_in_runs_gives_a_tie_to_the_first_unit_reaching_the_best():
+    norm = np.full(10, 0.8, np.float32)  # units alike: equal counts score equal
+    positions, counts = np.array([2, 3, 5, 6, 8], np.int32), np.array([1, 2, 2, 1, 2], np.uint16)
+    arrays = (positions, counts, np.array([0], np.int64), np.array([5], np.int64), np.array([1.5], np.float32))
+    best, units = kernels.best_in_runs(*arrays, K1_PLUS_1, norm, np.array([0, 4], np.int64), np.array([4, 10], np.int64))
+    assert units.tolist() == [3, 5]  # 3 and 5 tie in their runs with 8: the first wins
+    assert best[0] == best[1] == np.float32(exact_scores([positions], [counts], [1.5], norm, 10)[3])
+
+
 @pytest.mark.parametrize("documents", [4000, 150_000])  # one window, and windows of growing width
 @pytest.mark.parametrize("count", [1, 10, 60])
 def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower_position(documents, count):

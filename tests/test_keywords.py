@@ -61,6 +61,13 @@ def test_the_tokenizer_is_fts5_unicode61_with_porter_stemming():
     assert Tokenizer.get() is tokenize  # one per tokenizer setting, each thread with its own FTS5 table
 
 
+def test_a_text_tokenized_leaves_nothing_behind_for_the_next():
+    tokenize = Tokenizer.get()
+    assert tokenize("storm storm lighthouse keeper") == {"storm": 2, "lighthous": 1, "keeper": 1}
+    assert tokenize("a keeper") == {"a": 1, "keeper": 1}  # none of the text before
+    assert tokenize("") == {}
+
+
 def test_keyword_scores_are_bm25_over_the_whole_version(tmp_path, tiny_bert):
     records = corpus(60)
     index = Index.build(write_corpus(tmp_path / "c.jsonl", records), "k", tmp_path / "ix", model=str(tiny_bert),

@@ -240,6 +240,21 @@ def test_deletes_filters_and_compaction_reach_every_passage(index):
     assert compacted.snapshot.manifest.documents == 42 and compacted.check()
 
 
+def test_a_compacted_segment_whose_cut_documents_were_all_deleted_is_searched_as_before(index):
+    """Compaction keeps a segment split where every cut document was deleted: it then holds no passage at all, and
+    keyword and hybrid search still answer, as they did before the compaction."""
+    query = "A dog painted the harbour on day 3."
+    index = index.delete(["long0", "long1", "long2"]).open()
+    before = {mode: [(hit.doc_id, round(hit.score, 5), hit.span) for hit in search(index, query, k=5, mode=mode)]
+              for mode in ("hybrid", "keyword")}
+    compacted = index.compact().open()
+    segment = compacted.snapshot.segments[0]
+    assert segment.split and len(segment.passage_unit_keys) == 0
+    for mode in ("hybrid", "keyword"):
+        assert [(hit.doc_id, round(hit.score, 5), hit.span) for hit in search(compacted, query, k=5, mode=mode)] == before[mode]
+    assert len(before["keyword"]) == 5
+
+
 def test_a_title_longer_than_the_window_leaves_each_passage_half_of_it_for_text(tokenizer, tiny_bert, tmp_path):
     """With a 300-word title every passage was title only: its text never reached dense search. The title is cut
     to at most half the window, so each passage is read whole (its text, up to the other half, at a sentence's end

@@ -187,7 +187,8 @@ class KeywordSearcher:
                   parts: _Found | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each of ROWIDS' score (`store.passages.document_scores`) and best passage's key (-1 where the document
         is one passage, or no passage of it holds a query term); WHOLE, PARTS: each side's best units already read
-        and scored (a document among PARTS has its best passage there)."""
+        and scored (a document among PARTS has its best passage there: MaxScore reads every unit that can reach its
+        threshold, with a margin for float rounding, so none of its passages left out scores above the one read)."""
         if whole is None:
             document = self.document_scores(query.documents, rowids)
         else:
@@ -275,7 +276,9 @@ def _best_of_documents(segment: Segment, query: QueryMatches, number: int,
     # A document's passages are one run of units (keys ascend, grouped by document). A document that is one
     # passage has none.
     best, units = query.best_in_runs(number, *segment.unit_runs(documents))
-    keys = np.where(units >= 0, segment.passage_unit_keys[np.maximum(units, 0)], -1)
+    keys = np.full(len(units), -1, np.int64)
+    found = units >= 0  # a segment compaction left split may hold no passage unit at all
+    keys[found] = segment.passage_unit_keys[units[found]]
     at = np.searchsorted(documents, rowids)
     return best[at], keys[at]
 

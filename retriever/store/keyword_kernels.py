@@ -51,9 +51,9 @@ def scores_at(positions, counts, starts, ends, weights, k1_plus_1, norm, wanted)
 
 @_compiled
 def best_in_runs(positions, counts, starts, ends, weights, k1_plus_1, norm, lows, highs):
-    """For each run of units LOWS[r]..HIGHS[r] (ascending and disjoint, runs in ascending order), its best unit's
-    exact float32 score (`scores_at`) and that unit (the first reaching it; 0 and -1 where no unit of the run holds
-    a term)."""
+    """For each run of units LOWS[r]..HIGHS[r], its best unit's exact float32 score (`scores_at`) and that unit (the
+    first reaching it; 0 and -1 where no unit of the run holds a term). The runs must be disjoint and in ascending
+    order (`scores_at` reads each term's postings once, forward: runs out of order would be scored wrong)."""
     units = 0
     for r in range(lows.shape[0]):
         units += highs[r] - lows[r]

@@ -66,7 +66,8 @@ _OCCURRENCES_PER_CHUNK = 4_000_000
 
 class Tokenizer:
     """FTS5's tokenizer as a function: text -> {term: count}. Each thread gets its own in-memory FTS5 table (a
-    SQLite connection is one thread's); a text is inserted, its terms read back from `fts5vocab`, and removed."""
+    SQLite connection is one thread's) of one row: a text replaces the one before (FTS5 drops the old row's terms
+    from its index) and its terms are read back from `fts5vocab`."""
 
     _shared: dict[str, Tokenizer] = {}
     _lock = threading.Lock()
@@ -85,7 +86,7 @@ class Tokenizer:
     def _connection(self) -> sqlite3.Connection:
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            connection = sqlite3.connect(":memory:", isolation_level=None)  # one statement a text: no transaction
+            connection = sqlite3.connect(":memory:", isolation_level=None)  # no BEGIN: each statement commits alone
             try:
                 connection.execute(f"CREATE VIRTUAL TABLE query USING fts5(text, tokenize={_quote(self.spec)})")
             except sqlite3.OperationalError as error:
@@ -301,7 +302,7 @@ class QueryMatches:
         """The exact scores of the documents at POSITIONS of segment number SEGMENT (0 where no term occurs): each
         term's contribution looked up in its postings and added in the terms' order (float64, then float32), the
         same numbers whichever way the documents were found."""
-        # Ascending, each term's postings are searched from the last find on (a passage's runs come sorted).
+        # Ascending, each term's postings are searched from the last find on.
         ascending = np.asarray(positions, dtype=np.int32)
         order = None if bool(np.all(ascending[1:] >= ascending[:-1])) else np.argsort(ascending)
         if order is not None:
@@ -315,9 +316,9 @@ class QueryMatches:
         return scores
 
     def best_in_runs(self, segment: int, lows: np.ndarray, highs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For each run of positions LOWS[r]..HIGHS[r] of segment number SEGMENT (ascending, disjoint, in
-        ascending order), its best exact score (as `scores` gives it) and the first position reaching it (0 and -1
-        where no term occurs in the run)."""
+        """For each run of positions LOWS[r]..HIGHS[r] of segment number SEGMENT, its best exact score (as `scores`
+        gives it) and the first position reaching it (0 and -1 where no term occurs in the run). The runs must be
+        disjoint and in ascending order: each term's postings are read once, forward."""
         return _kernels().best_in_runs(*self._postings_of(segment), self.scorer.k1_plus_1,
                                        self.scorer.norms[segment], np.asarray(lows, np.int64),
                                        np.asarray(highs, np.int64))
