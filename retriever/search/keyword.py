@@ -195,14 +195,14 @@ class KeywordSearcher:
             document = _known(rowids, whole.rowids, whole.scores,
                               lambda missing: self.document_scores(query.documents, missing))
         if parts is None:
-            passage, keys, coverage = self.best_passages(query.passages, rowids)
+            passage, keys = self.best_passages(query.passages, rowids)
         else:
             passage, keys = np.zeros(len(rowids), np.float32), np.full(len(rowids), -1, np.int64)
             at, held = find_in(rowids, parts.rowids)
             passage[held], keys[held] = parts.scores[at[held]], parts.keys[at[held]]
             if not held.all():
-                passage[~held], keys[~held], _ = self.best_passages(query.passages, rowids[~held])
-            coverage = self.coverages(rowids)
+                passage[~held], keys[~held] = self.best_passages(query.passages, rowids[~held])
+        coverage = self.coverages(rowids)
         # Where it matched: its best passage (a query term in it), whichever scored higher.
         return document_scores(document, np.maximum(document, passage), coverage), keys
 
@@ -231,19 +231,17 @@ class KeywordSearcher:
                 coverage[mine] = segment.document_coverage(rowids[mine])
         return coverage
 
-    def best_passages(self, query: QueryMatches, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """QUERY's best passage of each of ROWIDS: (its BM25, its key, the document's coverage); (0, -1, 1) for a
-        document in a segment where none is cut."""
+    def best_passages(self, query: QueryMatches, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """QUERY's best passage of each of ROWIDS: (its BM25, its key); (0, -1) for a document in a segment where
+        none is cut."""
         scores = np.zeros(len(rowids), np.float32)
         keys = np.full(len(rowids), -1, np.int64)
-        coverage = np.ones(len(rowids), np.float32)
         for number, version_number in enumerate(self._split):
             segment = self.snapshot.segments[version_number]
             mine = segment.contains(rowids)
             if mine.any():
                 scores[mine], keys[mine] = _best_of_documents(segment, query, number, rowids[mine])
-                coverage[mine] = segment.document_coverage(rowids[mine])
-        return scores, keys, coverage
+        return scores, keys
 
     def null(self, query: KeywordQuery) -> tuple[float, float]:
         """The mean and standard deviation of QUERY's score over every live document (0 where no query term
