@@ -56,39 +56,53 @@ def write_corpora(folder: Path) -> dict[str, Path]:
     return {"300 short records": short, "cranfield (1,398 abstracts)": cranfield}
 
 
-def run(rounds: int) -> dict:
+def run(rounds: int, runtimes: list[str] | None = None) -> dict:
+    """Each corpus encoded and built ROUNDS times, in turns; with RUNTIMES, once on each (`--runtime`) per round,
+    in turn too, so the default build on each runtime is timed in the same run."""
     retriever = str(Path(sys.executable).parent / "retriever")
     found = {"machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
              "rounds": rounds, "corpora": []}
+    if runtimes:
+        found["runtimes"] = runtimes
     with tempfile.TemporaryDirectory(prefix="retriever-build-cost-") as folder:
         folder = Path(folder)
         for label, corpus in write_corpora(folder).items():
-            seconds = {"encode": [], "build": []}
+            seconds = {f"{step}{_suffix(runtime)}": [] for runtime in runtimes or [None]
+                       for step in ("encode", "build")}
             for number in range(rounds):
-                for step in ("encode", "build"):
-                    command = ([retriever, "encode", str(corpus), "--out", str(folder / "vectors.npy")]
-                               if step == "encode" else
-                               [retriever, "build", str(corpus), "--name", f"{corpus.stem}-{number}",
-                                "--index-dir", str(folder / "indexes")])
-                    started = time.perf_counter()
-                    done = subprocess.run(command, capture_output=True, text=True)
-                    seconds[step].append(time.perf_counter() - started)
-                    if done.returncode != 0:
-                        raise SystemExit(f"{' '.join(command)} failed: {done.stderr.strip()[-2000:]}")
+                for runtime in runtimes or [None]:
+                    chosen = ["--runtime", runtime] if runtime else []
+                    for step in ("encode", "build"):
+                        command = ([retriever, "encode", str(corpus), "--out", str(folder / "vectors.npy"), *chosen]
+                                   if step == "encode" else
+                                   [retriever, "build", str(corpus), "--name", f"{corpus.stem}-{number}",
+                                    "--index-dir", str(folder / "indexes"), "--replace", *chosen])
+                        started = time.perf_counter()
+                        done = subprocess.run(command, capture_output=True, text=True)
+                        seconds[f"{step}{_suffix(runtime)}"].append(time.perf_counter() - started)
+                        if done.returncode != 0:
+                            raise SystemExit(f"{' '.join(command)} failed: {done.stderr.strip()[-2000:]}")
             details = json.loads(subprocess.run([retriever, "info", "--name", f"{corpus.stem}-0", "--json",
                                                  "--index-dir", str(folder / "indexes")], capture_output=True,
                                                 text=True, check=True).stdout)
             checks = {"auto": details["manifest"]["calibrator"].get("decision", {}).get("check", {}),
                       "hybrid": details["hybrid"].get("evidence", {})}
-            record = {"corpus": label, "encode_s": [round(s, 2) for s in seconds["encode"]],
-                      "build_s": [round(s, 2) for s in seconds["build"]],
+            record = {"corpus": label, **{f"{name}_s": [round(s, 2) for s in values]
+                                          for name, values in seconds.items()},
                       "vectors": details["passages"], "documents": details["documents"],
                       "pseudo_queries": {name: [check.get("pseudo_queries"), check.get("planned")]
-                                         for name, check in checks.items()},
-                      "ratio": round(float(np.median(seconds["build"]) / np.median(seconds["encode"])), 2)}
+                                         for name, check in checks.items()}}
+            for runtime in runtimes or [None]:
+                record[f"ratio{_suffix(runtime)}"] = round(float(np.median(seconds[f"build{_suffix(runtime)}"])
+                                                             / np.median(seconds[f"encode{_suffix(runtime)}"])), 2)
             print(json.dumps(record), file=sys.stderr, flush=True)
             found["corpora"].append(record)
     return found
+
+
+def _suffix(runtime: str | None) -> str:
+    """The key suffix of a step's seconds on RUNTIME (none where the run named no runtime)."""
+    return f"_{runtime}" if runtime else ""
 
 
 def tokens() -> dict:
@@ -158,16 +172,25 @@ def report(paths: list[Path]) -> str:
         if "rounds" not in found:
             lines += tokens_report(found, path)
             continue
-        lines += [f"## {found.get('label', path.stem)} ({found['machine']}, {found['rounds']} rounds)", "",
-                  "| corpus | vectors / document | pseudo-queries read: auto, hybrid check (of made) | encode, s "
-                  "(median) | build, s (median) | build / encode |", "|---|---:|---|---:|---:|---:|"]
+        lines += [f"## {found.get('label', path.stem)} ({found['machine']}, {found['rounds']} rounds)", ""]
+        runtimes = found.get("runtimes") or [None]
+        lines += ["| corpus | vectors / document | pseudo-queries read: auto, hybrid check (of made) | runtime | "
+                  "encode, s (median) | build, s (median) | build / encode |", "|---|---:|---|---|---:|---:|---:|"]
         for record in found["corpora"]:
             read = record.get("pseudo_queries")
             checks = (f"{read['auto'][0]:,}, {read['hybrid'][0]:,} (of {read['auto'][1] or read['auto'][0]:,})"
                       if read and read["auto"][0] is not None else "not recorded")
             per = f"{record['vectors'] / record['documents']:.2f}" if "vectors" in record else "not recorded"
-            lines.append(f"| {record['corpus']} | {per} | {checks} | {np.median(record['encode_s']):.2f} | "
-                         f"{np.median(record['build_s']):.2f} | {record['ratio']:.2f}x |")
+            for runtime in runtimes:
+                key = _suffix(runtime)
+                lines.append(f"| {record['corpus']} | {per} | {checks} | {runtime or 'torch (the default then)'} | "
+                             f"{np.median(record['encode' + key + '_s']):.2f} | "
+                             f"{np.median(record['build' + key + '_s']):.2f} | {record['ratio' + key]:.2f}x |")
+        if len(runtimes) > 1:
+            lines += ["", "The default build on each runtime, against the first's (medians, the same run):", ""]
+            lines += [f"- {record['corpus']}: " + ", ".join(
+                f"{runtime} {np.median(record[f'build_{runtime}_s']) / np.median(record[f'build_{runtimes[0]}_s']):.2f}x"
+                for runtime in runtimes[1:]) for record in found["corpora"]]
         lines.append("")
     return "\n".join(lines)
 
@@ -175,11 +198,13 @@ def report(paths: list[Path]) -> str:
 def main() -> None:
     def run_arguments(running: argparse.ArgumentParser) -> None:
         running.add_argument("--rounds", type=int, default=3)
+        running.add_argument("--runtimes", default=None,
+                             help="comma-separated --runtime values, each timed in turn (default: none named)")
         running.add_argument("--label", default=None,
                              help="the report's heading for this run (default: the file's name)")
 
     def measured(args: argparse.Namespace) -> dict:
-        found = run(args.rounds)
+        found = run(args.rounds, args.runtimes.split(",") if args.runtimes else None)
         return {**found, "label": args.label} if args.label else found
 
     study_main(__file__, __doc__, report, run=(run_arguments, measured),

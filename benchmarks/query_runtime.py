@@ -3,6 +3,7 @@ CPU (`runtime="auto"`) where it used to take PyTorch; this checks that it gives 
 it saves where users wait.
 
     python benchmarks/query_runtime.py agree --out benchmarks/results/query_runtime/agree_minilm.json
+    python benchmarks/query_runtime.py documents --out benchmarks/results/query_runtime/documents_minilm.json
     python benchmarks/query_runtime.py p50 --out benchmarks/results/query_runtime/p50_cpu.json
     python benchmarks/query_runtime.py cli --index-dir /tmp/runtime-indexes --out benchmarks/results/query_runtime/cli_cpu.json
     python benchmarks/query_runtime.py codes --codes ../before,. --index-dir /tmp/flow-indexes \\
@@ -12,12 +13,14 @@ it saves where users wait.
 
 `agree`: the 14 labeled tasks; each query encoded alone (as a search encodes it) by PyTorch and by ONNX Runtime: the
 lowest cosine between the two, and nDCG@10 of the default search (a default build, documents encoded by PyTorch)
-with either's query vectors. `p50`: one default index of Cranfield's abstracts, opened three times in one process,
-as `Index.open(name, runtime="torch")` (the old default), `Index.open(name)` and `Index.open(name)` with ONNX
-Runtime's workers sleeping between operators (the settings shipped before they spun within a run); its questions
-searched one at a time through `Index.search`, the three taking turns query by query, quiet and then beside a busy
-loop taking one core. `codes`: a one-off `retriever search` of two checkouts in turn on one index (by default
-calibrated by a flow, which each checkout's code maps its own way), and whether each imported torch.
+with either's query vectors. `documents`: the same tasks built and searched end to end on each runtime, documents
+too (a build encodes them on ONNX Runtime by default since issue 56's documents change). `p50`: one default index
+of Cranfield's abstracts, opened three times in one process, as `Index.open(name, runtime="torch")` (the old
+default), `Index.open(name)` and `Index.open(name)` with ONNX Runtime's workers sleeping between operators (the
+settings shipped before they spun within a run); its questions searched one at a time through `Index.search`, the
+three taking turns query by query, quiet and then beside a busy loop taking one core. `codes`: a one-off
+`retriever search` of two checkouts in turn on one index (by default calibrated by a flow, which each checkout's
+code maps its own way), and whether each imported torch.
 """
 
 from __future__ import annotations
@@ -80,6 +83,43 @@ def agree(model: str, seed: int) -> dict:
                 runs = search_runs(rset, documents.encode, documents, "auto", {"default": {}}, seed,
                                    embed_queries=lambda _texts, vectors=vectors: vectors)
             record[runtime] = round(evaluate_run(runs["default"], rset.qrels, rset.ignore_identical)["ndcg@10"], 2)
+        print(json.dumps(record), file=sys.stderr, flush=True)
+        found["tasks"].append(record)
+    return found
+
+
+def agree_documents(model: str, seed: int) -> dict:
+    """The 14 labeled tasks built and searched end to end on each runtime: every text (documents, passages, auto's
+    pseudo-queries, queries) encoded by that runtime's encoder, in batches as a build encodes them, nothing read
+    from the disk cache; the lowest cosine between the two runtimes' document vectors and nDCG@10 of each's default
+    search."""
+    from retriever.encode.encoder import Encoder
+    from retriever.evaluation.cache import CachedEncoder
+    from retriever.evaluation.data import resolve_data_dir
+    from retriever.evaluation.retrieval import evaluate_run, search_runs
+    from retriever.evaluation.retrieval_tasks import RETRIEVAL_TASKS
+
+    data = resolve_data_dir()
+    encoders = {runtime: Encoder(model_path(model), device="cpu", runtime=runtime) for runtime in ("torch", "onnx")}
+    found = {"model": model, "seed": seed, "documents": True, "tasks": []}
+    for name in DEV + HELD_OUT:
+        rset = RETRIEVAL_TASKS[name].load(data)
+        texts = [f"{title} {text}".strip() if title else text for title, text in rset.corpus.values()]
+        record = {"task": name, "documents": len(texts), "queries": len(rset.queries)}
+        vectors, seconds = {}, {}
+        for runtime, encoder in encoders.items():
+            cached = CachedEncoder(encoder)  # in memory: each text encoded once per runtime
+            started = time.perf_counter()
+            vectors[runtime] = cached.encode(texts)
+            seconds[runtime] = round(time.perf_counter() - started, 2)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                runs = search_runs(rset, cached.encode, cached, "auto", {"default": {}}, seed)
+            record[runtime] = round(evaluate_run(runs["default"], rset.qrels, rset.ignore_identical)["ndcg@10"], 2)
+        by_torch, by_onnx = vectors["torch"], vectors["onnx"]
+        cosines = np.sum(by_torch * by_onnx, axis=1) / (np.linalg.norm(by_torch, axis=1)
+                                                       * np.linalg.norm(by_onnx, axis=1))
+        record.update(min_cosine=float(cosines.min()), mean_cosine=float(cosines.mean()), encode_s=seconds)
         print(json.dumps(record), file=sys.stderr, flush=True)
         found["tasks"].append(record)
     return found
@@ -314,6 +354,27 @@ def report(files: list[Path]) -> str:
                          if "calibrator" in found else "") + ".", "",
                       "| --runtime torch, s | --runtime onnx, s | --runtime auto (the default), s |", "|---:|---:|---:|",
                       f"| {taken['torch']:.2f} | {taken['onnx']:.2f} | {taken['auto']:.2f} |", ""]
+        elif found.get("documents"):
+            lines += [f"## Documents on the fastest runtime: same vectors, same rankings ({found['model']}, "
+                      f"`{path.name}`)", "",
+                      "Command: `python benchmarks/query_runtime.py documents`. Each task built and searched end to "
+                      "end on each runtime: every text (documents, passages, auto's pseudo-queries, the queries) "
+                      "encoded by that runtime in batches, as a build encodes, none read from the disk cache; the "
+                      "lowest cosine between the two runtimes' document vectors; nDCG@10 x100 of each's default "
+                      "search of a default build; seconds encoding the documents.", "",
+                      "| task | documents | lowest cosine | nDCG@10: torch | onnx | difference | encode s: torch | "
+                      "onnx |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            for task in found["tasks"]:
+                lines.append(f"| {task['task']} | {task['documents']:,} | {task['min_cosine']:.7f} | "
+                             f"{task['torch']:.2f} | {task['onnx']:.2f} | {task['onnx'] - task['torch']:+.2f} | "
+                             f"{task['encode_s']['torch']:.2f} | {task['encode_s']['onnx']:.2f} |")
+            worst_cosine = min(task["min_cosine"] for task in found["tasks"])
+            worst = max(abs(task["onnx"] - task["torch"]) for task in found["tasks"])
+            total = {runtime: sum(task["encode_s"][runtime] for task in found["tasks"]) for runtime in ("torch", "onnx")}
+            lines += ["", f"Lowest cosine over every document of the {len(found['tasks'])} tasks: {worst_cosine:.7f}; "
+                      f"largest nDCG@10 difference: {worst:.2f}; encoding every task's documents: "
+                      f"{total['onnx']:.1f} s on ONNX Runtime against {total['torch']:.1f} s on PyTorch "
+                      f"({total['onnx'] / total['torch']:.2f}x).", ""]
         elif "tasks" in found:
             lines += [f"## Same vectors, same rankings ({found['model']}, `{path.name}`)", "",
                       "Command: `python benchmarks/query_runtime.py agree`. Each query encoded alone by PyTorch and "
@@ -375,6 +436,7 @@ def main() -> None:
                    args.model, args.index_dir, [Path(code) for code in args.codes.split(",")], args.rounds,
                    args.calibrator)),
                agree=(agree_arguments, lambda args: agree(args.model, args.seed)),
+               documents=(agree_arguments, lambda args: agree_documents(args.model, args.seed)),
                p50=(p50_arguments, lambda args: p50(args.model)),
                cli=(cli_arguments, lambda args: one_off(args.model, args.index_dir, calibrator=args.calibrator)))
 

@@ -86,6 +86,7 @@ def bench(
     device: options.Device = "auto",
     dtype: options.Dtype = "fp32",
     batch_size: options.BatchSize = None,
+    runtime: options.Runtime = "auto",
     cache_dir: Annotated[
         Optional[Path], typer.Option("--cache-dir", help="where encoded sentences are kept "
                                      + default("$RETRIEVER_CACHE, else ~/.cache/retriever/embeddings"))
@@ -114,7 +115,7 @@ def bench(
     from retriever.evaluation.cache import CachedEncoder, resolve_cache_dir
     from retriever.progress import stderr_console
 
-    encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
+    encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size, runtime=runtime)
     cached = CachedEncoder(encoder, None if no_cache else resolve_cache_dir(cache_dir))
     log = lambda line: stderr_console.print(terminal_safe(line), markup=False, highlight=False)  # noqa: E731
     report = run_benchmark(plan, cached, progress=True, log=log)

@@ -177,6 +177,7 @@ def build(
     device: options.Device = "auto",
     dtype: options.Dtype = "fp32",
     batch_size: options.BatchSize = None,
+    runtime: options.Runtime = "auto",
     encoding: options.Encoding = "utf-8",
     index_dir: options.IndexDir = None,
     engine: Annotated[str, typer.Option(
@@ -240,7 +241,8 @@ def build(
         layers=layers, max_length=max_length,
         calibrator=calibrator, calibrator_options={"seed": seed} if seed is not None else None, fit_sample=fit_sample,
         index_type=index_type, index_options={"opq": True} if opq else None, device=device, dtype=dtype,
-        batch_size=batch_size, encoding=encoding, resume=not fresh, progress=True, fit_queries=fit_queries,
+        batch_size=batch_size, runtime=runtime, encoding=encoding, resume=not fresh, progress=True,
+        fit_queries=fit_queries,
         replace=replace, passages=PassageSettings(passage_window, passage_overlap, enabled=passages),
         vector_spans=vector_spans, folder=_folder_options(corpus, include, exclude, strict, corpus_files),
     )

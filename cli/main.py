@@ -51,6 +51,7 @@ def encode(
     device: options.Device = "auto",
     dtype: options.Dtype = "fp32",
     batch_size: options.BatchSize = None,
+    runtime: options.Runtime = "auto",
     encoding: options.Encoding = "utf-8",
 ) -> None:
     """Encode FILE into a (documents x dim) float32 .npy, row i for document i.
@@ -64,7 +65,7 @@ def encode(
     if out.suffix != ".npy":
         raise RetrieverError(f"--out must end in .npy (got {out})")
     total = count_documents(file, encoding)  # a bad corpus fails here, before the model loads
-    encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size)
+    encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size, runtime=runtime)
     interrupts.on_interrupt(f"{out} is incomplete; re-run the same command to resume")
     result = encode_corpus(file, out, encoder, encoding=encoding, total=total, progress=True)
     truncated = (f", {counted(result.truncated, 'text')} truncated at {encoder.max_length} tokens"

@@ -16,7 +16,7 @@ TEXTS = ["A man is playing a guitar.", "Short.", "The committee discussed the bu
 @pytest.mark.parametrize("pooling, layers", [("last-avg", None), ("cls", None), ("first-last-avg", None),
                                              ("last2-avg", None), (None, "0,2")])
 def test_onnx_runtime_matches_torch_for_every_pooling(tiny_bert, pooling, layers):
-    torch_encoder = Encoder(str(tiny_bert), pooling, layers, device="cpu", batch_size=3)
+    torch_encoder = Encoder(str(tiny_bert), pooling, layers, device="cpu", batch_size=3, runtime="torch")
     onnx_encoder = Encoder(str(tiny_bert), pooling, layers, device="cpu", batch_size=3, runtime="onnx")
     assert onnx_encoder.runtime == "onnx" and torch_encoder.runtime == "torch"
     expected = torch_encoder.encode(TEXTS)
@@ -129,8 +129,8 @@ def test_a_fused_graph_that_disagrees_is_not_kept(tiny_bert, tmp_path, monkeypat
     monkeypatch.setattr(onnx_runtime, "_FUSED_AGREEMENT", 1.5)  # no cosine reaches it: every fused graph disagrees
     onnx_encoder = Encoder(str(tiny_bert), device="cpu", runtime="onnx")
     assert "Attention" not in _kept_operators(tmp_path / "graphs")
-    np.testing.assert_allclose(onnx_encoder.encode(TEXTS), Encoder(str(tiny_bert), device="cpu").encode(TEXTS),
-                               atol=1e-5)
+    expected = Encoder(str(tiny_bert), device="cpu", runtime="torch").encode(TEXTS)
+    np.testing.assert_allclose(onnx_encoder.encode(TEXTS), expected, atol=1e-5)
 
 
 def test_a_model_whose_plain_attention_does_not_trace_exports_as_it_is_and_one_that_does_not_trace_is_refused(
@@ -149,7 +149,8 @@ def test_a_model_whose_plain_attention_does_not_trace_exports_as_it_is_and_one_t
     monkeypatch.setattr(torch.onnx, "export", first_fails)
     encoder = Encoder(str(tiny_bert), device="cpu", runtime="onnx")
     assert len(calls) == 2 and "Attention" not in _kept_operators(tmp_path / "graphs")
-    np.testing.assert_allclose(encoder.encode(TEXTS), Encoder(str(tiny_bert), device="cpu").encode(TEXTS), atol=1e-5)
+    expected = Encoder(str(tiny_bert), device="cpu", runtime="torch").encode(TEXTS)
+    np.testing.assert_allclose(encoder.encode(TEXTS), expected, atol=1e-5)
 
     def never(*args, **kwargs):
         raise RuntimeError("no tracing this")
@@ -159,3 +160,7 @@ def test_a_model_whose_plain_attention_does_not_trace_exports_as_it_is_and_one_t
     with pytest.raises(RetrieverError, match=r"^this model cannot run on ONNX Runtime \(RuntimeError: no tracing "
                                              r"this\); use runtime='torch'$"):
         Encoder(str(tiny_bert), device="cpu", runtime="onnx")
+    # The default takes the faster runtime where it can run: a model ONNX Runtime cannot take is encoded by PyTorch.
+    fallback = Encoder(str(tiny_bert), device="cpu")
+    assert fallback.runtime == "torch"
+    np.testing.assert_allclose(fallback.encode(TEXTS), expected, atol=1e-6)

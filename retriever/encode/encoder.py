@@ -55,12 +55,14 @@ class Encoder:
         device: str | None = "auto",
         dtype: str = "fp32",
         batch_size: int | None = None,
-        runtime: str = "torch",
+        runtime: str = "auto",
         cap_max_length: bool = False,
     ):
-        """BATCH_SIZE: texts per forward pass; None: `default_batch_size` for the device. CAP_MAX_LENGTH: take a
-        MAX_LENGTH above the model's positions as the model's limit instead of refusing it (for settings recorded
-        before the limit was checked, see `from_config`)."""
+        """BATCH_SIZE: texts per forward pass; None: `default_batch_size` for the device. RUNTIME: where the
+        forward pass runs (`retriever.encode.runtimes`; auto: ONNX Runtime on a CPU in float32, PyTorch elsewhere
+        or where the model cannot be exported). CAP_MAX_LENGTH: take a MAX_LENGTH above the model's positions as
+        the model's limit instead of refusing it (for settings recorded before the limit was checked, see
+        `from_config`)."""
         if dtype not in DTYPES:
             raise RetrieverError(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}", parameter="dtype")
         if batch_size is not None and batch_size < 1:
@@ -91,16 +93,24 @@ class Encoder:
         # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"); the model's forward
         # pass is. The server encodes searches and writes on different threads, so tokenizing takes turns.
         self._tokenizer_lock = threading.Lock()
-        # Where the forward pass runs (`retriever.encode.runtimes`): ONNX Runtime (float32, CPU) where asked for gives
-        # the same numbers with less overhead per call.
+        # Where the forward pass runs (`retriever.encode.runtimes`): ONNX Runtime (float32, CPU) gives the same
+        # numbers with less overhead per call and faster kernels for a batch (benchmarks/results/README.md,
+        # "Documents on the fastest runtime"); auto falls back to PyTorch for a model it cannot export.
         self.runtime = resolve_runtime(runtime, str(self.device), dtype)
         self._rows_that_fit = sys.maxsize  # below the smallest batch the GPU had no memory for
-        self._forward = RUNTIMES[self.runtime](self.model, self.pooling, self.num_hidden_layers, self._input_names,
-                                               self.device)
+        try:
+            self._forward = RUNTIMES[self.runtime](self.model, self.pooling, self.num_hidden_layers,
+                                                   self._input_names, self.device)
+        except Exception:  # noqa: BLE001 - under auto, whatever keeps ONNX Runtime from taking the model
+            if runtime != "auto" or self.runtime == "torch":
+                raise
+            self.runtime = "torch"
+            self._forward = RUNTIMES["torch"](self.model, self.pooling, self.num_hidden_layers, self._input_names,
+                                              self.device)
 
     @classmethod
     def from_config(cls, config: dict, device: str | None = "auto", batch_size: int | None = None,
-                    runtime: str = "torch") -> Encoder:
+                    runtime: str = "auto") -> Encoder:
         """Rebuild the exact encoder recorded in an index manifest or a benchmark result.
 
         A recorded max_length above the model's positions (an index built before that was refused) is capped at

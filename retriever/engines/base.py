@@ -74,6 +74,7 @@ class BuildSpec:
     device: str = "auto"
     dtype: str = "fp32"
     batch_size: int | None = None  # None: the encoder's default for its device
+    runtime: str = "auto"  # the encoder's forward pass (`retriever.encode.runtimes`)
     encoding: str = "utf-8"
     fit_queries: str | Path | Sequence[str] | np.ndarray | None = None
     passages: PassageSettings = field(default_factory=PassageSettings)

@@ -241,7 +241,7 @@ class LocalEngine(BuildEngine):
 
         spec = self.spec
         return Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, spec.device, spec.dtype,
-                       spec.batch_size)
+                       spec.batch_size, runtime=spec.runtime)
 
     def encode(self, writer: IndexWriter, encoder: Encoder) -> tuple[VectorSource, int]:
         clock = time.perf_counter()

@@ -243,7 +243,7 @@ class RayEngine(BuildEngine):
         # The driver loads the model too: it resolves the config every actor rebuilds (max_length, dim), checks the
         # model exists before a cluster spends anything, and encodes --fit-queries.
         self._encoder = Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, device="cpu",
-                                dtype=spec.dtype if spec.dtype != "fp16" else "fp32")
+                                dtype=spec.dtype if spec.dtype != "fp16" else "fp32", runtime=spec.runtime)
         self.timings["load_model"] = time.perf_counter() - clock
         ray = self._ray = import_ray()
         clock = time.perf_counter()
@@ -309,7 +309,7 @@ class RayEngine(BuildEngine):
                 max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS,
                 fn_constructor_kwargs={"config": self.encoder_config(encoder), "shard_dir": str(self._shard_dir),
                                        "threads": plan.cpus, "device": "cuda" if plan.gpus else "cpu",
-                                       "batch_size": self.spec.batch_size,
+                                       "batch_size": self.spec.batch_size, "runtime": self.spec.runtime,
                                        "passages": self.passages_record(encoder)},
             )
         shards, truncated, self._vectors = [], 0, 0

@@ -132,7 +132,7 @@ class EncodeWorker:
     ({"shard": first row id, "rows", "vectors", "truncated"}), so only counts travel back."""
 
     def __init__(self, config: dict, shard_dir: str, device: str = "auto", threads: int | None = None,
-                 batch_size: int | None = None, passages: dict | None = None):
+                 batch_size: int | None = None, passages: dict | None = None, runtime: str = "auto"):
         where = f"on {socket.gethostname()}"
         if not Path(shard_dir).is_dir():
             raise RetrieverError(f"{where}: {shard_dir} is not there; the index folder must be on storage every "
@@ -145,7 +145,7 @@ class EncodeWorker:
         from retriever.encode.passages import PassageCutter, PassageSettings
 
         try:
-            self.encoder = Encoder.from_config(config, device=device, batch_size=batch_size)
+            self.encoder = Encoder.from_config(config, device=device, batch_size=batch_size, runtime=runtime)
         except RetrieverError as error:  # typically the model is not on this node
             raise RetrieverError(f"{where}: {error}") from None
         self.cutter = (PassageCutter(self.encoder.tokenizer, PassageSettings.from_record(passages),
