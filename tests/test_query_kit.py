@@ -158,3 +158,25 @@ def test_a_server_answers_searches_from_the_kit_and_loads_the_model_at_the_first
             added = client.post("/indexes/notes/documents", json={"documents": [{"_id": f"new{number}", "text": "x"}]})
             assert added.status_code == 201, added.text
         assert loads == [1]  # the first write loaded the model; the second, on a newer version, shares it
+
+
+def test_a_build_on_the_cpu_leaves_the_kit_its_first_search_encodes_with(tiny_bert, tmp_path, monkeypatch):
+    import pytest
+
+    from retriever.corpus import Document
+    from retriever.index import Index
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    documents = [Document(f"d{number}", text, None, "notes", number + 1) for number, text in enumerate(TEXTS)]
+    Index.build(documents, "kit", tmp_path / "indexes", model=str(model), max_length=32, device="cpu",
+                calibrator="none")
+    index = Index.open("kit", tmp_path / "indexes", device="cpu")
+    assert QueryKitEncoder.open(index.snapshot.manifest.encoder) is not None
+    with monkeypatch.context() as patch:  # the kit encodes the query: no model is loaded
+        patch.setattr(Encoder, "__init__", lambda *args, **kwargs: pytest.fail("the search loaded the model"))
+        assert index.search(["how do I read a file"], k=1)[0][0].doc_id == "d0"
+    # Built on PyTorch, the build leaves no kit: a kit is written only where the graph it names is kept.
+    Index.build(documents, "torch", tmp_path / "other", model=str(model), max_length=16, device="cpu",
+                calibrator="none", runtime="torch")
+    assert QueryKitEncoder.open(Index.open("torch", tmp_path / "other").snapshot.manifest.encoder) is None

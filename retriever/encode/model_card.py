@@ -112,6 +112,11 @@ class DeferredEncoder:
     def config(self) -> dict:
         return dict(self._record)
 
+    def keep_query_kit(self, record: dict) -> None:
+        """`Encoder.keep_query_kit`, where the encoder was loaded (nothing where it never had to be)."""
+        if self._encoder is not None:
+            self._encoder.keep_query_kit(record)
+
     def encoder(self) -> Encoder:
         if self._encoder is None:
             encoder = self._load()

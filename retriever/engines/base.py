@@ -231,6 +231,11 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
                                 passages=engine.passages_record(encoder), hybrid=hybrid, **engine.manifest_extras())
         final = writer.commit(manifest)
         timings["write"] = time.perf_counter() - clock
+    # An encoder that ran on ONNX Runtime leaves the kit a search needs to encode queries without loading the model
+    # (`encode.query_kit`): the first search after a build starts as fast as any later one.
+    keep_query_kit = getattr(encoder, "keep_query_kit", None)
+    if keep_query_kit is not None:
+        keep_query_kit(manifest.encoder)
     cut, passages = written_passages(final, [segment[0] for segment in segments])
     return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
                          notes, version=writer.manifest.version, cut=cut, passages=passages)
