@@ -88,11 +88,14 @@ def agree(model: str, seed: int) -> dict:
     return found
 
 
-def agree_documents(model: str, seed: int) -> dict:
-    """The 14 labeled tasks built and searched end to end on each runtime: every text (documents, passages, auto's
-    pseudo-queries, queries) encoded by that runtime's encoder, in batches as a build encodes them, nothing read
-    from the disk cache; the lowest cosine between the two runtimes' document vectors and nDCG@10 of each's default
-    search."""
+def agree_documents(model: str, seed: int, tasks: list[str] | None = None,
+                    control_batches: list[int] | None = None) -> dict:
+    """The labeled tasks (TASKS: those named; default all 14) built and searched end to end on each runtime: every
+    text (documents, passages, auto's pseudo-queries, queries) encoded by that runtime's encoder, in batches as a
+    build encodes them, nothing read from the disk cache; the lowest cosine between the two runtimes' document
+    vectors and nDCG@10 of each's default search. CONTROL_BATCHES: the same on PyTorch at each of these batch sizes
+    too, whose padding moves the vectors' last bits as a runtime does: what float rounding alone does to a task
+    whose calibrator is fitted (a flow's fit carries such differences into its map)."""
     from retriever.encode.encoder import Encoder
     from retriever.evaluation.cache import CachedEncoder
     from retriever.evaluation.data import resolve_data_dir
@@ -101,12 +104,15 @@ def agree_documents(model: str, seed: int) -> dict:
 
     data = resolve_data_dir()
     encoders = {runtime: Encoder(model_path(model), device="cpu", runtime=runtime) for runtime in ("torch", "onnx")}
+    for batch in control_batches or []:
+        encoders[f"torch, batch {batch}"] = Encoder(model_path(model), device="cpu", runtime="torch",
+                                                    batch_size=batch)
     found = {"model": model, "seed": seed, "documents": True, "tasks": []}
-    for name in DEV + HELD_OUT:
+    for name in tasks or DEV + HELD_OUT:
         rset = RETRIEVAL_TASKS[name].load(data)
         texts = [f"{title} {text}".strip() if title else text for title, text in rset.corpus.values()]
         record = {"task": name, "documents": len(texts), "queries": len(rset.queries)}
-        vectors, seconds = {}, {}
+        vectors, seconds, calibrators = {}, {}, {}
         for runtime, encoder in encoders.items():
             cached = CachedEncoder(encoder)  # in memory: each text encoded once per runtime
             started = time.perf_counter()
@@ -114,15 +120,23 @@ def agree_documents(model: str, seed: int) -> dict:
             seconds[runtime] = round(time.perf_counter() - started, 2)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                runs = search_runs(rset, cached.encode, cached, "auto", {"default": {}}, seed)
+                runs = search_runs(rset, cached.encode, cached, "auto", {"default": {}}, seed,
+                                   on_snapshot=lambda snapshot, runtime=runtime: calibrators.__setitem__(
+                                       runtime, _chosen(snapshot.manifest.calibrator)))
             record[runtime] = round(evaluate_run(runs["default"], rset.qrels, rset.ignore_identical)["ndcg@10"], 2)
         by_torch, by_onnx = vectors["torch"], vectors["onnx"]
         cosines = np.sum(by_torch * by_onnx, axis=1) / (np.linalg.norm(by_torch, axis=1)
                                                        * np.linalg.norm(by_onnx, axis=1))
-        record.update(min_cosine=float(cosines.min()), mean_cosine=float(cosines.mean()), encode_s=seconds)
+        record.update(min_cosine=float(cosines.min()), mean_cosine=float(cosines.mean()), encode_s=seconds,
+                      calibrators=calibrators)
         print(json.dumps(record), file=sys.stderr, flush=True)
         found["tasks"].append(record)
     return found
+
+
+def _chosen(calibrator: dict) -> str:
+    """The calibrator a manifest's CALIBRATOR record holds: auto's choice, or the one named."""
+    return calibrator.get("decision", {}).get("chosen", {}).get("name", calibrator.get("name"))
 
 
 def _timed(indexes: dict, queries: list[str], turn: int = 1) -> dict[str, float]:
@@ -354,20 +368,32 @@ def report(files: list[Path]) -> str:
                          if "calibrator" in found else "") + ".", "",
                       "| --runtime torch, s | --runtime onnx, s | --runtime auto (the default), s |", "|---:|---:|---:|",
                       f"| {taken['torch']:.2f} | {taken['onnx']:.2f} | {taken['auto']:.2f} |", ""]
-        elif found.get("documents"):
+        elif found.get("documents") is True:
+            controls = [key for key in found["tasks"][0] if key.startswith("torch, batch")]
             lines += [f"## Documents on the fastest runtime: same vectors, same rankings ({found['model']}, "
                       f"`{path.name}`)", "",
-                      "Command: `python benchmarks/query_runtime.py documents`. Each task built and searched end to "
-                      "end on each runtime: every text (documents, passages, auto's pseudo-queries, the queries) "
-                      "encoded by that runtime in batches, as a build encodes, none read from the disk cache; the "
-                      "lowest cosine between the two runtimes' document vectors; nDCG@10 x100 of each's default "
-                      "search of a default build; seconds encoding the documents.", "",
-                      "| task | documents | lowest cosine | nDCG@10: torch | onnx | difference | encode s: torch | "
-                      "onnx |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                      "Command: `python benchmarks/query_runtime.py documents`"
+                      + (f" (`--tasks ... --control-batches {','.join(key.rpartition(' ')[2] for key in controls)}`)"
+                         if controls else "") + ". Each task built and searched end to end on each runtime: every "
+                      "text (documents, passages, auto's pseudo-queries, the queries) encoded by that runtime in "
+                      "batches, as a build encodes, none read from the disk cache; the lowest cosine between the two "
+                      "runtimes' document vectors; nDCG@10 x100 of each's default search of a default build; "
+                      "seconds encoding the documents."
+                      + (" Controls: PyTorch at other batch sizes, whose padding moves the vectors' last bits as "
+                         "another runtime does (float rounding alone), against PyTorch at the default batch size."
+                         if controls else ""), "",
+                      "| task | documents | lowest cosine | nDCG@10: torch | onnx | difference | "
+                      + "".join(f"{key}: difference | " for key in controls) + "encode s: torch | onnx |",
+                      "|---|---:|---:|---:|---:|---:|" + "---:|" * len(controls) + "---:|---:|"]
             for task in found["tasks"]:
                 lines.append(f"| {task['task']} | {task['documents']:,} | {task['min_cosine']:.7f} | "
                              f"{task['torch']:.2f} | {task['onnx']:.2f} | {task['onnx'] - task['torch']:+.2f} | "
-                             f"{task['encode_s']['torch']:.2f} | {task['encode_s']['onnx']:.2f} |")
+                             + "".join(f"{task[key] - task['torch']:+.2f} | " for key in controls)
+                             + f"{task['encode_s']['torch']:.2f} | {task['encode_s']['onnx']:.2f} |")
+            if "calibrators" in found["tasks"][0]:
+                lines += ["", "Calibrator each build chose: " + "; ".join(
+                    f"{task['task']}: " + ", ".join(f"{runtime} {name}" for runtime, name in task["calibrators"].items())
+                    for task in found["tasks"]) + "."]
             worst_cosine = min(task["min_cosine"] for task in found["tasks"])
             worst = max(abs(task["onnx"] - task["torch"]) for task in found["tasks"])
             total = {runtime: sum(task["encode_s"][runtime] for task in found["tasks"]) for runtime in ("torch", "onnx")}
@@ -416,6 +442,12 @@ def main() -> None:
         agreeing.add_argument("--model", default="minilm")
         agreeing.add_argument("--seed", type=int, default=0)
 
+    def documents_arguments(documents: argparse.ArgumentParser) -> None:
+        agree_arguments(documents)
+        documents.add_argument("--tasks", default=None, help="comma-separated labeled tasks (default: all 14)")
+        documents.add_argument("--control-batches", default=None,
+                               help="comma-separated batch sizes PyTorch also encodes at (float rounding alone)")
+
     def p50_arguments(timing: argparse.ArgumentParser) -> None:
         timing.add_argument("--model", default="minilm")
 
@@ -436,7 +468,9 @@ def main() -> None:
                    args.model, args.index_dir, [Path(code) for code in args.codes.split(",")], args.rounds,
                    args.calibrator)),
                agree=(agree_arguments, lambda args: agree(args.model, args.seed)),
-               documents=(agree_arguments, lambda args: agree_documents(args.model, args.seed)),
+               documents=(documents_arguments, lambda args: agree_documents(
+                   args.model, args.seed, args.tasks.split(",") if args.tasks else None,
+                   [int(batch) for batch in args.control_batches.split(",")] if args.control_batches else None)),
                p50=(p50_arguments, lambda args: p50(args.model)),
                cli=(cli_arguments, lambda args: one_off(args.model, args.index_dir, calibrator=args.calibrator)))
 
