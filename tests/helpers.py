@@ -109,11 +109,11 @@ def build_notes(index_dir: Path, model: Path, count: int, name: str = "notes", p
 
 
 def encoder_of(index):
-    """A new instance of the encoder INDEX records, on PyTorch: what a build encodes with, so its vectors are the
-    stored ones bit for bit (`Index.search` encodes queries with ONNX Runtime on a CPU, to ~1e-7 of these)."""
+    """A new instance of the encoder INDEX records, on the default runtime: what a build encodes with (ONNX Runtime
+    on a CPU), so its vectors are the stored ones bit for bit."""
     from retriever.index import load_encoder
 
-    return load_encoder(index.snapshot, runtime="torch")
+    return load_encoder(index.snapshot)
 
 
 def embed(index, texts: list[str]):
