@@ -1,10 +1,13 @@
 """Encoder throughput: our `Encoder` against sentence-transformers' `encode`, same process, same everything.
 
 Same model folder, texts (real STS-B sentences, or a corpus's documents with --texts), max_length, batch size,
-device and dtype. Each side is warmed up, then timed `--repeats` times alternately; the best run is reported.
+device and dtype; ours on its default runtime (`--runtime`: ONNX Runtime on a CPU in fp32, as builds encode), theirs
+on PyTorch. Each side is warmed up, then timed `--repeats` times alternately; the best run is reported.
 JSON on stdout.
 
     python benchmarks/encode_speed.py                                # all-MiniLM-L6-v2, CPU, fp32 and bf16
+    python benchmarks/encode_speed.py --texts ../shared/data/ir-classic/cranfield/corpus.jsonl --sentences 400 \
+        --max-length 256 --dtypes fp32 --repeats 2          # documents: Cranfield's abstracts
     python benchmarks/encode_speed.py --random-model ../shared/models/bert-base-uncased-config --device cuda \
         --texts passages.jsonl.gz --max-length 256 --batch-sizes 128,512 --dtypes fp32,fp16
 
@@ -72,8 +75,8 @@ def timed(fn, sentences) -> tuple[float, np.ndarray]:
     return time.perf_counter() - start, vectors
 
 
-def measure(folder, sentences, max_length, device, dtype, batch_size, repeats) -> dict:
-    ours = Encoder(folder, max_length=max_length, device=device, dtype=dtype, batch_size=batch_size)
+def measure(folder, sentences, max_length, device, dtype, batch_size, repeats, runtime="auto") -> dict:
+    ours = Encoder(folder, max_length=max_length, device=device, dtype=dtype, batch_size=batch_size, runtime=runtime)
     peer = sentence_transformer(folder, max_length, str(ours.device), DTYPES[dtype])
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -100,6 +103,7 @@ def measure(folder, sentences, max_length, device, dtype, batch_size, repeats) -
     return {
         "dtype": dtype,
         "batch_size": batch_size,
+        "ours_runtime": ours.runtime,
         "ours_sentences_per_s": round(ours_rate, 1),
         "sentence_transformers_sentences_per_s": round(peer_rate, 1),
         "ratio": round(ours_rate / peer_rate, 3),
@@ -125,12 +129,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--runtime", default="auto", choices=("auto", "torch", "onnx"),
+                        help="our encoder's runtime [default: auto, what builds use: onnx on a CPU in fp32]")
     args = parser.parse_args()
 
     folder = random_model_folder(args.random_model) if args.random_model else (args.model or str(default_model_path()))
     sentences = (corpus_texts(args.texts, args.sentences) if args.texts else
                  get_task("stsb").all_sentences(resolve_data_dir(args.data_dir))[: args.sentences])
-    runs = [measure(folder, sentences, args.max_length, args.device, dtype, int(batch_size), args.repeats)
+    runs = [measure(folder, sentences, args.max_length, args.device, dtype, int(batch_size), args.repeats,
+                    args.runtime)
             for dtype in args.dtypes.split(",") for batch_size in args.batch_sizes.split(",")]
     fp32 = next((run["vectors"] for run in runs if run["dtype"] == "fp32"), None)
     for run in runs:
