@@ -36,10 +36,13 @@ from retriever.encode.tokenizing import (
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Tokenize this many texts at a time: bounds memory on big corpora while sorting still removes most padding.
 TOKENIZE_CHUNK = 16384
-# Texts per forward pass when none is asked for. A CPU gains nothing from larger batches; a GPU at 64 spends its
-# time launching kernels for small matrices (benchmarks/results/gpu.md, "The encoder's batch size"). A GPU that
-# lacks the memory for a batch encodes it in halves (`Encoder._forward_in_memory`).
+# Texts per forward pass when none is asked for. A CPU gains nothing from larger batches, and ONNX Runtime encodes
+# long texts faster in smaller ones (each pads to its longest; benchmarks/results/README.md, "Documents on the
+# fastest runtime"); a GPU at 64 spends its time launching kernels for small matrices (benchmarks/results/gpu.md,
+# "The encoder's batch size"). A GPU that lacks the memory for a batch encodes it in halves
+# (`Encoder._forward_in_memory`).
 CPU_BATCH_SIZE = 64
+ONNX_CPU_BATCH_SIZE = 32
 GPU_BATCH_SIZE = 512
 
 
@@ -72,7 +75,11 @@ class Encoder:
         self.pooling = Pooling.parse(pooling, layers)
         self.device = resolve_device(device)
         self.dtype = dtype
-        self.batch_size = batch_size or default_batch_size(self.device)
+        # Where the forward pass runs (`retriever.encode.runtimes`): ONNX Runtime (float32, CPU) gives the same
+        # numbers with less overhead per call and faster kernels for a batch (benchmarks/results/README.md,
+        # "Documents on the fastest runtime"); auto falls back to PyTorch for a model it cannot export (below).
+        self.runtime = resolve_runtime(runtime, str(self.device), dtype)
+        self.batch_size = batch_size or default_batch_size(self.device, self.runtime)
         loaded = load_model(model)
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
@@ -93,10 +100,6 @@ class Encoder:
         # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"); the model's forward
         # pass is. The server encodes searches and writes on different threads, so tokenizing takes turns.
         self._tokenizer_lock = threading.Lock()
-        # Where the forward pass runs (`retriever.encode.runtimes`): ONNX Runtime (float32, CPU) gives the same
-        # numbers with less overhead per call and faster kernels for a batch (benchmarks/results/README.md,
-        # "Documents on the fastest runtime"); auto falls back to PyTorch for a model it cannot export.
-        self.runtime = resolve_runtime(runtime, str(self.device), dtype)
         self._rows_that_fit = sys.maxsize  # below the smallest batch the GPU had no memory for
         try:
             self._forward = RUNTIMES[self.runtime](self.model, self.pooling, self.num_hidden_layers,
@@ -300,9 +303,11 @@ class _Prefetched:
         self._thread.join()
 
 
-def default_batch_size(device: torch.device) -> int:
-    """Texts per forward pass on DEVICE when none is asked for."""
-    return GPU_BATCH_SIZE if device.type == "cuda" else CPU_BATCH_SIZE
+def default_batch_size(device: torch.device, runtime: str = "torch") -> int:
+    """Texts per forward pass on DEVICE, the forward pass on RUNTIME, when none is asked for."""
+    if device.type == "cuda":
+        return GPU_BATCH_SIZE
+    return ONNX_CPU_BATCH_SIZE if runtime == "onnx" else CPU_BATCH_SIZE
 
 
 TOKENIZER_WORKERS_ENV = "RETRIEVER_TOKENIZER_WORKERS"
