@@ -41,6 +41,24 @@ def test_encode_writes_vectors_and_settings(tmp_path, tiny_bert):
     assert record["encoder"]["layers"] == [0, 3] and record["encoder"]["max_length"] == 16
 
 
+def test_encode_runs_on_either_runtime_with_the_same_vectors(tmp_path, tiny_bert):
+    """On a CPU the default (auto) encodes on ONNX Runtime, as builds do; --runtime torch keeps PyTorch; the two
+    agree to float rounding, and a runtime that cannot run here is one line."""
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("A man plays a guitar.\nA woman slices an onion.\nDogs run in the park all day long.\n")
+    vectors = {}
+    for runtime in ("auto", "torch"):
+        out = tmp_path / f"{runtime}.npy"
+        done = run_cli("encode", corpus, "--out", out, "--model", tiny_bert, "--device", "cpu", "--runtime", runtime)
+        assert done.returncode == 0, done.stderr
+        vectors[runtime] = np.load(out)
+    np.testing.assert_allclose(vectors["auto"], vectors["torch"], atol=1e-5)
+    done = run_cli("encode", corpus, "--out", tmp_path / "bf16.npy", "--model", tiny_bert, "--device", "cpu",
+                   "--dtype", "bf16", "--runtime", "onnx")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "error: the onnx runtime computes in fp32; use --runtime torch for bf16 or fp16"
+
+
 def test_encode_missing_file_is_one_line_and_nonzero(tmp_path):
     done = run_cli("encode", tmp_path / "missing.txt", "--out", tmp_path / "v.npy")
     assert done.returncode == 1
