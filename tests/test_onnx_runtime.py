@@ -162,5 +162,5 @@ def test_a_model_whose_plain_attention_does_not_trace_exports_as_it_is_and_one_t
         Encoder(str(tiny_bert), device="cpu", runtime="onnx")
     # The default takes the faster runtime where it can run: a model ONNX Runtime cannot take is encoded by PyTorch.
     fallback = Encoder(str(tiny_bert), device="cpu")
-    assert fallback.runtime == "torch"
+    assert fallback.runtime == "torch" and fallback.batch_size == 64  # PyTorch's batch size, not ONNX Runtime's
     np.testing.assert_allclose(fallback.encode(TEXTS), expected, atol=1e-6)

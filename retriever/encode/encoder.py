@@ -79,7 +79,6 @@ class Encoder:
         # numbers with less overhead per call and faster kernels for a batch (benchmarks/results/README.md,
         # "Documents on the fastest runtime"); auto falls back to PyTorch for a model it cannot export (below).
         self.runtime = resolve_runtime(runtime, str(self.device), dtype)
-        self.batch_size = batch_size or default_batch_size(self.device, self.runtime)
         loaded = load_model(model)
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
@@ -92,8 +91,6 @@ class Encoder:
         self._input_names = [name for name in self.tokenizer.model_input_names if name != "attention_mask"]
         self._pad_id = self.tokenizer.pad_token_id or 0
         self._direct_inputs = set(self._input_names) <= set(ENCODING_FIELDS)
-        self._settings = TokenizerSettings(self.max_length, self.tokenizer.truncation_side, self.batch_size,
-                                           tuple(self._input_names), self._pad_id)
         # Processes tokenizing ahead of a GPU (`encode_chunks`), started by the first encode of several chunks.
         self.tokenizer_workers = tokenizer_workers(self.device)
         self._pool: TokenizerPool | None = None
@@ -110,6 +107,10 @@ class Encoder:
             self.runtime = "torch"
             self._forward = RUNTIMES["torch"](self.model, self.pooling, self.num_hidden_layers, self._input_names,
                                               self.device)
+        # The batch size suits the runtime that runs (PyTorch where auto fell back).
+        self.batch_size = batch_size or default_batch_size(self.device, self.runtime)
+        self._settings = TokenizerSettings(self.max_length, self.tokenizer.truncation_side, self.batch_size,
+                                           tuple(self._input_names), self._pad_id)
 
     @classmethod
     def from_config(cls, config: dict, device: str | None = "auto", batch_size: int | None = None,

@@ -235,7 +235,10 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
     # (`encode.query_kit`): the first search after a build starts as fast as any later one.
     keep_query_kit = getattr(encoder, "keep_query_kit", None)
     if keep_query_kit is not None:
-        keep_query_kit(manifest.encoder)
+        try:
+            keep_query_kit(manifest.encoder)
+        except Exception:  # noqa: BLE001 - the version is committed; a kit only saves the next search time
+            pass
     cut, passages = written_passages(final, [segment[0] for segment in segments])
     return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
                          notes, version=writer.manifest.version, cut=cut, passages=passages)

@@ -42,6 +42,7 @@ import numpy as np
 from retriever.calibration import Calibrator
 from retriever.corpus import iter_corpus
 from retriever.encode.encoder import Encoder
+from retriever.encode.runtimes import resolve_runtime
 from retriever.engines.base import BuildEngine
 from retriever.engines.workers import (
     SHARDS,
@@ -258,6 +259,8 @@ class RayEngine(BuildEngine):
             self._plan = plan = plan_workers(options, resources.get("CPU", 0), resources.get("GPU", 0), local)
             if spec.device.startswith("cuda") and not plan.gpus:
                 raise RetrieverError(f"{param('device', spec.device)}: the Ray cluster has no GPU")
+            # The actors' runtime, refused here in one line rather than by every actor (onnx on a GPU, in fp16).
+            resolve_runtime(spec.runtime, "cuda" if plan.gpus else "cpu", spec.dtype)
             self.timings["start_cluster"] = time.perf_counter() - clock
             if self.progress:
                 stderr_console.print(f"ray: {plan.describe()} on {_nodes(ray)}; batches of {options.batch_rows:,} "

@@ -421,7 +421,7 @@ class _Embedder:
     serialisation. MODEL: a Hugging Face name or a local folder (default: the embedded all-MiniLM-L6-v2, which
     needs no download); POOLING, MAX_LENGTH, DEVICE and BATCH_SIZE as `retriever build` takes them."""
 
-    runtime = "torch"  # documents: what a build encodes with
+    runtime = "auto"  # documents: as a build encodes them (ONNX Runtime on a CPU)
 
     def __init__(self, model: str | None = None, pooling: str = "last-avg", max_length: int | None = None,
                  device: str = "auto", batch_size: int | None = None):
