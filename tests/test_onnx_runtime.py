@@ -153,6 +153,7 @@ def test_a_model_whose_plain_attention_does_not_trace_exports_as_it_is_and_one_t
     np.testing.assert_allclose(encoder.encode(TEXTS), expected, atol=1e-5)
 
     def never(*args, **kwargs):
+        calls.append(1)
         raise RuntimeError("no tracing this")
 
     monkeypatch.setattr(torch.onnx, "export", never)
@@ -160,7 +161,13 @@ def test_a_model_whose_plain_attention_does_not_trace_exports_as_it_is_and_one_t
     with pytest.raises(RetrieverError, match=r"^this model cannot run on ONNX Runtime \(RuntimeError: no tracing "
                                              r"this\); use runtime='torch'$"):
         Encoder(str(tiny_bert), device="cpu", runtime="onnx")
+    # The refusal is kept: the model is not traced again (until the libraries or the model change).
+    traced = len(calls)
+    with pytest.raises(RetrieverError, match=r"^this model cannot run on ONNX Runtime \(RuntimeError: no tracing "
+                                             r"this\); use runtime='torch'$"):
+        Encoder(str(tiny_bert), device="cpu", runtime="onnx")
     # The default takes the faster runtime where it can run: a model ONNX Runtime cannot take is encoded by PyTorch.
     fallback = Encoder(str(tiny_bert), device="cpu")
+    assert len(calls) == traced
     assert fallback.runtime == "torch" and fallback.batch_size == 64  # PyTorch's batch size, not ONNX Runtime's
     np.testing.assert_allclose(fallback.encode(TEXTS), expected, atol=1e-6)

@@ -12,7 +12,8 @@ is made from (the weights themselves, the model's config, the pooling, the torch
 so a changed model or library is a new entry, never a stale one, and a one-off search does not pay the export's
 seconds. Where the folder cannot be written, the graph is exported in memory each time. The kept graph has each
 layer's attention, layer norms and GELU fused into ONNX Runtime's own kernels where its optimizer knows the
-architecture (BERT and its kin) and the fused graph's vectors agree with the plain one's; else the plain graph.
+architecture (BERT and its kin) and the fused graph's vectors agree with the plain one's; else the plain graph. A
+model the exporter cannot trace leaves its refusal under the same digest, so it is not traced again on every load.
 """
 
 from __future__ import annotations
@@ -97,7 +98,16 @@ class OnnxForward:
             except Exception:  # noqa: BLE001 - a damaged entry (a full disk, a crash mid-copy): made anew below
                 cached.unlink(missing_ok=True)
         if self.session is None:
-            graph = _export(wrapper, model, self.input_names)
+            # A model the exporter could not trace with these libraries is not traced again on every load (auto
+            # falls back to PyTorch each time): the refusal is kept beside where its graph would be.
+            refused = cached.with_suffix(".refused")
+            if refused.is_file():
+                raise _refusal(refused.read_text(encoding="utf-8").strip())
+            try:
+                graph = _export(wrapper, model, self.input_names)
+            except _ExportFailed as failure:
+                _keep(refused, failure.detail.encode("utf-8"))
+                raise _refusal(failure.detail) from None
             _keep(cached, graph)
             self.session = onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
             self.graph_path = cached if cached.is_file() else None
@@ -109,7 +119,7 @@ class OnnxForward:
 
 def _export(wrapper: _Pooled, model: torch.nn.Module, input_names: list[str]) -> bytes:
     """WRAPPER (MODEL with its pooling) as an ONNX graph taking int64 token arrays of any batch and length, its
-    attention fused where ONNX Runtime can (`_fused`)."""
+    attention fused where ONNX Runtime can (`_fused`); `_ExportFailed` where the exporter cannot trace it."""
     example = torch.ones((1, 4), dtype=torch.int64)
     names = ["attention_mask", *input_names]
     # PyTorch's fused attention (`sdpa`) exports as a pattern ONNX Runtime's optimizer does not recognise, the plain
@@ -129,9 +139,20 @@ def _export(wrapper: _Pooled, model: torch.nn.Module, input_names: list[str]) ->
             failure = error
         finally:
             model.eval()  # the exporter restores the wrapper's mode recursively; the model must stay in eval
-    raise RetrieverError(f"this model cannot run on ONNX Runtime ({type(failure).__name__}: "
-                         f"{str(failure).splitlines()[0] if str(failure) else ''}); use "
-                         f"{param('runtime', 'torch')}") from None
+    raise _ExportFailed(f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}")
+
+
+class _ExportFailed(Exception):
+    """The exporter could not trace the model; DETAIL says how (its error's type and first line)."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+def _refusal(detail: str) -> RetrieverError:
+    """The error for a model the exporter could not trace (DETAIL: how)."""
+    return RetrieverError(f"this model cannot run on ONNX Runtime ({detail}); use {param('runtime', 'torch')}")
 
 
 @contextmanager
