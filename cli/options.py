@@ -68,7 +68,8 @@ Runtime = Annotated[str, typer.Option(
     "its graph is kept a search loads no model at all); auto: onnx on a CPU in fp32 when onnxruntime is installed "
     "and can take the model, else torch")]
 BatchSize = Annotated[Optional[int], typer.Option(
-    "--batch-size", help="texts per forward pass " + default("32 on a CPU on ONNX Runtime, 64 on PyTorch, 512 on a GPU"))]
+    "--batch-size",
+    help="texts per forward pass " + default("32 on a CPU on ONNX Runtime, 64 on PyTorch, 512 on a GPU"))]
 IndexName = Annotated[
     Optional[str],
     typer.Option("--name", "-n", help="index name " + default("the only index, or for search/info the latest built")),

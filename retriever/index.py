@@ -358,8 +358,8 @@ class Index:
         with the same encoder settings continues from its last finished chunk. ENCODER: an already loaded
         encoder, used instead of loading the one MODEL/POOLING/LAYERS/MAX_LENGTH/DTYPE name (many builds, one
         model). RUNTIME: where the encoder's forward pass runs (`retriever.encode.runtimes`; auto: ONNX Runtime on a
-        CPU, PyTorch on a GPU). FIT_QUERIES: a file of example queries (.txt, one per line, or BEIR queries.jsonl), a list of
-        them, or their raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled
+        CPU, PyTorch on a GPU). FIT_QUERIES: a file of example queries (.txt, one per line, or BEIR
+        queries.jsonl), a list of them, or their raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled
         (ignored with a prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster
         (`retriever.engines.ray_build`, set up by RAY_OPTIONS, a `RayOptions`); a failed build then starts over
         rather than resuming. PASSAGES: how documents longer than
@@ -379,7 +379,8 @@ class Index:
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
                          calibrator_options=calibrator_options, fit_sample=fit_sample, index_type=index_type,
                          index_options=index_options, device=device, dtype=dtype, batch_size=batch_size,
-                         runtime=runtime, encoding=encoding, fit_queries=fit_queries, passages=passages or PassageSettings())
+                         runtime=runtime, encoding=encoding, fit_queries=fit_queries,
+                         passages=passages or PassageSettings())
         if engine == "ray":
             if isinstance(corpus, (list, tuple)):
                 raise RetrieverError("the ray engine reads corpus files; build from a list of documents with the "
