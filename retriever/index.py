@@ -359,8 +359,8 @@ class Index:
         encoder, used instead of loading the one MODEL/POOLING/LAYERS/MAX_LENGTH/DTYPE name (many builds, one
         model). RUNTIME: where the encoder's forward pass runs (`retriever.encode.runtimes`; auto: ONNX Runtime on a
         CPU, PyTorch on a GPU). FIT_QUERIES: a file of example queries (.txt, one per line, or BEIR
-        queries.jsonl), a list of them, or their raw vectors; the calibrator is fitted on the documents' sample plus these, unlabeled
-        (ignored with a prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster
+        queries.jsonl), a list of them, or their raw vectors; the calibrator is fitted on the documents' sample
+        plus these, unlabeled (ignored with a prefitted calibrator). ENGINE "ray" runs the build on a Ray cluster
         (`retriever.engines.ray_build`, set up by RAY_OPTIONS, a `RayOptions`); a failed build then starts over
         rather than resuming. PASSAGES: how documents longer than
         the encoder reads are cut into passages, a vector each (default `PassageSettings()`: windows of the
