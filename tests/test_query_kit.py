@@ -180,3 +180,41 @@ def test_a_build_on_the_cpu_leaves_the_kit_its_first_search_encodes_with(tiny_be
     Index.build(documents, "torch", tmp_path / "other", model=str(model), max_length=16, device="cpu",
                 calibrator="none", runtime="torch")
     assert QueryKitEncoder.open(Index.open("torch", tmp_path / "other").snapshot.manifest.encoder) is None
+
+
+def test_a_build_from_vectors_encodes_its_texts_from_the_kit_and_loads_no_model(tiny_bert, tmp_path, monkeypatch):
+    import pytest
+
+    from retriever.encode.model_card import DeferredEncoder
+    from retriever.index import Index
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    record = {**_record(model), "dim": 32}
+    texts = TEXTS * 3
+    expected, cut = _full_encoder(record).encode_counting_truncated(texts)
+    deferred = DeferredEncoder(record, lambda: pytest.fail("the model was loaded"),
+                               kit=lambda: QueryKitEncoder.open(record))
+    vectors, truncated = deferred.encode_counting_truncated(texts)
+    assert np.array_equal(vectors, expected) and truncated == cut == 3 and not deferred.loaded
+    # A build from vectors with a kit kept: its pseudo-queries and the hybrid check's queries come from the kit.
+    documents = [{"id": f"d{number}", "text": f"note {number} on {topic}. It tells how {topic} works in practice, "
+                  f"and why {topic} matters to anyone who cares about {number % 7}."}
+                 for number, topic in enumerate(["tea", "rain", "ships", "maps", "bees"] * 24)]
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps(document) + "\n" for document in documents))
+    np.save(tmp_path / "vectors.npy", _full_encoder(record).encode([d["text"] for d in documents]))
+    with monkeypatch.context() as patch:
+        patch.setattr(Encoder, "__init__", lambda *args, **kwargs: pytest.fail("the build loaded the model"))
+        summary = Index.build(corpus, "kit", tmp_path / "indexes", vectors=tmp_path / "vectors.npy",
+                              model=str(model), max_length=32, device="cpu")
+    manifest = json.loads((Path(summary.folder) / "manifest.json").read_text())
+    assert manifest["calibrator"]["decision"]["check"]["pseudo_queries"] >= 50
+    # Asked for another batch size than the kit's, the build loads the model (other batches, other last bits).
+    loads = []
+    original = Encoder.__init__
+    monkeypatch.setattr(Encoder, "__init__", lambda self, *args, **kwargs: (loads.append(1),
+                                                                            original(self, *args, **kwargs))[1])
+    Index.build(corpus, "batch", tmp_path / "indexes", vectors=tmp_path / "vectors.npy", model=str(model),
+                max_length=32, device="cpu", batch_size=5)
+    assert loads == [1]

@@ -25,6 +25,7 @@ from retriever.encode.runtimes import RUNTIMES, resolve_runtime
 from retriever.encode.query_kit import keep_kit
 from retriever.encode.tokenizing import (
     ENCODING_FIELDS,
+    TOKENIZE_CHUNK,
     TokenizedBatch,
     TokenizedTexts,
     TokenizerPool,
@@ -34,8 +35,6 @@ from retriever.encode.tokenizing import (
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Tokenize this many texts at a time: bounds memory on big corpora while sorting still removes most padding.
-TOKENIZE_CHUNK = 16384
 # Texts per forward pass when none is asked for. A CPU gains nothing from larger batches, and ONNX Runtime encodes
 # long texts faster in smaller ones (each pads to its longest; benchmarks/results/README.md, "Documents on the
 # fastest runtime"); a GPU at 64 spends its time launching kernels for small matrices (benchmarks/results/gpu.md,

@@ -4,7 +4,8 @@ A build from precomputed vectors (`--vectors`) encodes nothing, unless it makes 
 queries; it still needs the encoder's record for the manifest (model, pooling, layers, max_length, dtype, dim) and
 the dimension to check the vectors against. Loading the model for that costs seconds and hundreds of MB (torch,
 transformers, the weights): here the same record comes from `config.json`, `sentence_bert_config.json` and
-`tokenizer_config.json`, and `DeferredEncoder` loads the real encoder only when text is encoded.
+`tokenizer_config.json`, and `DeferredEncoder` loads the real encoder only when text is encoded, or encodes from the
+query kit an earlier run of the same encoder left (`query_kit`) and loads nothing.
 
 The record must equal what `Encoder(...).config()` gives (the tests compare them). Where the files do not say
 enough to be sure (a model type whose position count is not known here, a hub name not in the local cache) there
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from retriever.encode.encoder import Encoder
+    from retriever.encode.query_kit import QueryKitEncoder
 
 # Model types whose usable positions are known from config.json alone: how many of max_position_embeddings the
 # model's own embeddings leave usable (RoBERTa-style models count positions from padding_idx + 1, BERT's from 0;
@@ -96,12 +98,19 @@ class ModelCard:
 class DeferredEncoder:
     """An encoder known by its record, loaded on first encode. `dim`, `model_name` and `config()` answer from the
     model card; `encode`, `encode_chunks` and `encode_counting_truncated` load the encoder LOAD makes, check that
-    its record is the card's, and go on with it."""
+    its record is the card's, and go on with it. KIT: what opens the query kit kept for the record
+    (`query_kit.QueryKitEncoder.open`, None where there is none), where the encoder LOAD makes would run on ONNX
+    Runtime on the CPU: `encode` and `encode_counting_truncated` then encode from the kit, the same vectors without
+    loading torch's weights or transformers (a build from vectors encodes only its pseudo-queries and their
+    targets: seconds of loading for a few thousand short texts)."""
 
-    def __init__(self, record: dict, load: Callable[[], Encoder]):
+    def __init__(self, record: dict, load: Callable[[], Encoder],
+                 kit: Callable[[], QueryKitEncoder | None] | None = None):
         self._record = record
         self._load = load
         self._encoder: Encoder | None = None
+        self._open_kit = kit
+        self._kit: QueryKitEncoder | None = None
         self.dim: int = record["dim"]
         self.model_name: str = record["model"]
 
@@ -127,11 +136,19 @@ class DeferredEncoder:
         return self._encoder
 
     def encode(self, texts: Sequence[str], progress: bool = False, description: str = "Encoding") -> np.ndarray:
-        return self.encoder().encode(texts, progress=progress, description=description)
+        return self._texts_encoder().encode(texts, progress=progress, description=description)
 
     def encode_counting_truncated(self, texts: Sequence[str], progress: bool = False,
                                   description: str = "Encoding") -> tuple[np.ndarray, int]:
-        return self.encoder().encode_counting_truncated(texts, progress=progress, description=description)
+        return self._texts_encoder().encode_counting_truncated(texts, progress=progress, description=description)
+
+    def _texts_encoder(self) -> Encoder | QueryKitEncoder:
+        """What encodes a list of texts: the kit, where one is kept and the encoder is not loaded; else the encoder."""
+        if self._open_kit is not None:  # looked for once
+            self._kit, self._open_kit = self._open_kit(), None
+        if self._kit is not None and self._encoder is None:
+            return self._kit
+        return self.encoder()
 
     def encode_chunks(self, chunks: Iterable[Sequence[str]], **options):
         return self.encoder().encode_chunks(chunks, **options)

@@ -20,12 +20,13 @@ import json
 import os
 import tempfile
 import threading
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from retriever.encode.tokenizing import TokenizerSettings, backend_tokens, padded_batches
+from retriever.encode.tokenizing import TOKENIZE_CHUNK, TokenizerSettings, backend_tokens, padded_batches
 
 # 2: kits name fused graphs (`onnx_runtime._fused`); a kit of 1 names a plain graph, and is passed over so the next
 # full load keeps one that names the faster graph.
@@ -196,15 +197,36 @@ class QueryKitEncoder:
             return None
 
     def encode(self, texts, progress: bool = False, description: str = "Encoding") -> np.ndarray:
+        return self.encode_counting_truncated(texts, progress, description)[0]
+
+    def encode_counting_truncated(self, texts, progress: bool = False,
+                                  description: str = "Encoding") -> tuple[np.ndarray, int]:
+        """Vectors (n, dim) float32 in input order, and how many texts were cut at max_length: in the batches the
+        full encoder makes of them (`tokenizing.TOKENIZE_CHUNK`), so the same vectors."""
         texts = list(texts)
-        with self._tokenizer_lock:
-            tokens, truncated = backend_tokens(self.backend, texts, self.settings)
         output = np.empty((len(texts), self.dim), dtype=np.float32)
-        for batch in padded_batches(texts, tokens, truncated, self.settings).batches:
-            feed = {"attention_mask": batch.attention_mask,
-                    **{name: batch.inputs[name] for name in self.settings.input_names}}
-            output[batch.rows] = self.session.run(["vectors"], feed)[0]
-        return output
+        truncated = 0
+        with _progress(description, len(texts), progress) as advance:
+            for first in range(0, len(texts), TOKENIZE_CHUNK):
+                chunk = texts[first : first + TOKENIZE_CHUNK]
+                with self._tokenizer_lock:
+                    tokens, chunk_truncated = backend_tokens(self.backend, chunk, self.settings)
+                truncated += chunk_truncated
+                for batch in padded_batches(chunk, tokens, chunk_truncated, self.settings).batches:
+                    feed = {"attention_mask": batch.attention_mask,
+                            **{name: batch.inputs[name] for name in self.settings.input_names}}
+                    output[first + batch.rows] = self.session.run(["vectors"], feed)[0]
+                    advance(len(batch.rows))
+        return output, truncated
 
     def close(self) -> None:
         """Nothing to release but the session, which goes with the object."""
+
+
+def _progress(description: str, total: int, enabled: bool):
+    """`progress.progress_bar` where ENABLED; else a no-op, without importing rich (a query's path stays light)."""
+    if enabled:
+        from retriever.progress import progress_bar
+
+        return progress_bar(description, total=total)
+    return nullcontext(lambda rows: None)

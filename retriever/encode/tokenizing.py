@@ -17,6 +17,10 @@ from retriever.processes import spawn_context, start_worker
 
 # Model inputs read straight off a fast tokenizer's encodings: input name -> Encoding field.
 ENCODING_FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids"}
+# Tokenize this many texts at a time: bounds memory on big corpora while sorting still removes most padding. Every
+# encoder of texts (`Encoder`, `QueryKitEncoder`) pads in batches within chunks of this many, so the same texts make
+# the same batches, and so the same vectors to the last bit, whichever encodes them.
+TOKENIZE_CHUNK = 16384
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
 from retriever.encode.device import resolve_device
 from retriever.encode.model_card import DeferredEncoder, ModelCard
+from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
 from retriever.engines.stages import (
     CHUNK_ROWS,
     BuildState,
@@ -228,13 +229,26 @@ class LocalEngine(BuildEngine):
             card = ModelCard.read(spec.model)
             if card is not None:
                 record = card.encoder_config(spec.pooling, spec.layers, spec.max_length, spec.dtype)
-                self.encoder = DeferredEncoder(record, self._new_encoder)
+                self.encoder = DeferredEncoder(record, self._new_encoder, kit=self._query_kit(record))
         encoder = self.encoder = self.encoder or self._new_encoder()
         source = self._source
         if source is not None and source.dim != encoder.dim:
             raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; {encoder.model_name} "
                                  f"gives {encoder.dim}")
         return encoder
+
+    def _query_kit(self, record: dict) -> Callable[[], QueryKitEncoder | None] | None:
+        """What opens the query kit kept for the encoder RECORD, where the spec's encoder would run on ONNX Runtime
+        on the CPU (`query_kit.kit_may_serve`): None where it would not. A kit made with another batch size than the
+        spec asks for is not used (other batches, other last bits)."""
+        spec = self.spec
+        if not kit_may_serve(record, spec.device, spec.runtime):
+            return None
+
+        def open_kit() -> QueryKitEncoder | None:
+            kit = QueryKitEncoder.open(record)
+            return kit if kit is not None and spec.batch_size in (None, kit.settings.batch_size) else None
+        return open_kit
 
     def _new_encoder(self) -> Encoder:
         from retriever.encode.encoder import Encoder
