@@ -365,15 +365,19 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
         signal.signal(signal.SIGINT, signal.default_int_handler)
         import retriever.index as index
         from retriever.encode.encoder import Encoder
+        from retriever.encode.query_kit import QueryKitEncoder
         build = index.Index.build.__func__
         index.Index.build = classmethod(lambda cls, *a, **k: build(cls, *a, **{{**k, "chunk_rows": 8}}))
-        encode, calls = Encoder.encode_tokenized, [0]
-        def interrupted(self, tokenized, *args):
-            calls[0] += 1
-            if calls[0] == 3:
-                os.kill(os.getpid(), signal.SIGINT)
-            return encode(self, tokenized, *args)
-        Encoder.encode_tokenized = interrupted
+        calls = [0]
+        def interrupted(encode):  # by the model or from its kit, whichever encodes
+            def encode_tokenized(self, tokenized, *args):
+                calls[0] += 1
+                if calls[0] == 3:
+                    os.kill(os.getpid(), signal.SIGINT)
+                return encode(self, tokenized, *args)
+            return encode_tokenized
+        for encoder in (Encoder, QueryKitEncoder):
+            encoder.encode_tokenized = interrupted(encoder.encode_tokenized)
         sys.argv = ["retriever", "build", {str(corpus)!r}, "--model", {str(tiny_bert)!r}, "--calibrator", "none",
                     "--replace"]
         from cli.main import main

@@ -160,6 +160,7 @@ def test_sync_makes_exactly_the_folders_changes_and_leaves_untouched_files_unrea
     import shutil
 
     from retriever.encode.encoder import Encoder
+    from retriever.encode.query_kit import QueryKitEncoder
     from retriever.index import Index
 
     mine = tmp_path / "mine"
@@ -174,10 +175,10 @@ def test_sync_makes_exactly_the_folders_changes_and_leaves_untouched_files_unrea
     (mine / "notes" / "plants.md").write_text("# Plants\n\nFerns prefer the shade under the old walnut tree.\n")
     (mine / "site" / "extra.html").write_text("<p>excluded by the build's pattern</p>")
     encoded = []
-    original = Encoder.encode_tokenized
-    monkeypatch.setattr(Encoder, "encode_tokenized",
-                        lambda self, tokenized, *a, **k: (encoded.extend(tokenized.texts), original(self, tokenized,
-                                                                                                  *a, **k))[1])
+    for encoder in (Encoder, QueryKitEncoder):  # by the model or from its kit, whichever encodes
+        monkeypatch.setattr(encoder, "encode_tokenized",
+                            lambda self, tokenized, *a, original=encoder.encode_tokenized, **k:
+                            (encoded.extend(tokenized.texts), original(self, tokenized, *a, **k))[1])
     synced = cli("sync", "mine", "--index-dir", home)
     assert synced.returncode == 0, synced.stderr
     assert "to version 2: 1 added, 1 changed, 1 deleted, 4 unchanged (not read again)" in synced.stderr

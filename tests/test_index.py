@@ -361,8 +361,10 @@ def test_txt_documents_from_two_files_keep_apart(tmp_path, tiny_bert):
 
 def test_a_plain_folder_in_the_way_is_refused_before_encoding(tmp_path, corpus, monkeypatch):
     from retriever.encode.encoder import Encoder
+    from retriever.encode.query_kit import QueryKitEncoder
 
-    monkeypatch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("encoded before refusing"))
+    for encoder in (Encoder, QueryKitEncoder):  # neither the model nor its kit
+        monkeypatch.setattr(encoder, "__init__", lambda *a, **k: pytest.fail("encoded before refusing"))
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.md").write_text("the user's own files")
     with pytest.raises(RetrieverError, match="plain folder"):
@@ -373,8 +375,10 @@ def test_a_plain_folder_in_the_way_is_refused_before_encoding(tmp_path, corpus, 
 
 def test_duplicate_ids_in_a_corpus_fail_before_the_model_loads(tmp_path, monkeypatch):
     from retriever.encode.encoder import Encoder
+    from retriever.encode.query_kit import QueryKitEncoder
 
-    monkeypatch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("loaded the model before refusing"))
+    for encoder in (Encoder, QueryKitEncoder):  # neither the model nor its kit
+        monkeypatch.setattr(encoder, "__init__", lambda *a, **k: pytest.fail("loaded the model before refusing"))
     corpus = tmp_path / "dups.jsonl"
     corpus.write_text('{"_id": "a", "text": "x"}\n{"_id": "b", "text": "y"}\n{"_id": "a", "text": "z"}\n')
     with pytest.raises(RetrieverError, match=r"dups.jsonl: duplicate ids: 'a' \(lines 1 and 3\)"):

@@ -87,9 +87,11 @@ def held_lock(tmp_path):
 def test_a_build_refuses_at_once_while_another_process_writes_the_index(tmp_path, tiny_bert, held_lock,
                                                                          monkeypatch):
     from retriever.encode.encoder import Encoder
+    from retriever.encode.query_kit import QueryKitEncoder
 
     corpus = write_jsonl(tmp_path / "c.jsonl", DOCS)
-    monkeypatch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("loaded the model before refusing"))
+    for encoder in (Encoder, QueryKitEncoder):  # neither the model nor its kit
+        monkeypatch.setattr(encoder, "__init__", lambda *a, **k: pytest.fail("loaded the model before refusing"))
     started = time.perf_counter()
     with pytest.raises(RetrieverError) as refused:
         Index.build(corpus, "busy", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu")

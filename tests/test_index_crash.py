@@ -246,17 +246,21 @@ def test_a_build_killed_at_any_step_finishes_when_run_again(tmp_path, tiny_bert,
 
 @pytest.fixture()
 def encoded_texts(monkeypatch) -> list[str]:
-    """Every text the encoder is given from now on, in order."""
+    """Every text encoded from now on, in order: by the model, or from its kit (`encode.query_kit`: a build on the
+    CPU encodes from the kit an earlier build of the same encoder left)."""
     from retriever.encode.encoder import Encoder
+    from retriever.encode.query_kit import QueryKitEncoder
 
     texts: list[str] = []
-    original = Encoder.encode_tokenized
 
-    def counting(self, tokenized, *args, **kwargs):
-        texts.extend(tokenized.texts)
-        return original(self, tokenized, *args, **kwargs)
+    def counting(original):
+        def encode_tokenized(self, tokenized, *args, **kwargs):
+            texts.extend(tokenized.texts)
+            return original(self, tokenized, *args, **kwargs)
+        return encode_tokenized
 
-    monkeypatch.setattr(Encoder, "encode_tokenized", counting)
+    for encoder in (Encoder, QueryKitEncoder):
+        monkeypatch.setattr(encoder, "encode_tokenized", counting(encoder.encode_tokenized))
     return texts
 
 

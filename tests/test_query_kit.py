@@ -218,3 +218,33 @@ def test_a_build_from_vectors_encodes_its_texts_from_the_kit_and_loads_no_model(
     Index.build(corpus, "batch", tmp_path / "indexes", vectors=tmp_path / "vectors.npy", model=str(model),
                 max_length=32, device="cpu", batch_size=5)
     assert loads == [1]
+
+
+def test_a_build_of_texts_on_the_cpu_encodes_from_the_kit_with_the_vectors_and_passages_of_the_model(tiny_bert,
+                                                                                                      tmp_path,
+                                                                                                      monkeypatch):
+    import pytest
+
+    from retriever.index import Index
+    from tests.helpers import long_text, search_vectors, sentences, with_long
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    docs = with_long(sentences(40), every=8)  # every 8th document longer than the 32 tokens read: cut
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": key, "text": text}) + "\n" for key, text in docs.items()))
+    settings = dict(model=str(model), max_length=32, device="cpu", calibrator="none")
+    Index.build(corpus, "first", tmp_path / "indexes", **settings)  # loads the model, leaves the kit
+    with monkeypatch.context() as patch:
+        patch.setattr(Encoder, "__init__", lambda *args, **kwargs: pytest.fail("the build loaded the model"))
+        Index.build(corpus, "kit", tmp_path / "indexes", **settings)
+    first, kit = (Index.open(name, tmp_path / "indexes", device="cpu") for name in ("first", "kit"))
+    assert first.snapshot.segments[0].split and len(first) == len(kit) == 40
+    probes = np.random.default_rng(0).standard_normal((5, 32)).astype(np.float32)
+    probes /= np.linalg.norm(probes, axis=1, keepdims=True)
+    # Every passage vector the same to the last bit, and every passage the same span.
+    for a, b in zip(search_vectors(first, probes, k=80), search_vectors(kit, probes, k=80)):
+        assert np.array_equal(a, b)
+    hits = [index.search([long_text(7)[:200]], k=3)[0] for index in (first, kit)]
+    assert [(h.doc_id, h.score, h.passage, h.span) for h in hits[0]] == \
+        [(h.doc_id, h.score, h.passage, h.span) for h in hits[1]]

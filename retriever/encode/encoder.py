@@ -7,7 +7,6 @@ batching cheap), run under `torch.inference_mode`, pooled, and put back in input
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
 import weakref
@@ -24,8 +23,12 @@ from retriever.progress import progress_bar
 from retriever.encode.runtimes import RUNTIMES, resolve_runtime
 from retriever.encode.query_kit import keep_kit
 from retriever.encode.tokenizing import (
+    CPU_BATCH_SIZE,
     ENCODING_FIELDS,
+    GPU_BATCH_SIZE,
+    ONNX_CPU_BATCH_SIZE,
     TOKENIZE_CHUNK,
+    Prefetched,
     TokenizedBatch,
     TokenizedTexts,
     TokenizerPool,
@@ -35,14 +38,6 @@ from retriever.encode.tokenizing import (
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Texts per forward pass when none is asked for. A CPU gains nothing from larger batches, and ONNX Runtime encodes
-# long texts faster in smaller ones (each pads to its longest; benchmarks/results/README.md, "Documents on the
-# fastest runtime"); a GPU at 64 spends its time launching kernels for small matrices (benchmarks/results/gpu.md,
-# "The encoder's batch size"). A GPU that lacks the memory for a batch encodes it in halves
-# (`Encoder._forward_in_memory`).
-CPU_BATCH_SIZE = 64
-ONNX_CPU_BATCH_SIZE = 32
-GPU_BATCH_SIZE = 512
 
 
 class Encoder:
@@ -178,12 +173,12 @@ class Encoder:
         (`tokenizer_workers`). ON_BATCH(rows) after each batch."""
         pool = self._tokenizer_pool()
         if pool is None:
-            with _Prefetched(self.tokenize, chunks) as tokenized_chunks:
+            with Prefetched(self.tokenize, chunks) as tokenized_chunks:
                 for tokenized in tokenized_chunks:
                     yield self.encode_tokenized(tokenized, on_batch), tokenized.truncated
             return
         # A GPU: the thread only reads chunks and hands them to the worker processes, several chunks ahead.
-        with _Prefetched(pool.submit, chunks, ahead=pool.workers) as futures:
+        with Prefetched(pool.submit, chunks, ahead=pool.workers) as futures:
             for future in futures:
                 tokenized = future.result()
                 yield self.encode_tokenized(tokenized, on_batch), tokenized.truncated
@@ -256,51 +251,6 @@ class Encoder:
                                                         batch.attention_mask[part]))
                  for part in (slice(None, half), slice(half, None))]
         return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)
-
-
-class _Prefetched:
-    """FUNCTION applied to each item of ITEMS on a worker thread, AHEAD items ahead of the consumer. An error in
-    the worker is raised in the consumer; a consumer that stops early stops the worker."""
-
-    def __init__(self, function: Callable, items: Iterable, ahead: int = 1):
-        self._function, self._items = function, iter(items)
-        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._work, name="retriever-tokenize", daemon=True)
-
-    def _work(self) -> None:
-        try:
-            for item in self._items:
-                if not self._put((True, self._function(item))):
-                    return
-        except BaseException as error:  # noqa: BLE001 -- handed to the consumer, which raises it
-            self._put((False, error))
-            return
-        self._put(None)
-
-    def _put(self, entry) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __enter__(self) -> Iterator:
-        self._thread.start()
-        return self._results()
-
-    def _results(self) -> Iterator:
-        while (entry := self._queue.get()) is not None:
-            ok, value = entry
-            if not ok:
-                raise value
-            yield value
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def default_batch_size(device: torch.device, runtime: str = "torch") -> int:

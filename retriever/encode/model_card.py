@@ -96,13 +96,13 @@ class ModelCard:
 
 
 class DeferredEncoder:
-    """An encoder known by its record, loaded on first encode. `dim`, `model_name` and `config()` answer from the
-    model card; `encode`, `encode_chunks` and `encode_counting_truncated` load the encoder LOAD makes, check that
-    its record is the card's, and go on with it. KIT: what opens the query kit kept for the record
-    (`query_kit.QueryKitEncoder.open`, None where there is none), where the encoder LOAD makes would run on ONNX
-    Runtime on the CPU: `encode` and `encode_counting_truncated` then encode from the kit, the same vectors without
-    loading torch's weights or transformers (a build from vectors encodes only its pseudo-queries and their
-    targets: seconds of loading for a few thousand short texts)."""
+    """An encoder known by its record, loaded on first encode. `dim`, `model_name`, `max_length` and `config()`
+    answer from the model card; `encode`, `encode_chunks`, `encode_counting_truncated` and `tokenizer` load the
+    encoder LOAD makes, check that its record is the card's, and go on with it. KIT: what opens the query kit kept
+    for the record (`query_kit.QueryKitEncoder.open`, None where there is none), where the encoder LOAD makes would
+    run on ONNX Runtime on the CPU: texts are then encoded from the kit, and passages cut with its tokenizer, the
+    same vectors and passages without importing torch or transformers or loading the weights (seconds, where a
+    build of a few hundred records or from precomputed vectors encodes in less than one)."""
 
     def __init__(self, record: dict, load: Callable[[], Encoder],
                  kit: Callable[[], QueryKitEncoder | None] | None = None):
@@ -113,6 +113,7 @@ class DeferredEncoder:
         self._kit: QueryKitEncoder | None = None
         self.dim: int = record["dim"]
         self.model_name: str = record["model"]
+        self.max_length: int = record["max_length"]
 
     @property
     def loaded(self) -> bool:
@@ -151,7 +152,13 @@ class DeferredEncoder:
         return self.encoder()
 
     def encode_chunks(self, chunks: Iterable[Sequence[str]], **options):
-        return self.encoder().encode_chunks(chunks, **options)
+        return self._texts_encoder().encode_chunks(chunks, **options)
+
+    @property
+    def tokenizer(self):
+        """The tokenizer passages are cut with (`passages.PassageCutter`): the kit's or the encoder's."""
+        encoder = self._texts_encoder()
+        return encoder.backend if encoder is self._kit else encoder.tokenizer
 
     def close(self) -> None:
         if self._encoder is not None:

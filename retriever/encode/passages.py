@@ -112,9 +112,10 @@ class Passages:
 
 
 class PassageCutter:
-    """Cuts the documents longer than MAX_LENGTH tokens (what the encoder reads) into passages with TOKENIZER (a
-    Hugging Face fast tokenizer: the encoder's), as SETTINGS say (already `checked`). Holds its own copy of the
-    tokenizer: the encoder's may be tokenizing on another thread meanwhile."""
+    """Cuts the documents longer than MAX_LENGTH tokens (what the encoder reads) into passages with TOKENIZER (the
+    encoder's: a Hugging Face fast tokenizer, or its Rust backend, a `tokenizers.Tokenizer`, as a query kit keeps
+    it), as SETTINGS say (already `checked`). Holds its own copy of the tokenizer: the encoder's may be tokenizing on
+    another thread meanwhile."""
 
     def __init__(self, tokenizer, settings: PassageSettings, max_length: int):
         from tokenizers import Tokenizer
@@ -124,8 +125,10 @@ class PassageCutter:
         self.window = int(settings.window)
         self.overlap = int(settings.overlap)
         self.whole_rest = int(settings.whole_rest)
-        self.specials = int(tokenizer.num_special_tokens_to_add(pair=False))
-        self._backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        backend = tokenizer if isinstance(tokenizer, Tokenizer) else tokenizer.backend_tokenizer
+        # A fast tokenizer's count is its backend's (transformers asks the backend).
+        self.specials = int(backend.num_special_tokens_to_add(False))
+        self._backend = Tokenizer.from_str(backend.to_str())
         self._backend.no_truncation()
         self._backend.no_padding()
 

@@ -9,8 +9,11 @@ changed model, or another ONNX Runtime, finds no kit and goes the long way. `Que
 queries with the `tokenizers` and `onnxruntime` packages alone: the same token ids (`tokenizing.backend_tokens`)
 and the same graph, so the same vectors as the encoder that left the kit.
 
-Queries only: a write cuts passages with the model's own tokenizer and encodes on the runtime asked for, so it
-loads the full `Encoder`.
+A build on the CPU uses the kit too (`engines.local`, through `model_card.DeferredEncoder`): its documents and
+pseudo-queries encoded in the batches the full encoder makes (the same vectors to the last bit), its long documents
+cut with the kit's tokenizer (the model's own), and no model loaded: for a few hundred records, or a build from
+precomputed vectors, loading the model was most of the build. Writes to an open index (`Index.add`, the server)
+still load the full `Encoder`.
 """
 
 from __future__ import annotations
@@ -20,13 +23,21 @@ import json
 import os
 import tempfile
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from retriever.encode.tokenizing import TOKENIZE_CHUNK, TokenizerSettings, backend_tokens, padded_batches
+from retriever.encode.tokenizing import (
+    TOKENIZE_CHUNK,
+    Prefetched,
+    TokenizedTexts,
+    TokenizerSettings,
+    backend_tokens,
+    padded_batches,
+)
 
 # 2: kits name fused graphs (`onnx_runtime._fused`); a kit of 1 names a plain graph, and is passed over so the next
 # full load keeps one that names the faster graph.
@@ -208,16 +219,37 @@ class QueryKitEncoder:
         truncated = 0
         with _progress(description, len(texts), progress) as advance:
             for first in range(0, len(texts), TOKENIZE_CHUNK):
-                chunk = texts[first : first + TOKENIZE_CHUNK]
-                with self._tokenizer_lock:
-                    tokens, chunk_truncated = backend_tokens(self.backend, chunk, self.settings)
-                truncated += chunk_truncated
-                for batch in padded_batches(chunk, tokens, chunk_truncated, self.settings).batches:
-                    feed = {"attention_mask": batch.attention_mask,
-                            **{name: batch.inputs[name] for name in self.settings.input_names}}
-                    output[first + batch.rows] = self.session.run(["vectors"], feed)[0]
-                    advance(len(batch.rows))
+                tokenized = self.tokenize(texts[first : first + TOKENIZE_CHUNK])
+                output[first : first + len(tokenized.texts)] = self.encode_tokenized(tokenized, advance)
+                truncated += tokenized.truncated
         return output, truncated
+
+    def encode_chunks(self, chunks: Iterable[Sequence[str]],
+                      on_batch: Callable[[int], None] | None = None) -> Iterator[tuple[np.ndarray, int]]:
+        """(vectors, truncated) for each chunk of texts, in order, as `Encoder.encode_chunks` on a CPU: the next
+        chunk tokenized on a second thread while this one is encoded."""
+        with Prefetched(self.tokenize, chunks) as tokenized_chunks:
+            for tokenized in tokenized_chunks:
+                yield self.encode_tokenized(tokenized, on_batch), tokenized.truncated
+
+    def tokenize(self, texts: Sequence[str]) -> TokenizedTexts:
+        """TEXTS tokenized (cut at max_length) and cut into padded batches, as the full encoder cuts them."""
+        texts = list(texts)
+        with self._tokenizer_lock:
+            tokens, truncated = backend_tokens(self.backend, texts, self.settings)
+        return padded_batches(texts, tokens, truncated, self.settings)
+
+    def encode_tokenized(self, tokenized: TokenizedTexts,
+                         on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+        """Vectors (n, dim) float32 for TOKENIZED's texts, in their order."""
+        output = np.empty((len(tokenized.texts), self.dim), dtype=np.float32)
+        for batch in tokenized.batches:
+            feed = {"attention_mask": batch.attention_mask,
+                    **{name: batch.inputs[name] for name in self.settings.input_names}}
+            output[batch.rows] = self.session.run(["vectors"], feed)[0]
+            if on_batch is not None:
+                on_batch(len(batch.rows))
+        return output
 
     def close(self) -> None:
         """Nothing to release but the session, which goes with the object."""

@@ -7,6 +7,9 @@ thread does not help: it holds the interpreter lock the thread feeding the GPU n
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
@@ -17,6 +20,14 @@ from retriever.processes import spawn_context, start_worker
 
 # Model inputs read straight off a fast tokenizer's encodings: input name -> Encoding field.
 ENCODING_FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids"}
+# Texts per forward pass when none is asked for. A CPU gains nothing from larger batches, and ONNX Runtime encodes
+# long texts faster in smaller ones (each pads to its longest; benchmarks/results/README.md, "Documents on the
+# fastest runtime"); a GPU at 64 spends its time launching kernels for small matrices (benchmarks/results/gpu.md,
+# "The encoder's batch size"). A GPU that lacks the memory for a batch encodes it in halves
+# (`Encoder._forward_in_memory`).
+CPU_BATCH_SIZE = 64
+ONNX_CPU_BATCH_SIZE = 32
+GPU_BATCH_SIZE = 512
 # Tokenize this many texts at a time: bounds memory on big corpora while sorting still removes most padding. Every
 # encoder of texts (`Encoder`, `QueryKitEncoder`) pads in batches within chunks of this many, so the same texts make
 # the same batches, and so the same vectors to the last bit, whichever encodes them.
@@ -85,6 +96,51 @@ def padded_batches(texts: list[str], tokens: dict[str, list[list[int]]], truncat
             inputs[name] = padded
         batches.append(TokenizedBatch(rows, inputs, mask.astype(np.int64)))
     return TokenizedTexts(texts, truncated, batches)
+
+
+class Prefetched:
+    """FUNCTION applied to each item of ITEMS on a worker thread, AHEAD items ahead of the consumer. An error in
+    the worker is raised in the consumer; a consumer that stops early stops the worker."""
+
+    def __init__(self, function: Callable, items: Iterable, ahead: int = 1):
+        self._function, self._items = function, iter(items)
+        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="retriever-tokenize", daemon=True)
+
+    def _work(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put((True, self._function(item))):
+                    return
+        except BaseException as error:  # noqa: BLE001 -- handed to the consumer, which raises it
+            self._put((False, error))
+            return
+        self._put(None)
+
+    def _put(self, entry) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __enter__(self) -> Iterator:
+        self._thread.start()
+        return self._results()
+
+    def _results(self) -> Iterator:
+        while (entry := self._queue.get()) is not None:
+            ok, value = entry
+            if not ok:
+                raise value
+            yield value
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class TokenizerPool:

@@ -31,9 +31,10 @@ from retriever.processes import spawn_context, start_worker
 from retriever.files.folder import FolderOptions, noted_documents
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
-from retriever.encode.device import resolve_device
+from retriever.encode.device import cpu_only_machine, resolve_device
 from retriever.encode.model_card import DeferredEncoder, ModelCard
 from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
+from retriever.encode.tokenizing import ONNX_CPU_BATCH_SIZE
 from retriever.engines.stages import (
     CHUNK_ROWS,
     BuildState,
@@ -209,6 +210,11 @@ class LocalEngine(BuildEngine):
     def _encodes_on_gpu(self) -> bool:
         if self._source is not None:  # a build from vectors feeds no encoder (and imports no torch)
             return False
+        if isinstance(self.encoder, DeferredEncoder):  # texts encoded from a kit: on the CPU (`load_encoder`)
+            return False
+        if self.encoder is None and str(self.spec.device or "auto").lower() in ("auto", "cpu") and (
+                self.spec.device == "cpu" or cpu_only_machine()):
+            return False  # told without importing torch (a second of a small build), as the kit's choice is
         device = self.encoder.device if self.encoder is not None else resolve_device(self.spec.device)
         return device.type == "cuda"
 
@@ -223,13 +229,20 @@ class LocalEngine(BuildEngine):
 
     def load_encoder(self) -> Encoder | DeferredEncoder:
         """The spec's encoder; from precomputed vectors, one that loads its model only if text is encoded
-        (pseudo-queries, example queries): its record and dimension come from the model's files."""
+        (pseudo-queries, example queries): its record and dimension come from the model's files. Where the encoder
+        would run on ONNX Runtime on the CPU and an earlier run kept its kit (`encode.query_kit`), texts are encoded
+        from the kit and no model is loaded."""
         spec = self.spec
-        if self.encoder is None and self._source is not None:
-            card = ModelCard.read(spec.model)
-            if card is not None:
-                record = card.encoder_config(spec.pooling, spec.layers, spec.max_length, spec.dtype)
-                self.encoder = DeferredEncoder(record, self._new_encoder, kit=self._query_kit(record))
+        card = ModelCard.read(spec.model) if self.encoder is None else None
+        if card is not None:
+            record = card.encoder_config(spec.pooling, spec.layers, spec.max_length, spec.dtype)
+            open_kit = self._query_kit(record)
+            if self._source is not None:
+                self.encoder = DeferredEncoder(record, self._new_encoder, kit=open_kit)
+            elif open_kit is not None and (kit := open_kit()) is not None:
+                # Texts to encode, on the CPU, and a kit kept for this encoder: the build encodes from the kit
+                # (the same vectors) and loads no model.
+                self.encoder = DeferredEncoder(record, self._new_encoder, kit=lambda: kit)
         encoder = self.encoder = self.encoder or self._new_encoder()
         source = self._source
         if source is not None and source.dim != encoder.dim:
@@ -240,14 +253,15 @@ class LocalEngine(BuildEngine):
     def _query_kit(self, record: dict) -> Callable[[], QueryKitEncoder | None] | None:
         """What opens the query kit kept for the encoder RECORD, where the spec's encoder would run on ONNX Runtime
         on the CPU (`query_kit.kit_may_serve`): None where it would not. A kit made with another batch size than the
-        spec asks for is not used (other batches, other last bits)."""
+        spec's encoder would take is not used (other batches, other last bits)."""
         spec = self.spec
         if not kit_may_serve(record, spec.device, spec.runtime):
             return None
+        batch_size = spec.batch_size or ONNX_CPU_BATCH_SIZE
 
         def open_kit() -> QueryKitEncoder | None:
             kit = QueryKitEncoder.open(record)
-            return kit if kit is not None and spec.batch_size in (None, kit.settings.batch_size) else None
+            return kit if kit is not None and kit.settings.batch_size == batch_size else None
         return open_kit
 
     def _new_encoder(self) -> Encoder:
