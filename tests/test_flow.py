@@ -186,6 +186,29 @@ def test_same_seed_gives_identical_flows_and_another_seed_does_not():
     assert not np.allclose(first, other, atol=1e-3)
 
 
+def test_a_cpu_fit_steps_as_torchs_fused_adam_to_the_last_bit_without_importing_dynamo(monkeypatch):
+    """The flow's own Adam step on the CPU (`flow._FusedAdam`) is torch.optim.Adam(fused=True)'s: the same losses and
+    weights bit for bit; and a fit in a fresh process never imports torch._dynamo (a second of a small build)."""
+    import subprocess
+    import sys
+
+    import retriever.calibration.flow as flow_module
+
+    X = correlated_sample(600, 8)
+    ours = FlowCalibrator(epochs=2, seed=3).fit(X)
+    monkeypatch.setattr(flow_module, "_adam",
+                        lambda parameters, lr, capturable=False: torch.optim.Adam(list(parameters), lr=lr, fused=True))
+    torchs = FlowCalibrator(epochs=2, seed=3).fit(X)
+    assert ours.losses == torchs.losses
+    for a, b in zip(ours.flow.state_dict().values(), torchs.flow.state_dict().values()):
+        assert torch.equal(a, b)
+    script = ("import sys, numpy as np; from retriever.calibration.flow import FlowCalibrator; "
+              "FlowCalibrator(epochs=1).fit(np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)); "
+              "print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
 def test_save_and_load_give_identical_output(tmp_path):
     X = correlated_sample(1500, 10)
     flow = make_calibrator("flow", device="cpu", epochs=1, permutation="random", width=16).fit(X)
