@@ -58,14 +58,15 @@ def encode(
 
     Each document is encoded exactly as `build` encodes it (title and text), so OUT feeds `retriever build FILE
     --vectors OUT`; OUT.json records the encoder. Streamed in chunks: an interrupted run resumes when re-run."""
-    from retriever.encode.encoder import Encoder
+    from retriever.encode.model_card import encoder_for
     from retriever.engines.stages import count_documents, encode_corpus
     from retriever.progress import stderr_console
 
     if out.suffix != ".npy":
         raise RetrieverError(f"--out must end in .npy (got {out})")
     total = count_documents(file, encoding)  # a bad corpus fails here, before the model loads
-    encoder = Encoder(model, pooling, layers, max_length, device, dtype, batch_size, runtime=runtime)
+    # From the kit an earlier run kept, where the encoder would run on ONNX Runtime on the CPU: no model loaded.
+    encoder = encoder_for(model, pooling, layers, max_length, device, dtype, batch_size, runtime=runtime)
     interrupts.on_interrupt(f"{out} is incomplete; re-run the same command to resume")
     result = encode_corpus(file, out, encoder, encoding=encoding, total=total, progress=True)
     truncated = (f", {counted(result.truncated, 'text')} truncated at {encoder.max_length} tokens"

@@ -420,6 +420,7 @@ def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
     monkeypatch.setattr(QueryKitEncoder, "encode", interrupt)  # a search may encode from the kept kit
     done = cli("search", "q")
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (130, "interrupted")
+    monkeypatch.setattr(QueryKitEncoder, "encode_tokenized", interrupt)  # encode may encode from the kept kit
     done = cli("encode", extra, "--out", tmp_path / "v.npy", "--model", Index.open("docs", built_home)
                .snapshot.manifest.encoder["model"])
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (

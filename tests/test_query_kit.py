@@ -248,3 +248,23 @@ def test_a_build_of_texts_on_the_cpu_encodes_from_the_kit_with_the_vectors_and_p
     hits = [index.search([long_text(7)[:200]], k=3)[0] for index in (first, kit)]
     assert [(h.doc_id, h.score, h.passage, h.span) for h in hits[0]] == \
         [(h.doc_id, h.score, h.passage, h.span) for h in hits[1]]
+
+
+def test_retriever_encode_on_the_cpu_encodes_from_the_kit_with_the_models_vectors(tiny_bert, tmp_path, cli,
+                                                                                 monkeypatch):
+    import pytest
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("".join(f"{text}\n" for text in TEXTS))
+    args = ("--model", model, "--max-length", 32, "--device", "cpu")
+    assert cli("encode", corpus, "--out", tmp_path / "first.npy", *args).returncode == 0  # no kit yet: the model
+    _full_encoder(_record(model))  # a kit kept, as a build or a search on the CPU keeps one
+    with monkeypatch.context() as patch:
+        patch.setattr(Encoder, "__init__", lambda *a, **k: pytest.fail("encode loaded the model"))
+        done = cli("encode", corpus, "--out", tmp_path / "kit.npy", *args)
+    assert done.returncode == 0, done.stderr
+    assert np.array_equal(np.load(tmp_path / "kit.npy"), np.load(tmp_path / "first.npy"))
+    assert json.loads((tmp_path / "kit.json").read_text())["encoder"] == \
+        json.loads((tmp_path / "first.json").read_text())["encoder"]

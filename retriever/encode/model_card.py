@@ -193,3 +193,47 @@ def _default_max_length(folder: Path, local: bool) -> int:
     if tokenizer_config.is_file():
         limit = json.loads(tokenizer_config.read_text()).get("model_max_length")
     return int(min(limit or MAX_LENGTH_CAP, MAX_LENGTH_CAP))
+
+
+def encoder_for(model: str | None, pooling: str | None = "last-avg", layers: str | Sequence[int] | None = None,
+                max_length: int | None = None, device: str | None = "auto", dtype: str = "fp32",
+                batch_size: int | None = None, runtime: str = "auto",
+                deferred: bool = False) -> Encoder | DeferredEncoder:
+    """The encoder these settings make (`Encoder`'s arguments). Where it would run on ONNX Runtime on the CPU and an
+    earlier run kept its kit (`query_kit`), one that encodes from the kit and loads no model (`DeferredEncoder`: the
+    same vectors, the same passages); else the encoder, loaded now. DEFERRED: where the model's files say its record
+    (`ModelCard`), never load it now: on first encode (a build from precomputed vectors encodes only its
+    pseudo-queries, if anything)."""
+
+    def load() -> Encoder:
+        from retriever.encode.encoder import Encoder
+
+        return Encoder(model, pooling, layers, max_length, device, dtype, batch_size, runtime=runtime)
+
+    card = ModelCard.read(model)
+    if card is not None:
+        record = card.encoder_config(pooling, layers, max_length, dtype)
+        open_kit = kit_opener(record, device, runtime, batch_size)
+        if deferred:
+            return DeferredEncoder(record, load, kit=open_kit)
+        if open_kit is not None and (kit := open_kit()) is not None:
+            return DeferredEncoder(record, load, kit=lambda: kit)
+    return load()
+
+
+def kit_opener(record: dict, device: str | None, runtime: str,
+               batch_size: int | None) -> Callable[[], QueryKitEncoder | None] | None:
+    """What opens the kit kept for the encoder RECORD on DEVICE with RUNTIME, where that encoder would run on ONNX
+    Runtime on the CPU (`query_kit.kit_may_serve`); None where it would not. A kit made with another batch size than
+    BATCH_SIZE (None: the runtime's default) is not used: other batches, other last bits."""
+    from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
+    from retriever.encode.tokenizing import ONNX_CPU_BATCH_SIZE
+
+    if not kit_may_serve(record, device, runtime):
+        return None
+    wanted = batch_size or ONNX_CPU_BATCH_SIZE
+
+    def open_kit() -> QueryKitEncoder | None:
+        kit = QueryKitEncoder.open(record)
+        return kit if kit is not None and kit.settings.batch_size == wanted else None
+    return open_kit

@@ -9,7 +9,7 @@ changed model, or another ONNX Runtime, finds no kit and goes the long way. `Que
 queries with the `tokenizers` and `onnxruntime` packages alone: the same token ids (`tokenizing.backend_tokens`)
 and the same graph, so the same vectors as the encoder that left the kit.
 
-A build on the CPU uses the kit too (`engines.local`, through `model_card.DeferredEncoder`): its documents and
+A build and `retriever encode` on the CPU use the kit too (`model_card.encoder_for`): their documents and
 pseudo-queries encoded in the batches the full encoder makes (the same vectors to the last bit), its long documents
 cut with the kit's tokenizer (the model's own), and no model loaded: for a few hundred records, or a build from
 precomputed vectors, loading the model was most of the build. Writes to an open index (`Index.add`, the server)

@@ -32,9 +32,7 @@ from retriever.files.folder import FolderOptions, noted_documents
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
 from retriever.encode.device import cpu_only_machine, resolve_device
-from retriever.encode.model_card import DeferredEncoder, ModelCard
-from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
-from retriever.encode.tokenizing import ONNX_CPU_BATCH_SIZE
+from retriever.encode.model_card import DeferredEncoder, encoder_for
 from retriever.engines.stages import (
     CHUNK_ROWS,
     BuildState,
@@ -228,48 +226,21 @@ class LocalEngine(BuildEngine):
                                             spec.for_segment(state.documents), threads=self.index_threads)
 
     def load_encoder(self) -> Encoder | DeferredEncoder:
-        """The spec's encoder; from precomputed vectors, one that loads its model only if text is encoded
-        (pseudo-queries, example queries): its record and dimension come from the model's files. Where the encoder
-        would run on ONNX Runtime on the CPU and an earlier run kept its kit (`encode.query_kit`), texts are encoded
-        from the kit and no model is loaded."""
+        """The spec's encoder (`model_card.encoder_for`: from the kit an earlier run kept, where there is one and the
+        encoder would run on ONNX Runtime on the CPU, else loaded); from precomputed vectors, one that loads its
+        model only if text is encoded (pseudo-queries, example queries), its record and dimension read from the
+        model's files."""
         spec = self.spec
-        card = ModelCard.read(spec.model) if self.encoder is None else None
-        if card is not None:
-            record = card.encoder_config(spec.pooling, spec.layers, spec.max_length, spec.dtype)
-            open_kit = self._query_kit(record)
-            if self._source is not None:
-                self.encoder = DeferredEncoder(record, self._new_encoder, kit=open_kit)
-            elif open_kit is not None and (kit := open_kit()) is not None:
-                # Texts to encode, on the CPU, and a kit kept for this encoder: the build encodes from the kit
-                # (the same vectors) and loads no model.
-                self.encoder = DeferredEncoder(record, self._new_encoder, kit=lambda: kit)
-        encoder = self.encoder = self.encoder or self._new_encoder()
+        if self.encoder is None:
+            settings = dict(model=spec.model, pooling=spec.pooling, layers=spec.layers, max_length=spec.max_length,
+                            device=spec.device, dtype=spec.dtype, batch_size=spec.batch_size, runtime=spec.runtime)
+            self.encoder = encoder_for(**settings, deferred=self._source is not None)
+        encoder = self.encoder
         source = self._source
         if source is not None and source.dim != encoder.dim:
             raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; {encoder.model_name} "
                                  f"gives {encoder.dim}")
         return encoder
-
-    def _query_kit(self, record: dict) -> Callable[[], QueryKitEncoder | None] | None:
-        """What opens the query kit kept for the encoder RECORD, where the spec's encoder would run on ONNX Runtime
-        on the CPU (`query_kit.kit_may_serve`): None where it would not. A kit made with another batch size than the
-        spec's encoder would take is not used (other batches, other last bits)."""
-        spec = self.spec
-        if not kit_may_serve(record, spec.device, spec.runtime):
-            return None
-        batch_size = spec.batch_size or ONNX_CPU_BATCH_SIZE
-
-        def open_kit() -> QueryKitEncoder | None:
-            kit = QueryKitEncoder.open(record)
-            return kit if kit is not None and kit.settings.batch_size == batch_size else None
-        return open_kit
-
-    def _new_encoder(self) -> Encoder:
-        from retriever.encode.encoder import Encoder
-
-        spec = self.spec
-        return Encoder(spec.model, spec.pooling, spec.layers, spec.max_length, spec.device, spec.dtype,
-                       spec.batch_size, runtime=spec.runtime)
 
     def encode(self, writer: IndexWriter, encoder: Encoder) -> tuple[VectorSource, int]:
         clock = time.perf_counter()
