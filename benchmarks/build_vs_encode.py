@@ -64,6 +64,8 @@ def run(rounds: int, runtimes: list[str] | None = None) -> dict:
              "rounds": rounds, "corpora": []}
     if runtimes:
         found["runtimes"] = runtimes
+    else:
+        found["default_runtime"] = "auto (the default)"
     with tempfile.TemporaryDirectory(prefix="retriever-build-cost-") as folder:
         folder = Path(folder)
         for label, corpus in write_corpora(folder).items():
@@ -183,7 +185,8 @@ def report(paths: list[Path]) -> str:
             per = f"{record['vectors'] / record['documents']:.2f}" if "vectors" in record else "not recorded"
             for runtime in runtimes:
                 key = _suffix(runtime)
-                lines.append(f"| {record['corpus']} | {per} | {checks} | {runtime or 'torch (the default then)'} | "
+                named = runtime or found.get("default_runtime", "torch (the default then)")
+                lines.append(f"| {record['corpus']} | {per} | {checks} | {named} | "
                              f"{np.median(record['encode' + key + '_s']):.2f} | "
                              f"{np.median(record['build' + key + '_s']):.2f} | {record['ratio' + key]:.2f}x |")
         if len(runtimes) > 1:
