@@ -59,6 +59,7 @@ from retriever.engines.stages import (
 from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, written_passages
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
+from retriever.encode.model_card import DeferredEncoder, kit_opener
 from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
 from retriever.errors import RetrieverError, param
 from retriever.files.folder import (FOLDER_KEY, FolderOptions, FolderReport, folder_files, is_file_list,
@@ -689,15 +690,29 @@ class SyncSummary:
         return f"synced index '{self.name}' to version {self.change.version}: {done}, in {self.seconds:.1f}s"
 
 
-def load_encoder(snapshot: Snapshot, runtime: str = "auto") -> Encoder:
+def load_encoder(snapshot: Snapshot, runtime: str = "auto") -> Encoder | DeferredEncoder:
     """A new instance of the encoder SNAPSHOT's manifest records, on its device; RUNTIME picks PyTorch or ONNX
-    Runtime for its forward pass (`retriever.encode.runtimes`: auto, the faster where it can run)."""
-    from retriever.encode.encoder import Encoder
-
+    Runtime for its forward pass (`retriever.encode.runtimes`: auto, the faster where it can run). Where it would run
+    on ONNX Runtime on the CPU and its kit is kept (`encode.query_kit`), one that encodes from the kit
+    (`model_card.DeferredEncoder`: the same vectors and passages, no model loaded: a write of a few documents in a
+    second, not in the seconds of loading the model)."""
     if is_external(snapshot.manifest.encoder):
         raise RetrieverError(f"index '{snapshot.name}' holds vectors computed outside it "
                              f"({snapshot.manifest.encoder['model']}): search it with query vectors "
                              f"({param('vectors')}), or open it with the encoder that made them")
+    record = snapshot.manifest.encoder
+    open_kit = kit_opener(record, snapshot.device, runtime, None)
+    kit = open_kit() if open_kit is not None else None
+    # (A record from before max_length was capped at the model's positions names more than the kit reads.)
+    if kit is not None and kit.max_length == record.get("max_length"):
+        return DeferredEncoder(record, lambda: _loaded_encoder(snapshot, runtime), kit=lambda: kit)
+    return _loaded_encoder(snapshot, runtime)
+
+
+def _loaded_encoder(snapshot: Snapshot, runtime: str) -> Encoder:
+    """The encoder SNAPSHOT's manifest records, loaded (`load_encoder`)."""
+    from retriever.encode.encoder import Encoder
+
     try:
         encoder = Encoder.from_config(snapshot.manifest.encoder, device=snapshot.device, runtime=runtime)
     except RetrieverError as error:  # e.g. built elsewhere with a model this machine does not have

@@ -411,7 +411,8 @@ def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
 
     extra = tmp_path / "extra.txt"
     extra.write_text("A new document.\n")
-    monkeypatch.setattr(Encoder, "encode_tokenized", interrupt)
+    for encoder in (Encoder, QueryKitEncoder):  # by the model or from its kit, whichever encodes
+        monkeypatch.setattr(encoder, "encode_tokenized", interrupt)
     done = cli("add", extra, "--name", "docs")
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
         130, "interrupted: index 'docs' is unchanged (the previous version is intact)")
@@ -420,7 +421,6 @@ def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
     monkeypatch.setattr(QueryKitEncoder, "encode", interrupt)  # a search may encode from the kept kit
     done = cli("search", "q")
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (130, "interrupted")
-    monkeypatch.setattr(QueryKitEncoder, "encode_tokenized", interrupt)  # encode may encode from the kept kit
     done = cli("encode", extra, "--out", tmp_path / "v.npy", "--model", Index.open("docs", built_home)
                .snapshot.manifest.encoder["model"])
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (

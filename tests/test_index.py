@@ -224,8 +224,10 @@ def test_fit_sample_bounds_the_fit_and_changes_nothing_below_it(tmp_path, tiny_b
 
 def test_refit_changes_the_calibrator_without_reencoding(tiny_index, tmp_path, monkeypatch):
     from retriever.encode.encoder import Encoder
+    from retriever.encode.query_kit import QueryKitEncoder
 
-    monkeypatch.setattr(Encoder, "encode_tokenized", lambda *a, **k: pytest.fail("refit re-encoded"))
+    for encoder in (Encoder, QueryKitEncoder):  # neither the model nor its kit
+        monkeypatch.setattr(encoder, "encode_tokenized", lambda *a, **k: pytest.fail("refit re-encoded"))
     tiny_index.refit("sn")
     index = Index.open("tiny", tmp_path / "indexes", device="cpu")
     assert index.snapshot.manifest.calibrator["name"] == "sn" and index.snapshot.manifest.refitted is not None

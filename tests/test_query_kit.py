@@ -133,10 +133,10 @@ def test_a_scripts_queries_spin_within_a_run_and_a_servers_sleep_with_the_same_v
         assert np.array_equal(scripts.encode(TEXTS), servers.encode(TEXTS))
 
 
-def test_a_server_answers_searches_from_the_kit_and_loads_the_model_at_the_first_write(tiny_bert, tmp_path,
-                                                                                        monkeypatch):
-    """`retriever serve` and `retriever mcp` start without loading the model where its kit is kept; the first write
-    loads it, once, and the search answers are the full encoder's."""
+def test_a_server_answers_searches_and_writes_from_the_kit_without_loading_the_model(tiny_bert, tmp_path,
+                                                                                   monkeypatch):
+    """`retriever serve` and `retriever mcp` start without loading the model where its kit is kept; writes encode
+    from the kit too (`index.load_encoder`), and both answer as the full encoder does."""
     from fastapi.testclient import TestClient
 
     from retriever.index import Index
@@ -148,16 +148,24 @@ def test_a_server_answers_searches_from_the_kit_and_loads_the_model_at_the_first
     Index.build(notes, "notes", tmp_path / "indexes", model=str(model), calibrator="none", device="cpu")
     with Index.open("notes", tmp_path / "indexes", device="cpu", runtime="torch") as index:
         expected = [hit.doc_id for hit in index.search("bread", k=3, mode="dense")]
-    _full_encoder(Index.open("notes", tmp_path / "indexes").snapshot.manifest.encoder)  # a kit kept, as on a used machine
+    record = Index.open("notes", tmp_path / "indexes").snapshot.manifest.encoder
+    _full_encoder(record)  # a kit kept, as on a used machine
     loads, init = [], Encoder.__init__
     monkeypatch.setattr(Encoder, "__init__", lambda self, *args, **kw: init(self, *args, **kw) or loads.append(1))
     with TestClient(create_app(tmp_path / "indexes", device="cpu", preload=True), base_url="http://127.0.0.1") as client:
         found = client.get("/search", params={"q": "bread", "k": 3, "mode": "dense"}).json()["queries"][0]["results"]
         assert [hit["doc_id"] for hit in found] == expected and loads == []
         for number in (1, 2):
-            added = client.post("/indexes/notes/documents", json={"documents": [{"_id": f"new{number}", "text": "x"}]})
+            added = client.post("/indexes/notes/documents",
+                                json={"documents": [{"_id": f"new{number}", "text": f"fresh bread number {number}"}]})
             assert added.status_code == 201, added.text
-        assert loads == [1]  # the first write loaded the model; the second, on a newer version, shares it
+        assert loads == []  # neither write loaded the model
+    # The written vectors are the model's (raw.npy keeps them as float16).
+    stored, _ = Index.open("notes", tmp_path / "indexes", device="cpu").snapshot.raw_vectors()
+    full = _full_encoder(record)
+    for number in (1, 2):
+        vector = full.encode([f"fresh bread number {number}"])[0].astype(np.float16).astype(np.float32)
+        assert any(np.array_equal(vector, row) for row in stored)
 
 
 def test_a_build_on_the_cpu_leaves_the_kit_its_first_search_encodes_with(tiny_bert, tmp_path, monkeypatch):

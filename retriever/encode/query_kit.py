@@ -12,8 +12,8 @@ and the same graph, so the same vectors as the encoder that left the kit.
 A build and `retriever encode` on the CPU use the kit too (`model_card.encoder_for`): their documents and
 pseudo-queries encoded in the batches the full encoder makes (the same vectors to the last bit), its long documents
 cut with the kit's tokenizer (the model's own), and no model loaded: for a few hundred records, or a build from
-precomputed vectors, loading the model was most of the build. Writes to an open index (`Index.add`, the server)
-still load the full `Encoder`.
+precomputed vectors, loading the model was most of the build; so do writes to an open index (`index.load_encoder`:
+`Index.add`, the server).
 """
 
 from __future__ import annotations

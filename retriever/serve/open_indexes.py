@@ -54,8 +54,9 @@ class Served:
 
 
 class _LoadedAtFirstUse:
-    """A model's full encoder, loaded by LOAD at its first use (the first write through the server), once; every
-    version of every index on that model shares it."""
+    """A model's writing encoder (`index.load_encoder`: from its kit where one is kept, else the model), made by LOAD
+    at its first use (the first write through the server), once; every version of every index on that model shares
+    it."""
 
     def __init__(self, load):
         self._load, self._lock, self._encoder = load, threading.Lock(), None
@@ -123,7 +124,7 @@ class OpenIndexes:
             key = json.dumps(snapshot.manifest.encoder, sort_keys=True)
             if key not in self._encoders:  # once per model for the server's life
                 # Queries from the kept kit where there is one (`encode.query_kit`: no model loaded, the server up
-                # in about a second), the full encoder loaded at the first write; else the full encoder, now.
+                # in about a second), the writes' encoder at the first write; else the full encoder, now.
                 record = snapshot.manifest.encoder
                 kit = QueryKitEncoder.open(record) if kit_may_serve(record, self.device, self.runtime) else None
                 try:
