@@ -703,8 +703,7 @@ def load_encoder(snapshot: Snapshot, runtime: str = "auto") -> Encoder | Deferre
     record = snapshot.manifest.encoder
     open_kit = kit_opener(record, snapshot.device, runtime, None)
     kit = open_kit() if open_kit is not None else None
-    # (A record from before max_length was capped at the model's positions names more than the kit reads.)
-    if kit is not None and kit.max_length == record.get("max_length"):
+    if kit is not None:
         return DeferredEncoder(record, lambda: _loaded_encoder(snapshot, runtime), kit=lambda: kit)
     return _loaded_encoder(snapshot, runtime)
 

@@ -202,6 +202,11 @@ def test_a_cpu_fit_steps_as_torchs_fused_adam_to_the_last_bit_without_importing_
     assert ours.losses == torchs.losses
     for a, b in zip(ours.flow.state_dict().values(), torchs.flow.state_dict().values()):
         assert torch.equal(a, b)
+    # Before torch 2.4 the fused kernel is CUDA's alone: the optimizer class decides there.
+    monkeypatch.setattr(torch, "__version__", "2.3.1+cpu")
+    assert not flow_module._fused_adam_on_cpu()
+    monkeypatch.setattr(torch, "__version__", "2.4.0")
+    assert flow_module._fused_adam_on_cpu()
     script = ("import sys, numpy as np; from retriever.calibration.flow import FlowCalibrator; "
               "FlowCalibrator(epochs=1).fit(np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)); "
               "print('torch._dynamo' in sys.modules)")

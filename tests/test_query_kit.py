@@ -193,18 +193,27 @@ def test_a_build_on_the_cpu_leaves_the_kit_its_first_search_encodes_with(tiny_be
 def test_a_build_from_vectors_encodes_its_texts_from_the_kit_and_loads_no_model(tiny_bert, tmp_path, monkeypatch):
     import pytest
 
-    from retriever.encode.model_card import DeferredEncoder
+    from retriever.encode.model_card import DeferredEncoder, kit_opener
     from retriever.index import Index
 
     model = tmp_path / "model"
     shutil.copytree(tiny_bert, model)
     record = {**_record(model), "dim": 32}
     texts = TEXTS * 3
-    expected, cut = _full_encoder(record).encode_counting_truncated(texts)
+    full = _full_encoder(record)
     deferred = DeferredEncoder(record, lambda: pytest.fail("the model was loaded"),
                                kit=lambda: QueryKitEncoder.open(record))
-    vectors, truncated = deferred.encode_counting_truncated(texts)
-    assert np.array_equal(vectors, expected) and truncated == cut == 3 and not deferred.loaded
+    for chunk in (16384, 5):  # one chunk; chunks of 5 (the same batches either way: the same chunks)
+        monkeypatch.setattr("retriever.encode.encoder.TOKENIZE_CHUNK", chunk)
+        monkeypatch.setattr("retriever.encode.query_kit.TOKENIZE_CHUNK", chunk)
+        expected, cut = full.encode_counting_truncated(texts)
+        vectors, truncated = deferred.encode_counting_truncated(texts)
+        assert np.array_equal(vectors, expected) and truncated == cut == 3 and not deferred.loaded
+    # The kit is the recorded encoder or none: another vector size or read is not served from it.
+    for other in ({**record, "dim": 16}, {**record, "max_length": 16}):
+        assert kit_opener(other, "cpu", "auto", None)() is None
+    assert kit_opener(record, "cpu", "auto", None)() is not None
+    assert kit_opener(record, "cpu", "auto", 0) is None  # a batch size of 0 goes to the encoder, which refuses it
     # A build from vectors with a kit kept: its pseudo-queries and the hybrid check's queries come from the kit.
     documents = [{"id": f"d{number}", "text": f"note {number} on {topic}. It tells how {topic} works in practice, "
                   f"and why {topic} matters to anyone who cares about {number % 7}."}

@@ -371,13 +371,23 @@ def _adam(parameters, lr: float, capturable: bool = False):
     import torch
 
     parameters = list(parameters)
-    if not capturable and len(parameters) == 1 and parameters[0].device.type == "cpu" and \
-            hasattr(torch, "_fused_adam_"):
+    if not capturable and len(parameters) == 1 and parameters[0].device.type == "cpu" and _fused_adam_on_cpu():
         return _FusedAdam(parameters[0], lr)
     try:
         return torch.optim.Adam(parameters, lr=lr, fused=True, capturable=capturable)
     except (RuntimeError, TypeError):
         return torch.optim.Adam(parameters, lr=lr, foreach=True, capturable=capturable)
+
+
+def _fused_adam_on_cpu() -> bool:
+    """Whether this torch has Adam's fused kernel for the CPU (2.4 onward; earlier ones have it for CUDA alone)."""
+    import torch
+
+    try:
+        major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    except ValueError:  # not a release number: let the optimizer class decide
+        return False
+    return (major, minor) >= (2, 4) and hasattr(torch, "_fused_adam_")
 
 
 class _FusedAdam:

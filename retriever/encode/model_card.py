@@ -229,11 +229,15 @@ def kit_opener(record: dict, device: str | None, runtime: str,
     from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
     from retriever.encode.tokenizing import ONNX_CPU_BATCH_SIZE
 
-    if not kit_may_serve(record, device, runtime):
-        return None
+    if not kit_may_serve(record, device, runtime) or (batch_size is not None and batch_size < 1):
+        return None  # (a batch size below 1 goes to the encoder, which refuses it in one line)
     wanted = batch_size or ONNX_CPU_BATCH_SIZE
 
     def open_kit() -> QueryKitEncoder | None:
         kit = QueryKitEncoder.open(record)
-        return kit if kit is not None and kit.settings.batch_size == wanted else None
+        # The record is what the manifest will say was run: the kit must be that encoder (a record from before
+        # max_length was capped at the model's positions names more than any kit reads).
+        fits = kit is not None and (kit.settings.batch_size, kit.dim, kit.max_length) == (
+            wanted, record.get("dim"), record.get("max_length"))
+        return kit if fits else None
     return open_kit

@@ -124,7 +124,10 @@ def kit_key(record: dict) -> str | None:
                  for path in sorted(folder.iterdir()) if path.is_file() for stat in (path.stat(),)]
     except OSError:  # a file removed while listed, an unreadable folder: no kit, the long way
         return None
+    # The exporter's versions too (torch, onnx): after an upgrade the full encoder exports another graph, and a
+    # kit naming the old one would encode otherwise.
     described = (KIT_FORMAT, onnxruntime.__version__, _version("tokenizers"), _version("transformers"),
+                 _version("torch"), _version("onnx"),
                  str(folder.resolve()), files,
                  json.dumps({key: record.get(key) for key in ("model", "pooling", "layers", "max_length", "dtype")},
                             sort_keys=True))
@@ -181,8 +184,8 @@ class QueryKitEncoder:
         self._tokenizer_lock = threading.Lock()
         self.settings, self.dim, self.model_name = settings, dim, model_name
         self.max_length = settings.max_length
-        self.session = onnxruntime.InferenceSession(str(graph), session_options(spin_within_runs=spin_within_runs),
-                                                    providers=["CPUExecutionProvider"])
+        options = session_options(_threads_asked(), spin_within_runs=spin_within_runs)
+        self.session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
     @classmethod
     def open(cls, record: dict, spin_within_runs: bool = False) -> QueryKitEncoder | None:
@@ -253,6 +256,16 @@ class QueryKitEncoder:
 
     def close(self) -> None:
         """Nothing to release but the session, which goes with the object."""
+
+
+def _threads_asked() -> int | None:
+    """The threads $OMP_NUM_THREADS asks for, which the full encoder's session takes through torch (None: not set,
+    ONNX Runtime's own choice, the physical cores, as torch's)."""
+    try:
+        threads = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return threads if threads > 0 else None
 
 
 def _progress(description: str, total: int, enabled: bool):
