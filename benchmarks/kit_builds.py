@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +45,9 @@ def main() -> None:
     questions = list(task.queries.values())[:100]
     loads, init = [], Encoder.__init__
     Encoder.__init__ = lambda self, *a, **k: (loads.append(1), init(self, *a, **k))[1]
-    found: dict = {"task": args.task, "max_length": args.max_length, "documents": len(documents)}
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    found: dict = {"code": commit, "task": args.task, "max_length": args.max_length, "documents": len(documents)}
     with tempfile.TemporaryDirectory(prefix="retriever-kit-builds-") as folder:
         for name in ("model", "kit"):
             loads.clear()
