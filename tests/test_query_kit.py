@@ -235,6 +235,7 @@ def test_a_build_from_vectors_encodes_its_texts_from_the_kit_and_loads_no_model(
     Index.build(corpus, "batch", tmp_path / "indexes", vectors=tmp_path / "vectors.npy", model=str(model),
                 max_length=32, device="cpu", batch_size=5)
     assert loads == [1]
+    assert QueryKitEncoder.open(record).settings.batch_size == 32  # and left the default encoder's kit as it was
 
 
 def test_a_build_of_texts_on_the_cpu_encodes_from_the_kit_with_the_vectors_and_passages_of_the_model(tiny_bert,

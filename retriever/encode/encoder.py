@@ -137,9 +137,12 @@ class Encoder:
 
     def keep_query_kit(self, record: dict) -> None:
         """On ONNX Runtime with a kept graph, leave what another process needs to encode this encoder's queries
-        without loading it (`query_kit`; RECORD: the encoder's manifest record, the kit's key)."""
+        without loading it (`query_kit`; RECORD: the encoder's manifest record, the kit's key). Only at the
+        runtime's default batch size: the kit is the default encoder's (a build or write at another batch size
+        loads the model, `model_card.kit_opener`, and would otherwise replace the kit every other run)."""
         graph = getattr(self._forward, "graph_path", None)
-        if graph is not None and self._direct_inputs:
+        default = self.batch_size == default_batch_size(self.device, self.runtime)
+        if graph is not None and self._direct_inputs and default:
             with self._tokenizer_lock:
                 tokenizer_json = self.tokenizer.backend_tokenizer.to_str()
             keep_kit(record, graph, tokenizer_json, self._settings, self.dim)
