@@ -210,9 +210,9 @@ class LocalEngine(BuildEngine):
             return False
         if isinstance(self.encoder, DeferredEncoder):  # texts encoded from a kit: on the CPU (`load_encoder`)
             return False
-        if self.encoder is None and str(self.spec.device or "auto").lower() in ("auto", "cpu") and (
-                self.spec.device == "cpu" or cpu_only_machine()):
-            return False  # told without importing torch (a second of a small build), as the kit's choice is
+        asked = str(self.spec.device or "auto").lower()
+        if self.encoder is None and (asked == "cpu" or (asked == "auto" and cpu_only_machine())):
+            return False  # told without importing torch (most of a second), as `query_kit.kit_may_serve` tells it
         device = self.encoder.device if self.encoder is not None else resolve_device(self.spec.device)
         return device.type == "cuda"
 
