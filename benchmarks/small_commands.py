@@ -9,8 +9,8 @@ checkouts taking turns command by command, round by round, on the same machine:
         --out benchmarks/results/small_commands.md
 
 The corpus: the first 300 distinct sentences of STS-B dev, one per line (`build_vs_encode.write_corpora`). The
-commands, in this order each round: `retriever encode` of the corpus, `retriever build` of it (every default), `retriever
-add` of one new line to that index, `retriever search` of one question. Each checkout builds its own index; the
+commands, in this order each round: `retriever encode` of the corpus, `retriever build` of it (every default),
+`retriever add` of one new line to that index, `retriever search` of one question. Each checkout builds its own index; the
 machine's ONNX cache is shared, as a user's machine has one (its graph and kit are kept by the first run of either).
 """
 
