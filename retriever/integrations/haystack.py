@@ -431,10 +431,11 @@ class _Embedder:
 
     def warm_up(self) -> None:
         if self._encoder is None:
-            from retriever.encode.encoder import Encoder
+            from retriever.encode.model_card import encoder_for
 
-            self._encoder = Encoder(self.model, self.pooling, None, self.max_length, self.device,
-                                    batch_size=self.batch_size, runtime=self.runtime)
+            # As a build makes its encoder: from the model's kept kit on a CPU where there is one (no model loaded).
+            self._encoder = encoder_for(self.model, self.pooling, None, self.max_length, self.device,
+                                        batch_size=self.batch_size, runtime=self.runtime)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         self.warm_up()
