@@ -59,7 +59,7 @@ from retriever.engines.stages import (
 from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, written_passages
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
-from retriever.encode.model_card import DeferredEncoder, kit_opener
+from retriever.encode.model_card import DeferredEncoder, kit_fits, kit_opener
 from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
 from retriever.errors import RetrieverError, param
 from retriever.files.folder import (FOLDER_KEY, FolderOptions, FolderReport, folder_files, is_file_list,
@@ -690,19 +690,24 @@ class SyncSummary:
         return f"synced index '{self.name}' to version {self.change.version}: {done}, in {self.seconds:.1f}s"
 
 
-def load_encoder(snapshot: Snapshot, runtime: str = "auto") -> Encoder | DeferredEncoder:
+def load_encoder(snapshot: Snapshot, runtime: str = "auto", kit: QueryKitEncoder | None = None,
+                 ) -> Encoder | DeferredEncoder:
     """A new instance of the encoder SNAPSHOT's manifest records, on its device; RUNTIME picks PyTorch or ONNX
     Runtime for its forward pass (`retriever.encode.runtimes`: auto, the faster where it can run). Where it would run
     on ONNX Runtime on the CPU and its kit is kept (`encode.query_kit`), one that encodes from the kit
     (`model_card.DeferredEncoder`: the same vectors and passages, no model loaded: a write of a few documents in a
-    second, not in the seconds of loading the model)."""
+    second, not in the seconds of loading the model). KIT: that kit, already open (the server's, for its queries),
+    so its graph is loaded once."""
     if is_external(snapshot.manifest.encoder):
         raise RetrieverError(f"index '{snapshot.name}' holds vectors computed outside it "
                              f"({snapshot.manifest.encoder['model']}): search it with query vectors "
                              f"({param('vectors')}), or open it with the encoder that made them")
     record = snapshot.manifest.encoder
-    open_kit = kit_opener(record, snapshot.device, runtime, None)
-    kit = open_kit() if open_kit is not None else None
+    if kit is None:
+        open_kit = kit_opener(record, snapshot.device, runtime, None)
+        kit = open_kit() if open_kit is not None else None
+    elif not (kit_may_serve(record, snapshot.device, runtime) and kit_fits(kit, record)):
+        kit = None
     if kit is not None:
         return DeferredEncoder(record, lambda: _loaded_encoder(snapshot, runtime), kit=lambda: kit)
     return _loaded_encoder(snapshot, runtime)

@@ -88,7 +88,7 @@ def test_by_default_the_keyword_index_is_written_apart_where_the_encoder_runs_on
     done = tmp_path / "done"
     monkeypatch.setenv(MARKER, str(done))
     monkeypatch.setattr(local_module, "resolve_device", lambda device: torch.device(device_type))
-    monkeypatch.setattr(local_module, "cpu_only_machine", lambda: False)  # a machine that may have a GPU
+    monkeypatch.setattr(local_module, "surely_cpu", lambda device: False)  # a machine that may have a GPU
     monkeypatch.setattr(local_module, "build_structures", slow_structures)
     Index.build(corpus(longs=0, shorts=30), "notes", tmp_path / "indexes", model=str(tiny_bert), max_length=WINDOW,
                 device="auto", calibrator="none")

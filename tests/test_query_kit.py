@@ -152,6 +152,9 @@ def test_a_server_answers_searches_and_writes_from_the_kit_without_loading_the_m
     _full_encoder(record)  # a kit kept, as on a used machine
     loads, init = [], Encoder.__init__
     monkeypatch.setattr(Encoder, "__init__", lambda self, *args, **kw: init(self, *args, **kw) or loads.append(1))
+    kits, kit_init = [], QueryKitEncoder.__init__
+    monkeypatch.setattr(QueryKitEncoder, "__init__",
+                        lambda self, *args, **kw: kit_init(self, *args, **kw) or kits.append(1))
     with TestClient(create_app(tmp_path / "indexes", device="cpu", preload=True), base_url="http://127.0.0.1") as client:
         found = client.get("/search", params={"q": "bread", "k": 3, "mode": "dense"}).json()["queries"][0]["results"]
         assert [hit["doc_id"] for hit in found] == expected and loads == []
@@ -159,7 +162,7 @@ def test_a_server_answers_searches_and_writes_from_the_kit_without_loading_the_m
             added = client.post("/indexes/notes/documents",
                                 json={"documents": [{"_id": f"new{number}", "text": f"fresh bread number {number}"}]})
             assert added.status_code == 201, added.text
-        assert loads == []  # neither write loaded the model
+        assert loads == [] and kits == [1]  # neither write loaded the model; they encode with the queries' kit
     # The written vectors are the model's (raw.npy keeps them as float16).
     stored, _ = Index.open("notes", tmp_path / "indexes", device="cpu").snapshot.raw_vectors()
     full = _full_encoder(record)

@@ -27,6 +27,13 @@ def cpu_only_machine() -> bool:
         next(Path("/dev").glob(pattern), None) is not None for pattern in GPU_DEVICE_NODES)
 
 
+def surely_cpu(device: str | None) -> bool:
+    """Whether DEVICE (as asked: "auto", "cpu", "cuda", ...) surely resolves to the CPU, told without importing torch:
+    the CPU asked for, or auto on a machine with no GPU (`cpu_only_machine`). False where torch must decide."""
+    named = str(device or "auto").lower()
+    return named == "cpu" or (named == "auto" and cpu_only_machine())
+
+
 def resolve_device(device: str | None = "auto") -> torch.device:
     import torch
 

@@ -224,20 +224,24 @@ def encoder_for(model: str | None, pooling: str | None = "last-avg", layers: str
 def kit_opener(record: dict, device: str | None, runtime: str,
                batch_size: int | None) -> Callable[[], QueryKitEncoder | None] | None:
     """What opens the kit kept for the encoder RECORD on DEVICE with RUNTIME, where that encoder would run on ONNX
-    Runtime on the CPU (`query_kit.kit_may_serve`); None where it would not. A kit made with another batch size than
-    BATCH_SIZE (None: the runtime's default) is not used: other batches, other last bits."""
+    Runtime on the CPU (`query_kit.kit_may_serve`); None where it would not. A kit that does not fit the record at
+    BATCH_SIZE (`kit_fits`) is not used."""
     from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
-    from retriever.encode.tokenizing import ONNX_CPU_BATCH_SIZE
 
     if not kit_may_serve(record, device, runtime) or (batch_size is not None and batch_size < 1):
         return None  # (a batch size below 1 goes to the encoder, which refuses it in one line)
-    wanted = batch_size or ONNX_CPU_BATCH_SIZE
 
     def open_kit() -> QueryKitEncoder | None:
         kit = QueryKitEncoder.open(record)
-        # The record is what the manifest will say was run: the kit must be that encoder (a record from before
-        # max_length was capped at the model's positions names more than any kit reads).
-        fits = kit is not None and (kit.settings.batch_size, kit.dim, kit.max_length) == (
-            wanted, record.get("dim"), record.get("max_length"))
-        return kit if fits else None
+        return kit if kit is not None and kit_fits(kit, record, batch_size) else None
     return open_kit
+
+
+def kit_fits(kit: QueryKitEncoder, record: dict, batch_size: int | None = None) -> bool:
+    """Whether KIT encodes as the encoder RECORD does at BATCH_SIZE (None: the runtime's default): the record is
+    what a manifest will say was run, so the kit must be that encoder (a record from before max_length was capped at
+    the model's positions names more than any kit reads), in the same batches (other batches, other last bits)."""
+    from retriever.encode.tokenizing import ONNX_CPU_BATCH_SIZE
+
+    return (kit.settings.batch_size, kit.dim, kit.max_length) == (
+        batch_size or ONNX_CPU_BATCH_SIZE, record.get("dim"), record.get("max_length"))

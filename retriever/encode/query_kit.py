@@ -97,12 +97,11 @@ def kit_may_serve(record: dict, device: str | None, runtime: str) -> bool:
     """Whether queries for the encoder RECORD, on DEVICE with RUNTIME, would run on ONNX Runtime on the CPU
     (`encode.runtimes`: auto picks it there for fp32), told without importing torch: the device is the CPU, or auto
     where the machine has no GPU (where it may have one, torch decides); never for vectors computed outside."""
-    from retriever.encode.device import cpu_only_machine
+    from retriever.encode.device import surely_cpu
 
     if runtime not in ("auto", "onnx") or record.get("dtype", "fp32") != "fp32" or record.get("external"):
         return False
-    device = str(device or "auto").lower()
-    return device == "cpu" or (device == "auto" and cpu_only_machine())
+    return surely_cpu(device)
 
 
 def kit_key(record: dict) -> str | None:

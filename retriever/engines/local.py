@@ -31,7 +31,7 @@ from retriever.processes import spawn_context, start_worker
 from retriever.files.folder import FolderOptions, noted_documents
 from retriever.versions.layout import BUILD_STATE, ENCODED
 from retriever.store.layout import DOCUMENTS
-from retriever.encode.device import cpu_only_machine, resolve_device
+from retriever.encode.device import resolve_device, surely_cpu
 from retriever.encode.model_card import DeferredEncoder, encoder_for
 from retriever.engines.stages import (
     CHUNK_ROWS,
@@ -210,9 +210,8 @@ class LocalEngine(BuildEngine):
             return False
         if isinstance(self.encoder, DeferredEncoder):  # texts encoded from a kit: on the CPU (`load_encoder`)
             return False
-        asked = str(self.spec.device or "auto").lower()
-        if self.encoder is None and (asked == "cpu" or (asked == "auto" and cpu_only_machine())):
-            return False  # told without importing torch (most of a second), as `query_kit.kit_may_serve` tells it
+        if self.encoder is None and surely_cpu(self.spec.device):
+            return False  # told without importing torch (most of a second)
         device = self.encoder.device if self.encoder is not None else resolve_device(self.spec.device)
         return device.type == "cuda"
 

@@ -69,11 +69,11 @@ class _LoadedAtFirstUse:
         return getattr(self._encoder, name)
 
 
-def _loaded(snapshot, runtime: str):
-    """The full encoder SNAPSHOT records (its manifest, device and name); a model this machine lacks is the
-    server's problem (503), not the request's."""
+def _loaded(snapshot, runtime: str, kit: QueryKitEncoder | None = None):
+    """The writing encoder SNAPSHOT records (its manifest, device and name; `index.load_encoder`, from KIT, the
+    queries' kit, where it fits); a model this machine lacks is the server's problem (503), not the request's."""
     try:
-        return load_encoder(snapshot, runtime)
+        return load_encoder(snapshot, runtime, kit)
     except RetrieverError as error:
         raise UnavailableError(str(error), parameter=error.parameter) from None
 
@@ -135,7 +135,7 @@ class OpenIndexes:
                 self._encoders[key] = kit or full
                 # What loading needs of this version, not the version (it may be closed by then).
                 recorded = SimpleNamespace(manifest=snapshot.manifest, device=snapshot.device, name=snapshot.name)
-                self._full[key] = full or _LoadedAtFirstUse(lambda: _loaded(recorded, self.runtime))
+                self._full[key] = full or _LoadedAtFirstUse(lambda: _loaded(recorded, self.runtime, kit))
             searcher = Searcher(snapshot, self.remote)
             # The server swaps versions itself (`using`), each request on the one it began with.
             index = Index(snapshot, encoder=self._full[key], searcher=searcher, follow_writes=False)

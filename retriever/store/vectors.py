@@ -442,10 +442,9 @@ def _copy_ivf_entries(source: faiss.IndexIVF, target: faiss.IndexIVF, exclude: n
 
 def gpu_device(device: str) -> torch.device | None:
     """The CUDA device DEVICE ("auto", "cuda", "cuda:N") resolves to, or None for the CPU."""
-    from retriever.encode.device import cpu_only_machine, resolve_device
+    from retriever.encode.device import resolve_device, surely_cpu
 
-    named = str(device).lower()
-    if named == "cpu" or (named == "auto" and cpu_only_machine()):
+    if surely_cpu(device):
         return None  # known without importing torch
     resolved = resolve_device(device)  # imports torch: only where a GPU may be wanted
     return resolved if resolved.type == "cuda" else None
