@@ -104,8 +104,8 @@ def test_load_reports_missing_or_broken_files(tmp_path):
     with pytest.raises(RetrieverError, match="unknown name 'magic'"):
         load_calibrator(tmp_path)
     make_calibrator("flow", **SMALL_FLOW).fit(sample()).save(tmp_path)
-    (tmp_path / "flow.pt").unlink()
-    with pytest.raises(RetrieverError, match="has no weights file flow.pt"):
+    (tmp_path / "flow.npz").unlink()
+    with pytest.raises(RetrieverError, match="has no weights file flow.npz"):
         load_calibrator(tmp_path)
 
 

@@ -99,9 +99,15 @@ def test_hand_derived_gradients_need_existing_grads():
         flow.loss_and_gradients(torch.randn(8, 6), shift_penalty=1.0)
 
 
+def on_torch(calibrator: FlowCalibrator) -> FlowCalibrator:
+    """CALIBRATOR set to fit on torch (a CPU fit of the default shape is NumPy's, `flow_numpy`)."""
+    calibrator.trainer = "torch"
+    return calibrator
+
+
 def test_fit_gives_every_parameter_its_own_storage_back():
-    # Training views all parameters as one flat buffer; afterwards none may alias another or keep a gradient.
-    flow = make_calibrator("flow", device="cpu", epochs=1).fit(correlated_sample(200, 16))
+    # Training on torch views all parameters as one flat buffer; afterwards none may alias another or keep a gradient.
+    flow = on_torch(make_calibrator("flow", device="cpu", epochs=1)).fit(correlated_sample(200, 16))
     parameters = list(flow.flow.parameters())
     assert all(parameter.grad is None for parameter in parameters)
     assert len({parameter.untyped_storage().data_ptr() for parameter in parameters}) == len(parameters)
@@ -172,7 +178,7 @@ def test_shift_penalty_shortens_the_transport(correlated_fit):
 
     def mean_transport(calibrator):
         with torch.no_grad():
-            return calibrator.flow.transport(torch.from_numpy(X)).mean().item()
+            return calibrator.torch_module().transport(torch.from_numpy(X)).mean().item()
 
     assert mean_transport(penalized) < 0.2 * mean_transport(mle_flow)  # measured: 0.53 vs 15.5
 
@@ -195,10 +201,10 @@ def test_a_cpu_fit_steps_as_torchs_fused_adam_to_the_last_bit_without_importing_
     import retriever.calibration.flow as flow_module
 
     X = correlated_sample(600, 8)
-    ours = FlowCalibrator(epochs=2, seed=3).fit(X)
+    ours = on_torch(FlowCalibrator(epochs=2, seed=3)).fit(X)
     monkeypatch.setattr(flow_module, "_adam",
                         lambda parameters, lr, capturable=False: torch.optim.Adam(list(parameters), lr=lr, fused=True))
-    torchs = FlowCalibrator(epochs=2, seed=3).fit(X)
+    torchs = on_torch(FlowCalibrator(epochs=2, seed=3)).fit(X)
     assert ours.losses == torchs.losses
     for a, b in zip(ours.flow.state_dict().values(), torchs.flow.state_dict().values()):
         assert torch.equal(a, b)
@@ -208,7 +214,8 @@ def test_a_cpu_fit_steps_as_torchs_fused_adam_to_the_last_bit_without_importing_
     monkeypatch.setattr(torch, "__version__", "2.4.0")
     assert flow_module._fused_adam_on_cpu()
     script = ("import sys, numpy as np; from retriever.calibration.flow import FlowCalibrator; "
-              "FlowCalibrator(epochs=1).fit(np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)); "
+              "flow = FlowCalibrator(epochs=1); flow.trainer = 'torch'; "
+              "flow.fit(np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)); "
               "print('torch._dynamo' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
@@ -218,7 +225,7 @@ def test_save_and_load_give_identical_output(tmp_path):
     X = correlated_sample(1500, 10)
     flow = make_calibrator("flow", device="cpu", epochs=1, permutation="random", width=16).fit(X)
     flow.save(tmp_path)
-    assert (tmp_path / "calibrator.json").is_file() and (tmp_path / "flow.pt").is_file()
+    assert (tmp_path / "calibrator.json").is_file() and (tmp_path / "flow.npz").is_file()
     loaded = load_calibrator(tmp_path, expected_dim=10)
     assert isinstance(loaded, FlowCalibrator) and loaded.config() == flow.config()
     assert np.array_equal(loaded.transform(X), flow.transform(X))
@@ -230,7 +237,7 @@ def test_vectors_are_calibrated_in_numpy_as_the_torch_module_maps_them(options):
     X = correlated_sample(1500, 10)
     flow = make_calibrator("flow", device="cpu", width=16, **options).fit(X)
     with torch.inference_mode():
-        expected = flow.flow(torch.from_numpy(X))[0].numpy()
+        expected = flow.torch_module()(torch.from_numpy(X))[0].numpy()
     np.testing.assert_allclose(flow.transform(X), expected, rtol=0, atol=2e-5)
     for row in (0, 700, 1499):  # a query alone, as a search calibrates it, is calibrated as in a build's batch
         np.testing.assert_allclose(flow.transform(X[row : row + 1])[0], flow.transform(X)[row], rtol=0, atol=1e-5)
@@ -264,7 +271,7 @@ def test_a_flow_loaded_with_its_map_inverts_and_scores_densities_after_its_folde
     shutil.rmtree(tmp_path / "first")  # a later write pruned the version it was read from
     loaded.save(tmp_path / "second")
     again = load_calibrator(tmp_path / "second", expected_dim=10)
-    assert (tmp_path / "second" / "flow.pt").read_bytes() and again.flow is None  # the torch module not read yet
+    assert (tmp_path / "second" / "flow.npz").read_bytes() and again.flow is None  # the torch module not read yet
     assert np.array_equal(again.transform(X), flow.transform(X))
     assert np.array_equal(again.log_prob(X), flow.log_prob(X))
     Z = flow.transform(X[:20])
@@ -275,15 +282,15 @@ def test_weights_other_than_those_its_map_was_read_from_are_refused(tmp_path):
     X = correlated_sample(1500, 10)
     make_calibrator("flow", device="cpu", width=16, seed=0).fit(X).save(tmp_path / "one")
     make_calibrator("flow", device="cpu", width=16, seed=1).fit(X).save(tmp_path / "other")
-    (tmp_path / "one" / "flow.pt").write_bytes((tmp_path / "other" / "flow.pt").read_bytes())
+    (tmp_path / "one" / "flow.npz").write_bytes((tmp_path / "other" / "flow.npz").read_bytes())
     with pytest.raises(RetrieverError, match="its map was read from other weights"):
         load_calibrator(tmp_path / "one", expected_dim=10)
 
 
-@pytest.mark.parametrize("damaged", ["flow-forward.npz", "flow.pt"])
+@pytest.mark.parametrize("damaged", ["flow-forward.npz", "flow.npz"])
 def test_a_damaged_map_or_weights_file_is_one_clear_error(tmp_path, damaged):
     make_calibrator("flow", device="cpu", width=16).fit(correlated_sample(1500, 10)).save(tmp_path)
-    if damaged == "flow.pt":  # read through torch only where there is no map
+    if damaged == "flow.npz":  # read only where there is no map
         (tmp_path / "flow-forward.npz").unlink()
     path = tmp_path / damaged
     path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
@@ -295,11 +302,39 @@ def test_a_flow_saved_before_its_numpy_map_loads_through_torch_with_the_same_vec
     X = correlated_sample(1500, 10)
     flow = make_calibrator("flow", device="cpu", width=16).fit(X)
     flow.save(tmp_path)
-    (tmp_path / "flow-forward.npz").unlink()  # what a flow saved by an earlier version holds: flow.pt alone
+    # what a flow saved by an earlier version holds: its torch weights alone, as torch.save wrote them
+    torch.save(flow.torch_module().state_dict(), tmp_path / "flow.pt")
+    (tmp_path / "flow-forward.npz").unlink()
+    (tmp_path / "flow.npz").unlink()
     loaded = load_calibrator(tmp_path, expected_dim=10)
-    assert np.array_equal(loaded.transform(X), flow.transform(X))
+    np.testing.assert_allclose(loaded.transform(X), flow.transform(X), rtol=0, atol=1e-5)  # torch's exp, NumPy's
     loaded.save(tmp_path / "again")  # saved again (a copy of an index), it gains its map
-    assert np.array_equal(load_calibrator(tmp_path / "again", expected_dim=10).transform(X), flow.transform(X))
+    assert np.array_equal(load_calibrator(tmp_path / "again", expected_dim=10).transform(X), loaded.transform(X))
+
+
+def test_a_flow_saved_with_torch_weights_and_its_map_loads_and_saves_again_as_it_was(tmp_path):
+    """The indexes of the versions between the map and the NumPy fit: torch.save's flow.pt beside the map."""
+    import hashlib
+    import io
+
+    from retriever.calibration.flow import FORWARD_FILE
+
+    X = correlated_sample(1500, 10)
+    flow = make_calibrator("flow", device="cpu", width=16).fit(X)
+    flow.save(tmp_path / "old")
+    buffer = io.BytesIO()
+    torch.save(flow.torch_module().state_dict(), buffer)
+    (tmp_path / "old" / "flow.npz").unlink()
+    (tmp_path / "old" / "flow.pt").write_bytes(buffer.getvalue())
+    flow.forward.weights_digest = hashlib.sha256(buffer.getvalue()).hexdigest()
+    flow.forward.save(tmp_path / "old" / FORWARD_FILE)
+    loaded = load_calibrator(tmp_path / "old", expected_dim=10)
+    assert np.array_equal(loaded.transform(X), flow.transform(X)) and loaded.flow is None
+    loaded.save(tmp_path / "copy")  # a write's new version: the same files
+    for name in ("flow.pt", FORWARD_FILE):
+        assert (tmp_path / "copy" / name).read_bytes() == (tmp_path / "old" / name).read_bytes()
+    again = load_calibrator(tmp_path / "copy", expected_dim=10)
+    assert np.array_equal(again.log_prob(X[:5]), flow.log_prob(X[:5]))
 
 
 @pytest.mark.parametrize("dim, levels", [(7, 2), (9, 3), (5, 1)])
@@ -401,7 +436,7 @@ def test_flow_k_log_prob_is_the_density_of_the_kept_directions():
     # Gaussian log-density of z plus the log-determinants (checked against autograd's Jacobian).
     X = correlated_sample(2000, 6)
     flow = make_calibrator("flow-6", device="cpu", width=8).fit(X)
-    glow = flow.flow.double()
+    glow = flow.torch_module().double()
     x = torch.from_numpy(X[:3]).double()
     z, logdet = glow(x)
     for row in range(3):

@@ -5,9 +5,11 @@ behaved than in the anisotropic raw space; `flow-K` first whitens to K dimension
 One departure from the paper, explained where it is made: the default fit adds a transport-cost penalty, with a 3x
 larger learning rate to match.
 
-Torch fits the flow; every vector it calibrates then goes through its map in NumPy (`flow_forward.FlowForward`,
-saved beside the weights), so searching an index calibrated by a flow never imports torch. Torch is imported here
-only to fit a flow, to invert one or score its density, or to load one saved before the map was.
+On the CPU a flow of the default shape is fitted in NumPy (`flow_numpy`: the torch fit's steps, to float rounding);
+torch fits the others, and every flow on a GPU. Every vector a flow calibrates goes through its map in NumPy
+(`flow_forward.FlowForward`, saved beside the weights), so neither a build on the CPU nor a search imports torch.
+Torch is imported here only to fit a flow on a GPU or of another shape, to invert one or score its density, or to
+load one saved before the map was.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ import hashlib
 import io
 import pickle
 import threading
+import zipfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from retriever.calibration import flow_numpy
 from retriever.calibration.base import FLOW_NAME, Calibrator, check_matrix
 from retriever.calibration.flow_forward import MIXINGS, PERMUTATIONS, FlowForward
-from retriever.encode.device import resolve_device
+from retriever.encode.device import resolve_device, surely_cpu
 from retriever.errors import RetrieverError
 
 if TYPE_CHECKING:
@@ -39,6 +43,10 @@ TRANSFORM_BATCH = 16384
 SMALL_TRANSFORM = 2048
 # The flow's map in NumPy, saved beside its weights (`weights_file`), with the weights' sha256.
 FORWARD_FILE = "flow-forward.npz"
+# The weights: the torch module's state dict, as arrays (written without torch, read by it where it is wanted).
+WEIGHTS_FILE = "flow.npz"
+# The weights as torch.save wrote them, in a flow saved before WEIGHTS_FILE: read where no WEIGHTS_FILE is.
+TORCH_WEIGHTS_FILE = "flow.pt"
 # Held while a flow loaded with its map alone reads its torch module (`inverse`, `log_prob`): once, for every thread.
 _READING_TORCH = threading.Lock()
 
@@ -52,7 +60,6 @@ class FlowCalibrator(Calibrator):
     """
 
     name = "flow"
-    weights_file = "flow.pt"
 
     @classmethod
     def takes_name(cls, name: str) -> bool:
@@ -112,11 +119,17 @@ class FlowCalibrator(Calibrator):
         # On a GPU, fit with the step captured as a CUDA graph (`_fit_graphed`); False: the eager loop everywhere.
         # Like `device`, it says how to compute, not what is learned.
         self.cuda_graph = True
-        self.fit_path: str | None = None  # how the last fit ran: "cuda-graph" or "eager"
+        # "auto": fit in NumPy where `flow_numpy` can (on the CPU, the default shape), else on torch; "torch": always
+        # on torch. Like `device`, it says how to compute, not what is learned.
+        self.trainer = "auto"
+        self.fit_path: str | None = None  # how the last fit ran: "numpy", "cuda-graph" or "eager"
         self.dim = None
-        self.flow: Glow | None = None  # the torch module: after a fit, or once `inverse` or `log_prob` needs it
+        # the torch module: after a fit on torch, or once `inverse` or `log_prob` needs it (`torch_module`)
+        self.flow: Glow | None = None
         self.forward: FlowForward | None = None  # its map in NumPy: what `transform` applies
-        self._weights: bytes | None = None  # a flow loaded with its map: its torch weights as saved, read if needed
+        self._state: dict[str, np.ndarray] | None = None  # a NumPy fit's weights (the torch module's state dict)
+        # a flow loaded with its map: its weights file's name and bytes as saved, read if needed
+        self._weights: tuple[str, bytes] | None = None
         self.losses: list[float] = []  # training loss (per dimension) of each step of the last fit
 
     def config(self) -> dict:
@@ -156,26 +169,37 @@ class FlowCalibrator(Calibrator):
 
         return Glow(dim, self.levels, self.depth, self.width, self.permutation, self.seed, self.mixing, self.k)
 
+    @property
+    def weights_file(self) -> str:
+        """The weights' file: WEIGHTS_FILE, or the name a loaded flow's weights were read under (saved again so)."""
+        return self._weights[0] if self._weights is not None and self.flow is None else WEIGHTS_FILE
+
     def fit(self, X: np.ndarray) -> FlowCalibrator:
         """One or more epochs of Adam over random minibatches of X; X may be an np.memmap (read batch by batch)."""
-        import torch
-
-        from retriever.calibration.glow import Reduction
-
         dim = self._check_fit_input(X)
         self.check_dim(dim)
-        device = resolve_device(self.device)
-        flow = self._new_flow(dim)
-        if self.k is not None:
-            flow.reduction = Reduction.fit(X, self.k)
-        flow = flow.to(device)
-        parameters = share_one_buffer(flow)
         rng = np.random.default_rng(self.seed)
         n = X.shape[0]
         # Each step's rows, sorted (sequential reads from a memmap), in the order the steps take them.
         batches = [np.sort(order[start : start + self.batch_size])
                    for order in (rng.permutation(n) for _ in range(self.epochs))
                    for start in range(0, n, self.batch_size)]
+        self.flow, self._state, self._weights = None, None, None
+        if self.trainer == "auto" and flow_numpy.fits_in_numpy(self.permutation, self.mixing) and surely_cpu(self.device):
+            fitted, self.losses = flow_numpy.fit(X, batches, self.levels, self.depth, self.width, self.lr,
+                                                 self.shift_penalty, self.seed, self.k)
+            self._state, self.forward, self.fit_path, self.dim = fitted.state_dict(), fitted.forward_map(), "numpy", dim
+            return self
+        import torch
+
+        from retriever.calibration.glow import Reduction
+
+        device = resolve_device(self.device)
+        flow = self._new_flow(dim)
+        if self.k is not None:
+            flow.reduction = Reduction.fit(X, self.k)
+        flow = flow.to(device)
+        parameters = share_one_buffer(flow)
         graphed = self.cuda_graph and device.type == "cuda" and _fits_on_device(X, device)
         optimizer = _adam([parameters], self.lr, capturable=graphed)
         with _single_thread_on(device):
@@ -267,6 +291,19 @@ class FlowCalibrator(Calibrator):
         self._check_transform_input(X)
         return self._apply(X, lambda flow, batch: flow.log_prob(batch)[:, None], 1)[:, 0].astype(np.float64)
 
+    def torch_module(self) -> Glow:
+        """This flow's torch module: the one fitted on torch, else made from its weights on first need (a flow
+        fitted in NumPy, or loaded with its map alone), once for every thread."""
+        self._require_fitted()
+        with _READING_TORCH:
+            if self.flow is None:
+                if self._state is not None:
+                    self.flow = self._torch_flow(self._state, WEIGHTS_FILE)
+                else:
+                    name, weights = self._weights
+                    self.flow = self._torch_flow(_read_weights(name, weights, name), name)
+        return self.flow
+
     def _apply(self, X: np.ndarray, function, out_dim: int) -> np.ndarray:
         """function(torch flow, batch) over X in batches, on the flow's device, into one float32 (n, out_dim) array.
 
@@ -274,25 +311,24 @@ class FlowCalibrator(Calibrator):
         costs more than the product itself, far more on a busy machine."""
         import torch
 
-        with _READING_TORCH:
-            if self.flow is None:  # loaded with its map alone: its torch module is read now
-                self.flow = self._torch_flow(io.BytesIO(self._weights), self.weights_file)
-        device = next(self.flow.parameters()).device
+        flow = self.torch_module()
+        device = next(flow.parameters()).device
         out = np.empty((X.shape[0], out_dim), dtype=np.float32)
         small = X.shape[0] <= SMALL_TRANSFORM
         with torch.inference_mode(), (_single_thread_on(device) if small else nullcontext()):
             for start in range(0, X.shape[0], TRANSFORM_BATCH):
                 batch = torch.from_numpy(np.asarray(X[start : start + TRANSFORM_BATCH], dtype=np.float32))
-                out[start : start + len(batch)] = function(self.flow, batch.to(device)).cpu().numpy()
+                out[start : start + len(batch)] = function(flow, batch.to(device)).cpu().numpy()
         return out
 
     def _save_weights(self, path: Path) -> None:
-        weights = self._weights  # loaded with its map alone, saved again (a write's new version): the bytes it read
-        if self.flow is not None:
-            import torch
-
+        if self._state is None and self.flow is None:  # loaded with its map alone, saved again (a write's new
+            weights = self._weights[1]                  # version): the bytes it read, under their name
+        else:
+            state = self._state if self._state is not None else {
+                name: tensor.detach().cpu().numpy() for name, tensor in self.flow.state_dict().items()}
             buffer = io.BytesIO()
-            torch.save(self.flow.state_dict(), buffer)
+            np.savez(buffer, **state)
             weights = buffer.getvalue()
         path.write_bytes(weights)
         self.forward.weights_digest = hashlib.sha256(weights).hexdigest()
@@ -313,22 +349,46 @@ class FlowCalibrator(Calibrator):
             if hashlib.sha256(weights).hexdigest() != forward.weights_digest:
                 raise RetrieverError(f"{path} does not match the flow described next to it (its map was read from "
                                      "other weights)")
-            self.forward, self.flow, self._weights = forward, None, weights
+            self.forward, self.flow, self._state, self._weights = forward, None, None, (path.name, weights)
             return
-        self.flow = self._torch_flow(path, path)
+        self.flow = self._torch_flow(_read_weights(path.name, path.read_bytes(), path), path)
         self.forward = self.flow.forward_map()
 
-    def _torch_flow(self, source: Path | io.BytesIO, path: Path | str) -> Glow:
-        """The torch module of the weights in SOURCE (a file, or its bytes), read from PATH (named in errors)."""
+    def _load_weights_from(self, folder: str | Path) -> None:
+        """WEIGHTS_FILE from FOLDER, or in a flow saved before it, TORCH_WEIGHTS_FILE."""
+        legacy = Path(folder) / TORCH_WEIGHTS_FILE
+        if not (Path(folder) / WEIGHTS_FILE).is_file() and legacy.is_file():
+            self._load_weights(legacy)
+            return
+        super()._load_weights_from(folder)
+
+    def _torch_flow(self, state: dict, path: Path | str) -> Glow:
+        """The torch module of STATE (its state dict, as arrays or tensors), read from PATH (named in errors)."""
         import torch
 
         flow = self._new_flow(self.dim)
         try:
-            flow.load_state_dict(torch.load(source, map_location="cpu", weights_only=True))
-        except (RuntimeError, KeyError, ValueError, EOFError, OSError, pickle.UnpicklingError) as error:
+            flow.load_state_dict({name: torch.as_tensor(value) for name, value in state.items()})
+        except (RuntimeError, KeyError, ValueError, TypeError) as error:
             first_line = (str(error).strip() or type(error).__name__).splitlines()[0]
             raise RetrieverError(f"{path} does not match the flow described next to it ({first_line})") from None
         return flow.to(resolve_device(self.device)).eval()
+
+
+def _read_weights(name: str, weights: bytes, path: Path | str) -> dict:
+    """The state dict in WEIGHTS, a file of NAME (WEIGHTS_FILE, arrays; TORCH_WEIGHTS_FILE, torch.save's), read
+    from PATH (named in errors)."""
+    try:
+        if name == TORCH_WEIGHTS_FILE:
+            import torch
+
+            return torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
+        with np.load(io.BytesIO(weights), allow_pickle=False) as saved:
+            return {key: saved[key] for key in saved.files}
+    except (RuntimeError, KeyError, ValueError, EOFError, OSError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as error:
+        first_line = (str(error).strip() or type(error).__name__).splitlines()[0]
+        raise RetrieverError(f"{path} does not match the flow described next to it ({first_line})") from None
 
 
 def share_one_buffer(module: nn.Module) -> nn.Parameter:

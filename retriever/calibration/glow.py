@@ -15,7 +15,6 @@ hand (`Glow.loss_and_gradients`, checked against autograd in the tests).
 from __future__ import annotations
 
 import math
-import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from retriever.calibration.flow_forward import FlowForward, level_dims
+from retriever.calibration.flow_numpy import check_levels, reduction_arrays
 from retriever.errors import RetrieverError
 
 # Glow/BERT-flow store actnorm log-scales divided by 3 and multiply them back: a 3x larger effective step size for
@@ -230,17 +230,7 @@ class Reduction(nn.Module):
 
         Scaling them to unit variance is the maximum-likelihood Gaussian; the flow's first ActNorm would undo any
         softer scaling (measured: shrinking the variances by 0.1 or 0.3 of their mean moved no score by > 0.25)."""
-        from retriever.calibration.linear import Whitening
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            whitening = Whitening(k).fit(X)
-        for warning in caught:  # said as what it is here: the first stage of flow-K
-            warnings.warn(f"flow-{k}'s first stage, {warning.message}", warning.category, stacklevel=3)
-        # W = U_k diag(w) with U orthonormal: its pseudo-inverse is diag(1 / w^2) W^T.
-        inverse_weight = whitening.W.T / np.square(whitening.W).sum(0)[:, None]
-        return cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-                     for a in (whitening.mean, whitening.W, inverse_weight)))
+        return cls(*(torch.from_numpy(array) for array in reduction_arrays(X, k)))
 
     @property
     def out_dim(self) -> int:
@@ -319,10 +309,7 @@ class Glow(nn.Module):
         # With a reduction the levels model its k-dimensional output; `Reduction.fit` fills it before training.
         self.reduction = Reduction.empty(dim, reduce_to) if reduce_to is not None else None
         flow_dim = reduce_to if reduce_to is not None else dim
-        if flow_dim < 2 ** levels:
-            raise RetrieverError(
-                f"a {levels}-level flow needs vectors of at least {2 ** levels} dimensions (got {flow_dim})"
-            )
+        check_levels(flow_dim, levels)
         self.dim = flow_dim  # the dimension of z, which the loss is averaged over
         self.level_dims = level_dims(flow_dim, levels)
         # Weights and random permutations come from this seed alone, without touching the global RNG.
