@@ -117,3 +117,34 @@ def test_commands_that_encode_nothing_import_no_torch(tmp_path, minilm_encoder):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"torch": False, "transformers": False}
+
+
+def test_a_build_on_the_cpu_from_a_kept_kit_fits_its_flow_without_torch(tmp_path, tiny_bert):
+    """Once a build has left the model's kit, the next build on the CPU encodes from it and fits its flow in NumPy:
+    neither torch nor transformers is imported (their import was most of a small build's time)."""
+    import os
+    import shutil
+
+    from retriever import Index
+    from retriever.encode.query_kit import onnx_cache_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    docs = {f"d{i}": f"note {i} on the subject of {['tea', 'rain', 'ships', 'maps'][i % 4]} and more" for i in range(80)}
+    corpus = write_jsonl(tmp_path / "docs.jsonl", docs)
+    Index.build(corpus, "first", tmp_path / "indexes", model=str(model), calibrator="flow")  # leaves the kit
+    script = (
+        "import sys, json\n"
+        "from retriever import Index\n"
+        f"summary = Index.build({str(corpus)!r}, 'second', {str(tmp_path / 'indexes')!r}, model={str(model)!r}, "
+        "calibrator='flow')\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules,\n"
+        "                  'documents': summary.documents}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "RETRIEVER_ONNX_CACHE": str(onnx_cache_dir())})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"torch": False, "transformers": False,
+                                                                "documents": 80}
+    first, second = (Index.open(name, tmp_path / "indexes") for name in ("first", "second"))
+    assert first.search("rain", k=3) == second.search("rain", k=3)  # the same flow, fitted in either process
