@@ -131,3 +131,40 @@ def test_the_vector_index_built_while_encoding_gives_the_same_files_byte_for_byt
     assert finished == [streamed]  # offered once, and taken unless a document was cut
     assert built[True] == built[False]
     assert not [name for name in built[True] if name.endswith(".partial")]
+
+
+def test_the_hybrid_check_runs_beside_the_segments_writing_and_its_decision_is_recorded(tiny_bert, tmp_path,
+                                                                                         monkeypatch):
+    """The hybrid check reads no segment: it runs on a thread of its own while they are written (drawing no progress
+    bar there: one live bar at a time), and the manifest records what it decided."""
+    import threading
+    import time
+
+    spans, decided = {}, {}
+    real_check, real_write = index_module.hybrid_check, LocalEngine.write_segments
+
+    def hybrid_check(check, transform, seed):
+        started = time.perf_counter()
+        decided["thread"], decided["quiet"] = threading.current_thread().name, not check.progress
+        decided["record"] = real_check(check, transform, seed)
+        time.sleep(0.3)  # long enough to overlap, whatever the machine
+        spans["check"] = (started, time.perf_counter())
+        return decided["record"]
+
+    def write_segments(self, *arguments):
+        started = time.perf_counter()
+        written = real_write(self, *arguments)
+        time.sleep(0.3)
+        spans["write"] = (started, time.perf_counter())
+        return written
+
+    monkeypatch.setattr(index_module, "hybrid_check", hybrid_check)
+    monkeypatch.setattr(LocalEngine, "write_segments", write_segments)
+    summary = Index.build(corpus(longs=2, shorts=60), "beside", tmp_path, model=str(tiny_bert), max_length=WINDOW,
+                          device="cpu", progress=True)
+    assert decided["thread"].startswith("retriever-hybrid-check") and decided["quiet"]
+    (check_start, check_end), (write_start, write_end) = spans["check"], spans["write"]
+    assert check_start < write_end and write_start < check_end  # at the same time
+    with Index.open("beside", tmp_path) as index:
+        assert index.snapshot.manifest.hybrid == decided["record"]
+    assert summary.timings["index"] >= 0
