@@ -12,7 +12,7 @@ saving both, and committing the manifest through the writer (`retriever.versions
         engine.load_encoder()    -> Encoder           the driver's copy: queries, pseudo-queries, the config
         engine.encode(writer)    -> VectorSource      raw vectors, row i - 1 for row id i
         fit, train, save                              shared
-        engine.write_segments(writer, ...)            -> [(segment name, rows)]   (the hybrid check beside it)
+        engine.write_segments(writer, ...)            -> [(segment name, rows)]
         commit                                        shared
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -206,31 +205,24 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         # The pseudo-queries are encoded as the fit's check and the hybrid check read them: timed apart.
         encoded = check.seconds if check is not None else 0.0
         timings["fit"] = time.perf_counter() - clock - encoded
-        # The hybrid check reads the pseudo-queries and the calibrator's map, nothing the segments hold: it runs on
-        # a thread of its own while they are written (the vector index's and NumPy's work leave the interpreter
-        # lock). Its encoding draws no progress bar there: one live bar at a time.
-        with ThreadPoolExecutor(1, thread_name_prefix="retriever-hybrid-check") as pool:
-            if isinstance(check, CheckRounds):
-                check.progress = False
-            checked = (pool.submit(_timed, hybrid_check, check, fitted.transform, seed)
-                       if hybrid_check is not None else None)
-
-            clock = time.perf_counter()
-            index_spec, template = ((ready, None) if ready is not None else
-                                    train_index(source.rows, calibrated_sample, spec.index_type, spec.index_options))
-            del calibrated_sample
-            save_fitted(writer.folder, fitted, index_spec, template)  # what every segment is calibrated with
-            timings["train_index"] = time.perf_counter() - clock
-
-            clock = time.perf_counter()
-            segments = engine.write_segments(writer, source, fitted, index_spec, template)
-            timings["index"] = time.perf_counter() - clock - timings.get("keywords", 0.0)  # the vectors' part
-            hybrid, checking = checked.result() if checked is not None else (None, 0.0)
+        clock = time.perf_counter()
+        hybrid = hybrid_check(check, fitted.transform, seed) if hybrid_check is not None else None
         if check is not None:
             timings["pseudo_queries"] = made + check.seconds
         if hybrid is not None and "evidence" in hybrid:
-            timings["hybrid_check"] = checking - (check.seconds - encoded)
+            timings["hybrid_check"] = time.perf_counter() - clock - (check.seconds - encoded)
         del check
+
+        clock = time.perf_counter()
+        index_spec, template = ((ready, None) if ready is not None else
+                                train_index(source.rows, calibrated_sample, spec.index_type, spec.index_options))
+        del calibrated_sample
+        save_fitted(writer.folder, fitted, index_spec, template)  # what every segment is calibrated with
+        timings["train_index"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        segments = engine.write_segments(writer, source, fitted, index_spec, template)
+        timings["index"] = time.perf_counter() - clock - timings.get("keywords", 0.0)  # the vectors' part
 
         clock = time.perf_counter()
         fit_record = fit_summary(prefitted, documents, spec.fit_sample, seed, query_vectors, queries_from)
@@ -251,8 +243,3 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
     return ChangeSummary(name, str(final), documents, documents, truncated, time.perf_counter() - started, timings,
                          notes, version=writer.manifest.version, cut=cut, passages=passages)
 
-
-def _timed(function: Callable, *arguments):
-    """(FUNCTION(*ARGUMENTS), the seconds it took)."""
-    clock = time.perf_counter()
-    return function(*arguments), time.perf_counter() - clock
