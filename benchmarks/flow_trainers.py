@@ -83,7 +83,8 @@ def main() -> None:
 
 
 def report(results: list[dict]) -> str:
-    lines = ["| layer | trainer | Spearman, seeds 0-4 | mean | min | max | fit s (median) |", "|---:|---|---|---:|---:|---:|---:|"]
+    lines = ["| layer | trainer | Spearman, seeds 0-4 | mean | min | max | fit s (median) |",
+             "|---:|---|---|---:|---:|---:|---:|"]
     for layer in dict.fromkeys(record["layer"] for record in results):
         for label in TRAINERS:
             mine = [record for record in results if record["layer"] == layer and record["trainer"] == label]

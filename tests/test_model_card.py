@@ -130,7 +130,8 @@ def test_a_build_on_the_cpu_from_a_kept_kit_fits_its_flow_without_torch(tmp_path
 
     model = tmp_path / "model"
     shutil.copytree(tiny_bert, model)
-    docs = {f"d{i}": f"note {i} on the subject of {['tea', 'rain', 'ships', 'maps'][i % 4]} and more" for i in range(80)}
+    subjects = ["tea", "rain", "ships", "maps"]
+    docs = {f"d{i}": f"note {i} on the subject of {subjects[i % 4]} and more" for i in range(80)}
     corpus = write_jsonl(tmp_path / "docs.jsonl", docs)
     Index.build(corpus, "first", tmp_path / "indexes", model=str(model), calibrator="flow")  # leaves the kit
     script = (

@@ -185,10 +185,12 @@ class FlowCalibrator(Calibrator):
                    for order in (rng.permutation(n) for _ in range(self.epochs))
                    for start in range(0, n, self.batch_size)]
         self.flow, self._state, self._weights = None, None, None
-        if self.trainer == "auto" and flow_numpy.fits_in_numpy(self.permutation, self.mixing) and surely_cpu(self.device):
+        in_numpy = flow_numpy.fits_in_numpy(self.permutation, self.mixing) and surely_cpu(self.device)
+        if self.trainer == "auto" and in_numpy:
             fitted, self.losses = flow_numpy.fit(X, batches, self.levels, self.depth, self.width, self.lr,
                                                  self.shift_penalty, self.seed, self.k)
-            self._state, self.forward, self.fit_path, self.dim = fitted.state_dict(), fitted.forward_map(), "numpy", dim
+            self._state, self.forward = fitted.state_dict(), fitted.forward_map()
+            self.fit_path, self.dim = "numpy", dim
             return self
         import torch
 

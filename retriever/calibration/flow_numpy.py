@@ -211,7 +211,8 @@ class NumpyFlow:
         state = {name: array.copy() for name, array in self.parameters.items()}
         if self.reduction is not None:
             mean, weight, inverse_weight = self.reduction
-            state.update({"reduction.mean": mean, "reduction.weight": weight, "reduction.inverse_weight": inverse_weight,
+            state.update({"reduction.mean": mean, "reduction.weight": weight,
+                          "reduction.inverse_weight": inverse_weight,
                           "reduction.logdet": np.asarray(self.reduction_logdet, np.float32)})
         return state
 
