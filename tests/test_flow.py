@@ -287,15 +287,61 @@ def test_weights_other_than_those_its_map_was_read_from_are_refused(tmp_path):
         load_calibrator(tmp_path / "one", expected_dim=10)
 
 
-@pytest.mark.parametrize("damaged", ["flow-forward.npz", "flow.npz"])
+@pytest.mark.parametrize("damaged", ["flow-forward.npz", "flow.npz", "flow.pt", "flow.npz: one array",
+                                     "flow.pt: one tensor"])
 def test_a_damaged_map_or_weights_file_is_one_clear_error(tmp_path, damaged):
-    make_calibrator("flow", device="cpu", width=16).fit(correlated_sample(1500, 10)).save(tmp_path)
-    if damaged == "flow.npz":  # read only where there is no map
+    flow = make_calibrator("flow", device="cpu", width=16).fit(correlated_sample(1500, 10))
+    flow.save(tmp_path)
+    name, _, how = damaged.partition(": ")
+    if name == "flow.pt":  # a flow saved before flow.npz: torch.save's weights
+        torch.save(flow.torch_module().state_dict(), tmp_path / "flow.pt")
+        (tmp_path / "flow.npz").unlink()
+    if name != "flow-forward.npz":  # the weights are read only where there is no map
         (tmp_path / "flow-forward.npz").unlink()
-    path = tmp_path / damaged
-    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    path = tmp_path / name
+    if how == "one array":
+        np.save(path.with_suffix(".npy"), np.ones(3))
+        path.write_bytes(path.with_suffix(".npy").read_bytes())
+    elif how == "one tensor":
+        torch.save(torch.ones(3), path)
+    else:
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
     with pytest.raises(RetrieverError, match="is not a flow's saved map|does not match the flow described"):
         load_calibrator(tmp_path, expected_dim=10)
+
+
+def test_a_failed_refit_leaves_the_flow_fitted_before_whole(tmp_path):
+    X = correlated_sample(1500, 16)
+    flow = make_calibrator("flow", device="cpu", width=16, levels=4).fit(X)
+    before = flow.transform(X[:5])
+    with pytest.raises(RetrieverError, match="at least 16 dimensions"):
+        flow.fit(X[:, :8])
+    flow.save(tmp_path)  # still whole: saved and read back as it was
+    np.testing.assert_array_equal(load_calibrator(tmp_path, expected_dim=16).transform(X[:5]), before)
+    assert np.isfinite(flow.log_prob(X[:5])).all()
+
+
+def test_a_folder_saved_into_again_keeps_one_weights_file(tmp_path):
+    """A flow read from torch.save's flow.pt beside its map saves under that name again; saved into a folder that
+    holds a flow.npz of another flow, it leaves no stale file to be read instead."""
+    import hashlib
+    import io
+
+    from retriever.calibration.flow import FORWARD_FILE
+
+    X = correlated_sample(1500, 10)
+    old = make_calibrator("flow", device="cpu", width=16, seed=1).fit(X)
+    old.save(tmp_path / "old")
+    buffer = io.BytesIO()
+    torch.save(old.torch_module().state_dict(), buffer)
+    (tmp_path / "old" / "flow.npz").unlink()
+    (tmp_path / "old" / "flow.pt").write_bytes(buffer.getvalue())
+    old.forward.weights_digest = hashlib.sha256(buffer.getvalue()).hexdigest()
+    old.forward.save(tmp_path / "old" / FORWARD_FILE)
+    make_calibrator("flow", device="cpu", width=16, seed=2).fit(X).save(tmp_path / "reused")
+    load_calibrator(tmp_path / "old", expected_dim=10).save(tmp_path / "reused")
+    assert not (tmp_path / "reused" / "flow.npz").exists()
+    np.testing.assert_array_equal(load_calibrator(tmp_path / "reused", expected_dim=10).transform(X), old.transform(X))
 
 
 def test_a_flow_saved_before_its_numpy_map_loads_through_torch_with_the_same_vectors(tmp_path):
@@ -385,7 +431,7 @@ def test_fits_from_a_memmap_batch_by_batch(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "options",
     [{"levels": 0}, {"depth": -1}, {"width": 2.5}, {"batch_size": 0}, {"epochs": True}, {"lr": 0},
-     {"shift_penalty": -1}, {"permutation": "sideways"}],
+     {"shift_penalty": -1}, {"permutation": "sideways"}, {"seed": -1}, {"seed": 2**64}],
 )
 def test_bad_flow_options_are_refused(options):
     with pytest.raises(RetrieverError, match="flow option"):

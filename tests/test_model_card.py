@@ -133,12 +133,12 @@ def test_a_build_on_the_cpu_from_a_kept_kit_fits_its_flow_without_torch(tmp_path
     subjects = ["tea", "rain", "ships", "maps"]
     docs = {f"d{i}": f"note {i} on the subject of {subjects[i % 4]} and more" for i in range(80)}
     corpus = write_jsonl(tmp_path / "docs.jsonl", docs)
-    Index.build(corpus, "first", tmp_path / "indexes", model=str(model), calibrator="flow")  # leaves the kit
+    Index.build(corpus, "first", tmp_path / "indexes", model=str(model), calibrator="flow", device="cpu")  # the kit
     script = (
         "import sys, json\n"
         "from retriever import Index\n"
         f"summary = Index.build({str(corpus)!r}, 'second', {str(tmp_path / 'indexes')!r}, model={str(model)!r}, "
-        "calibrator='flow')\n"
+        "calibrator='flow', device='cpu')\n"
         "print(json.dumps({'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules,\n"
         "                  'documents': summary.documents}))\n"
     )

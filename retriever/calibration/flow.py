@@ -5,7 +5,8 @@ behaved than in the anisotropic raw space; `flow-K` first whitens to K dimension
 One departure from the paper, explained where it is made: the default fit adds a transport-cost penalty, with a 3x
 larger learning rate to match.
 
-On the CPU a flow of the default shape is fitted in NumPy (`flow_numpy`: the torch fit's steps, to float rounding);
+On the CPU a flow of the default shape is fitted in NumPy (`flow_numpy`: the torch fit's steps, each to float
+rounding);
 torch fits the others, and every flow on a GPU. Every vector a flow calibrates goes through its map in NumPy
 (`flow_forward.FlowForward`, saved beside the weights), so neither a build on the CPU nor a search imports torch.
 Torch is imported here only to fit a flow on a GPU or of another shape, to invert one or score its density, or to
@@ -19,6 +20,7 @@ import io
 import pickle
 import threading
 import zipfile
+from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +49,8 @@ FORWARD_FILE = "flow-forward.npz"
 WEIGHTS_FILE = "flow.npz"
 # The weights as torch.save wrote them, in a flow saved before WEIGHTS_FILE: read where no WEIGHTS_FILE is.
 TORCH_WEIGHTS_FILE = "flow.pt"
+# How a flow may be fitted (`FlowCalibrator.trainer`).
+TRAINERS = ("auto", "torch")
 # Held while a flow loaded with its map alone reads its torch module (`inverse`, `log_prob`): once, for every thread.
 _READING_TORCH = threading.Lock()
 
@@ -103,6 +107,9 @@ class FlowCalibrator(Calibrator):
             raise RetrieverError(f"flow option shift_penalty must be a number >= 0 (got {shift_penalty!r})")
         if k is not None and (not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 4):
             raise RetrieverError(f"flow option k must be an integer of at least 4 (got {k!r})")
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+            # the batches' NumPy generator and torch's seeding take no other
+            raise RetrieverError(f"flow option seed must be an integer from 0 to 2**64 - 1 (got {seed!r})")
         if mixing not in MIXINGS:
             raise RetrieverError(f"flow option mixing must be one of {', '.join(MIXINGS)} (got {mixing!r})")
         if permutation not in PERMUTATIONS:
@@ -184,13 +191,15 @@ class FlowCalibrator(Calibrator):
         batches = [np.sort(order[start : start + self.batch_size])
                    for order in (rng.permutation(n) for _ in range(self.epochs))
                    for start in range(0, n, self.batch_size)]
-        self.flow, self._state, self._weights = None, None, None
+        if self.trainer not in TRAINERS:
+            raise RetrieverError(f"flow trainer must be one of {', '.join(TRAINERS)} (got {self.trainer!r})")
         in_numpy = flow_numpy.fits_in_numpy(self.permutation, self.mixing) and surely_cpu(self.device)
         if self.trainer == "auto" and in_numpy:
-            fitted, self.losses = flow_numpy.fit(X, batches, self.levels, self.depth, self.width, self.lr,
-                                                 self.shift_penalty, self.seed, self.k)
-            self._state, self.forward = fitted.state_dict(), fitted.forward_map()
-            self.fit_path, self.dim = "numpy", dim
+            fitted, losses = flow_numpy.fit(X, batches, self.levels, self.depth, self.width, self.lr,
+                                            self.shift_penalty, self.seed, self.k)
+            # Only once the fit succeeded: a failed refit leaves the flow fitted before whole.
+            self.flow, self._state, self._weights, self.losses = None, fitted.state_dict(), None, losses
+            self.forward, self.fit_path, self.dim = fitted.forward_map(), "numpy", dim
             return self
         import torch
 
@@ -215,6 +224,7 @@ class FlowCalibrator(Calibrator):
                         flow.initialize(batch)
                     losses.append(self._step(flow, parameters, optimizer, batch))
         self.fit_path = "cuda-graph" if graphed else "eager"
+        self._state, self._weights = None, None
         _own_buffers(flow)
         self.losses = torch.stack(losses).tolist() if isinstance(losses, list) else losses.tolist()
         self.flow = flow.eval()
@@ -333,6 +343,9 @@ class FlowCalibrator(Calibrator):
             np.savez(buffer, **state)
             weights = buffer.getvalue()
         path.write_bytes(weights)
+        # A folder saved into again keeps one weights file: the other name would be read first, or instead.
+        for name in {WEIGHTS_FILE, TORCH_WEIGHTS_FILE} - {path.name}:
+            path.with_name(name).unlink(missing_ok=True)
         self.forward.weights_digest = hashlib.sha256(weights).hexdigest()
         self.forward.save(path.with_name(FORWARD_FILE))
 
@@ -384,9 +397,16 @@ def _read_weights(name: str, weights: bytes, path: Path | str) -> dict:
         if name == TORCH_WEIGHTS_FILE:
             import torch
 
-            return torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
-        with np.load(io.BytesIO(weights), allow_pickle=False) as saved:
-            return {key: saved[key] for key in saved.files}
+            state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
+        else:
+            saved = np.load(io.BytesIO(weights), allow_pickle=False)
+            if not isinstance(saved, np.lib.npyio.NpzFile):
+                raise ValueError("not a file of named arrays")
+            with saved:
+                state = {key: saved[key] for key in saved.files}
+        if not isinstance(state, Mapping):
+            raise ValueError("not a state dict")
+        return state
     except (RuntimeError, KeyError, ValueError, EOFError, OSError, pickle.UnpicklingError,
             zipfile.BadZipFile) as error:
         first_line = (str(error).strip() or type(error).__name__).splitlines()[0]

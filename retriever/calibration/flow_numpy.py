@@ -2,8 +2,11 @@
 mixing, optionally after a whitening to K dimensions), trained as `flow.FlowCalibrator` trains the torch module,
 step for step: the same initial weights (torch's seeded `nn.Linear` init, drawn here from the same Mersenne Twister
 stream), the same batches, the same hand-written gradients (`glow.Glow.loss_and_gradients`), gradient clipping and
-Adam step (the arithmetic of torch's fused kernel), in float32. The weights agree with the torch fit's to float
-rounding (a test), and a build on the CPU never imports torch, about a second of every process that fits a flow.
+Adam step (the arithmetic of torch's fused kernel), in float32. Each step computes what torch's does to float
+rounding (tests); over a fit, training amplifies that rounding as it amplifies any (torch on vectors one unit in the
+last place apart parts from itself as far), and the flows are as good, seed for seed
+(benchmarks/results/flow_trainers.md). A build on the CPU then never imports torch: about a second of every process
+that fits a flow.
 
 At batch 32 a step is a few hundred operations on arrays of a few thousand numbers: what each costs is the call,
 and NumPy's call costs a fraction of torch's.
