@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,22 @@ FLOW_TARGETS = {0: 69.5, 4: 70.5, 6: 81.9}
 WHITENING_TOLERANCE = 0.1
 
 
+def stsb_test_scorer(data_dir: str | None = None) -> tuple[list[str], Callable[[np.ndarray], float]]:
+    """STS-B's distinct sentences (the flow's fit set, rows in this order) and SPEARMAN(Z): STS-B test Spearman x 100
+    of the cosine between each test pair's rows of Z (vectors of those sentences, calibrated)."""
+    stsb, data_dir = get_task("stsb"), resolve_data_dir(data_dir)
+    sentences = stsb.all_sentences(data_dir)
+    row_of = {sentence: row for row, sentence in enumerate(sentences)}
+    (test,) = stsb.load_split(data_dir, "test")
+    first = np.array([row_of[sentence] for sentence in test.sent1])
+    second = np.array([row_of[sentence] for sentence in test.sent2])
+
+    def spearman(Z: np.ndarray) -> float:
+        return spearman_x100(cosine_rows(Z[first], Z[second]), test.labels)
+
+    return sentences, spearman
+
+
 def embeddings(sentences: list[str], layer: int, device: str, cache: Path | None) -> np.ndarray:
     """Mean-pooled hidden_states[layer], cached on disk by layer (the sentence list is fixed)."""
     path = cache / f"stsb-minilm-layer{layer}-len{MAX_LENGTH}-{len(sentences)}.npy" if cache else None
@@ -82,16 +99,7 @@ def main() -> None:
     last = json.loads((default_model_path() / "config.json").read_text())["num_hidden_layers"]
     layers = [last if layer.strip() == "last" else int(layer) for layer in args.layers.split(",")]
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    stsb, data_dir = get_task("stsb"), resolve_data_dir(args.data_dir)
-    sentences = stsb.all_sentences(data_dir)
-    row_of = {sentence: row for row, sentence in enumerate(sentences)}
-    (test,) = stsb.load_split(data_dir, "test")
-    first = np.array([row_of[sentence] for sentence in test.sent1])
-    second = np.array([row_of[sentence] for sentence in test.sent2])
-
-    def spearman(Z: np.ndarray) -> float:
-        return spearman_x100(cosine_rows(Z[first], Z[second]), test.labels)
-
+    sentences, spearman = stsb_test_scorer(args.data_dir)
     results = {}
     for layer in layers:
         X = embeddings(sentences, layer, args.device, Path(args.cache) if args.cache else None)

@@ -22,9 +22,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.calibration_table import stsb_test_scorer  # noqa: E402
 from retriever.calibration import make_calibrator  # noqa: E402
-from retriever.evaluation import get_task, resolve_data_dir  # noqa: E402
-from retriever.evaluation.evaluators import cosine_rows, spearman_x100  # noqa: E402
 
 # (batch size, learning rate, epochs)
 SETTINGS = [(32, 3e-3, 1), (256, 8.5e-3, 1), (256, 8.5e-3, 4), (1024, 1.7e-2, 4), (1024, 1.7e-2, 16), (1024, 1e-2, 16)]
@@ -32,12 +31,7 @@ SETTINGS = [(32, 3e-3, 1), (256, 8.5e-3, 1), (256, 8.5e-3, 4), (1024, 1.7e-2, 4)
 
 def main() -> None:
     torch.set_num_threads(2)
-    stsb, data_dir = get_task("stsb"), resolve_data_dir(None)
-    sentences = stsb.all_sentences(data_dir)
-    row_of = {sentence: row for row, sentence in enumerate(sentences)}
-    (test,) = stsb.load_split(data_dir, "test")
-    first = np.array([row_of[sentence] for sentence in test.sent1])
-    second = np.array([row_of[sentence] for sentence in test.sent2])
+    sentences, spearman = stsb_test_scorer()
     results = []
     for layer in (0, 6):
         X = np.load(REPO / ".cache" / "calibration_table" / f"stsb-minilm-layer{layer}-len64-{len(sentences)}.npy")
@@ -49,7 +43,7 @@ def main() -> None:
                                        device="cpu").fit(X)
                 seconds.append(round(time.perf_counter() - start, 2))
                 Z = flow.transform(X)
-                scores.append(round(spearman_x100(cosine_rows(Z[first], Z[second]), test.labels), 2))
+                scores.append(round(spearman(Z), 2))
             record = {"layer": layer, "batch_size": batch_size, "lr": lr, "epochs": epochs, "spearman": scores,
                       "fit_seconds": seconds}
             print(record, flush=True)

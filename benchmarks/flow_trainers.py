@@ -27,10 +27,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.calibration_table import MAX_LENGTH, embeddings  # noqa: E402
+from benchmarks.calibration_table import MAX_LENGTH, embeddings, stsb_test_scorer  # noqa: E402
 from retriever.calibration import make_calibrator  # noqa: E402
-from retriever.evaluation import get_task, resolve_data_dir  # noqa: E402
-from retriever.evaluation.evaluators import cosine_rows, spearman_x100  # noqa: E402
 
 # trainer -> (FlowCalibrator.trainer, whether the vectors are nudged by one unit in the last place)
 TRAINERS = {"numpy": ("auto", False), "torch": ("torch", False), "torch, vectors x (1 + 2^-23)": ("torch", True)}
@@ -43,12 +41,7 @@ def main() -> None:
     parser.add_argument("--cache", default=str(REPO / ".cache" / "calibration_table"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    stsb, data_dir = get_task("stsb"), resolve_data_dir(None)
-    sentences = stsb.all_sentences(data_dir)
-    row_of = {sentence: row for row, sentence in enumerate(sentences)}
-    (test,) = stsb.load_split(data_dir, "test")
-    first = np.array([row_of[sentence] for sentence in test.sent1])
-    second = np.array([row_of[sentence] for sentence in test.sent2])
+    sentences, spearman = stsb_test_scorer()
     results = []
     for layer in (int(layer) for layer in args.layers.split(",")):
         X = embeddings(sentences, layer, "cpu", Path(args.cache))
@@ -62,7 +55,7 @@ def main() -> None:
                 seconds = time.perf_counter() - start
                 Z = flow.transform(X)
                 record = {"layer": layer, "seed": seed, "trainer": label, "fit_path": flow.fit_path,
-                          "spearman": round(spearman_x100(cosine_rows(Z[first], Z[second]), test.labels), 2),
+                          "spearman": round(spearman(Z), 2),
                           "fit_seconds": round(seconds, 2)}
                 print(json.dumps(record), flush=True)
                 results.append(record)

@@ -310,6 +310,23 @@ def test_a_damaged_map_or_weights_file_is_one_clear_error(tmp_path, damaged):
         load_calibrator(tmp_path, expected_dim=10)
 
 
+def save_as_before_flow_npz(flow: FlowCalibrator, folder) -> None:
+    """FLOW saved as the versions between its NumPy map and flow.npz saved one: torch.save's flow.pt beside the map,
+    which names its sha256."""
+    import hashlib
+    import io
+
+    from retriever.calibration.flow import FORWARD_FILE
+
+    flow.save(folder)
+    buffer = io.BytesIO()
+    torch.save(flow.torch_module().state_dict(), buffer)
+    (folder / "flow.npz").unlink()
+    (folder / "flow.pt").write_bytes(buffer.getvalue())
+    flow.forward.weights_digest = hashlib.sha256(buffer.getvalue()).hexdigest()
+    flow.forward.save(folder / FORWARD_FILE)
+
+
 def test_a_failed_refit_leaves_the_flow_fitted_before_whole(tmp_path):
     X = correlated_sample(1500, 16)
     flow = make_calibrator("flow", device="cpu", width=16, levels=4).fit(X)
@@ -324,20 +341,9 @@ def test_a_failed_refit_leaves_the_flow_fitted_before_whole(tmp_path):
 def test_a_folder_saved_into_again_keeps_one_weights_file(tmp_path):
     """A flow read from torch.save's flow.pt beside its map saves under that name again; saved into a folder that
     holds a flow.npz of another flow, it leaves no stale file to be read instead."""
-    import hashlib
-    import io
-
-    from retriever.calibration.flow import FORWARD_FILE
-
     X = correlated_sample(1500, 10)
     old = make_calibrator("flow", device="cpu", width=16, seed=1).fit(X)
-    old.save(tmp_path / "old")
-    buffer = io.BytesIO()
-    torch.save(old.torch_module().state_dict(), buffer)
-    (tmp_path / "old" / "flow.npz").unlink()
-    (tmp_path / "old" / "flow.pt").write_bytes(buffer.getvalue())
-    old.forward.weights_digest = hashlib.sha256(buffer.getvalue()).hexdigest()
-    old.forward.save(tmp_path / "old" / FORWARD_FILE)
+    save_as_before_flow_npz(old, tmp_path / "old")
     make_calibrator("flow", device="cpu", width=16, seed=2).fit(X).save(tmp_path / "reused")
     load_calibrator(tmp_path / "old", expected_dim=10).save(tmp_path / "reused")
     assert not (tmp_path / "reused" / "flow.npz").exists()
@@ -360,20 +366,11 @@ def test_a_flow_saved_before_its_numpy_map_loads_through_torch_with_the_same_vec
 
 def test_a_flow_saved_with_torch_weights_and_its_map_loads_and_saves_again_as_it_was(tmp_path):
     """The indexes of the versions between the map and the NumPy fit: torch.save's flow.pt beside the map."""
-    import hashlib
-    import io
-
     from retriever.calibration.flow import FORWARD_FILE
 
     X = correlated_sample(1500, 10)
     flow = make_calibrator("flow", device="cpu", width=16).fit(X)
-    flow.save(tmp_path / "old")
-    buffer = io.BytesIO()
-    torch.save(flow.torch_module().state_dict(), buffer)
-    (tmp_path / "old" / "flow.npz").unlink()
-    (tmp_path / "old" / "flow.pt").write_bytes(buffer.getvalue())
-    flow.forward.weights_digest = hashlib.sha256(buffer.getvalue()).hexdigest()
-    flow.forward.save(tmp_path / "old" / FORWARD_FILE)
+    save_as_before_flow_npz(flow, tmp_path / "old")
     loaded = load_calibrator(tmp_path / "old", expected_dim=10)
     assert np.array_equal(loaded.transform(X), flow.transform(X)) and loaded.flow is None
     loaded.save(tmp_path / "copy")  # a write's new version: the same files

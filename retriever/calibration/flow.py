@@ -6,9 +6,8 @@ One departure from the paper, explained where it is made: the default fit adds a
 larger learning rate to match.
 
 On the CPU a flow of the default shape is fitted in NumPy (`flow_numpy`: the torch fit's steps, each to float
-rounding);
-torch fits the others, and every flow on a GPU. Every vector a flow calibrates goes through its map in NumPy
-(`flow_forward.FlowForward`, saved beside the weights), so neither a build on the CPU nor a search imports torch.
+rounding); torch fits the others, and every flow on a GPU. Every vector a flow calibrates goes through its map in
+NumPy (`flow_forward.FlowForward`, saved beside the weights), so neither a build on the CPU nor a search imports torch.
 Torch is imported here only to fit a flow on a GPU or of another shape, to invert one or score its density, or to
 load one saved before the map was.
 """
@@ -183,6 +182,8 @@ class FlowCalibrator(Calibrator):
 
     def fit(self, X: np.ndarray) -> FlowCalibrator:
         """One or more epochs of Adam over random minibatches of X; X may be an np.memmap (read batch by batch)."""
+        if self.trainer not in TRAINERS:
+            raise RetrieverError(f"flow trainer must be one of {', '.join(TRAINERS)} (got {self.trainer!r})")
         dim = self._check_fit_input(X)
         self.check_dim(dim)
         rng = np.random.default_rng(self.seed)
@@ -191,8 +192,6 @@ class FlowCalibrator(Calibrator):
         batches = [np.sort(order[start : start + self.batch_size])
                    for order in (rng.permutation(n) for _ in range(self.epochs))
                    for start in range(0, n, self.batch_size)]
-        if self.trainer not in TRAINERS:
-            raise RetrieverError(f"flow trainer must be one of {', '.join(TRAINERS)} (got {self.trainer!r})")
         in_numpy = flow_numpy.fits_in_numpy(self.permutation, self.mixing) and surely_cpu(self.device)
         if self.trainer == "auto" and in_numpy:
             fitted, losses = flow_numpy.fit(X, batches, self.levels, self.depth, self.width, self.lr,
