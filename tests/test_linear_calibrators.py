@@ -165,3 +165,17 @@ def test_a_query_alone_is_calibrated_as_in_a_batch(name):
     batch = calibrator.transform(X[:12])
     for row in range(12):
         np.testing.assert_allclose(calibrator.transform(X[row : row + 1])[0], batch[row], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["whitening-16", "sn+natsv-2"])
+def test_a_build_transformed_in_blocks_gives_the_bits_of_one_block(name, monkeypatch):
+    # A build's vectors, and auto's check of them, are transformed TRANSFORM_ROWS at a time: the stored bits must
+    # not depend on how many rows went through together.
+    from retriever.calibration import linear
+
+    X = correlated_sample(3000, 96).astype(np.float32)
+    calibrator = make_calibrator(name).fit(X)
+    monkeypatch.setattr(linear, "TRANSFORM_ROWS", 1000)
+    blocks = calibrator.transform(X)
+    monkeypatch.setattr(linear, "TRANSFORM_ROWS", 65536)
+    assert np.array_equal(blocks, calibrator.transform(X))

@@ -23,6 +23,11 @@ EIGENVALUE_FLOOR = 1e-12
 # A dimension whose std is below this fraction of the largest std is treated as constant by `sn`: it is centered
 # but not scaled up, since scaling would turn float round-off into unit-variance noise.
 CONSTANT_STD = 1e-6
+# Rows transformed at a time: a block's float64 intermediates (4,096 x 768 is 25 MB) are reused from block to block
+# instead of a whole memmap chunk's being allocated, and first touched, on every call: auto's check transforms its
+# 50,000 stored vectors once per candidate, and 60,000 rows through whitening took 0.16 to 0.62 s in one block, 0.12 s
+# in these. The same bits either way (a test): no row's products depend on the rows beside it.
+TRANSFORM_ROWS = 4096
 
 
 class LinearCalibrator(Calibrator):
@@ -56,7 +61,7 @@ class LinearCalibrator(Calibrator):
         out_dim = self.W.shape[1] if self.W is not None else self.dim
         out = np.empty((X.shape[0], out_dim), dtype=np.float32)
         start = 0
-        for chunk in row_chunks(X):
+        for chunk in row_chunks(X, TRANSFORM_ROWS):
             y = chunk.astype(np.float64) - self.mean
             if self.scale is not None:
                 y /= self.scale
