@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from retriever.calibration import DEFAULT_FIT_SAMPLE, fit_on_sample, make_calibrator  # noqa: E402
 from retriever.encode.encoder import Encoder  # noqa: E402
+from retriever.engines.stages import check_set  # noqa: E402
 from retriever.evaluation import get_task, resolve_data_dir  # noqa: E402
 from retriever.evaluation.evaluators import cosine_rows, spearman_x100  # noqa: E402
 from retriever.encode.models import default_model_path  # noqa: E402
@@ -43,7 +44,9 @@ CALIBRATORS = {
     "sn": ("sn", {}),
     f"natsv-{NATSV_K}": (f"natsv-{NATSV_K}", {}),
     "flow-256": ("flow-256", {}),
-    "auto": ("auto", {}),  # the default since issue 12: none where the space is isotropic, else flow-K
+    # The default: its candidates checked on pseudo-queries cut from these same sentences and encoded at the same
+    # layer, as `retriever bench` and a build give it them (docs/auto.md); fitted without them it keeps the raw vectors.
+    "auto": ("auto", {}),
 }
 SEEDED = {"flow", "flow (paper)", "flow-256", "auto"}
 # shared/README.md, measured on the same files and settings (MiniLM's last layer is 6).
@@ -68,13 +71,18 @@ def stsb_test_scorer(data_dir: str | None = None) -> tuple[list[str], Callable[[
     return sentences, spearman
 
 
+def layer_encoder(layer: int, device: str) -> Encoder:
+    """The encoder `embeddings` encodes with: mean-pooled hidden_states[layer], MAX_LENGTH tokens."""
+    return Encoder(layers=[layer], max_length=MAX_LENGTH, device=device, batch_size=128)
+
+
 def embeddings(sentences: list[str], layer: int, device: str, cache: Path | None) -> np.ndarray:
     """Mean-pooled hidden_states[layer], cached on disk by layer (the sentence list is fixed)."""
     path = cache / f"stsb-minilm-layer{layer}-len{MAX_LENGTH}-{len(sentences)}.npy" if cache else None
     if path is not None and path.is_file():
         return np.load(path)
     start = time.perf_counter()
-    vectors = Encoder(layers=[layer], max_length=MAX_LENGTH, device=device, batch_size=128).encode(sentences)
+    vectors = layer_encoder(layer, device).encode(sentences)
     seconds = time.perf_counter() - start
     print(f"encoded {len(sentences)} sentences at layer {layer} in {seconds:.0f} s", file=sys.stderr)
     if path is not None:
@@ -103,16 +111,24 @@ def main() -> None:
     results = {}
     for layer in layers:
         X = embeddings(sentences, layer, args.device, Path(args.cache) if args.cache else None)
+        encoder = None  # the layer's encoder, for auto's pseudo-queries: loaded when first asked
         results[layer] = {}
         for label, (name, options) in CALIBRATORS.items():
             runs = []
             for seed in seeds if label in SEEDED else [None]:
                 seeded = {**options, "seed": seed, "device": args.device} if seed is not None else options
                 start = time.perf_counter()
-                calibrator = fit_on_sample(make_calibrator(name, **seeded), X, DEFAULT_FIT_SAMPLE, seed or 0)
+                calibrator = make_calibrator(name, **seeded)
+                if calibrator.uses_check and encoder is None:
+                    encoder = layer_encoder(layer, args.device)
+                check = check_set(calibrator, len(sentences), lambda positions: [(None, sentences[i])
+                                                                                 for i in positions],
+                                  lambda positions: X[positions], encoder, seed or 0)
+                calibrator = fit_on_sample(calibrator, X, DEFAULT_FIT_SAMPLE, seed or 0, check)
                 Z = calibrator.transform(X)
                 runs.append({"seed": seed, "spearman": round(spearman(Z), 2),
-                             "fit_transform_seconds": round(time.perf_counter() - start, 2)})
+                             "fit_transform_seconds": round(time.perf_counter() - start, 2),
+                             **({"chosen": calibrator.chosen.name} if hasattr(calibrator, "chosen") else {})})
             scores = [run["spearman"] for run in runs]
             results[layer][label] = {"mean": round(float(np.mean(scores)), 2), "min": min(scores), "runs": runs}
 
@@ -154,7 +170,8 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({
             "benchmark": "calibration_table",
             "model": "all-MiniLM-L6-v2", "max_length": MAX_LENGTH, "fit_sentences": len(sentences),
-            "test_pairs": len(test.labels), "seeds": seeds, "device": args.device, "threads": args.threads,
+            "test_pairs": len(get_task("stsb").load_split(resolve_data_dir(args.data_dir), "test")[0].labels),
+            "seeds": seeds, "device": args.device, "threads": args.threads,
             "calibrators": {label: {"name": name, "options": opts} for label, (name, opts) in CALIBRATORS.items()},
             "flow_default_config": make_calibrator("flow").config(),
             "results": {str(layer): value for layer, value in results.items()},
