@@ -34,7 +34,7 @@ KINDS = ("known-item", "span")
 def run(layers: list[int], seeds: list[int]) -> dict:
     from retriever.calibration import make_calibrator
     from retriever.calibration.auto import spectrum_evidence
-    from retriever.calibration.check import DEPTH
+    from retriever.calibration.check import DEPTH, scores_at
     from retriever.engines.stages import check_set
 
     sentences, _ = calibration_table.stsb_test_scorer()
@@ -63,7 +63,8 @@ def run(layers: list[int], seeds: list[int]) -> dict:
                     before, after = raw[mine], ranks[mine]
                     kinds[kind] = {
                         "queries": int(mine.sum()),
-                        "ndcg@10": [_ndcg(before), _ndcg(after)],
+                        "ndcg@10": [round(100 * float(scores_at(ranks_of).ndcg.mean()), 2)
+                                    for ranks_of in (before, after)],
                         "found_by_either": int(((before <= DEPTH) | (after <= DEPTH)).sum()),
                         "up": int((after < before).sum()), "down": int((after > before).sum()),
                         "mean_log_rank_gained": round(float(np.mean(np.log(before) - np.log(after))), 3)}
@@ -71,12 +72,6 @@ def run(layers: list[int], seeds: list[int]) -> dict:
             print(json.dumps({"layer": layer, "seed": seed}), file=sys.stderr, flush=True)
             found["runs"].append(record)
     return found
-
-
-def _ndcg(ranks: np.ndarray) -> float:
-    from retriever.calibration.check import DEPTH
-
-    return round(100 * float(np.mean(np.where(ranks <= DEPTH, 1 / np.log2(ranks + 1.0), 0.0))), 2)
 
 
 def report(files: list[Path]) -> str:

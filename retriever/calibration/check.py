@@ -97,7 +97,11 @@ class QueryScores:
 def score_queries(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> QueryScores:
     """Rank every pseudo-query's target among the pool by inner product, all vectors passed through TRANSFORM (a
     calibrator's) and L2-normalized as the index stores them, and score the top DEPTH."""
-    rank = check.kept_ranks(transform) if check.kept_ranks is not None else target_ranks(check, transform)
+    return scores_at(check.kept_ranks(transform) if check.kept_ranks is not None else target_ranks(check, transform))
+
+
+def scores_at(rank: np.ndarray) -> QueryScores:
+    """Each pseudo-query's scores from its target's RANK (1: first): nDCG@DEPTH and reciprocal rank, 0 below DEPTH."""
     rank = np.where(rank <= DEPTH, rank, 0)  # 0: not in the top DEPTH
     hit = rank > 0
     ndcg = np.where(hit, 1.0 / np.log2(np.maximum(rank, 1) + 1.0), 0.0)
