@@ -14,6 +14,7 @@ mean log rank gained (positive: nearer the top).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import warnings
@@ -34,7 +35,7 @@ KINDS = ("known-item", "span")
 def run(layers: list[int], seeds: list[int]) -> dict:
     from retriever.calibration import make_calibrator
     from retriever.calibration.auto import spectrum_evidence
-    from retriever.calibration.check import DEPTH, scores_at
+    from retriever.calibration.check import DEPTH, scores_at, target_ranks
     from retriever.engines.stages import check_set
 
     sentences, _ = calibration_table.stsb_test_scorer()
@@ -53,10 +54,12 @@ def run(layers: list[int], seeds: list[int]) -> dict:
                 warnings.simplefilter("ignore")
                 for candidate in candidates:
                     candidate.fit(X)
-            raw = check.kept_ranks(lambda vectors: np.asarray(vectors, np.float32))
+            # Ranked to full depth here (a check's own ranks are exact to DEPTH only)
+            whole = dataclasses.replace(check, kept_ranks=None)
+            raw = target_ranks(whole, lambda vectors: np.asarray(vectors, np.float32))
             record = {"layer": layer, "seed": seed, "pseudo_queries": len(check), "candidates": []}
             for candidate in candidates:
-                ranks = check.kept_ranks(candidate.transform)
+                ranks = target_ranks(whole, candidate.transform)
                 kinds = {}
                 for kind in KINDS:
                     mine = check.kinds == kind

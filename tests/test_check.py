@@ -46,6 +46,27 @@ def test_a_tie_counts_against_the_target_and_the_ranks_are_an_exact_searchs():
     assert target_ranks(check, identity).tolist() == [int(np.flatnonzero(row == i)[0]) + 1 for i, row in enumerate(ids)]
 
 
+def test_counting_stops_past_the_depth_read_and_agrees_with_a_whole_count_up_to_it(monkeypatch):
+    import retriever.calibration.check as check_module
+    from retriever.calibration.check import DEPTH, count_ahead, paired_scores
+    from retriever.numeric import l2_normalize
+
+    rng = np.random.default_rng(5)
+    pool = l2_normalize(rng.normal(size=(700, 8)))
+    # queries near their targets (the first 300 rows), some near enough to be found, most not
+    queries = l2_normalize(pool[:300] + rng.normal(scale=rng.uniform(0.1, 1.5, (300, 1)), size=(300, 8)))
+    own = paired_scores(queries, pool[:300])
+    whole = count_ahead(queries, own, pool, leave_out_own=True)
+    assert (whole < DEPTH).any() and (whole > 5 * DEPTH).any()
+    # queries and the pool's rows taken a few at a time: the target's own row falls in every part of the pool
+    monkeypatch.setattr(check_module, "BLOCK", 7)
+    monkeypatch.setattr(check_module, "POOL_ROWS", 64)
+    assert np.array_equal(count_ahead(queries, own, pool, leave_out_own=True), whole)
+    capped = count_ahead(queries, own, pool, leave_out_own=True, cap=DEPTH)
+    assert np.array_equal(np.minimum(capped, DEPTH + 1), np.minimum(whole, DEPTH + 1))
+    assert (capped < whole).any()  # it stopped counting somewhere
+
+
 def test_scores_use_the_calibrator_on_queries_and_pool_alike():
     # meaning is isotropic; the stored vectors stretch it unequally and shift it into a cone
     rng = np.random.default_rng(0)

@@ -30,8 +30,10 @@ DEPTH = 10
 # closer score is a tie, and a tie is no evidence that a calibration finds the target (nor may one that maps
 # documents together gain by it).
 TIE = 1e-6
-# Queries scored against a pool at a time (bounds the scores held: BLOCK x the pool's rows).
+# Queries scored against a pool at a time, POOL_ROWS of its rows at a time (the scores held: BLOCK x POOL_ROWS,
+# 8 MB, within reach of the cache where a whole pool's would not be).
 BLOCK = 256
+POOL_ROWS = 8192
 # Bootstrap resamples: the intervals' ends are tail quantiles (0.5% and 99.5% with five candidates), which need
 # thousands of resamples to be stable.
 RESAMPLES = 2000
@@ -55,10 +57,11 @@ class CheckSet:
     # were given. pool_texts: the targets' texts then the distractors', as the vectors are ordered.
     query_texts: list[str] | None = None
     pool_texts: list[str] | None = None
-    # Each query's target's rank among the pool by a calibrator's transform (1: first), where something keeps what
-    # ranking them needs (a check read in rounds scores each pseudo-query against the distractors that every round
-    # shares once per transform, not once a round: `pseudo_queries.CheckRounds`); None: ranked here
-    # (`target_ranks`). It answers for these queries and this pool: a copy holding other rows must drop it.
+    # Each query's target's rank among the pool by a calibrator's transform (1: first; exact to DEPTH, past it some
+    # number above DEPTH), where something keeps what ranking them needs (a check read in rounds scores each
+    # pseudo-query against the distractors that every round shares once per transform, not once a round:
+    # `pseudo_queries.CheckRounds`); None: ranked here (`target_ranks`). It answers for these queries and this
+    # pool: a copy holding other rows must drop it.
     kept_ranks: Callable[[Callable[[np.ndarray], np.ndarray]], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
@@ -97,7 +100,8 @@ class QueryScores:
 def score_queries(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> QueryScores:
     """Rank every pseudo-query's target among the pool by inner product, all vectors passed through TRANSFORM (a
     calibrator's) and L2-normalized as the index stores them, and score the top DEPTH."""
-    return scores_at(check.kept_ranks(transform) if check.kept_ranks is not None else target_ranks(check, transform))
+    return scores_at(check.kept_ranks(transform) if check.kept_ranks is not None
+                     else target_ranks(check, transform, DEPTH))
 
 
 def scores_at(rank: np.ndarray) -> QueryScores:
@@ -109,12 +113,15 @@ def scores_at(rank: np.ndarray) -> QueryScores:
     return QueryScores(ndcg, reciprocal)
 
 
-def target_ranks(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+def target_ranks(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray],
+                 depth: int | None = None) -> np.ndarray:
     """Each query's target's rank among CHECK's whole pool by TRANSFORM (1: first), as an exact inner-product search
-    ranks it, a tie against the target (`count_ahead`)."""
+    ranks it, a tie against the target (`count_ahead`); with DEPTH, exact to it only (a rank past DEPTH is some
+    number above it)."""
     queries, pool = l2_normalize(transform(check.queries)), check.pool(transform)
     # the targets lead the pool: row i is query i's own
-    return 1 + count_ahead(queries, paired_scores(queries, pool[: len(queries)]), pool, leave_out_own=True)
+    return 1 + count_ahead(queries, paired_scores(queries, pool[: len(queries)]), pool, leave_out_own=True,
+                           cap=depth)
 
 
 def paired_scores(queries: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -124,18 +131,26 @@ def paired_scores(queries: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def count_ahead(queries: np.ndarray, target_scores: np.ndarray, rows: np.ndarray,
-                leave_out_own: bool = False) -> np.ndarray:
+                leave_out_own: bool = False, cap: int | None = None) -> np.ndarray:
     """Per query (L2-normalized, as ROWS are), how many ROWS rank ahead of its target, whose score is
     TARGET_SCORES: those scoring above it or tied with it (within `TIE`). LEAVE_OUT_OWN: row i is query i's
-    target itself, not counted."""
+    target itself, not counted. CAP: a query more than CAP rows are ahead of is left there (its count is then some
+    number above CAP): the check reads ranks to DEPTH only, and most of a pool's rows come after a target not
+    found has fallen below it."""
     ahead = np.zeros(len(queries), np.int64)
     for start in range(0, len(queries), BLOCK):
-        scores = queries[start : start + BLOCK] @ rows.T
-        beats = scores >= target_scores[start : start + BLOCK, None] - TIE
-        if leave_out_own:
-            rows_here = np.arange(len(beats))
-            beats[rows_here, start + rows_here] = False
-        ahead[start : start + BLOCK] = beats.sum(1)
+        asked = np.arange(start, min(start + BLOCK, len(queries)))
+        for low in range(0, len(rows), POOL_ROWS):
+            if not len(asked):
+                break
+            scores = queries[asked] @ rows[low : low + POOL_ROWS].T
+            beats = scores >= target_scores[asked, None] - TIE
+            if leave_out_own:
+                own = (asked >= low) & (asked < low + scores.shape[1])
+                beats[np.flatnonzero(own), asked[own] - low] = False
+            ahead[asked] += beats.sum(1)
+            if cap is not None:
+                asked = asked[ahead[asked] <= cap]
     return ahead
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retriever.calibration.check import CheckSet, count_ahead, paired_scores
+from retriever.calibration.check import DEPTH, CheckSet, count_ahead, paired_scores
 from retriever.numeric import l2_normalize
 
 KINDS = ("title", "sentence", "span", "known-item")
@@ -235,10 +235,11 @@ class CheckRounds:
 
     def _target_ranks(self, size: int, transform: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """The rank of each of the first SIZE pseudo-queries' targets (1: first) among the round of SIZE's pool by
-        TRANSFORM, as the function `check.target_ranks` ranks a whole check. The pool is the first SIZE targets,
-        the sources of the pseudo-queries not yet asked, and the other documents drawn, which every round shares:
-        how many of those rank ahead of a target is counted once per pseudo-query and transform, and kept (a
-        transform is a fitted calibrator's, which never changes once fitted)."""
+        TRANSFORM, as the function `check.target_ranks` ranks a whole check to `check.DEPTH` (a rank past it is some
+        number above it: a check scores the top DEPTH). The pool is the first SIZE targets, the sources of the
+        pseudo-queries not yet asked, and the other documents drawn, which every round shares: how many of those
+        rank ahead of a target is counted once per pseudo-query and transform, and kept (a transform is a fitted
+        calibrator's, which never changes once fitted)."""
         if size == 0:
             return np.empty(0, np.int64)
         ranked = self._ranked.get(transform)
@@ -254,8 +255,8 @@ class CheckRounds:
             ranked.extend(np.concatenate(self._queries)[asked:size], np.concatenate(self._targets)[asked:size],
                           transform)
         queries, targets, floor = ranked.queries[:size], ranked.targets[:size], ranked.target_scores[:size]
-        ranks = 1 + ranked.others_ahead[:size] + count_ahead(queries, floor, ranked.sources[size:])
-        return ranks + count_ahead(queries, floor, targets, leave_out_own=True)
+        ranks = 1 + ranked.others_ahead[:size] + count_ahead(queries, floor, ranked.sources[size:], cap=DEPTH)
+        return ranks + count_ahead(queries, floor, targets, leave_out_own=True, cap=DEPTH)
 
     def _dim(self) -> int:
         if self._stored is not None:
@@ -285,7 +286,7 @@ class CheckRounds:
 class _Ranked:
     """One transform's pseudo-queries as far as ranked: the others' and the sources' stored vectors through it
     (L2-normalized), the queries and targets asked so far likewise, each target's score for its query, and how many
-    of the others rank ahead of it."""
+    of the others rank ahead of it (to `check.DEPTH`: past it, some number above it)."""
 
     def __init__(self, others: np.ndarray, sources: np.ndarray):
         self.others, self.sources = others, sources
@@ -300,7 +301,7 @@ class _Ranked:
             return
         queries, targets = l2_normalize(transform(queries)), l2_normalize(transform(targets))
         scores = paired_scores(queries, targets)
-        self.others_ahead = np.concatenate([self.others_ahead, count_ahead(queries, scores, self.others)])
+        self.others_ahead = np.concatenate([self.others_ahead, count_ahead(queries, scores, self.others, cap=DEPTH)])
         self.queries, self.targets = np.concatenate([self.queries, queries]), np.concatenate([self.targets, targets])
         self.target_scores = np.concatenate([self.target_scores, scores])
 
