@@ -95,6 +95,27 @@ def test_by_default_the_keyword_index_is_written_apart_where_the_encoder_runs_on
     assert (int(done.read_text()) != os.getpid()) is apart
 
 
+@pytest.mark.parametrize("apart_from, apart", [(30, True), (31, False)])
+def test_a_build_from_vectors_writes_the_keyword_index_apart_from_enough_documents(tiny_bert, tmp_path, monkeypatch,
+                                                                                    apart_from, apart):
+    import os
+
+    import numpy as np
+
+    import retriever.engines.local as local_module
+    from retriever.encode.encoder import Encoder
+
+    done = tmp_path / "done"
+    monkeypatch.setenv(MARKER, str(done))
+    monkeypatch.setattr(local_module, "KEYWORDS_APART_FROM", apart_from)
+    monkeypatch.setattr(local_module, "build_structures", slow_structures)
+    documents = corpus(longs=0, shorts=30)
+    vectors = Encoder(str(tiny_bert), device="cpu", max_length=WINDOW).encode([document.text for document in documents])
+    Index.build(documents, "notes", tmp_path / "indexes", vectors=np.asarray(vectors, np.float32),
+                model=str(tiny_bert), max_length=WINDOW, device="cpu", calibrator="none")
+    assert (int(done.read_text()) != os.getpid()) is apart
+
+
 @pytest.mark.parametrize("longs, calibrator, streamed", [
     (0, "none", True),  # every chunk's vectors indexed as encoded
     (0, "whitening", True),  # a calibrator given fitted: the same

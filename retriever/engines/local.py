@@ -59,6 +59,11 @@ from retriever.versions.writer import IndexWriter
 if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
     from retriever.encode.encoder import Encoder
 
+# From this many documents a build from vectors writes their keyword index in a process of its own (`LocalEngine.
+# keywords_in_process`): where the index's tokenizing is a second or more, beside a process's start (its imports,
+# a few tenths of a CPU second) on the other core (benchmarks/results/keywords_apart.md).
+KEYWORDS_APART_FROM = 20_000
+
 
 @dataclass
 class LocalEngine(BuildEngine):
@@ -80,8 +85,10 @@ class LocalEngine(BuildEngine):
     # after, one step after the other: False, for the test that says so).
     overlap: bool = True
     # Written by a process of its own (True) or a thread (False); None: a process where the build encodes on a GPU,
-    # whose feeding thread needs the interpreter lock that the index's tokenizing holds (benchmarks/results/gpu.md);
-    # a thread on a CPU, where the encoder takes every core and a process would only add its start.
+    # whose feeding thread needs the interpreter lock that the index's tokenizing holds (benchmarks/results/gpu.md),
+    # and where it is given the vectors of KEYWORDS_APART_FROM documents or more, whose checks and fits would take
+    # turns with that tokenizing for the lock; a thread where the encoder runs on the CPU (it takes every core: a
+    # process would only add its start) and for fewer vectors given (the start costs more than the turns).
     keywords_in_process: bool | None = None
     # Where the calibrator needs no fit and the index no training, the vector index built from each chunk as it
     # is encoded (`stages.IndexWhileEncoding`) rather than after; None: where the build encodes on a GPU, whose
@@ -194,7 +201,8 @@ class LocalEngine(BuildEngine):
             # while the encoder and the checks work.
             apart = self.keywords_in_process
             if apart is None:
-                apart = self._encodes_on_gpu()
+                apart = self._encodes_on_gpu() or (self._source is not None
+                                                    and state.documents >= KEYWORDS_APART_FROM)
             self._early = _in_background(build_structures, segment, document_structures(), process=apart)
         source = self._source
         if source is not None and self._spans is None and source.rows != state.documents:
