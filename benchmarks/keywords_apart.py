@@ -42,6 +42,7 @@ WHERE = {"thread": False, "process": True}
 def one_build(corpus: Path, vectors: Path, where: str) -> dict:
     """One build in this process (a fresh one: `run` starts it), the keyword index written WHERE."""
     import functools
+    import multiprocessing
     import resource
     import time
 
@@ -54,6 +55,8 @@ def one_build(corpus: Path, vectors: Path, where: str) -> dict:
         clock = time.perf_counter()
         summary = Index.build(corpus, "apart", folder, vectors=vectors)
         wall = time.perf_counter() - clock
+    while multiprocessing.active_children():  # the keyword process reaped, so that its CPU time is counted
+        time.sleep(0.01)
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"where": where, "documents": summary.documents, "wall_s": round(wall, 2),
             "cpu_s": round(own.ru_utime + own.ru_stime, 2),

@@ -95,9 +95,13 @@ def test_by_default_the_keyword_index_is_written_apart_where_the_encoder_runs_on
     assert (int(done.read_text()) != os.getpid()) is apart
 
 
-@pytest.mark.parametrize("apart_from, apart", [(30, True), (31, False)])
+@pytest.mark.parametrize("apart_from, given, apart", [
+    (30, True, True),  # vectors given for as many documents as the threshold: a process
+    (31, True, False),  # for fewer: a thread
+    (1, False, False),  # texts encoded on the CPU, however many: a thread (the encoder takes every core)
+])
 def test_a_build_from_vectors_writes_the_keyword_index_apart_from_enough_documents(tiny_bert, tmp_path, monkeypatch,
-                                                                                    apart_from, apart):
+                                                                                    apart_from, given, apart):
     import os
 
     import numpy as np
@@ -111,7 +115,7 @@ def test_a_build_from_vectors_writes_the_keyword_index_apart_from_enough_documen
     monkeypatch.setattr(local_module, "build_structures", slow_structures)
     documents = corpus(longs=0, shorts=30)
     vectors = Encoder(str(tiny_bert), device="cpu", max_length=WINDOW).encode([document.text for document in documents])
-    Index.build(documents, "notes", tmp_path / "indexes", vectors=np.asarray(vectors, np.float32),
+    Index.build(documents, "notes", tmp_path / "indexes", vectors=np.asarray(vectors, np.float32) if given else None,
                 model=str(tiny_bert), max_length=WINDOW, device="cpu", calibrator="none")
     assert (int(done.read_text()) != os.getpid()) is apart
 

@@ -120,8 +120,13 @@ def test_a_check_is_encoded_a_round_at_a_time_and_its_last_round_is_the_whole_ch
     assert len(encoder.texts) == 1000 + sum(query.target is not None for query in rounds.made)  # each encoded once
 
 
-def test_a_round_scores_as_the_same_check_read_whole_and_calibrates_the_stored_vectors_once():
+def test_a_round_scores_as_the_same_check_read_whole_and_calibrates_the_stored_vectors_once(monkeypatch):
+    import retriever.calibration.check as check_module
     from retriever.calibration.check import DEPTH, CheckSet, score_queries, target_ranks
+
+    # the pool read a few rows at a time: a count may stop in any part of it
+    monkeypatch.setattr(check_module, "POOL_ROWS", 64)
+    monkeypatch.setattr(check_module, "BLOCK", 7)
 
     documents = [("heapq", PROSE)] * 400 + [(None, f"document {i} with a few more words here") for i in range(800)]
     stored = np.random.default_rng(0).normal(size=(1200, 3)).astype(np.float32)
@@ -148,8 +153,9 @@ def test_a_round_scores_as_the_same_check_read_whole_and_calibrates_the_stored_v
         assert np.allclose(kept.ndcg, fresh.ndcg) and np.allclose(kept.reciprocal_rank, fresh.reciprocal_rank)
         # every target's rank in the top 10, and which fall below it: the round's kept counts add up to its whole
         # pool's (past the top 10 a rank is counted no further)
-        ranks = target_ranks(plain, each)
-        assert np.array_equal(np.minimum(current.kept_ranks(each), DEPTH + 1), np.minimum(ranks, DEPTH + 1))
+        ranks, kept_ranks = target_ranks(plain, each), current.kept_ranks(each)
+        assert np.array_equal(np.minimum(kept_ranks, DEPTH + 1), np.minimum(ranks, DEPTH + 1))
+        assert (kept_ranks < ranks).any()  # counting stopped past the top 10
     assert {tuple(row) for row in current.targets} & {tuple(row) for row in current.distractors}  # twins there
     assert len(score_queries(rounds.at(0), transform).ndcg) == 0  # a round of none scores none
     assert calls.count(len(rounds.others) + len(rounds.sources)) == 1

@@ -134,9 +134,9 @@ def count_ahead(queries: np.ndarray, target_scores: np.ndarray, rows: np.ndarray
                 leave_out_own: bool = False, cap: int | None = None) -> np.ndarray:
     """Per query (L2-normalized, as ROWS are), how many ROWS rank ahead of its target, whose score is
     TARGET_SCORES: those scoring above it or tied with it (within `TIE`). LEAVE_OUT_OWN: row i is query i's
-    target itself, not counted. CAP: a query more than CAP rows are ahead of is left there (its count is then some
-    number above CAP): the check reads ranks to DEPTH only, and most of a pool's rows come after a target not
-    found has fallen below it."""
+    target itself, not counted. CAP: counting stops for a query once more than CAP rows are ahead of it (its count
+    is then some number above CAP; to CAP it is exact): the check reads ranks to DEPTH only, and most of a pool's
+    rows come after a target not found has fallen below it."""
     ahead = np.zeros(len(queries), np.int64)
     for start in range(0, len(queries), BLOCK):
         asked = np.arange(start, min(start + BLOCK, len(queries)))

@@ -196,21 +196,20 @@ class LocalEngine(BuildEngine):
                     "no file in it that a reader reads: Markdown, HTML, reStructuredText, text, PDF, Word"
                     if self._folder is not None else "the file is empty or all blank lines") + ")")
             state.save()
-        if self.overlap:
-            # The documents are all in their table: their keyword index needs nothing else, so it is written now,
-            # while the encoder and the checks work.
-            apart = self.keywords_in_process
-            if apart is None:
-                apart = self._encodes_on_gpu() or (self._source is not None
-                                                    and state.documents >= KEYWORDS_APART_FROM)
-            self._early = _in_background(build_structures, segment, document_structures(), process=apart)
-        source = self._source
+        source = self._source  # checked before anything starts writing the keyword index
         if source is not None and self._spans is None and source.rows != state.documents:
             raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
                                  f"{counted(state.documents, 'document')} in {self._label()}; row i must be document i")
         if self._spans is not None and int(self._spans[-1, 0]) + 1 != state.documents:
             raise RetrieverError(f"{param('vector_spans')} names {counted(int(self._spans[-1, 0]) + 1, 'document')}; "
                                  f"{self._label()} holds {state.documents:,}")
+        if self.overlap:
+            # The documents are all in their table: their keyword index needs nothing else, so it is written now,
+            # while the encoder and the checks work.
+            apart = self.keywords_in_process
+            if apart is None:
+                apart = self._encodes_on_gpu() or (source is not None and state.documents >= KEYWORDS_APART_FROM)
+            self._early = _in_background(build_structures, segment, document_structures(), process=apart)
         return state.documents
 
     def _encodes_on_gpu(self) -> bool:
