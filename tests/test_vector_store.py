@@ -133,6 +133,22 @@ def test_save_load_roundtrip(tmp_path, data, stores, kind):
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("kind", ["ivf", "ivfpq"])
+def test_mapped_ivf_lists_are_read_by_the_search_without_prefetching_threads(tmp_path, data, stores, kind):
+    import faiss
+
+    _, _, queries = data
+    path = tmp_path / "vectors.faiss"
+    stores[kind].save(path)
+    loaded = VectorStore.load(path, stores[kind].spec, device="cpu")
+    lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(loaded._index).invlists)
+    # mapped, not read: FAISS would start prefetching threads for every search of such lists
+    assert isinstance(lists, faiss.OnDiskInvertedLists) and lists.prefetch_nthread == 0
+    read = VectorStore.load(path, stores[kind].spec, device="cpu", mmap=False)
+    for mapped, whole in zip(loaded.search(queries, 10), read.search(queries, 10)):
+        np.testing.assert_array_equal(mapped, whole)
+
+
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf", "ivfpq"])
 def test_merged_keeps_every_vector_but_the_excluded(data, kind):
     ids, vectors, queries = data

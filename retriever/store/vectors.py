@@ -145,6 +145,7 @@ class VectorStore:
         if not path.is_file():
             raise RetrieverError(f"{path}: no vector index there")
         index = _read_index(path, mmap)
+        _without_list_prefetch(index)
         spec = spec or IndexSpec(type=_index_type(index, path))
         if _index_type(index, path) != spec.type:
             raise RetrieverError(f"{path}: holds a {_index_type(index, path)} index, the manifest says {spec.type}")
@@ -386,6 +387,19 @@ def _read_index(path: Path, mmap: bool) -> faiss.Index:
         except RuntimeError:
             continue  # not mappable this way (e.g. an hnsw graph): the next way, finally a plain read
     raise RetrieverError(f"{path}: not a readable faiss index (corrupt or from another program)")
+
+
+def _without_list_prefetch(index: faiss.Index) -> None:
+    """Mapped IVF lists (FAISS's `OnDiskInvertedLists`) are read by the search itself, not first by prefetching
+    threads: FAISS starts 32 of them for every search to touch the lists it will scan, which costs more than the
+    scan of lists the page cache holds (a million passages: dense p50 about half without,
+    benchmarks/results/search_p50_prefetch.md), and the kernel's readahead reads a list it does not."""
+    try:
+        lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(index).invlists)
+    except RuntimeError:  # not an IVF index
+        return
+    if isinstance(lists, faiss.OnDiskInvertedLists):
+        lists.prefetch_nthread = 0
 
 
 def _index_type(index: faiss.Index, path: Path) -> str:
