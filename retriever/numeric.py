@@ -52,7 +52,7 @@ def anisotropy(vectors: np.ndarray, seed: int = 0, pairs: int = 20_000) -> dict:
     distinct = first != second
     first, second = first[distinct], second[distinct]
     # A block of pairs at a time: the pairs' rows gathered at once are tens of megabytes of fresh memory, whose
-    # first touch costs more than the products (a tenth of a second, in a build of a few hundred records).
+    # first touch costs more than the products (most of this function's time in a build of a few hundred records).
     total = sum(float(np.einsum("ij,ij->i", unit[first[start : start + PAIR_BLOCK]],
                                 unit[second[start : start + PAIR_BLOCK]]).sum(dtype=np.float64))
                 for start in range(0, len(first), PAIR_BLOCK))

@@ -60,8 +60,8 @@ if TYPE_CHECKING:  # the encoder (and torch) loads only where text is encoded
     from retriever.encode.encoder import Encoder
 
 # From this many documents a build from vectors writes their keyword index in a process of its own (`LocalEngine.
-# keywords_in_process`): where the index's tokenizing is a second or more, beside a process's start (its imports,
-# a few tenths of a CPU second) on the other core (benchmarks/results/keywords_apart.md).
+# keywords_in_process`): where the index's tokenizing outweighs a process's start (spawning an interpreter and
+# importing the library) on the other core (benchmarks/results/keywords_apart.md).
 KEYWORDS_APART_FROM = 20_000
 
 

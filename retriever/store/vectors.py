@@ -392,9 +392,8 @@ def _read_index(path: Path, mmap: bool) -> faiss.Index:
 def _without_list_prefetch(index: faiss.Index) -> None:
     """Mapped IVF lists (FAISS's `OnDiskInvertedLists`) are read by the search itself, not first by prefetching
     threads: FAISS starts 32 of them for every search to touch the lists it will scan, which costs more than the
-    scan of lists the page cache holds (a million passages: dense p50 about half without,
-    benchmarks/results/search_p50_prefetch.md), and from a cold page cache the threads gain the first search a
-    little and the next ones nothing (benchmarks/results/ivf_prefetch.md)."""
+    scan of lists the page cache holds (benchmarks/results/search_p50_prefetch.md), and from a cold page cache the
+    threads gain the first search a little and the next ones nothing (benchmarks/results/ivf_prefetch.md)."""
     try:
         lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(index).invlists)
     except RuntimeError:  # not an IVF index
