@@ -518,8 +518,13 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
             cell.append(" ")
         if hit.page is not None:  # a PDF read from a folder: the page the match starts on
             cell.append(f"p. {hit.page} ", style="dim")
-        # The snippet is where the document matched: its best passage ("..." where that is not its start).
-        snippet = ("… " if hit.span[0] > 0 else "") + " ".join(hit.passage.split())
+        # The snippet is where the document matched: its best passage ("..." where that is not its start). A text
+        # that opens with its title (a Markdown file's first heading is both) does not show it twice.
+        passage = " ".join(hit.passage.split())
+        shown_title = " ".join(hit.title.split()) if hit.title else ""
+        if hit.span[0] == 0 and shown_title and passage.startswith(shown_title + " "):
+            passage = passage[len(shown_title) + 1:]
+        snippet = ("… " if hit.span[0] > 0 else "") + passage
         cell.append(_in_context(hit)[0] if full else Text(terminal_safe(snippet)))
         if not full:
             cell.truncate(room, overflow="ellipsis")

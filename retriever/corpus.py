@@ -99,10 +99,9 @@ def iter_corpus(path: str | Path, encoding: str = "utf-8", start: int = 0, first
     START, FIRST_LINE: read from byte offset START, the beginning of line FIRST_LINE (a piece of a large .jsonl or
     .txt file, see `splittable`), so ids and error messages name the lines of the whole file."""
     path = Path(path)
+    check_exists(path)
     suffix, compressed = corpus_format(path)
     _check_file_name(path)
-    if not path.exists():
-        raise RetrieverError(f"{path}: no such file")
     if not path.is_file():
         raise RetrieverError(f"{path}: not a file")
     # utf-8-sig reads plain utf-8 too and drops a BOM at the start of the file.
@@ -138,6 +137,13 @@ def splittable(path: str | Path, encoding: str = "utf-8") -> bool:
     in utf-8. A .csv row may span lines, and gzip cannot seek."""
     suffix, compressed = corpus_format(path)
     return not compressed and suffix in (".jsonl", ".txt") and encoding.lower().replace("_", "-") in ("utf-8", "utf8")
+
+
+def check_exists(path: str | Path) -> None:
+    """Refuse a corpus PATH that names nothing (before its name's format is judged: a missing folder has no
+    extension, and is no format's fault)."""
+    if not Path(path).exists():
+        raise RetrieverError(f"{path}: no such file or folder")
 
 
 def corpus_format(path: str | Path) -> tuple[str, bool]:

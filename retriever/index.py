@@ -37,7 +37,7 @@ from retriever.calibration import (
 )
 from retriever.calibration.diagnostics import isotropy, retrieval_check
 from retriever.calibration.pseudo_queries import CheckRounds
-from retriever.corpus import Document, corpus_format, given_documents, iter_corpus
+from retriever.corpus import Document, check_exists, corpus_format, given_documents, iter_corpus
 from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
 from retriever.engines.local import LocalEngine
@@ -434,6 +434,7 @@ class Index:
             corpus = _read_files(corpus, folder or FolderOptions(), read_notes)  # one document a file
         given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
         if given is None:
+            check_exists(corpus)
             corpus_format(corpus)
         source = vector_source(vectors) if vectors is not None else None
         timings: dict[str, float] = {}

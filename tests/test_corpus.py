@@ -115,9 +115,10 @@ def test_read_queries_refuses_empty_and_duplicates(tmp_path):
 # --- bad input: every message names the file and, where there is one, the line ---
 
 
-def test_missing_file(tmp_path):
-    path = tmp_path / "nope.txt"
-    assert error_of(path) == f"{path}: no such file"
+def test_a_missing_file_or_folder_is_named_so_whatever_its_name(tmp_path):
+    # a missing folder has no extension: that is not a format's fault
+    for path in (tmp_path / "nope.txt", tmp_path / "notes", tmp_path / "notes.d"):
+        assert error_of(path) == f"{path}: no such file or folder"
 
 
 def test_unknown_extension(tmp_path):

@@ -44,7 +44,7 @@ def test_every_readable_file_is_one_document_with_its_text_title_and_metadata(fo
     assert "damaged PDF" in why["reports/broken.pdf"] and "encrypted" in why["reports/locked.pdf"]
     assert "not UTF-8" in why["legacy/latin1.txt"] and why["notes/again"].startswith("a symbolic link loop")
     assert report.read == len(LAST_SENTENCES) and report.other_formats == {".png": 1}
-    assert "7 files read; 4 skipped (unreadable); 1 of other formats left out (.png 1)" == report.summary()
+    assert "7 files read; 4 skipped (no text read from them); 1 of other formats left out (.png 1)" == report.summary()
 
 
 def test_a_pdf_says_where_each_page_starts(folder):
@@ -84,7 +84,8 @@ def test_a_folder_builds_and_every_readable_file_is_found_by_its_last_sentence_i
     summary = Index.build(folder, "mine", tmp_path, device="cpu")  # the default model
     assert summary.documents == len(LAST_SENTENCES)
     assert {f"skipped {path}" for path in UNREADABLE} <= {note.split(":")[0] for note in summary.notes}
-    assert summary.notes[-1].endswith("7 files read; 4 skipped (unreadable); 1 of other formats left out (.png 1)")
+    assert summary.notes[-1].endswith("7 files read; 4 skipped (no text read from them); 1 of other formats left out "
+                                      "(.png 1)")
     with summary.open() as index:
         for path, sentence in LAST_SENTENCES.items():
             for mode in ("dense", "keyword", "hybrid"):
@@ -102,7 +103,16 @@ def test_the_cli_builds_a_folder_says_what_it_skipped_and_a_hit_says_its_page(fo
     assert result.returncode == 0, result.stderr
     assert "skipped reports/broken.pdf: a damaged PDF" in result.stderr
     assert "skipped legacy/latin1.txt: not UTF-8 text" in result.stderr and "Traceback" not in result.stderr
-    assert "6 files read; 4 skipped (unreadable)" in result.stderr
+    assert "6 files read; 4 skipped (no text read from them)" in result.stderr
+    # a Markdown file's first heading is its title and opens its text: a hit's row shows it once
+    table = cli("search", "planted basil and mint", "--name", "mine", "--index-dir", home, "--mode", "keyword",
+                "-k", "1")
+    assert table.returncode == 0 and "notes/garden.md" in table.stdout and table.stdout.count("Garden diary") == 1
+    # patterns that let no file through say so
+    refused = cli("build", folder, "--name", "none", "--index-dir", home, "--include", "*.odt")
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1].endswith(
+        "no documents (no file in it that a reader reads: Markdown, HTML, reStructuredText, text, PDF, Word, among the "
+        "files --include *.odt let through)")
     found = cli("search", LAST_SENTENCES["reports/annual.pdf"], "--name", "mine", "--index-dir", home, "--json",
                 "-k", "1")
     (hit,) = json.loads(found.stdout)["results"]
@@ -153,6 +163,25 @@ def test_a_missing_reader_library_is_one_line_naming_the_extra(folder, monkeypat
     monkeypatch.setattr(importlib, "import_module", without_pypdf)
     with pytest.raises(RetrieverError, match=r"^reading PDF needs pypdf: pip install 'retriever\[files\]'$"):
         list(read_folder(folder, FolderOptions(include=("reports/*.pdf",))))
+
+
+def test_markdown_is_read_with_the_package_alone_and_a_missing_parser_names_markdown(folder, monkeypatch):
+    import importlib.metadata
+
+    # What the package's own install brings (no extra): Markdown's parser and its renderer's reader
+    core = [line for line in importlib.metadata.requires("retriever") if "extra ==" not in line]
+    assert all(any(line.startswith(package) for line in core)
+               for package in ("markdown-it-py", "beautifulsoup4", "pathspec")), core
+    real = importlib.import_module
+
+    def without_bs4(name, *args):
+        if name == "bs4":
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_bs4)
+    with pytest.raises(RetrieverError, match=r"^reading Markdown needs beautifulsoup4: pip install beautifulsoup4$"):
+        list(read_folder(folder, FolderOptions(include=("*.md",))))
 
 
 def test_sync_makes_exactly_the_folders_changes_and_leaves_untouched_files_unread(folder, tmp_path, cli,

@@ -22,7 +22,7 @@ import numpy as np
 
 from retriever.engines.steps import fitted_out_dim, note
 from retriever.calibration import Calibrator
-from retriever.corpus import Document, corpus_format, given_documents, iter_corpus
+from retriever.corpus import Document, check_exists, corpus_format, given_documents, iter_corpus
 from retriever.engines.base import BuildEngine
 from retriever.engines.workers import corpus_files
 from retriever.text import counted
@@ -120,9 +120,8 @@ class LocalEngine(BuildEngine):
             self._folder = Path(corpus)
             self.resume = False  # a folder's files are read again: cheap beside encoding them
         else:
+            check_exists(corpus)
             corpus_format(corpus)
-            if not Path(corpus).is_file():
-                raise RetrieverError(f"{corpus}: no such file")
         if isinstance(self.vectors, np.ndarray) or isinstance(self.vector_spans, np.ndarray):
             self.resume = False  # vectors in memory: nothing on disk to tell a rerun's from this one's
         self._source = vector_source(self.vectors) if self.vectors is not None else None
@@ -193,8 +192,8 @@ class LocalEngine(BuildEngine):
             table.close()
             if state.documents == 0:
                 raise RetrieverError(f"{self._label()}: no documents (" + (
-                    "no file in it that a reader reads: Markdown, HTML, reStructuredText, text, PDF, Word"
-                    if self._folder is not None else "the file is empty or all blank lines") + ")")
+                    self._no_file_read() if self._folder is not None else "the file is empty or all blank lines")
+                    + ")")
             state.save()
         source = self._source  # checked before anything starts writing the keyword index
         if source is not None and self._spans is None and source.rows != state.documents:
@@ -211,6 +210,14 @@ class LocalEngine(BuildEngine):
                 apart = self._encodes_on_gpu() or (source is not None and state.documents >= KEYWORDS_APART_FROM)
             self._early = _in_background(build_structures, segment, document_structures(), process=apart)
         return state.documents
+
+    def _no_file_read(self) -> str:
+        """Why a folder gave no document: no file a reader reads, or none its patterns let through."""
+        why = "no file in it that a reader reads: Markdown, HTML, reStructuredText, text, PDF, Word"
+        options = self.folder_options
+        patterns = [param(name, " ".join(given)) for name, given in (("include", options.include),
+                                                                     ("exclude", options.exclude)) if given]
+        return why + (f", among the files {' and '.join(patterns)} let through" if patterns else "")
 
     def _encodes_on_gpu(self) -> bool:
         if self._source is not None:  # a build from vectors feeds no encoder (and imports no torch)

@@ -79,7 +79,7 @@ class FolderReport:
     def summary(self) -> str:
         parts = [f"{self.read:,} file{'s' if self.read != 1 else ''} read"]
         if self.skipped:
-            parts.append(f"{len(self.skipped):,} skipped (unreadable)")
+            parts.append(f"{len(self.skipped):,} skipped (no text read from them)")
         if self.other_formats:
             kinds = ", ".join(f"{suffix or 'no suffix'} {count:,}" for suffix, count in self.other_formats.most_common(5))
             parts.append(f"{sum(self.other_formats.values()):,} of other formats left out ({kinds})")
@@ -95,7 +95,7 @@ def _pathspec():
     try:
         import pathspec
     except ImportError:
-        raise RetrieverError("reading a folder needs pathspec: pip install 'retriever[files]'") from None
+        raise RetrieverError("reading a folder needs pathspec: pip install pathspec") from None
     return pathspec
 
 

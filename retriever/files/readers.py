@@ -1,11 +1,12 @@
 """A person's files as documents: each file's text as a reader sees it (no markup; code blocks kept as text), its
 title, and for paged formats where each page starts.
 
-A reader is picked by the file's suffix (`reader_for`). Each wraps a well-kept parser, installed with the `files`
-extra (`pip install 'retriever[files]'`): markdown-it-py (Markdown, CommonMark), Beautiful Soup (HTML), docutils
-(reStructuredText), pypdf (PDF), python-docx (Word). A missing one is one line naming the extra. Plain text needs
-nothing. A file a reader cannot read (damaged, encrypted, not UTF-8) raises `UnreadableFile` with one line saying
-why; the folder reader (`retriever.files.folder`) skips it and says so.
+A reader is picked by the file's suffix (`reader_for`). Each wraps a well-kept parser: markdown-it-py (Markdown,
+CommonMark) and Beautiful Soup (HTML, and Markdown's rendering), installed with the package; docutils
+(reStructuredText), pypdf (PDF) and python-docx (Word), with the `files` extra (`pip install 'retriever[files]'`). A
+missing one is one line naming the format and the package. Plain text needs nothing. A file a reader cannot read
+(damaged, encrypted, not UTF-8) raises `UnreadableFile` with one line saying why; the folder reader
+(`retriever.files.folder`) skips it and says so.
 
 Another format is one more `Reader`: a name, its suffixes and `read(data) -> FileText` (the file's bytes, read once).
 """
@@ -50,11 +51,16 @@ class Reader:
     read: Callable[[bytes], FileText]
 
 
+# The parsers the `files` extra installs; the others come with the package.
+EXTRA_PACKAGES = ("docutils", "pypdf", "python-docx")
+
+
 def _library(module: str, package: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise RetrieverError(f"reading {what} needs {package}: pip install 'retriever[{EXTRA}]'") from None
+        install = f"'retriever[{EXTRA}]'" if package in EXTRA_PACKAGES else package
+        raise RetrieverError(f"reading {what} needs {package}: pip install {install}") from None
 
 
 def tidy(text: str) -> str:
@@ -102,13 +108,14 @@ def read_markdown(data: bytes) -> FileText:
     if title is None:
         title = next((tokens[i + 1].content for i, token in enumerate(tokens[:-1]) if token.type == "heading_open"),
                      None)
-    return FileText(html_text(parser.renderer.render(tokens, parser.options, {}))[0], title or None)
+    return FileText(html_text(parser.renderer.render(tokens, parser.options, {}), "Markdown")[0], title or None)
 
 
-def html_text(html: str) -> tuple[str, str | None]:
+def html_text(html: str, what: str = "HTML") -> tuple[str, str | None]:
     """The text a browser shows of HTML (scripts, styles and the head left out; block elements on lines of their
-    own, preformatted text as it is) and its title (<title>, else the first heading)."""
-    bs4 = _library("bs4", "beautifulsoup4", "HTML")
+    own, preformatted text as it is) and its title (<title>, else the first heading). WHAT: the format read, for
+    the line saying a parser is missing."""
+    bs4 = _library("bs4", "beautifulsoup4", what)
     soup = bs4.BeautifulSoup(html, "html.parser")
     title_tag = soup.find("title")
     title = title_tag.get_text(" ", strip=True) if title_tag else None
