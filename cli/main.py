@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import typing
 import warnings
@@ -195,11 +196,19 @@ def _command():
     """`app` as its click command, with on/off flags shown bare in --help (typer would show `--json <bool>`)."""
     group = typer.main.get_command(app)
     for command in (group, *getattr(group, "commands", {}).values()):
+        if command.help:
+            command.help = _reflowed(command.help)
         for param in command.params:
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
         command.get_help_option = _bare_help_option(command.get_help_option)  # --help is made when asked for
     return group
+
+
+def _reflowed(text: str) -> str:
+    """TEXT (a docstring) with each paragraph on one line, for --help to wrap at the terminal's width: typer keeps a
+    docstring's own line breaks, which at any other width leave ragged lines."""
+    return "\n\n".join(" ".join(paragraph.split("\n")) for paragraph in inspect.cleandoc(text).split("\n\n"))
 
 
 def _bare_help_option(make):

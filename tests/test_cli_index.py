@@ -281,6 +281,12 @@ def test_tables_and_help_read_well_at_80_columns(built, cli):
     assert all(str(version) in versions.stdout for version in kept) and "whitening" in versions.stdout  # unwrapped
     for command in ("search", "build", "list"):
         assert "<bool>" not in cli(command, "--help").stdout  # on/off flags show bare
+    # a command's description wraps at the terminal's width, not where its docstring's lines end
+    described = subprocess.run([sys.executable, "-m", "cli.main", "build", "--help"], env=env, capture_output=True,
+                               text=True, timeout=120).stdout
+    prose = [line.strip() for line in described.split("╭")[0].splitlines()]
+    assert max(len(line) for line in described.splitlines()) <= 80
+    assert all(len(line) >= 60 for line, after in zip(prose, prose[1:]) if line and after), described
     assert "retriever[ray]" in cli("build", "--help").stdout.replace("\n", "").replace("│", "").replace(" ", "")
 
 
