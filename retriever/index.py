@@ -78,7 +78,7 @@ from retriever.store.layout import DOCUMENTS, RAW, ROWIDS, VECTORS
 from retriever.store.segment import finish_segment
 from retriever.store.vectors import train_template
 from retriever.store.spec import IndexSpec
-from retriever.text import check_queries, counted
+from retriever.text import check_queries, counted, id_list, query_list
 from retriever.versions.catalog import version_records
 from retriever.versions.folder import rollback
 from retriever.versions.home import resolve_index_dir
@@ -172,7 +172,7 @@ class Index:
             return self.search(None if queries is None else [queries], options, progress=progress, vectors=vectors,
                                **settings)[0]
         if queries is not None:
-            queries = list(queries)
+            queries = query_list(queries)
             check_queries(queries)
         elif vectors is None:
             raise RetrieverError("no query given: give query texts, or their vectors")
@@ -219,7 +219,7 @@ class Index:
         if doc_ids is not None:
             if where is not None:
                 raise RetrieverError(f"give document ids or {param('where')}: one of the two, not both")
-            wanted = list(dict.fromkeys(doc_ids))
+            wanted = list(dict.fromkeys(id_list(doc_ids)))
             found = snapshot.live_rowids(wanted)
             rows = snapshot.rows(np.array([rowid for rowid, _ in found.values()], dtype=np.int64))
             return [rows[found[doc_id][0]] for doc_id in wanted if doc_id in found]
@@ -430,6 +430,10 @@ class Index:
         old document is deleted in the same version; so are the documents DELETE names (`sync`)."""
         started = time.perf_counter()
         read_notes: list[str] = []
+        if not isinstance(corpus, (str, Path, list, tuple)):
+            raise RetrieverError(f"add takes a list of records (dicts or Documents), a corpus file or a folder; got "
+                                 f"a {type(corpus).__name__}" + (": put the one record in a list"
+                                                                 if isinstance(corpus, (dict, Document)) else ""))
         if is_file_list(corpus) or (not isinstance(corpus, (list, tuple)) and Path(corpus).is_dir()):
             corpus = _read_files(corpus, folder or FolderOptions(), read_notes)  # one document a file
         given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
@@ -454,7 +458,8 @@ class Index:
             documents = iter(given) if given is not None else iter_corpus(corpus, encoding)
             count = ingest(documents, table, first, chunk_rows=chunk_rows)
             if count == 0:
-                raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
+                raise RetrieverError("no documents given" if given is not None else
+                                     f"{corpus}: no documents (the file is empty or all blank lines)")
             # Before any encoding: ids already in the index are refused, or (upsert) replaced in this same version.
             if upsert:
                 replaced = [document.doc_id for document in writer.existing_ids(table)]
@@ -559,7 +564,7 @@ class Index:
         """Delete documents by id, all or nothing, or every document the filter WHERE selects (`retriever.filters`):
         their row ids become tombstones that searches filter out."""
         started = time.perf_counter()
-        doc_ids = list(dict.fromkeys(doc_ids or ()))
+        doc_ids = list(dict.fromkeys(id_list(doc_ids) if doc_ids is not None else ()))
         if bool(doc_ids) == (where is not None):
             raise RetrieverError(f"give document ids to delete or {param('where')}: one of the two"
                                  + (", not both" if doc_ids else ""))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from retriever.errors import RetrieverError
 
@@ -72,13 +72,36 @@ def _escape_byte(found: re.Match) -> str:
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
+def query_list(queries) -> list:
+    """QUERIES, a list of query texts, as a list; what is not one (a number, bytes, a dict) refused in one line."""
+    if isinstance(queries, (bytes, bytearray, dict)) or not isinstance(queries, Iterable):
+        raise RetrieverError(f"queries are a string or a list of strings, not {type(queries).__name__}")
+    return list(queries)
+
+
+def id_list(doc_ids) -> list[str]:
+    """DOC_IDS as a list of document ids: one string is one id (not its characters, each taken for an id)."""
+    if isinstance(doc_ids, str):
+        return [doc_ids]
+    if isinstance(doc_ids, (bytes, bytearray, dict)) or not isinstance(doc_ids, Iterable):
+        raise RetrieverError(f"document ids are a string or a list of strings, not {type(doc_ids).__name__}")
+    doc_ids = list(doc_ids)
+    wrong = next((doc_id for doc_id in doc_ids if not isinstance(doc_id, str)), None)
+    if wrong is not None:
+        raise RetrieverError(f"document ids are strings; got {wrong!r} ({type(wrong).__name__})")
+    return doc_ids
+
+
 def check_queries(queries: Sequence[str]) -> None:
-    """Refuse what would rank documents arbitrarily: no query at all, or an empty or blank one."""
+    """Refuse what would rank documents arbitrarily: no query at all, one that is not text, or an empty or blank
+    one."""
     if not queries:
         raise RetrieverError("no query given")
     for number, query in enumerate(queries, start=1):
-        if not isinstance(query, str) or not query.strip():
-            where = "" if len(queries) == 1 else f" (query {number} of {len(queries)})"
+        where = "" if len(queries) == 1 else f" (query {number} of {len(queries)})"
+        if not isinstance(query, str):
+            raise RetrieverError(f"a query is text, not {type(query).__name__}{where}")
+        if not query.strip():
             raise RetrieverError(f"empty query{where}: give some text to search for")
 
 

@@ -121,6 +121,25 @@ def test_delete_writes_tombstones_and_searches_still_return_k(tiny_index, tmp_pa
     assert Index.open("tiny", tmp_path / "indexes", device="cpu").document("dog")["text"] == "A different dog document."
 
 
+def test_one_id_string_is_one_id_and_calls_of_the_wrong_kind_are_refused_in_one_line(tmp_path, tiny_bert):
+    Index.build([{"_id": name, "text": f"A note about {topic}."} for name, topic in
+                 (("a", "apples"), ("b", "bread"), ("ab", "both"))], "ids", tmp_path, model=str(tiny_bert),
+                calibrator="none", device="cpu")
+    index = Index.open("ids", tmp_path, device="cpu")
+    assert [document["doc_id"] for document in index.documents("ab")] == ["ab"]
+    assert index.delete("ab").changed == 1  # "ab", not "a" and "b"
+    assert sorted(document["doc_id"] for document in Index.open("ids", tmp_path).documents()) == ["a", "b"]
+    for call, message in [(lambda: index.search(42), "queries are a string or a list of strings, not int"),
+                          (lambda: index.search(b"apples"), "queries are a string or a list of strings, not bytes"),
+                          (lambda: index.search(["apples", 3]), "a query is text, not int (query 2 of 2)"),
+                          (lambda: index.delete([1]), "document ids are strings; got 1 (int)"),
+                          (lambda: index.add({"_id": "c", "text": "cherries"}), "put the one record in a list"),
+                          (lambda: index.add([]), "no documents given")]:
+        with pytest.raises(RetrieverError, match=message.replace("(", r"\(").replace(")", r"\)")) as caught:
+            call()
+        assert "\n" not in str(caught.value)
+
+
 def test_search_after_add_delete_compact_equals_a_fresh_build(tmp_path, tiny_bert):
     """Segments and tombstones are an implementation detail: the answers are those of one fresh index of the
     same documents with the same calibrator."""

@@ -67,6 +67,8 @@ async def _exercise(client: Client) -> dict:
         "bad_filter": ("search", {"query": "x", "filter": {"year": {"$bogus": 1}}}),
         "missing_index": ("search", {"query": "x", "index": "notse"}),
         "too_many": ("search", {"query": "x", "k": HTTP_MAX_K + 1}),
+        "no_query": ("search", {"k": 3}),
+        "number_query": ("search", {"query": 5}),
         "too_long": ("search", {"query": "word " * (MAX_QUERY_CHARS // 5 + 1)}),
         "document": ("get_document", {"id": "rust"}),
         "missing_document": ("get_document", {"id": "nothing", "index": "notes"}),
@@ -117,15 +119,17 @@ def _check_answers(found: dict) -> None:
     assert listed[0]["passages"] > 4 and listed[0]["fields"] == ["kind", "year"]
     assert "folder" not in listed[0]
 
-    errors = {name: found[name] for name in ("bad_filter", "missing_index", "too_many", "too_long",
-                                             "missing_document", "past_end")}
+    errors = {name: found[name] for name in ("bad_filter", "missing_index", "too_many", "no_query", "number_query",
+                                             "too_long", "missing_document", "past_end")}
     assert all(result.is_error for result in errors.values())
     text = {name: result.content[0].text for name, result in errors.items()}
     assert all("\n" not in line for line in text.values())
     assert "unknown operator '$bogus'" in text["bad_filter"]
     assert "no index named 'notse'" in text["missing_index"] and "did you mean 'notes'?" in text["missing_index"]
     assert "<index home>" in text["missing_index"]  # no server path
-    assert str(HTTP_MAX_K) in text["too_many"]
+    assert str(HTTP_MAX_K) in text["too_many"] and "k: " in text["too_many"]
+    # the argument at fault named, `query` too (the HTTP API's own locations, "query" among them, are left out)
+    assert text["no_query"].endswith("query: Field required") and "query: " in text["number_query"]
     assert f"at most {MAX_QUERY_CHARS:,}" in text["too_long"]
     assert "no document 'nothing' in index 'notes'" in text["missing_document"]
     assert "past the document's end" in text["past_end"]

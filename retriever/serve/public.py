@@ -23,7 +23,12 @@ def as_json_reads_it(problem: RetrieverError, names: dict[str, str] | None = Non
 def describe_invalid(problem: dict) -> str:
     """One of pydantic's validation errors as a clause: the field at fault and what was wrong ("k: Input should be
     less than or equal to 1000")."""
-    where = ".".join(str(part) for part in problem.get("loc", ()) if part not in ("body", "query"))
+    parts = [str(part) for part in problem.get("loc", ())]
+    # FastAPI's locations lead with where a field was ("body", "query" for the URL's): dropped, but where the
+    # field itself is named so (an MCP tool's `query` argument)
+    if parts[:1] == ["body"] or (len(parts) > 1 and parts[0] == "query"):
+        parts = parts[1:]
+    where = ".".join(parts)
     return f"{where}: {problem.get('msg', 'invalid')}" if where else problem.get("msg", "invalid request")
 
 
