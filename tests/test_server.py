@@ -35,6 +35,7 @@ def test_health_and_index_listing(client, index_dir):
     info = client.get("/indexes/notes").json()
     assert info["documents"] == 120 and info["calibrator"] == "sn" and info["version"] == listed[0]["version"]
     assert info["segments"] and "search_settings" in info
+    assert info["calibrator"] == listed[0]["calibrator"]  # one label for the calibrator (auto's: what it chose)
     assert client.get("/docs").status_code == 200 and client.get("/openapi.json").json()["paths"]["/search"]
 
 
@@ -212,6 +213,10 @@ def test_bad_search_requests_get_json_errors_with_the_right_status(client, index
     assert "not valid JSON" in one_line_error(
         client.post("/search", content=b'{"queries": ["x",]}', headers={"content-type": "application/json"}), 400)
     assert "queries" in one_line_error(client.post("/search", json={"k": 3}), 422)
+    # JSON sent as a form (curl -d without the header) is told what the API reads
+    assert "content-type: application/json" in one_line_error(
+        client.post("/search", content=b'{"queries": ["x"]}',
+                    headers={"content-type": "application/x-www-form-urlencoded"}), 400)
     one_line_error(client.get("/indexes/nope"), 404)
     # With two indexes, one not named is the most recently written, as in the CLI; the answer names it.
     Index.build(write_corpus(tmp_path / "other.jsonl", documents(80)), "other", index_dir, model=str(tiny_bert),

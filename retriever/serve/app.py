@@ -67,7 +67,7 @@ from retriever.serve.protocol import (
 from retriever.encode.runtimes import resolve_runtime
 from retriever.search.dense import RemoteSegments
 from retriever.text import check_text
-from retriever.versions.catalog import describe_indexes
+from retriever.versions.catalog import calibrator_label, describe_indexes
 from retriever.versions.folder import sweep_leftovers
 from retriever.versions.home import check_name, resolve_index_dir
 
@@ -147,7 +147,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                 except Exception as error:  # noqa: BLE001 - one bad index must not keep the others from being served
                     log.warning("index '%s' not served: %s", name, _one_line(error),
                                 exc_info=None if isinstance(error, RetrieverError) else error)  # a bug: its traceback
-            log.info("serving %d indexes from %s", len(indexes.names()), indexes.index_dir)
+            served = len(indexes.names())
+            log.info("serving %d %s from %s", served, "index" if served == 1 else "indexes", indexes.index_dir)
         async with agent_sessions.run():
             yield
         metrics.stop()
@@ -191,6 +192,10 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         if invalid:
             reason = (invalid[0].get("ctx") or {}).get("error", "")
             return error(400, "the request body is not valid JSON" + (f": {reason}" if "given twice" in reason else ""),
+                         code="bad_input", parameter=None)
+        if problems and tuple(problems[0].get("loc", ())) == ("body",) and "json" not in request.headers.get(
+                "content-type", ""):  # a body sent as a form or as text: say what the API reads
+            return error(400, "the request body is JSON: send it with the header content-type: application/json",
                          code="bad_input", parameter=None)
         # The shape of every other error: a code, and the field at fault (the first one's top-level name).
         fields = [str(part) for part in problems[0].get("loc", ()) if part not in ("body", "query")] if problems else []
@@ -378,7 +383,7 @@ def _describe_index(index: Index) -> dict:
     manifest = index.snapshot.manifest
     return {"name": index.name, "version": manifest.version, "documents": manifest.documents,
             "model": public_model(manifest.encoder["model"]), "dim": manifest.dim,
-            "calibrator": manifest.calibrator["name"], "index_type": manifest.index["type"],
+            "calibrator": calibrator_label(manifest.calibrator), "index_type": manifest.index["type"],
             "created": manifest.created, "refitted": manifest.refitted}
 
 
