@@ -211,10 +211,10 @@ class Index:
             raise RetrieverError(f"{param('vectors')} holds a NaN or infinite value")
         return raw
 
-    def documents(self, doc_ids: Sequence[str] | None = None, where: str | dict | None = None) -> list[dict]:
-        """Stored documents, as `document` gives each: those of DOC_IDS that are here, in DOC_IDS' order (an id not
-        here is left out), or every document the filter WHERE selects (`retriever.filters`; without it, all), in
-        the order they were written."""
+    def documents(self, doc_ids: str | Sequence[str] | None = None, where: str | dict | None = None) -> list[dict]:
+        """Stored documents, as `document` gives each: those of DOC_IDS (one id, or a list) that are here, in
+        DOC_IDS' order (an id not here is left out), or every document the filter WHERE selects
+        (`retriever.filters`; without it, all), in the order they were written."""
         snapshot = self.snapshot
         if doc_ids is not None:
             if where is not None:
@@ -560,9 +560,9 @@ class Index:
                     digests[row["doc_id"]] = metadata.get("sha256")
         return digests
 
-    def delete(self, doc_ids: Sequence[str] | None = None, where: str | dict | None = None) -> ChangeSummary:
-        """Delete documents by id, all or nothing, or every document the filter WHERE selects (`retriever.filters`):
-        their row ids become tombstones that searches filter out."""
+    def delete(self, doc_ids: str | Sequence[str] | None = None, where: str | dict | None = None) -> ChangeSummary:
+        """Delete documents by id (one id, or a list), all or nothing, or every document the filter WHERE selects
+        (`retriever.filters`): their row ids become tombstones that searches filter out."""
         started = time.perf_counter()
         doc_ids = list(dict.fromkeys(id_list(doc_ids) if doc_ids is not None else ()))
         if bool(doc_ids) == (where is not None):
