@@ -62,7 +62,7 @@ from retriever.encode.passages import PassageSettings
 from retriever.encode.model_card import DeferredEncoder, kit_fits, kit_opener
 from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
 from retriever.errors import RetrieverError, param
-from retriever.files.folder import (FOLDER_KEY, FolderOptions, FolderReport, folder_files, is_file_list,
+from retriever.files.folder import (FOLDER_KEY, UNLISTABLE, FolderOptions, FolderReport, folder_files, is_file_list,
                                     noted_documents, read_file)
 from retriever.files.readers import UnreadableFile
 from retriever.filters import parse_where
@@ -515,7 +515,8 @@ class Index:
         """Bring the index in step with the folder it was built from, read again as the build read it: files new
         since are added, changed ones (by the SHA-256 of their bytes) replaced, removed ones deleted, all in one
         version; an untouched file is hashed, not read again or encoded. A file that cannot be read now is skipped
-        with a note, its indexed version kept. Nothing changed: no new version."""
+        with a note, its indexed version kept; so are the files of a folder that cannot be listed now. Nothing
+        changed: no new version."""
         started = time.perf_counter()
         manifest = self.snapshot.manifest
         if manifest.folder is None or manifest.source is None:
@@ -538,8 +539,12 @@ class Index:
                 reason = str(why) if isinstance(why, UnreadableFile) else "it cannot be read"
                 notes.append(f"skipped {relative}: {reason}" + ("; its indexed version kept" if relative in stored
                                                                 else ""))
-        removed = sorted(set(stored) - seen)
-        notes += [f"skipped {relative}: {why}" for relative, why in report.skipped]  # loops, unlistable folders
+        # A folder that cannot be listed now hides its files, which are not gone: their indexed versions are kept.
+        hidden = [relative for relative, why in report.skipped if why.startswith(UNLISTABLE)]
+        removed = sorted(relative for relative in set(stored) - seen
+                         if not any(folder == "." or relative.startswith(folder + "/") for folder in hidden))
+        notes += [f"skipped {relative}: {why}" + ("; its indexed documents kept" if relative in hidden else "")
+                  for relative, why in report.skipped]  # loops, unlistable folders
         added = sum(document.doc_id not in stored for document in fresh)
         result = SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes)
         if fresh:

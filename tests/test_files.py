@@ -314,3 +314,41 @@ def test_a_file_that_vanishes_while_the_folder_is_read_is_skipped_with_a_line(tm
         read_file(folder / "c.md", "c.md", str(folder))
     assert list(folder_files(folder, FolderOptions(), FolderReport())) == [(folder / "a.md", "a.md"),
                                                                           (folder / "b.md", "b.md")]
+
+
+def test_a_folder_that_cannot_be_entered_is_skipped_and_a_sync_keeps_what_it_held(tmp_path, tiny_bert, monkeypatch):
+    import os
+    from pathlib import Path
+
+    import retriever.files.folder as folder_module
+    from retriever.index import Index
+
+    notes = tmp_path / "notes"
+    (notes / "locked").mkdir(parents=True)
+    (notes / "open.md").write_text("# Open\n\nThe open note is about tides.\n")
+    (notes / "locked" / "kept.md").write_text("# Kept\n\nThe locked note is about glaciers.\n")
+    Index.build(notes, "notes", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
+
+    # the folder's mode now 000, as for a user without root: neither listed nor entered (a stat inside it fails)
+    scandir, is_file = os.scandir, Path.is_file
+
+    def refused(path):
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    def refused_inside(path):
+        if path.parent.name == "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return is_file(path)
+
+    monkeypatch.setattr(folder_module.os, "scandir", refused)
+    monkeypatch.setattr(Path, "is_file", refused_inside)
+    synced = Index.open("notes", tmp_path / "home").sync()
+    assert (synced.added, synced.changed, synced.deleted) == (0, 0, 0)
+    assert any("locked: a folder that cannot be listed" in note and "indexed documents kept" in note
+               for note in synced.notes)
+    assert Index.open("notes", tmp_path / "home").document("locked/kept.md") is not None
+    # a build of the folder now skips it too, rather than stopping at its ignore files
+    rebuilt = Index.build(notes, "again", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
+    assert rebuilt.documents == 1

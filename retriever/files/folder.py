@@ -99,6 +99,10 @@ def _pathspec():
     return pathspec
 
 
+# Why a folder is skipped where it cannot be listed (`FolderReport.skipped`): a sync keeps what it held.
+UNLISTABLE = "a folder that cannot be listed"
+
+
 def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> Iterator[tuple[Path, str]]:
     """(path, path relative to ROOT) of every file to read under ROOT, in path order."""
     include = _patterns(options.include) if options.include else None
@@ -114,16 +118,16 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> It
         ignores = list(ignores)
         for name in IGNORE_FILES:
             ignore_file = folder / name
-            if ignore_file.is_file():
-                try:
+            try:
+                if ignore_file.is_file():
                     ignores.append((relative, _patterns(ignore_file.read_text(encoding="utf-8", errors="replace")
                                                         .splitlines())))
-                except OSError:
-                    pass
+            except OSError:
+                pass  # a folder that cannot be entered: listing it, below, says so
         try:
             entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
         except OSError as error:
-            report.skipped.append((relative or ".", f"a folder that cannot be listed ({error.strerror})"))
+            report.skipped.append((relative or ".", f"{UNLISTABLE} ({error.strerror})"))
             return
         for entry in entries:
             if entry.name.startswith("."):
