@@ -81,7 +81,7 @@ from retriever.store.spec import IndexSpec
 from retriever.text import check_queries, counted, id_list, query_list
 from retriever.versions.catalog import version_records
 from retriever.versions.folder import rollback
-from retriever.versions.home import resolve_index_dir
+from retriever.versions.home import resolve_existing, resolve_index_dir
 from retriever.versions.integrity import sha256_file
 from retriever.versions.layout import CALIBRATOR, ENCODED, MANIFEST, SEGMENTS
 from retriever.versions.snapshot import Snapshot, verify_index
@@ -441,68 +441,75 @@ class Index:
             check_exists(corpus)
             corpus_format(corpus)
         source = vector_source(vectors) if vectors is not None else None
-        timings: dict[str, float] = {}
         with self._writer() as writer:
-            current = writer.base
-            # Read into the new version: the calibrator (through the new vectors), the template (`template`) and
-            # merged segments (`merge`) are re-hashed; the rest is linked, or only looked up in (the ids already
-            # there): hashing it would make every add cost the whole index.
-            current.check_read(CALIBRATOR)
-            folder = writer.folder
-            segment = writer.new_segment_folder()
-            first = writer.manifest.next_rowid
-            dim = current.manifest.encoder["dim"]
+            return self._add_into(writer, corpus, given, source, encoding, progress, chunk_rows, upsert, delete,
+                                  read_notes, started)
 
-            clock = time.perf_counter()
-            table = DocumentTable.create(segment / DOCUMENTS)
-            documents = iter(given) if given is not None else iter_corpus(corpus, encoding)
-            count = ingest(documents, table, first, chunk_rows=chunk_rows)
-            if count == 0:
-                raise RetrieverError("no documents given" if given is not None else
-                                     f"{corpus}: no documents (the file is empty or all blank lines)")
-            # Before any encoding: ids already in the index are refused, or (upsert) replaced in this same version.
-            if upsert:
-                replaced = [document.doc_id for document in writer.existing_ids(table)]
-            else:
-                writer.refuse_existing_ids(table)
-                replaced = []
-            table.close()
-            timings["read"] = time.perf_counter() - clock
-            if source is not None and source.rows != count:
-                raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
-                                     f"{counted(count, 'document')} in {corpus}")
-            if source is not None and source.dim != dim:
-                raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; this index's encoder "
-                                     f"gives {dim}")
+    def _add_into(self, writer: IndexWriter, corpus, given: list[Document] | None, source: VectorSource | None,
+                  encoding: str, progress: bool, chunk_rows: int, upsert: bool, delete: Sequence[str],
+                  read_notes: list[str], started: float) -> ChangeSummary:
+        """`add`'s write, in WRITER's transaction (`sync` works out what to write in the same one)."""
+        timings: dict[str, float] = {}
+        current = writer.base
+        # Read into the new version: the calibrator (through the new vectors), the template (`template`) and
+        # merged segments (`merge`) are re-hashed; the rest is linked, or only looked up in (the ids already
+        # there): hashing it would make every add cost the whole index.
+        current.check_read(CALIBRATOR)
+        folder = writer.folder
+        segment = writer.new_segment_folder()
+        first = writer.manifest.next_rowid
+        dim = current.manifest.encoder["dim"]
 
-            clock = time.perf_counter()
-            state = BuildState(None, {}, documents=count)
-            if source is None:
-                encoder = self._encoder_for(current)
-                # Cut as the index's build cut (an index of before passages: one vector per document, as built).
-                cutter = passage_cutter(encoder, PassageSettings.from_record(current.manifest.passages))
-                with DocumentTable.open(segment / DOCUMENTS) as table:
-                    encode_table(encoder, table, folder / ENCODED, state, first, progress, chunk_rows, cutter)
-                source = VectorSource(folder / ENCODED)
-                timings["encode"] = time.perf_counter() - clock
-            else:
-                check_vectors(source)
-                timings["check_vectors"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        table = DocumentTable.create(segment / DOCUMENTS)
+        documents = iter(given) if given is not None else iter_corpus(corpus, encoding)
+        count = ingest(documents, table, first, chunk_rows=chunk_rows)
+        if count == 0:
+            raise RetrieverError("no documents given" if given is not None else
+                                 f"{corpus}: no documents (the file is empty or all blank lines)")
+        # Before any encoding: ids already in the index are refused, or (upsert) replaced in this same version.
+        if upsert:
+            replaced = [document.doc_id for document in writer.existing_ids(table)]
+        else:
+            writer.refuse_existing_ids(table)
+            replaced = []
+        table.close()
+        timings["read"] = time.perf_counter() - clock
+        if source is not None and source.rows != count:
+            raise RetrieverError(f"{source.path} holds {counted(source.rows, 'vector')} for "
+                                 f"{counted(count, 'document')} in {corpus}")
+        if source is not None and source.dim != dim:
+            raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; this index's encoder "
+                                 f"gives {dim}")
 
-            clock = time.perf_counter()
-            passages = split_segment(folder / ENCODED, count)
-            blocks = calibrated_blocks(source, current.calibrator, first, passages=passages)
-            write_segment_vectors(segment, blocks, dim, current.manifest.dim, current.spec.for_segment(source.rows),
-                                  writer.template(), split=passages is not None)
-            finish_segment(segment)
-            (folder / ENCODED).unlink(missing_ok=True)
-            encoded_passages_path(folder / ENCODED).unlink(missing_ok=True)
-            if replaced or delete:
-                # The old documents of those ids, and those asked: tombstones, in this same version.
-                writer.delete(list(dict.fromkeys([*replaced, *delete])))
-            writer.add_segment(segment, count, source.rows)
-            final = writer.commit()
-            timings["write"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        state = BuildState(None, {}, documents=count)
+        if source is None:
+            encoder = self._encoder_for(current)
+            # Cut as the index's build cut (an index of before passages: one vector per document, as built).
+            cutter = passage_cutter(encoder, PassageSettings.from_record(current.manifest.passages))
+            with DocumentTable.open(segment / DOCUMENTS) as table:
+                encode_table(encoder, table, folder / ENCODED, state, first, progress, chunk_rows, cutter)
+            source = VectorSource(folder / ENCODED)
+            timings["encode"] = time.perf_counter() - clock
+        else:
+            check_vectors(source)
+            timings["check_vectors"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        passages = split_segment(folder / ENCODED, count)
+        blocks = calibrated_blocks(source, current.calibrator, first, passages=passages)
+        write_segment_vectors(segment, blocks, dim, current.manifest.dim, current.spec.for_segment(source.rows),
+                              writer.template(), split=passages is not None)
+        finish_segment(segment)
+        (folder / ENCODED).unlink(missing_ok=True)
+        encoded_passages_path(folder / ENCODED).unlink(missing_ok=True)
+        if replaced or delete:
+            # The old documents of those ids, and those asked: tombstones, in this same version.
+            writer.delete(list(dict.fromkeys([*replaced, *delete])))
+        writer.add_segment(segment, count, source.rows)
+        final = writer.commit()
+        timings["write"] = time.perf_counter() - clock
         notes = read_notes + ([f"replaced {counted(len(replaced), 'document')} whose ids were already in the index"]
                  if replaced else [])
         summary = self._summary(writer, final, count, started, state.truncated, timings, notes + _merge_notes(writer))
@@ -525,8 +532,37 @@ class Index:
         root, options = Path(manifest.source), FolderOptions.from_record(manifest.folder)
         if not root.is_dir():
             raise RetrieverError(f"index '{self.name}' was built from {root}, which is no longer a folder")
+        # Worked out against the current version (another sync or write may have committed since this index was
+        # opened), and written in a transaction: where one committed meanwhile (the lock gives a later version),
+        # worked out again against that before anything is written.
+        here = self.snapshot
+        current = (here if resolve_existing(here.index_dir, self.name) == here.folder
+                   else Snapshot.open(self.name, here.index_dir, device=here.device))
+        try:
+            result, fresh, removed = self._folder_changes(root, options, current)
+            if fresh or removed:
+                with self._writer() as writer:
+                    if writer.base.manifest.version != current.manifest.version:
+                        result, fresh, removed = self._folder_changes(root, options, writer.base)
+                    if fresh:
+                        result.change = self._add_into(writer, None, given_documents(fresh), None, "utf-8", progress,
+                                                       CHUNK_ROWS, True, removed, [], time.perf_counter())
+                    elif removed:
+                        deleted = writer.delete(removed)
+                        result.change = self._summary(writer, writer.commit(), deleted, time.perf_counter(),
+                                                      notes=_merge_notes(writer))
+        finally:
+            if current is not here:
+                current.close()
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _folder_changes(self, root: Path, options: FolderOptions,
+                        snapshot: Snapshot) -> tuple[SyncSummary, list[Document], list[str]]:
+        """What a sync of ROOT (read with OPTIONS) would write to SNAPSHOT: its summary so far, the documents to
+        add or replace (read), and the ids to delete."""
         # The documents read from that folder; those added from elsewhere (another folder, a corpus file) stay.
-        stored = self._file_digests(str(root.resolve()))
+        stored = self._file_digests(str(root.resolve()), snapshot)
         report, notes, seen, fresh, unchanged = FolderReport(), [], set(), [], 0
         for path, relative in folder_files(root, options, report):
             seen.add(relative)
@@ -546,17 +582,12 @@ class Index:
         notes += [f"skipped {relative}: {why}" + ("; its indexed documents kept" if relative in hidden else "")
                   for relative, why in report.skipped]  # loops, unlistable folders
         added = sum(document.doc_id not in stored for document in fresh)
-        result = SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes)
-        if fresh:
-            result.change = self.add(fresh, progress=progress, upsert=True, delete=removed)
-        elif removed:
-            result.change = self.delete(removed)
-        result.seconds = time.perf_counter() - started
-        return result
+        return SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes), fresh, removed
 
-    def _file_digests(self, source: str) -> dict[str, str | None]:
-        """The id of each live document read from SOURCE (a folder) and the SHA-256 its metadata records."""
-        snapshot, digests = self.snapshot, {}
+    def _file_digests(self, source: str, snapshot: Snapshot) -> dict[str, str | None]:
+        """The id of each live document of SNAPSHOT read from SOURCE (a folder) and the SHA-256 its metadata
+        records."""
+        digests = {}
         for segment in snapshot.segments:
             rowids = np.asarray(segment.rowids)[snapshot.live_documents(segment)]
             for row in snapshot.rows(rowids, ("doc_id", "metadata")).values():

@@ -352,3 +352,25 @@ def test_a_folder_that_cannot_be_entered_is_skipped_and_a_sync_keeps_what_it_hel
     # a build of the folder now skips it too, rather than stopping at its ignore files
     rebuilt = Index.build(notes, "again", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
     assert rebuilt.documents == 1
+
+
+def test_a_sync_works_out_its_changes_from_the_version_another_sync_committed(tmp_path, tiny_bert):
+    from retriever.index import Index
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    for name in ("tides", "glaciers", "harps"):
+        (notes / f"{name}.md").write_text(f"# {name}\n\nA note about {name}.\n")
+    Index.build(notes, "notes", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
+    opened_before = Index.open("notes", tmp_path / "home")  # a second sync's index, opened before the first wrote
+    (notes / "tides.md").write_text("# tides\n\nA note about tides and the moon.\n")
+    (notes / "harps.md").unlink()
+    first = Index.open("notes", tmp_path / "home").sync()
+    assert (first.added, first.changed, first.deleted) == (0, 1, 1)
+    second = opened_before.sync()  # nothing left to do: it reads what the first wrote
+    assert (second.added, second.changed, second.deleted, second.change) == (0, 0, 0, None)
+    # and where the folder went back meanwhile, what the first wrote is undone
+    (notes / "tides.md").write_text("# tides\n\nA note about tides.\n")
+    third = opened_before.sync()
+    assert (third.added, third.changed, third.deleted) == (0, 1, 0)
+    assert Index.open("notes", tmp_path / "home").document("tides.md")["text"].endswith("A note about tides.")
