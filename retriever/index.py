@@ -545,8 +545,10 @@ class Index:
                     if writer.base.manifest.version != current.manifest.version:
                         result, fresh, removed = self._folder_changes(root, options, writer.base)
                     if fresh:
-                        result.change = self._add_into(writer, None, given_documents(fresh), None, "utf-8", progress,
-                                                       CHUNK_ROWS, True, removed, [], time.perf_counter())
+                        result.change = self._add_into(
+                            writer, corpus=None, given=given_documents(fresh), source=None, encoding="utf-8",
+                            progress=progress, chunk_rows=CHUNK_ROWS, upsert=True, delete=removed, read_notes=[],
+                            started=time.perf_counter())
                     elif removed:
                         deleted = writer.delete(removed)
                         result.change = self._summary(writer, writer.commit(), deleted, time.perf_counter(),

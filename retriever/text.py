@@ -72,20 +72,23 @@ def _escape_byte(found: re.Match) -> str:
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
+def _listed(items, what: str) -> list:
+    """ITEMS (a list of WHAT, strings) as a list; what is not a list (a number, bytes, a dict) refused in one line."""
+    if isinstance(items, (bytes, bytearray, dict)) or not isinstance(items, Iterable):
+        raise RetrieverError(f"{what} are a string or a list of strings, not {type(items).__name__}")
+    return list(items)
+
+
 def query_list(queries) -> list:
-    """QUERIES, a list of query texts, as a list; what is not one (a number, bytes, a dict) refused in one line."""
-    if isinstance(queries, (bytes, bytearray, dict)) or not isinstance(queries, Iterable):
-        raise RetrieverError(f"queries are a string or a list of strings, not {type(queries).__name__}")
-    return list(queries)
+    """QUERIES, a list of query texts, as a list; what is not one refused in one line."""
+    return _listed(queries, "queries")
 
 
 def id_list(doc_ids) -> list[str]:
     """DOC_IDS as a list of document ids: one string is one id (not its characters, each taken for an id)."""
     if isinstance(doc_ids, str):
         return [doc_ids]
-    if isinstance(doc_ids, (bytes, bytearray, dict)) or not isinstance(doc_ids, Iterable):
-        raise RetrieverError(f"document ids are a string or a list of strings, not {type(doc_ids).__name__}")
-    doc_ids = list(doc_ids)
+    doc_ids = _listed(doc_ids, "document ids")
     wrong = next((doc_id for doc_id in doc_ids if not isinstance(doc_id, str)), None)
     if wrong is not None:
         raise RetrieverError(f"document ids are strings; got {wrong!r} ({type(wrong).__name__})")

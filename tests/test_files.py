@@ -150,17 +150,22 @@ def test_adding_a_folder_and_upserting_an_edited_file(folder, tmp_path, cli):
         assert len(index) == 3 and index.document("docs/install.rst") is not None
 
 
-def test_a_missing_reader_library_is_one_line_naming_the_extra(folder, monkeypatch):
+def without_module(monkeypatch, module: str) -> None:
+    """MODULE not installed, as the readers import their parsers (`importlib.import_module`)."""
     import importlib
 
     real = importlib.import_module
 
-    def without_pypdf(name, *args):
-        if name == "pypdf":
+    def importing(name, *args):
+        if name == module:
             raise ImportError(f"No module named {name!r}")
         return real(name, *args)
 
-    monkeypatch.setattr(importlib, "import_module", without_pypdf)
+    monkeypatch.setattr(importlib, "import_module", importing)
+
+
+def test_a_missing_reader_library_is_one_line_naming_the_extra(folder, monkeypatch):
+    without_module(monkeypatch, "pypdf")
     with pytest.raises(RetrieverError, match=r"^reading PDF needs pypdf: pip install 'retriever\[files\]'$"):
         list(read_folder(folder, FolderOptions(include=("reports/*.pdf",))))
 
@@ -172,14 +177,7 @@ def test_markdown_is_read_with_the_package_alone_and_a_missing_parser_names_mark
     core = [line for line in importlib.metadata.requires("retriever") if "extra ==" not in line]
     assert all(any(line.startswith(package) for line in core)
                for package in ("markdown-it-py", "beautifulsoup4", "pathspec")), core
-    real = importlib.import_module
-
-    def without_bs4(name, *args):
-        if name == "bs4":
-            raise ImportError(f"No module named {name!r}")
-        return real(name, *args)
-
-    monkeypatch.setattr(importlib, "import_module", without_bs4)
+    without_module(monkeypatch, "bs4")
     with pytest.raises(RetrieverError, match=r"^reading Markdown needs beautifulsoup4: pip install beautifulsoup4$"):
         list(read_folder(folder, FolderOptions(include=("*.md",))))
 
