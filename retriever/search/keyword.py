@@ -127,22 +127,16 @@ class KeywordSearcher:
         # The documents' side is read to COUNT: each of those documents scores at least its BM25, so its floor
         # never stands above the COUNT-th best score, and never makes the answer wait (one unit per document).
         whole = self._best(query.documents, count, every)
-        read, passage_floor = None, 0.0
-        if query.passages is not None and not every:
-            # The documents' side's best, scored whole (their best passages looked up): COUNT documents score at
-            # least the COUNT-th of these, so a document must reach it to be among the best. A document that side
-            # did not read has a BM25 no higher (a score is never below its BM25), and scores at most the higher of
-            # its BM25 and its best passage's: only a passage reaching it can lift its document among the best, so
-            # the passages' MaxScore starts from it, higher than from the COUNT-th BM25 (fewer postings read).
-            read = _Found(whole.rowids, *self._combined(query, whole.rowids, whole), whole.floor)
-            passage_floor = _kth(read.scores, count)
         while True:
             if query.passages is None:
                 rowids, scores, keys, floor = whole.rowids, whole.scores, np.full(len(whole.rowids), -1), whole.floor
             else:
-                parts = self._best(query.passages, asked, every, self._split, floor=passage_floor)
+                # A document scores at least its own BM25 and at most the higher of that and its best passage's:
+                # the COUNT-th best document score is reached by COUNT documents, so a passage below it cannot
+                # lift its document among the best, and the passages' MaxScore starts from it.
+                parts = self._best(query.passages, asked, every, self._split, floor=_kth(whole.scores, count))
                 rowids = np.union1d(whole.rowids, parts.rowids)
-                scores, keys = self._combined(query, rowids, whole, parts, read)
+                scores, keys = self._combined(query, rowids, whole, parts)
                 floor = max(whole.floor, parts.floor)
             if matches is not None:
                 kept = matches.contains(rowids)
@@ -190,20 +184,11 @@ class KeywordSearcher:
         return _Found(rowids[best], scores[best], keys[best], floor)
 
     def _combined(self, query: KeywordQuery, rowids: np.ndarray, whole: _Found | None = None,
-                  parts: _Found | None = None, scored: _Found | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  parts: _Found | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each of ROWIDS' score (`store.passages.document_scores`) and best passage's key (-1 where the document
         is one passage, or no passage of it holds a query term); WHOLE, PARTS: each side's best units already read
         and scored (a document among PARTS has its best passage there: MaxScore reads every unit that can reach its
-        threshold, with a margin for float rounding, so none of its passages left out scores above the one read);
-        SCORED: documents whose score and key this gave already."""
-        if scored is not None:
-            at, held = find_in(rowids, scored.rowids)
-            if held.any():
-                scores, keys = np.empty(len(rowids), np.float32), np.empty(len(rowids), np.int64)
-                scores[held], keys[held] = scored.scores[at[held]], scored.keys[at[held]]
-                if not held.all():
-                    scores[~held], keys[~held] = self._combined(query, rowids[~held], whole, parts)
-                return scores, keys
+        threshold, with a margin for float rounding, so none of its passages left out scores above the one read)."""
         if whole is None:
             document = self.document_scores(query.documents, rowids)
         else:
