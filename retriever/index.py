@@ -64,7 +64,7 @@ from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
 from retriever.errors import RetrieverError, param
 from retriever.files.folder import (FOLDER_KEY, UNLISTABLE, FolderOptions, FolderReport, folder_files, is_file_list,
                                     noted_documents, read_file)
-from retriever.files.readers import UnreadableFile
+from retriever.files.readers import NoText, UnreadableFile
 from retriever.filters import parse_where
 from retriever.metadata import listed_fields
 from retriever.numeric import l2_normalize
@@ -522,8 +522,8 @@ class Index:
         """Bring the index in step with the folder it was built from, read again as the build read it: files new
         since are added, changed ones (by the SHA-256 of their bytes) replaced, removed ones deleted, all in one
         version; an untouched file is hashed, not read again or encoded. A file that cannot be read now is skipped
-        with a note, its indexed version kept; so are the files of a folder that cannot be listed now. Nothing
-        changed: no new version."""
+        with a note, its indexed version kept; so are the files of a folder that cannot be listed now. A file read
+        whole with no text in it now is deleted, with a note. Nothing changed: no new version."""
         started = time.perf_counter()
         manifest = self.snapshot.manifest
         if manifest.folder is None or manifest.source is None:
@@ -565,26 +565,34 @@ class Index:
         add or replace (read), and the ids to delete."""
         # The documents read from that folder; those added from elsewhere (another folder, a corpus file) stay.
         stored = self._file_digests(str(root.resolve()), snapshot)
-        report, notes, seen, fresh, unchanged = FolderReport(), [], set(), [], 0
+        report, notes, seen, fresh, unchanged, stale = FolderReport(), [], set(), [], 0, 0
         for path, relative in folder_files(root, options, report):
-            seen.add(relative)
             try:
                 if stored.get(relative) == sha256_file(path):
                     unchanged += 1
+                    seen.add(relative)
                     continue
                 fresh.append(read_file(path, relative, str(root.resolve()), options.max_bytes))
+                seen.add(relative)
+            except NoText as why:  # read whole, and nothing in it now: what it held is deleted, as for a file gone
+                notes.append(f"skipped {relative}: {why}" + ("; its indexed version deleted" if relative in stored
+                                                             else ""))
             except (UnreadableFile, OSError) as why:
+                seen.add(relative)
                 reason = str(why) if isinstance(why, UnreadableFile) else "it cannot be read"
                 notes.append(f"skipped {relative}: {reason}" + ("; its indexed version kept" if relative in stored
                                                                 else ""))
+                stale += relative in stored
         # A folder that cannot be listed now hides its files, which are not gone: their indexed versions are kept.
         hidden = [relative for relative, why in report.skipped if why.startswith(UNLISTABLE)]
-        removed = sorted(relative for relative in set(stored) - seen
-                         if not any(folder == "." or relative.startswith(folder + "/") for folder in hidden))
+        held = [relative for relative in set(stored) - seen
+                if any(folder == "." or relative.startswith(folder + "/") for folder in hidden)]
+        removed = sorted(set(stored) - seen - set(held))
+        stale += len(held)
         notes += [f"skipped {relative}: {why}" + ("; its indexed documents kept" if relative in hidden else "")
                   for relative, why in report.skipped]  # loops, unlistable folders
         added = sum(document.doc_id not in stored for document in fresh)
-        return SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes), fresh, removed
+        return SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes, stale=stale), fresh, removed
 
     def _file_digests(self, source: str, snapshot: Snapshot) -> dict[str, str | None]:
         """The id of each live document of SNAPSHOT read from SOURCE (a folder) and the SHA-256 its metadata
@@ -715,7 +723,8 @@ def _read_files(corpus, options: FolderOptions, notes: list[str]) -> list[Docume
 @dataclass
 class SyncSummary:
     """What a `sync` did: files ADDED, CHANGED (replaced) and DELETED, UNCHANGED ones (hashed, not read again or
-    encoded), NOTES (files skipped), and the version it wrote (CHANGE; None where nothing changed)."""
+    encoded), NOTES (files skipped), the version it wrote (CHANGE; None where nothing changed), and STALE: indexed
+    files it could not read now (alone or in a folder it could not list), whose indexed versions it kept."""
 
     name: str
     added: int
@@ -725,11 +734,16 @@ class SyncSummary:
     notes: list[str]
     change: ChangeSummary | None = None
     seconds: float = 0.0
+    stale: int = 0
 
     def line(self) -> str:
         done = (f"{self.added:,} added, {self.changed:,} changed, {self.deleted:,} deleted, {self.unchanged:,} "
                 "unchanged (not read again)")
+        if self.stale:
+            done += f", {self.stale:,} kept as indexed (not readable now)"
         if self.change is None:
+            if self.stale:
+                return f"index '{self.name}' has nothing it can write from its folder: {done}; no new version"
             return f"index '{self.name}' is in step with its folder: {done}; no new version"
         return f"synced index '{self.name}' to version {self.change.version}: {done}, in {self.seconds:.1f}s"
 

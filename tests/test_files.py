@@ -343,7 +343,7 @@ def test_a_folder_that_cannot_be_entered_is_skipped_and_a_sync_keeps_what_it_hel
     monkeypatch.setattr(folder_module.os, "scandir", refused)
     monkeypatch.setattr(Path, "is_file", refused_inside)
     synced = Index.open("notes", tmp_path / "home").sync()
-    assert (synced.added, synced.changed, synced.deleted) == (0, 0, 0)
+    assert (synced.added, synced.changed, synced.deleted, synced.stale) == (0, 0, 0, 1)
     assert any("locked: a folder that cannot be listed" in note and "indexed documents kept" in note
                for note in synced.notes)
     assert Index.open("notes", tmp_path / "home").document("locked/kept.md") is not None
@@ -372,3 +372,58 @@ def test_a_sync_works_out_its_changes_from_the_version_another_sync_committed(tm
     third = opened_before.sync()
     assert (third.added, third.changed, third.deleted) == (0, 1, 0)
     assert Index.open("notes", tmp_path / "home").document("tides.md")["text"].endswith("A note about tides.")
+
+
+def test_a_sync_deletes_a_file_emptied_and_keeps_one_it_cannot_read(tmp_path, tiny_bert, monkeypatch):
+    import retriever.files.folder as folder_module
+    from retriever.files.readers import UnreadableFile
+    from retriever.index import Index
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    for name in ("tides", "glaciers", "harps"):
+        (notes / f"{name}.md").write_text(f"# {name}\n\nA note about {name}.\n")
+    Index.build(notes, "notes", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
+    (notes / "tides.md").write_text("")  # emptied: the file says it holds nothing now
+    (notes / "harps.md").write_text("# harps\n\nA note about harps and lutes.\n")
+    read_file = folder_module.read_file
+
+    def refusing_harps(path, *args, **kwargs):  # changed, then not readable (as a file mid-write can be)
+        if path.name == "harps.md":
+            raise UnreadableFile("permission denied")
+        return read_file(path, *args, **kwargs)
+
+    monkeypatch.setattr("retriever.index.read_file", refusing_harps)
+    synced = Index.open("notes", tmp_path / "home").sync()
+    assert (synced.added, synced.changed, synced.deleted) == (0, 0, 1)
+    assert "skipped tides.md: no text in it; its indexed version deleted" in synced.notes
+    assert "skipped harps.md: permission denied; its indexed version kept" in synced.notes
+    assert synced.stale == 1 and "1 deleted, 1 unchanged (not read again), 1 kept as indexed (not readable now)" \
+        in synced.line()
+    again = Index.open("notes", tmp_path / "home").sync()  # not in step while harps.md cannot be read
+    assert again.change is None and again.line().startswith("index 'notes' has nothing it can write from its folder")
+    with Index.open("notes", tmp_path / "home") as index:
+        assert index.document("tides.md") is None and index.document("harps.md")["text"].endswith("about harps.")
+
+
+def test_a_link_to_a_file_or_folder_inside_the_folder_is_read_where_it_lies_and_one_outside_is_followed(tmp_path):
+    import os
+
+    from retriever.files.folder import folder_files
+
+    root, outside = tmp_path / "notes", tmp_path / "elsewhere"
+    (root / "trips").mkdir(parents=True)
+    outside.mkdir()
+    (root / "trips" / "alps.md").write_text("# Alps\n")
+    (root / "home.md").write_text("# Home\n")
+    (outside / "shared.md").write_text("# Shared\n")
+    os.symlink(root / "trips", root / "a-trips")  # met before the folder it names
+    os.symlink(root / "home.md", root / "trips" / "home-again.md")
+    os.symlink(root, root / "trips" / "up")  # a loop
+    os.symlink(outside, root / "linked")
+    report = FolderReport()
+    assert [relative for _, relative in folder_files(root, FolderOptions(), report)] == [
+        "home.md", "linked/shared.md", "trips/alps.md"]
+    assert dict(report.skipped) == {"a-trips": "a symbolic link to trips, read where it lies",
+                                    "trips/home-again.md": "a symbolic link to home.md, read where it lies",
+                                    "trips/up": "a symbolic link loop (the folder was read already)"}

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from retriever.corpus import CORPUS_FORMATS, Document
 from retriever.errors import RetrieverError
-from retriever.files.readers import UnreadableFile, reader_for
+from retriever.files.readers import NoText, UnreadableFile, reader_for
 
 # The metadata key of the folder a document was read from (absolute, resolved): `sync` finds its files by it.
 FOLDER_KEY = "folder"
@@ -108,6 +108,13 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> It
     include = _patterns(options.include) if options.include else None
     exclude = _patterns(options.exclude) if options.exclude else None
     seen: set[str] = set()
+    root_real = os.path.realpath(root)
+
+    def within(real: str) -> str | None:
+        """REAL's path relative to ROOT ('.' for ROOT itself), or None where it lies outside."""
+        if real == root_real:
+            return "."
+        return real[len(root_real) + 1:] if real.startswith(root_real + os.sep) else None
 
     def walk(folder: Path, relative: str, ignores: list[tuple[str, object]]) -> Iterator[tuple[Path, str]]:
         real = os.path.realpath(folder)
@@ -142,6 +149,16 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> It
                 continue
             if exclude is not None and (exclude.match_file(path) or (is_folder and exclude.match_file(path + "/"))):
                 continue
+            if entry.is_symlink() and os.path.exists(entry.path):
+                # A link to a file or folder of this folder: it is read where it lies (once, under its own path),
+                # or left out there as the rules say.
+                linked = os.path.realpath(entry.path)
+                target = within(linked)
+                if target is not None:
+                    loop = is_folder and (real == linked or real.startswith(linked + os.sep))  # to a folder above
+                    report.skipped.append((path, "a symbolic link loop (the folder was read already)" if loop
+                                           else f"a symbolic link to {target.replace(os.sep, '/')}, read where it lies"))
+                    continue
             if is_folder:
                 yield from walk(Path(entry.path), path, ignores)
             elif entry.is_file() or entry.is_symlink():
@@ -259,7 +276,7 @@ def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_
     except RecursionError:
         raise UnreadableFile("nested too deeply to parse") from None
     if not found.text.strip():
-        raise UnreadableFile("no text in it")
+        raise NoText("no text in it")
     metadata = {"path": relative, FOLDER_KEY: source, "type": reader.name, "size": status.st_size,
                 "modified": datetime.fromtimestamp(status.st_mtime, timezone.utc).isoformat(timespec="seconds"),
                 "sha256": hashlib.sha256(data).hexdigest()}

@@ -32,6 +32,10 @@ class UnreadableFile(Exception):
     """A file its reader cannot read; the message says why, in a few words."""
 
 
+class NoText(UnreadableFile):
+    """A file read whole that holds no text: not a failure to read it (a sync deletes what it held)."""
+
+
 @dataclass(frozen=True)
 class FileText:
     """What a reader found: TEXT, a TITLE where the file names one, and PAGE_STARTS (paged formats): the character
@@ -171,7 +175,7 @@ def read_pdf(data: bytes) -> FileText:
                              ) from None
     text = "\n\n".join(pages)
     if not text.strip():
-        raise UnreadableFile("a PDF with no text (scanned pages need OCR first)")
+        raise NoText("a PDF with no text (scanned pages need OCR first)")
     return FileText(text, title.strip() if isinstance(title, str) and title.strip() else None, tuple(starts))
 
 

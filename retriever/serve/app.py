@@ -329,7 +329,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
             result = await run_in_threadpool(served.index.sync)
         return {"index": name, "version": result.change.version if result.change else
                 served.snapshot.manifest.version, "added": result.added, "changed": result.changed,
-                "deleted": result.deleted, "unchanged": result.unchanged, "notes": result.notes,
+                "deleted": result.deleted, "unchanged": result.unchanged, "stale": result.stale,
+                "notes": result.notes,
                 "documents": result.change.documents if result.change else served.snapshot.manifest.documents}
 
     @app.delete("/indexes/{name}/documents/{doc_id:path}")
