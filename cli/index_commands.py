@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import warnings
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -413,7 +414,7 @@ def search(
     Stored text is printed with control characters escaped (\\x1b, \\u202e): a document cannot drive the terminal.
     --json is exact JSON, with those characters as \\u escapes."""
     from retriever.corpus import read_queries
-    from retriever.filters import filter_notes
+    from retriever.filters import FilterWarning, filter_notes
     from retriever.index import Index
     from retriever.search.options import SearchOptions
     from retriever.search.fusion import score_meaning
@@ -434,12 +435,14 @@ def search(
     mode = resolved.mode
     for note in filter_notes(settings.where, index.snapshot.manifest.metadata_fields, index.snapshot.field_kinds):
         _say(f"note: {note}")
-    if queries is None:
-        batch = [(None, query)]
-        results = [index.search(query, settings)]
-    else:
-        batch = read_queries(queries, encoding=encoding)
-        results = index.search([text for _, text in batch], settings, progress=True)
+    with warnings.catch_warnings():  # the notes above said them
+        warnings.simplefilter("ignore", FilterWarning)
+        if queries is None:
+            batch = [(None, query)]
+            results = [index.search(query, settings)]
+        else:
+            batch = read_queries(queries, encoding=encoding)
+            results = index.search([text for _, text in batch], settings, progress=True)
     for (query_id, text), hits in zip(batch, results):
         if as_json:
             _print_json(search_record(query_id, text, hits, mode))

@@ -16,7 +16,7 @@ _PUBLIC = {
     "ChangeSummary": "retriever.engines.steps",
     "Document": "retriever.corpus", "Encoder": "retriever.encode.encoder", "RetrieverError": "retriever.errors",
     "NotFoundError": "retriever.errors", "ConflictError": "retriever.errors", "DamagedIndexError": "retriever.errors",
-    "UnavailableError": "retriever.errors",
+    "UnavailableError": "retriever.errors", "FilterWarning": "retriever.filters",
     "make_calibrator": "retriever.calibration", "load_calibrator": "retriever.calibration",
 }
 __all__ = ["__version__", *_PUBLIC]

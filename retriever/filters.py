@@ -238,6 +238,11 @@ class _Compiler:
         return "?"
 
 
+class FilterWarning(UserWarning):
+    """A search's filter reads a field no document has, or values of a kind the field never holds: it runs, and
+    likely selects nothing (`filter_notes` says which)."""
+
+
 def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20) -> str | None:
     """One line naming the metadata paths WHERE reads that no document has (FIELDS: the index's, as its manifest
     records them), with the fields there are; None when every path is known. Such a filter still runs (it may

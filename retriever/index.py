@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,7 +66,7 @@ from retriever.errors import RetrieverError, param
 from retriever.files.folder import (FOLDER_KEY, UNLISTABLE, FolderOptions, FolderReport, folder_files, is_file_list,
                                     noted_documents, read_file)
 from retriever.files.readers import NoText, UnreadableFile
-from retriever.filters import parse_where
+from retriever.filters import FilterWarning, filter_notes, parse_where
 from retriever.metadata import listed_fields
 from retriever.numeric import l2_normalize
 from retriever.search.fusion_check import hybrid_check, recorded_hybrid
@@ -167,10 +168,10 @@ class Index:
         calibrates them), a row per query, or one vector for one query; nothing is encoded. QUERIES may then be
         None for dense search (the texts are what keyword and hybrid search read). An index built from vectors
         computed elsewhere (`retriever.encode.external`) is searched so."""
-        if queries is None and vectors is not None and np.ndim(vectors) == 1 or isinstance(queries, str):
+        single = queries is None and vectors is not None and np.ndim(vectors) == 1 or isinstance(queries, str)
+        if single:
             vectors = None if vectors is None else np.asarray(vectors).reshape(1, -1)
-            return self.search(None if queries is None else [queries], options, progress=progress, vectors=vectors,
-                               **settings)[0]
+            queries = None if queries is None else [queries]
         if queries is not None:
             queries = query_list(queries)
             check_queries(queries)
@@ -183,14 +184,22 @@ class Index:
         if queries is None and options.mode != "dense":
             raise RetrieverError(f"{options.mode} search reads the query texts: give them beside their vectors, or "
                                  f"search by vectors alone with {param('mode', 'dense')}")
+        # A filter on a field no document has (or with values of a kind it never holds) runs, and likely selects
+        # nothing: said as the CLI and the server say it, as a warning a script sees.
+        for note in filter_notes(options.where, self.snapshot.manifest.metadata_fields, self.snapshot.field_kinds):
+            warnings.warn(note, FilterWarning, stacklevel=2)
         if options.mode == "keyword":
-            return cut(self._searcher.search(queries, None, options), options)
-        if raw is None:
-            raw = self._query_encoder().encode(queries, progress=progress)
-        if options.space == "raw":
-            return cut(self._searcher.search_raw(raw, options), options)
-        texts = queries if queries is not None else [""] * len(raw)  # dense search reads no text
-        return cut(self._searcher.search(texts, self.snapshot.calibrate(raw), options), options)
+            found = self._searcher.search(queries, None, options)
+        else:
+            if raw is None:
+                raw = self._query_encoder().encode(queries, progress=progress)
+            if options.space == "raw":
+                found = self._searcher.search_raw(raw, options)
+            else:
+                texts = queries if queries is not None else [""] * len(raw)  # dense search reads no text
+                found = self._searcher.search(texts, self.snapshot.calibrate(raw), options)
+        found = cut(found, options)
+        return found[0] if single else found
 
     def _query_vectors(self, vectors: np.ndarray | Sequence, queries: list[str] | None) -> np.ndarray:
         """Given query VECTORS as float32 rows, checked against the QUERIES they stand for and the index's encoder."""

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -668,7 +669,24 @@ def test_a_misspelt_index_name_or_filter_field_says_what_was_meant(cli, built_ho
                                for i, text in enumerate(TEXTS)))
     assert cli("build", records, "--model", tiny_bert, "--calibrator", "none").returncode == 0
     found = cli("search", "lamp", "--name", "meta", "--where", json.dumps({"cateogry": "notes"}))
-    assert "no document has the field 'cateogry' (did you mean 'category'?)" in found.stderr
+    assert found.stderr.count("no document has the field 'cateogry' (did you mean 'category'?)") == 1  # once
+
+
+def test_a_script_s_search_warns_of_a_filter_on_a_field_no_document_has(tmp_path, tiny_bert):
+    """The CLI, the server and the MCP tools said it; a script searching through `Index` got an empty answer and
+    nothing else."""
+    from retriever import FilterWarning, Index
+
+    records = [{"_id": f"m{i}", "text": text, "metadata": {"category": "notes", "year": 2020 + i}}
+               for i, text in enumerate(TEXTS)]
+    index = Index.build(records, "meta", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu").open()
+    with pytest.warns(FilterWarning, match=r"no document has the field 'cateogry' \(did you mean 'category'\?\)"):
+        assert index.search("lamp", k=3, where={"cateogry": "notes"}) == []
+    with pytest.warns(FilterWarning, match="'year' holds numbers"):
+        index.search(["lamp", "tea"], k=3, where={"year": "2021"}, mode="keyword")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(index.search("lamp", k=3, where={"category": "notes"})) == 3
 
 
 def test_full_shows_a_long_document_s_match_in_its_context_and_a_hit_s_repr_stays_short(cli, tmp_path, tiny_bert,
