@@ -117,7 +117,7 @@ class _Compiler:
                 if not isinstance(value, dict):
                     raise FilterError(f"$not takes one object of conditions, got {_kind(value)}")
                 parts.append(f"(NOT {self.all_of(value, depth + 1)})")
-            elif key.startswith("$"):
+            elif isinstance(key, str) and key.startswith("$"):
                 raise FilterError(f"unknown operator {key!r} at the top of a condition; known there: $and, $or, $not "
                                   f"(a metadata key that starts with $ is reached as {PREFIX}{key})")
             else:
@@ -126,7 +126,8 @@ class _Compiler:
 
     def field(self, name: str, condition: object) -> str:
         if not isinstance(name, str) or not field_path(name) or len(name) > MAX_PATH_CHARS:
-            raise FilterError(f"{str(name)[:80]!r} is not a field name (metadata keys joined by dots, or one of "
+            shown = repr(name[:80]) if isinstance(name, str) else f"the {type(name).__name__} {str(name)[:80]}"
+            raise FilterError(f"{shown} is not a field name (metadata keys joined by dots, or one of "
                               f"{', '.join(sorted(RESERVED))})")
         try:
             check_text(name, "a field name")

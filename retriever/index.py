@@ -18,11 +18,12 @@ killed write loses nothing (`retriever.versions.folder`).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -384,6 +385,7 @@ class Index:
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
         read_notes: list[str] = []
+        corpus = _corpus_argument(corpus, "build")
         if is_file_list(corpus):  # files named one by one: one document each, read here
             corpus = _read_files(corpus, folder or FolderOptions(), read_notes)
         spec = BuildSpec(model=model, pooling=pooling, layers=layers, max_length=max_length, calibrator=calibrator,
@@ -439,10 +441,7 @@ class Index:
         old document is deleted in the same version; so are the documents DELETE names (`sync`)."""
         started = time.perf_counter()
         read_notes: list[str] = []
-        if not isinstance(corpus, (str, Path, list, tuple)):
-            raise RetrieverError(f"add takes a list of records (dicts or Documents), a corpus file or a folder; got "
-                                 f"a {type(corpus).__name__}" + (": put the one record in a list"
-                                                                 if isinstance(corpus, (dict, Document)) else ""))
+        corpus = _corpus_argument(corpus, "add")
         if is_file_list(corpus) or (not isinstance(corpus, (list, tuple)) and Path(corpus).is_dir()):
             corpus = _read_files(corpus, folder or FolderOptions(), read_notes)  # one document a file
         given = given_documents(corpus) if isinstance(corpus, (list, tuple)) else None  # Documents or records
@@ -755,6 +754,19 @@ class SyncSummary:
                 return f"index '{self.name}' has nothing it can write from its folder: {done}; no new version"
             return f"index '{self.name}' is in step with its folder: {done}; no new version"
         return f"synced index '{self.name}' to version {self.change.version}: {done}, in {self.seconds:.1f}s"
+
+
+def _corpus_argument(corpus: object, verb: str) -> str | os.PathLike | list | tuple:
+    """CORPUS as `build` and `add` (VERB) read it: a corpus file or folder, or a list of records; records from
+    any other iterable (a generator) are taken into a list. One record alone, or anything else, is refused."""
+    if isinstance(corpus, (str, os.PathLike, list, tuple)):
+        return corpus
+    if isinstance(corpus, Iterable) and not isinstance(corpus, (dict, Document, bytes)):
+        return list(corpus)
+    kind = type(corpus).__name__
+    raise RetrieverError(f"{verb} takes a list of records (dicts or Documents), a corpus file or a folder; got "
+                         f"{'None' if corpus is None else ('an ' if kind[0] in 'aeiou' else 'a ') + kind}"
+                         + (": put the one record in a list" if isinstance(corpus, (dict, Document)) else ""))
 
 
 def load_encoder(snapshot: Snapshot, runtime: str = "auto", kit: QueryKitEncoder | None = None,

@@ -96,8 +96,8 @@ def id_list(doc_ids) -> list[str]:
 
 
 def check_queries(queries: Sequence[str]) -> None:
-    """Refuse what would rank documents arbitrarily: no query at all, one that is not text, or an empty or blank
-    one."""
+    """Refuse what would rank documents arbitrarily, or fail inside the tokenizer: no query at all, one that is not
+    text, an empty or blank one, or one holding a lone surrogate."""
     if not queries:
         raise RetrieverError("no query given")
     for number, query in enumerate(queries, start=1):
@@ -106,6 +106,7 @@ def check_queries(queries: Sequence[str]) -> None:
             raise RetrieverError(f"a query is text, not {type(query).__name__}{where}")
         if not query.strip():
             raise RetrieverError(f"empty query{where}: give some text to search for")
+        check_text(query, f"the query{where}")
 
 
 def terminal_safe(text: str) -> str:

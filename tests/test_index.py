@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -134,10 +135,21 @@ def test_one_id_string_is_one_id_and_calls_of_the_wrong_kind_are_refused_in_one_
                           (lambda: index.search(["apples", 3]), "a query is text, not int (query 2 of 2)"),
                           (lambda: index.delete([1]), "document ids are strings; got 1 (int)"),
                           (lambda: index.add({"_id": "c", "text": "cherries"}), "put the one record in a list"),
-                          (lambda: index.add([]), "no documents given")]:
-        with pytest.raises(RetrieverError, match=message.replace("(", r"\(").replace(")", r"\)")) as caught:
+                          (lambda: index.add([]), "no documents given"),
+                          (lambda: index.search("cats \ud800"), "the query holds an invalid character (a lone "
+                                                                 "surrogate U+D800 at character 6)"),
+                          (lambda: Index.build({"_id": "c", "text": "cherries"}, "one", tmp_path),
+                           "build takes a list of records (dicts or Documents), a corpus file or a folder; got a "
+                           "dict: put the one record in a list"),
+                          (lambda: Index.build(None, "none", tmp_path), "got None"),
+                          (lambda: Index.build(7, "seven", tmp_path), "got an int")]:
+        with pytest.raises(RetrieverError, match=re.escape(message)) as caught:
             call()
         assert "\n" not in str(caught.value)
+    # records from a generator are read as a list of them would be
+    made = Index.build(({"_id": f"g{i}", "text": f"note {i} about gardens"} for i in range(3)), "made", tmp_path,
+                       model=str(tiny_bert), calibrator="none", device="cpu").open()
+    assert len(made) == 3 and made.add({"_id": f"h{i}", "text": "hedges"} for i in range(2)).documents == 5
 
 
 def test_search_after_add_delete_compact_equals_a_fresh_build(tmp_path, tiny_bert):
@@ -265,6 +277,17 @@ def test_info_reports_isotropy_before_and_after(tiny_index):
     assert raw["mean_cosine"] > 0.5
     assert abs(calibrated["mean_cosine"]) < 0.2
     assert calibrated["top_direction_share"] < raw["top_direction_share"]
+
+
+def test_an_index_whose_every_document_was_deleted_compacts_and_takes_new_ones(tmp_path, tiny_bert):
+    """Compaction of an index with no segment left raised IndexError from inside the merge."""
+    index = Index.build([{"_id": "a", "text": "cats and dogs"}, {"_id": "b", "text": "stock market prices"}], "gone",
+                        tmp_path, model=str(tiny_bert), calibrator="none", device="cpu").open()
+    index.delete(["a", "b"])
+    compacted = index.compact()
+    assert compacted.documents == 0 and len(index) == 0 and index.search("cats", k=3) == []
+    index.add([{"_id": "c", "text": "the orbit of mars"}])
+    assert [hit.doc_id for hit in index.search("mars", k=3)] == ["c"] and index.compact().documents == 1
 
 
 def test_automatic_compaction_bounds_segments_and_drops_heavy_deletions(tmp_path, tiny_bert):

@@ -226,7 +226,10 @@ class IndexWriter:
     def merge(self, names: Sequence[str]) -> None:
         """Replace the adjacent segments NAMES by one, without their deleted rows (those tombstones go). Every byte
         of the merged segments is copied into the new one, so they are re-hashed first: a new segment, hashed as
-        it is written, would vouch for any damage it copied."""
+        it is written, would vouch for any damage it copied. No names (an index whose every document was deleted
+        holds no segment): nothing to merge."""
+        if not names:
+            return
         base, manifest, tombstones = self.base, self.manifest, self.tombstones
         base.check_read(*(f"{SEGMENTS}/{name}" for name in names))
         new = self.new_segment_folder()
