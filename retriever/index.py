@@ -63,11 +63,11 @@ from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
 from retriever.encode.model_card import DeferredEncoder, kit_fits, kit_opener
 from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
-from retriever.errors import RetrieverError, param
+from retriever.errors import NotFoundError, RetrieverError, param
 from retriever.files.folder import (FOLDER_KEY, UNLISTABLE, FolderOptions, FolderReport, folder_files, is_file_list,
                                     noted_documents, read_file)
 from retriever.files.readers import NoText, UnreadableFile
-from retriever.filters import FilterWarning, filter_notes, parse_where
+from retriever.filters import Filter, FilterWarning, filter_notes, parse_where
 from retriever.metadata import listed_fields
 from retriever.numeric import l2_normalize
 from retriever.search.fusion_check import hybrid_check, recorded_hybrid
@@ -185,10 +185,7 @@ class Index:
         if queries is None and options.mode != "dense":
             raise RetrieverError(f"{options.mode} search reads the query texts: give them beside their vectors, or "
                                  f"search by vectors alone with {param('mode', 'dense')}")
-        # A filter on a field no document has (or with values of a kind it never holds) runs, and likely selects
-        # nothing: said as the CLI and the server say it, as a warning a script sees.
-        for note in filter_notes(options.where, self.snapshot.manifest.metadata_fields, self.snapshot.field_kinds):
-            warnings.warn(note, FilterWarning, stacklevel=2)
+        self._warn_of_filter(options.where)
         if options.mode == "keyword":
             found = self._searcher.search(queries, None, options)
         else:
@@ -221,6 +218,15 @@ class Index:
             raise RetrieverError(f"{param('vectors')} holds a NaN or infinite value")
         return raw
 
+    def _warn_of_filter(self, where: Filter | None) -> list[str]:
+        """Warn (FilterWarning, at the caller's caller) of a filter on a field no document has, or with values of a
+        kind it never holds: it runs, and likely selects nothing. The CLI, the server and the MCP tools say the same
+        notes (`filters.filter_notes`), which this returns."""
+        notes = filter_notes(where, self.snapshot.manifest.metadata_fields, self.snapshot.field_kinds)
+        for note in notes:
+            warnings.warn(note, FilterWarning, stacklevel=3)
+        return notes
+
     def documents(self, doc_ids: str | Sequence[str] | None = None, where: str | dict | None = None) -> list[dict]:
         """Stored documents, as `document` gives each: those of DOC_IDS (one id, or a list) that are here, in
         DOC_IDS' order (an id not here is left out), or every document the filter WHERE selects
@@ -235,6 +241,7 @@ class Index:
             return [rows[found[doc_id][0]] for doc_id in wanted if doc_id in found]
         compiled = parse_where(where)
         if compiled is not None:
+            self._warn_of_filter(compiled)
             rowids = snapshot.matching(compiled)
         else:
             parts = [np.empty(0, np.int64)]
@@ -623,8 +630,14 @@ class Index:
             raise RetrieverError(f"give document ids to delete or {param('where')}: one of the two"
                                  + (", not both" if doc_ids else ""))
         compiled = parse_where(where)
+        notes = self._warn_of_filter(compiled) if compiled is not None else []
         with self._writer() as writer:
-            removed = writer.delete(doc_ids) if compiled is None else writer.delete_where(compiled)
+            try:
+                removed = writer.delete(doc_ids) if compiled is None else writer.delete_where(compiled)
+            except NotFoundError as error:  # a misspelt field is the likeliest reason a filter selects nothing
+                if not notes:
+                    raise
+                raise NotFoundError(f"{error} ({notes[0]})") from None
             final = writer.commit()
         return self._summary(writer, final, removed, started, notes=_merge_notes(writer))
 

@@ -675,7 +675,7 @@ def test_a_misspelt_index_name_or_filter_field_says_what_was_meant(cli, built_ho
 def test_a_script_s_search_warns_of_a_filter_on_a_field_no_document_has(tmp_path, tiny_bert):
     """The CLI, the server and the MCP tools said it; a script searching through `Index` got an empty answer and
     nothing else."""
-    from retriever import FilterWarning, Index
+    from retriever import FilterWarning, Index, NotFoundError
 
     records = [{"_id": f"m{i}", "text": text, "metadata": {"category": "notes", "year": 2020 + i}}
                for i, text in enumerate(TEXTS)]
@@ -687,6 +687,12 @@ def test_a_script_s_search_warns_of_a_filter_on_a_field_no_document_has(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(index.search("lamp", k=3, where={"category": "notes"})) == 3
+    # listing and deleting by filter say it too; a delete that selects nothing names the field in its error
+    with pytest.warns(FilterWarning, match="'cateogry'"):
+        assert index.documents(where={"cateogry": "notes"}) == []
+    with pytest.warns(FilterWarning), pytest.raises(NotFoundError, match=r"nothing deleted \(no document has the "
+                                                                         r"field 'cateogry'"):
+        index.delete(where={"cateogry": "notes"})
 
 
 def test_full_shows_a_long_document_s_match_in_its_context_and_a_hit_s_repr_stays_short(cli, tmp_path, tiny_bert,
