@@ -28,7 +28,7 @@ import re
 import sys
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -55,9 +55,9 @@ csv.field_size_limit(2**31 - 1)
 class Document:
     doc_id: str
     text: str
-    title: str | None
-    source: str  # the file the document was read from
-    line: int  # 1-based line where the document starts in that file
+    title: str | None = None
+    source: str = "records"  # the file the document was read from ("records": given in Python)
+    line: int = 0  # 1-based line where the document starts in that file (0: given in Python, numbered there)
     metadata: dict | None = None  # named scalar values to filter on (`retriever.metadata`); None: none
 
 
@@ -170,8 +170,14 @@ def given_documents(items: Sequence[Document | dict]) -> list[Document]:
     """Documents given in Python (`Index.build`, `Index.add`): `Document`s, or plain records as a .jsonl corpus
     holds them (`{"_id": ..., "text": ..., "title": ..., "metadata": {...}}`, read with the same checks), checked
     as `check_documents` checks them."""
-    documents = [_record_document(item, f"record {number}", Path("records"), number) if isinstance(item, dict)
-                 else item for number, item in enumerate(items, start=1)]
+    documents = []
+    for number, item in enumerate(items, start=1):
+        if isinstance(item, dict):
+            item = _record_document(item, f"record {number}", Path("records"), number)
+        elif isinstance(item, Document):  # its metadata checked as a record's; numbered where it has no line
+            item = replace(item, line=item.line or number,
+                           metadata=check_metadata(item.metadata, f"document {number} ({item.doc_id!r})"))
+        documents.append(item)
     check_documents(documents)
     return documents
 
@@ -266,6 +272,15 @@ def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1, queries: 
         except ValueError:  # the only other one: an integer past Python's int-string conversion limit
             raise RetrieverError(f"{where}: {_too_long_integer()}") from None
         yield _record_document(record, where, path, number, queries)
+
+
+RECORD_KEYS = frozenset({"_id", "id", "title", "text", "metadata"})  # what a record's keys are read for
+
+
+def unread_keys(records: Iterable[object]) -> list[str]:
+    """The keys of RECORDS (dicts among them) that `_record_document` does not read, in sorted order."""
+    return sorted({key for record in records if isinstance(record, dict) for key in record
+                   if key not in RECORD_KEYS}, key=str)
 
 
 def _record_document(record: object, where: str, path: Path, number: int, queries: bool = False) -> Document:

@@ -39,7 +39,7 @@ from retriever.calibration import (
 )
 from retriever.calibration.diagnostics import isotropy, retrieval_check
 from retriever.calibration.pseudo_queries import CheckRounds
-from retriever.corpus import Document, check_exists, corpus_format, given_documents, iter_corpus
+from retriever.corpus import Document, check_exists, corpus_format, given_documents, iter_corpus, unread_keys
 from retriever.engines import ENGINES
 from retriever.engines.base import BuildEngine, BuildSpec, run_build
 from retriever.engines.local import LocalEngine
@@ -366,7 +366,8 @@ class Index:
         vector_spans: str | Path | np.ndarray | None = None,
         folder: FolderOptions | None = None,
     ) -> ChangeSummary:
-        """Stream CORPUS (a corpus file, a folder of files, or a list of Documents) through the pipeline into a new index version
+        """Stream CORPUS (a corpus file, a folder of files, or a list of Documents or records, or any iterable of
+        them) through the pipeline into a new index version
         under NAME and swap it in. A NAME that exists is refused unless REPLACE (then its current version is
         kept, and `rollback` restores it), as the CLI and the HTTP API refuse it.
 
@@ -443,7 +444,7 @@ class Index:
             vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS,
             upsert: bool = False, folder: FolderOptions | None = None, delete: Sequence[str] = ()) -> ChangeSummary:
         """Write CORPUS's documents (a corpus file, a folder of files as `build` reads one, with FOLDER, or a list
-        of Documents) as one new segment, encoded (or taken from VECTORS) and calibrated with the saved calibrator
+        of Documents or records, or any iterable of them) as one new segment, encoded (or taken from VECTORS) and calibrated with the saved calibrator
         (no refit); every existing segment is reused. An id already in the index is refused, or with UPSERT its
         old document is deleted in the same version; so are the documents DELETE names (`sync`)."""
         started = time.perf_counter()
@@ -772,10 +773,17 @@ class SyncSummary:
 def _corpus_argument(corpus: object, verb: str) -> str | os.PathLike | list | tuple:
     """CORPUS as `build` and `add` (VERB) read it: a corpus file or folder, or a list of records; records from
     any other iterable (a generator) are taken into a list. One record alone, or anything else, is refused."""
-    if isinstance(corpus, (str, os.PathLike, list, tuple)):
+    if isinstance(corpus, Iterable) and not isinstance(corpus, (str, os.PathLike, dict, Document, bytes)):
+        corpus = corpus if isinstance(corpus, (list, tuple)) else list(corpus)
+        unread = unread_keys(corpus)
+        if unread:  # a record's values to filter on go under "metadata": said, where they would be lost unseen
+            warnings.warn(f"records' keys {', '.join(repr(key) for key in unread[:10])}"
+                          f"{f' and {len(unread) - 10:,} more' if len(unread) > 10 else ''} are not read: a record "
+                          'is read for "_id" (or "id"), "text", "title" and "metadata", which holds its values to '
+                          "filter on", stacklevel=3)
         return corpus
-    if isinstance(corpus, Iterable) and not isinstance(corpus, (dict, Document, bytes)):
-        return list(corpus)
+    if isinstance(corpus, (str, os.PathLike)):
+        return corpus
     kind = type(corpus).__name__
     raise RetrieverError(f"{verb} takes a list of records (dicts or Documents), a corpus file or a folder; got "
                          f"{'None' if corpus is None else ('an ' if kind[0] in 'aeiou' else 'a ') + kind}"

@@ -411,3 +411,28 @@ def test_a_resumed_table_and_a_compacted_one_filter_as_the_records_say(tmp_path,
             compiled = parse_where(where)
             assert {RECORDS[r - 1].doc_id for r in again.matching(compiled).tolist()} == selected(RECORDS, where)
             assert {RECORDS[r - 1].doc_id for r in merged.matching(compiled).tolist()} == selected(kept, where)
+
+
+def test_documents_given_in_python_take_defaults_get_their_metadata_checked_and_stray_keys_are_said(tmp_path,
+                                                                                                  tiny_bert):
+    """A `Document` needed the file and line it was read from; its metadata went unchecked; a record's key beside
+    "metadata" ("lang") was dropped without a word."""
+    import warnings
+
+    from retriever.corpus import Document
+    from retriever.errors import RetrieverError
+    from retriever.index import Index
+
+    index = Index.build([Document("d1", "a note about cats", metadata={"lang": "en"}), Document("d2", "dogs")],
+                        "given", tmp_path, model=str(tiny_bert), calibrator="none", device="cpu").open()
+    assert [row["doc_id"] for row in index.documents(where={"lang": "en"})] == ["d1"]
+    assert index.document("d2")["source"] == "records"
+    with pytest.warns(UserWarning, match="records' keys 'lang', 'year' are not read: a record is read for"):
+        index.add([{"_id": "e", "text": "extra", "lang": "en", "year": 3}, {"id": "f", "text": "plain"}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        index.add([{"_id": "g", "text": "kept", "title": "G", "metadata": {"lang": "de"}}])
+    with pytest.raises(RetrieverError, match=r"^document 1 \('x'\): metadata 'a' is object"):
+        index.add([Document("x", "text", metadata={"a": object()})])
+    with pytest.raises(RetrieverError, match=r"duplicate ids: 'x' \(lines 1 and 2\)"):
+        index.add([Document("x", "one"), Document("x", "two")])
