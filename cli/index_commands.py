@@ -422,7 +422,7 @@ def search(
     from retriever.text import check_queries
 
     if (query is None) == (queries is None):
-        raise RetrieverError('give either a query ("...") or --queries FILE')
+        raise RetrieverError('give either a query ("...") or --queries FILE' + (", not both" if query else ""))
     if query is not None:
         check_queries([query])  # before an index is picked or opened
     settings = SearchOptions(k=k, mode=mode, fusion=fusion, weight=weight, where=where, min_score=min_score,

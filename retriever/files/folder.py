@@ -75,11 +75,15 @@ class FolderReport:
     read: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
     other_formats: Counter = field(default_factory=Counter)
+    linked: list[tuple[str, str]] = field(default_factory=list)  # links inside the folder: (path, target's path)
 
     def summary(self) -> str:
         parts = [f"{self.read:,} file{'s' if self.read != 1 else ''} read"]
         if self.skipped:
             parts.append(f"{len(self.skipped):,} skipped (no text read from them)")
+        if self.linked:
+            parts.append(f"{len(self.linked):,} symbolic link{'s' if len(self.linked) != 1 else ''} within the "
+                         "folder not followed (what they name is read where it lies)")
         if self.other_formats:
             kinds = ", ".join(f"{suffix or 'no suffix'} {count:,}" for suffix, count in self.other_formats.most_common(5))
             parts.append(f"{sum(self.other_formats.values()):,} of other formats left out ({kinds})")
@@ -103,8 +107,16 @@ def _pathspec():
 UNLISTABLE = "a folder that cannot be listed"
 
 
-def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> Iterator[tuple[Path, str]]:
-    """(path, path relative to ROOT) of every file to read under ROOT, in path order."""
+def folder_files(root: Path, options: FolderOptions, report: FolderReport,
+                 on_skip: Callable[[str, str], None] | None = None) -> Iterator[tuple[Path, str]]:
+    """(path, path relative to ROOT) of every file to read under ROOT, in path order. What the walk itself leaves
+    out with a reason (a link loop, a broken link, a folder it cannot list) goes in REPORT, ON_SKIP told."""
+
+    def skip(relative: str, why: str) -> None:
+        report.skipped.append((relative, why))
+        if on_skip is not None:
+            on_skip(relative, why)
+
     include = _patterns(options.include) if options.include else None
     exclude = _patterns(options.exclude) if options.exclude else None
     seen: set[str] = set()
@@ -119,7 +131,7 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> It
     def walk(folder: Path, relative: str, ignores: list[tuple[str, object]]) -> Iterator[tuple[Path, str]]:
         real = os.path.realpath(folder)
         if real in seen:
-            report.skipped.append((relative or ".", "a symbolic link loop (the folder was read already)"))
+            skip(relative or ".", "a symbolic link loop (the folder was read already)")
             return
         seen.add(real)
         ignores = list(ignores)
@@ -134,7 +146,7 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> It
         try:
             entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
         except OSError as error:
-            report.skipped.append((relative or ".", f"{UNLISTABLE} ({error.strerror})"))
+            skip(relative or ".", f"{UNLISTABLE} ({error.strerror})")
             return
         for entry in entries:
             if entry.name.startswith("."):
@@ -149,15 +161,19 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport) -> It
                 continue
             if exclude is not None and (exclude.match_file(path) or (is_folder and exclude.match_file(path + "/"))):
                 continue
-            if entry.is_symlink() and os.path.exists(entry.path):
+            if entry.is_symlink():
+                if not os.path.exists(entry.path):
+                    skip(path, f"a broken symbolic link (to {_link_target(entry.path)}, which does not exist)")
+                    continue
                 # A link to a file or folder of this folder: it is read where it lies (once, under its own path),
                 # or left out there as the rules say.
                 linked = os.path.realpath(entry.path)
                 target = within(linked)
                 if target is not None:
-                    loop = is_folder and (real == linked or real.startswith(linked + os.sep))  # to a folder above
-                    report.skipped.append((path, "a symbolic link loop (the folder was read already)" if loop
-                                           else f"a symbolic link to {target.replace(os.sep, '/')}, read where it lies"))
+                    if is_folder and (real == linked or real.startswith(linked + os.sep)):  # to a folder above
+                        skip(path, "a symbolic link loop (the folder was read already)")
+                    else:
+                        report.linked.append((path, target.replace(os.sep, "/")))
                     continue
             if is_folder:
                 yield from walk(Path(entry.path), path, ignores)
@@ -182,10 +198,18 @@ def read_folder(root: str | Path, options: FolderOptions = FolderOptions(),
         raise RetrieverError(f"{root}: no such folder")
     report = report if report is not None else FolderReport()
     source = str(root.resolve())
-    for path, relative in folder_files(root, options, report):
+    for path, relative in folder_files(root, options, report, on_skip):
         document = _read_or_skip(path, relative, source, options, report, on_skip)
         if document is not None:
             yield document
+
+
+def _link_target(path: str) -> str:
+    """What the symbolic link PATH names, as written in it."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 def is_file_list(corpus: object) -> bool:
