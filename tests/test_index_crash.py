@@ -16,7 +16,7 @@ import pytest
 
 from retriever.index import Index
 from retriever.versions.integrity import read_manifest
-from retriever.versions.layout import VERSIONS
+from retriever.versions.layout import BUILD_STATE, VERSIONS
 from tests.helpers import sentences, with_long, write_corpus, write_jsonl
 
 # One process imports the library once, then forks a child for each write; the child SIGKILLs itself at a chosen
@@ -179,11 +179,14 @@ def test_a_write_killed_at_any_stage_loses_nothing(crash_index, tmp_path, tiny_b
     dying_write(target, call, when, operation, crash_index, argument, tiny_bert)
     assert snapshot(crash_index) == before  # the link still points at the complete previous version
     # The next writer clears what the killed one left (partial folders, a renamed but never linked version, a
-    # link never swapped in).
+    # link never swapped in), but for a killed build's record of what it encoded, kept for its re-run.
     Index.open("crash", crash_index, device="cpu").add(write_jsonl(tmp_path / "after.jsonl", sentences(2, 300)))
     versions = crash_index / VERSIONS / "crash"
     current = (crash_index / "crash").resolve().name
-    assert sorted(folder.name for folder in versions.iterdir() if folder.is_dir()) == sorted([previous, current])
+    partial = [folder for folder in versions.iterdir() if folder.name.endswith(".partial")]
+    assert all(operation == "build" and (folder / BUILD_STATE).is_file() for folder in partial)
+    assert sorted(folder.name for folder in versions.iterdir() if folder.is_dir() and folder not in partial) == \
+        sorted([previous, current])
     numbers = [read_manifest(versions / folder, "crash").version for folder in (previous, current)]
     assert numbers[1] > numbers[0] > 0  # versions are numbered, never ordered by their folders' names
     assert [path.name for path in crash_index.iterdir() if path.name != VERSIONS] == ["crash"]
@@ -290,6 +293,26 @@ def test_a_killed_build_resumes_without_reencoding_what_it_finished(tmp_path, ti
     np.testing.assert_allclose(resumed.snapshot.segments[0].vectors.stored_vectors(),
                                fresh.snapshot.segments[0].vectors.stored_vectors(), atol=1e-6)
     assert [h.doc_id for h in resumed.search(docs["d7"], k=5)] == [h.doc_id for h in fresh.search(docs["d7"], k=5)]
+
+
+def test_another_write_between_a_killed_build_and_its_re_run_keeps_what_it_encoded(tmp_path, tiny_bert,
+                                                                                    encoded_texts, dying_write):
+    """A delete (or a sync) on the index while a killed --replace build waited for its re-run removed the build's
+    partial folder, and so all its encoding, without a word."""
+    index_dir = tmp_path / "indexes"
+    Index.build([{"_id": "old", "text": "the version the build replaces"}, {"_id": "older", "text": "and another"}],
+                "crash", index_dir, model=str(tiny_bert), calibrator="none", device="cpu")
+    docs = sentences(50)
+    corpus = write_jsonl(tmp_path / "big.jsonl", docs)
+    kill_build_after_three_chunks(dying_write, index_dir, corpus, tiny_bert)
+    Index.open("crash", index_dir, device="cpu").delete("older")
+    assert len(list((index_dir / VERSIONS / "crash").glob("*.partial"))) == 1
+    encoded_texts.clear()
+    summary = Index.build(corpus, "crash", index_dir, model=str(tiny_bert), calibrator="whitening", device="cpu",
+                          chunk_rows=10, replace=True)
+    assert encoded_texts == list(docs.values())[20:]
+    assert summary.notes == ["resumed a killed build: 20 of 50 documents were already encoded"]
+    assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
 
 
 def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tmp_path, tiny_bert, encoded_texts,

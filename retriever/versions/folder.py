@@ -180,11 +180,12 @@ def _current(link: Path) -> Path | None:
 
 @contextmanager
 def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wait: bool = True,
-            busy_hint: str = "wait for it to finish") -> Iterator[PartialVersion]:
+            busy_hint: str = "wait for it to finish", build: bool = False) -> Iterator[PartialVersion]:
     """Hold NAME's lock, give a numbered partial version, and clean it up unless committed.
 
     With RESUME_KEY (a build's corpus and encoder), a partial folder a killed build left with the same key is
-    handed back (`version.resumed`) instead of a fresh one; every other leftover is removed. Read-modify-write
+    handed back (`version.resumed`) instead of a fresh one; every other leftover is removed, except by a write
+    other than a BUILD: an interrupted build's partial folder is kept for that build's re-run. Read-modify-write
     operations (add, delete, refit, compact) must read the current version inside this block. WAIT and
     BUSY_HINT: as in `writer_lock` (a build does not wait: it would replace what the other writer wrote). Writes
     are where killed writers' leftovers are tidied: this name's under its lock, the others' by `sweep_leftovers`.
@@ -198,6 +199,8 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
             if resume_key is not None and not version.resumed and _build_key(leftover) == resume_key:
                 version.folder, version.resumed = leftover, True
                 continue
+            if not build and (leftover / BUILD_STATE).is_file():
+                continue  # an interrupted build's encoding, kept for its re-run: another build replaces it
             shutil.rmtree(leftover, ignore_errors=True)
         numbers = Numbers.read(version.versions, _current(version.link))
         _remove_orphans(version, numbers.committed)

@@ -89,7 +89,7 @@ class IndexWriter:
         with ExitStack() as stack:
             self._version = stack.enter_context(writing(
                 self.index_dir, self.name, resume_key=self._resume_key if self._build else None,
-                wait=not self._build, busy_hint=self._busy_hint))
+                wait=not self._build, busy_hint=self._busy_hint, build=self._build))
             self.folder: Path = self._version.folder
             if not self._build:
                 self._base = self._current()
