@@ -432,3 +432,18 @@ def test_a_link_to_a_file_or_folder_inside_the_folder_is_read_where_it_lies_and_
         ("trips/up", "a symbolic link loop (the folder was read already)")]
     assert report.summary() == ("0 files read; 2 skipped (no text read from them); 2 symbolic links within the "
                                 "folder not followed (what they name is read where it lies)")
+
+
+def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_lines():
+    """Every element was put on a line of its own: "Use\\ngit rebase -i HEAD~5\\n to squash" in a hit's passage."""
+    from retriever.files.readers import read_html, read_markdown
+
+    markdown = read_markdown(b"# Rebase\n\nUse `git rebase -i HEAD~5` to squash, see [the book](http://x).\n"
+                             b"A second line.\n\n- an item with `code`\n\n```\nkeep   this\n  as is\n```\n\n"
+                             b"| a | b |\n|---|---|\n")
+    assert markdown.text == ("Rebase\n\nUse git rebase -i HEAD~5 to squash, see the book.\nA second line.\n\n"
+                             "an item with code\n\nkeep   this\n  as is\n\n| a | b |\n|---|---|")
+    page = read_html(b"<html><head><title>T</title><script>x = 1</script></head><body>\n  <h1>Welcome</h1>\n"
+                     b"  <p>\n    Click <a href='#'>here</a>   <em>now</em>.<br>Next line</p>"
+                     b"<div>A <b>bold</b> div</div><table><tr><td>x</td><td>y</td></tr></table></body></html>")
+    assert page.text == "Welcome\n\nClick here now.\nNext line\n\nA bold div\n\nx y" and page.title == "T"

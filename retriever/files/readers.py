@@ -128,7 +128,38 @@ def html_text(html: str, what: str = "HTML") -> tuple[str, str | None]:
         title = heading.get_text(" ", strip=True) if heading else None
     for hidden in soup(["script", "style", "noscript", "template", "head"]):
         hidden.decompose()
-    return tidy(soup.get_text("\n")), title or None
+    return _shown_text(soup, bs4), title or None
+
+
+# Elements a browser lays out as blocks of their own: a line break before and after each. Everything else (a link,
+# inline code, emphasis) flows inside its line.
+_BLOCKS = ("address", "article", "aside", "blockquote", "caption", "dd", "details", "dialog", "div", "dl", "dt",
+           "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
+           "hgroup", "hr", "li", "main", "nav", "ol", "p", "pre", "section", "summary", "table", "tr", "ul")
+_BREAK = "\x00"  # where a block starts or ends (decoded text holds no NUL: `decoded` refuses it)
+_BREAKS = re.compile(r"[ \t]*\x00[\x00 \t]*")
+_LINE_ENDS = re.compile(r"[ \t]*\n\s*")
+_SPACES = re.compile(r"[^\S\n]+")
+
+
+def _shown_text(soup, bs4) -> str:
+    """SOUP's text laid out as a browser lays out its blocks: each on lines of its own (a blank line between two
+    where the source had space between them), inline elements (a link, inline code) inside their line, runs of
+    spaces one space; the source's own line breaks kept (a Markdown table's rows), preformatted text as it is."""
+    for tag in soup.find_all("br"):
+        tag.replace_with("\n")
+    for tag in soup.find_all(_BLOCKS):
+        tag.insert_before(_BREAK)
+        tag.insert_after(_BREAK)
+    for tag in soup.find_all(["td", "th"]):
+        tag.insert_after(" ")  # a row's cells side by side
+    parts = []
+    for string in soup.find_all(string=True):
+        if isinstance(string, (bs4.Comment, bs4.Declaration, bs4.Doctype, bs4.ProcessingInstruction)):
+            continue
+        text = str(string)
+        parts.append(text if string.find_parent("pre") else _SPACES.sub(" ", _LINE_ENDS.sub("\n", text)))
+    return tidy(_BREAKS.sub(lambda found: "\n\n" if found.group().count(_BREAK) > 1 else "\n", "".join(parts)))
 
 
 def read_html(data: bytes) -> FileText:
