@@ -106,7 +106,8 @@ class _Compiler:
         for key, value in clause.items():
             if key in ("$and", "$or"):
                 if not isinstance(value, list) or not value:
-                    raise FilterError(f"{key} takes a non-empty list of conditions, got {_kind(value)}")
+                    raise FilterError(f"{key} takes a non-empty list of conditions, got "
+                                      f"{'an empty list' if value == [] else _kind(value)}")
                 if not all(isinstance(item, dict) for item in value):
                     raise FilterError(f"{key} takes a list of objects")
                 joiner = " AND " if key == "$and" else " OR "

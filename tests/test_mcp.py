@@ -72,6 +72,8 @@ async def _exercise(client: Client) -> dict:
         "too_long": ("search", {"query": "word " * (MAX_QUERY_CHARS // 5 + 1)}),
         "document": ("get_document", {"id": "rust"}),
         "missing_document": ("get_document", {"id": "nothing", "index": "notes"}),
+        "filter_as_where": ("search", {"query": "x", "where": {"year": 1900}}),  # the library's name for it
+        "list_filter": ("search", {"query": "x", "filter": [1, 2]}),
         "indexes": ("list_indexes", {}),
     }
     for name, (tool, arguments) in calls.items():
@@ -80,6 +82,9 @@ async def _exercise(client: Client) -> dict:
     found["window"] = await client.call_tool("get_document", {"id": glacier["id"], "start": glacier["span"][0],
                                                                "end": glacier["span"][1], "context": 20})
     found["past_end"] = await client.call_tool("get_document", {"id": "rust", "start": 10_000})
+    first = await client.call_tool("get_document", {"id": glacier["id"], "max_chars": 100})
+    found["paged"] = [first, await client.call_tool("get_document", {"id": glacier["id"], "max_chars": 100,
+                                                                      "start": first.structured_content["end"]})]
     return found
 
 
@@ -87,7 +92,7 @@ def _check_answers(found: dict) -> None:
     assert set(found["tools"]) == TOOLS
     search = found["tools"]["search"]
     assert {"query", "index", "k", "mode", "filter", "include_text"} <= set(search.input_schema["properties"])
-    assert search.input_schema["required"] == ["query"]
+    assert search.input_schema["required"] == ["query"] and search.input_schema["additionalProperties"] is False
     assert search.output_schema is not None and "hits" in search.output_schema["properties"]
     assert all(tool.annotations.read_only_hint for tool in found["tools"].values())
 
@@ -106,6 +111,10 @@ def _check_answers(found: dict) -> None:
     window = found["window"].structured_content
     assert window["start"] == start - 20 and window["end"] == min(end + 20, len(LONG_PAGE))
     assert window["text"] == LONG_PAGE[window["start"]:window["end"]] and window["length"] == len(LONG_PAGE)
+    # read on from an answer's end: what follows it, no text already read
+    assert [(part.structured_content["start"], part.structured_content["end"]) for part in found["paged"]] == [
+        (0, 100), (100, 200)]
+    assert "".join(part.structured_content["text"] for part in found["paged"]) == LONG_PAGE[:200]
 
     assert [hit["id"] for hit in found["filtered"].structured_content["hits"]] == []  # rust is from 2015
     assert found["with_text"].structured_content["hits"][0]["text"] == DOCUMENTS[1]["text"]
@@ -120,7 +129,8 @@ def _check_answers(found: dict) -> None:
     assert "folder" not in listed[0]
 
     errors = {name: found[name] for name in ("bad_filter", "missing_index", "too_many", "no_query", "number_query",
-                                             "too_long", "missing_document", "past_end")}
+                                             "too_long", "missing_document", "past_end", "filter_as_where",
+                                             "list_filter")}
     assert all(result.is_error for result in errors.values())
     text = {name: result.content[0].text for name, result in errors.items()}
     assert all("\n" not in line for line in text.values())
@@ -133,6 +143,9 @@ def _check_answers(found: dict) -> None:
     assert f"at most {MAX_QUERY_CHARS:,}" in text["too_long"]
     assert "no document 'nothing' in index 'notes'" in text["missing_document"]
     assert "past the document's end" in text["past_end"]
+    assert "where: Extra inputs are not permitted (did you mean 'filter'?); search takes query, index, k" in \
+        text["filter_as_where"]  # answered unfiltered before
+    assert text["list_filter"].endswith('filter: must be a JSON object such as {"lang": "en"}, got a list')
 
 
 def _over_http(url: str, key: str | None, host: str | None = None) -> dict:

@@ -57,7 +57,7 @@ class SearchOptions:
         None, 'only documents this filter selects, e.g. {"year": {"$gte": 2020}} (equality, $ne, $in, $nin, $all, '
         "$gt, $gte, $lt, $lte, $exists, $size, $and, $or on metadata paths such as tags or origin.site, a list "
         "matching by any element, and on doc_id, title, source, text); a filter that selects at least k documents "
-        "always gets k hits", "filter", "none: every document")
+        "always gets k hits (in keyword search, k of those holding a query word)", "filter", "none: every document")
     min_score: float | None = _option(
         None, "leave out hits whose dense score (cosine) is below this: a query with no good match gets none "
         "(hybrid hits are held to their dense side; keyword search has no dense score)", float, "none",

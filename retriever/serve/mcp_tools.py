@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, ValidationError
@@ -34,7 +34,7 @@ from retriever.serve.protocol import HTTP_MAX_K, ApiError, check_answer_chars, c
 from retriever.serve.public import (as_json_reads_it, describe_invalid, one_line, private_paths, public_metadata,
                                     public_record, scrub)
 from retriever.serve.searching import search_and_answer
-from retriever.text import check_text
+from retriever.text import check_text, did_you_mean
 from retriever.versions.catalog import default_index, describe_indexes
 from retriever.versions.home import resolve_index_dir
 
@@ -125,12 +125,31 @@ class IndexList(BaseModel):
     indexes: list[IndexSummary]
 
 
+# Names agents give these arguments elsewhere (the library's and the HTTP API's filter is `where`).
+ARGUMENT_ALIASES = {"where": "filter", "top_k": "k", "limit": "k", "n": "k", "q": "query", "text": "query"}
+
+
 class RetrieverMCP(MCPServer):
     """The SDK's server, its argument errors worded as the HTTP API words them: one line naming the argument
     ("k: Input should be less than or equal to 1000"), where pydantic's own message runs to several lines with a
-    link."""
+    link. An argument a tool does not take is refused, as the HTTP API refuses it (the SDK drops it: a filter sent
+    as `where` answered unfiltered), and the tools' schemas say so."""
+
+    async def list_tools(self):
+        return [tool.model_copy(update={"input_schema": {**tool.input_schema, "additionalProperties": False}})
+                for tool in await super().list_tools()]
 
     async def call_tool(self, name, arguments, context=None):
+        schema = next((tool.input_schema for tool in await super().list_tools() if tool.name == name), None)
+        if schema is not None and isinstance(arguments, dict):
+            known = list(schema.get("properties", {}))
+            unknown = [key for key in arguments if key not in known]
+            if unknown:
+                key = unknown[0]
+                meant = (f" (did you mean '{ARGUMENT_ALIASES[key]}'?)" if ARGUMENT_ALIASES.get(key) in known
+                         else did_you_mean(str(key), known))
+                raise ToolError(f"Error executing tool {name}: {key}: Extra inputs are not permitted{meant}; "
+                                f"{name} takes {', '.join(known) or 'no arguments'}")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as error:
@@ -153,8 +172,10 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
         mode: Annotated[Literal[MODES] | None, Field(  # type: ignore[valid-type]
             description="dense (meaning), keyword (BM25, exact words) or hybrid (both fused); default: hybrid "
                         "where the index has a keyword index")] = None,
-        filter: Annotated[dict | str | None, Field(description=SearchOptions.__dataclass_fields__["where"]
-                                                   .metadata["help"])] = None,
+        # Any JSON value is taken, so that the library words a filter of the wrong kind ("must be a JSON object
+        # ..., got a list") where pydantic would list the branches of a union it tried.
+        filter: Annotated[Any, Field(description=SearchOptions.__dataclass_fields__["where"].metadata["help"],
+                                     json_schema_extra={"type": ["object", "string", "null"]})] = None,
         include_text: Annotated[bool, Field(description="also return each hit's whole document text (long "
                                                         "documents run to tens of thousands of characters)")] = False,
     ) -> SearchAnswer:
@@ -171,17 +192,19 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
     async def get_document(
         id: Annotated[str, Field(description="the document's id, as a hit gives it")],
         index: Annotated[str | None, Field(description="the index it is in; default: the default index")] = None,
-        start: Annotated[int | None, Field(ge=0, description="the start of the part wanted (a hit's span[0]); "
-                                                             "default: the document's start")] = None,
+        start: Annotated[int | None, Field(ge=0, description="the start of the part wanted (a hit's span[0], or "
+                                                             "an answer's end to read on); default: the "
+                                                             "document's start")] = None,
         end: Annotated[int | None, Field(ge=0, description="the end of the part wanted (a hit's span[1]); "
-                                                           "default: start")] = None,
+                                                           "without it, what follows start")] = None,
         context: Annotated[int, Field(ge=0, le=MAX_WINDOW_CHARS, description="characters of text to add on each "
-                                                                             "side of start..end")] = CONTEXT_CHARS,
+                                                                             "side of start..end (a span)")
+                           ] = CONTEXT_CHARS,
         max_chars: Annotated[int, Field(ge=1, le=MAX_WINDOW_CHARS, description="the most characters "
                                                                                "returned")] = WINDOW_CHARS,
     ) -> DocumentWindow:
-        """A stored document: the text around START..END (a hit's span), or from its start; at most MAX_CHARS of
-        it, with the offsets to ask for the rest."""
+        """A stored document: the text around START..END (a hit's span), what follows START alone (an answer's
+        end: the next part), or from its start; at most MAX_CHARS of it, with the offsets to ask for the rest."""
         parts = catalog()
         with refusals_as_tool_errors(parts):
             check_text(id, "the document id")
@@ -240,8 +263,9 @@ def search_answer(served: Served, options: SearchOptions, hits: list[SearchHit],
 
 def document_window(served: Served, document: dict, start: int | None, end: int | None, context: int,
                     max_chars: int) -> DocumentWindow:
-    """DOCUMENT's text from START - CONTEXT to END + CONTEXT (from its start when START is not given), at most
-    MAX_CHARS of it, centred on START..END when that must be cut."""
+    """DOCUMENT's text around a span, START - CONTEXT to END + CONTEXT, at most MAX_CHARS of it, centred on
+    START..END when that must be cut; without END (or at START), what follows START (a window's end: paging on),
+    MAX_CHARS of it; without START, the document's first MAX_CHARS."""
     text = document["text"]
     if start is not None and start > len(text):
         raise RetrieverError(f"start {start} is past the document's end (it has {len(text):,} characters)",
@@ -250,8 +274,9 @@ def document_window(served: Served, document: dict, start: int | None, end: int 
         if end is not None:
             raise RetrieverError("end needs start", parameter="start")
         low, high = 0, min(len(text), max_chars)
+    elif end is None or end == start:
+        low, high = start, min(len(text), start + max_chars)
     else:
-        end = start if end is None else end
         if end < start:
             raise RetrieverError(f"end {end} is before start {start}", parameter="end")
         low, high = max(0, start - context), min(len(text), end + context)
