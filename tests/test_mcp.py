@@ -74,6 +74,7 @@ async def _exercise(client: Client) -> dict:
         "missing_document": ("get_document", {"id": "nothing", "index": "notes"}),
         "filter_as_where": ("search", {"query": "x", "where": {"year": 1900}}),  # the library's name for it
         "list_filter": ("search", {"query": "x", "filter": [1, 2]}),
+        "empty_index": ("search", {"query": "x", "index": ""}),  # answered from the default index before
         "indexes": ("list_indexes", {}),
     }
     for name, (tool, arguments) in calls.items():
@@ -130,7 +131,7 @@ def _check_answers(found: dict) -> None:
 
     errors = {name: found[name] for name in ("bad_filter", "missing_index", "too_many", "no_query", "number_query",
                                              "too_long", "missing_document", "past_end", "filter_as_where",
-                                             "list_filter")}
+                                             "list_filter", "empty_index")}
     assert all(result.is_error for result in errors.values())
     text = {name: result.content[0].text for name, result in errors.items()}
     assert all("\n" not in line for line in text.values())
@@ -145,6 +146,7 @@ def _check_answers(found: dict) -> None:
     assert "past the document's end" in text["past_end"]
     assert "where: Extra inputs are not permitted (did you mean 'filter'?); search takes query, index, k" in \
         text["filter_as_where"]  # answered unfiltered before
+    assert "invalid index name ''" in text["empty_index"]
     assert text["list_filter"].endswith('filter: must be a JSON object such as {"lang": "en"}, got a list')
 
 

@@ -36,7 +36,7 @@ from retriever.serve.public import (as_json_reads_it, describe_invalid, one_line
 from retriever.serve.searching import search_and_answer
 from retriever.text import check_text, did_you_mean
 from retriever.versions.catalog import default_index, describe_indexes
-from retriever.versions.home import resolve_index_dir
+from retriever.versions.home import check_name, resolve_index_dir
 
 try:
     from mcp.server.mcpserver import MCPServer
@@ -182,6 +182,8 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
         """Search an index: the k documents that best answer QUERY, each with the passage where it matched."""
         parts = catalog()
         with refusals_as_tool_errors(parts):
+            if index is not None:
+                check_name(index)  # "" is no index (the HTTP API's empty name, the default, is not an argument here)
             check_search([query], [None], k)
             options = SearchOptions(k=k, mode=mode, where=filter)
             return await search_and_answer(parts.indexes, parts.batcher, index, [query], options,
@@ -207,6 +209,8 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
         end: the next part), or from its start; at most MAX_CHARS of it, with the offsets to ask for the rest."""
         parts = catalog()
         with refusals_as_tool_errors(parts):
+            if index is not None:
+                check_name(index)
             check_text(id, "the document id")
             async with parts.indexes.using(index) as served:
                 document = await run_in_threadpool(served.index.document, id)
