@@ -220,9 +220,13 @@ def test_answers_over_http_and_mcp_name_no_server_folder(tmp_path, tiny_bert):
             async with Client(transport) as client:
                 found = await client.call_tool("search", {"query": "tomatoes", "k": 2})
                 document = await client.call_tool("get_document", {"id": "garden/tomatoes.md"})
-                return found, document
+                listed = await client.call_tool("list_indexes", {})
+                return found, document, listed
 
-        found, document = asyncio.run(session())
+        found, document, listed = asyncio.run(session())
+    # `folder` is no field to offer an agent: its values (the server's folder) are shown nowhere
+    assert "folder" not in listed.structured_content["indexes"][0]["fields"]
+    assert "path" in listed.structured_content["indexes"][0]["fields"]
     hit = found.structured_content["hits"][0]
     assert hit["path"] == "garden/tomatoes.md" and "folder" not in hit["metadata"]
     assert "folder" not in document.structured_content["metadata"]

@@ -52,8 +52,11 @@ def public_source(source: str | None) -> str | None:
 
 
 def public_record(record: dict, private: tuple[str, ...]) -> dict:
-    """A `describe_indexes` record without server paths (no folder; the version by its number)."""
+    """A `describe_indexes` record without server paths (no folder; the version by its number; no `folder`
+    among the metadata fields, whose values, the server's folder, no answer shows)."""
     public = {key: value for key, value in record.items() if key != "folder"}
+    if public.get("fields"):
+        public["fields"] = [field for field in public["fields"] if field != FOLDER_KEY]
     public.setdefault("version", None)  # an index whose manifest fails its checks: "problem" says why
     if "model" in public:
         public["model"] = public_model(public["model"])
