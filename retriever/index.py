@@ -255,6 +255,8 @@ class Index:
 
     def document(self, doc_id: str) -> dict | None:
         """The stored document DOC_ID (doc_id, title, text, source, line, metadata), or None if it is not here."""
+        if not isinstance(doc_id, str):  # as `documents` refuses it: 5 is no id, where "5" may be one
+            raise RetrieverError(f"a document id is a string; got {doc_id!r} ({type(doc_id).__name__})")
         return self.snapshot.document(doc_id)
 
     def info(self, sample: int = 5000, seed: int = 0) -> dict:

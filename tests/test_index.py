@@ -142,7 +142,8 @@ def test_one_id_string_is_one_id_and_calls_of_the_wrong_kind_are_refused_in_one_
                            "build takes a list of records (dicts or Documents), a corpus file or a folder; got a "
                            "dict: put the one record in a list"),
                           (lambda: Index.build(None, "none", tmp_path), "got None"),
-                          (lambda: Index.build(7, "seven", tmp_path), "got an int")]:
+                          (lambda: Index.build(7, "seven", tmp_path), "got an int"),
+                          (lambda: index.document(5), "a document id is a string; got 5 (int)")]:
         with pytest.raises(RetrieverError, match=re.escape(message)) as caught:
             call()
         assert "\n" not in str(caught.value)
