@@ -64,8 +64,8 @@ from retriever.encode.passages import PassageSettings
 from retriever.encode.model_card import DeferredEncoder, kit_fits, kit_opener
 from retriever.encode.query_kit import QueryKitEncoder, kit_may_serve
 from retriever.errors import NotFoundError, RetrieverError, param
-from retriever.files.folder import (FOLDER_KEY, UNLISTABLE, FolderOptions, FolderReport, folder_files, is_file_list,
-                                    noted_documents, read_file)
+from retriever.files.folder import (BROKEN_LINK, FOLDER_KEY, UNLISTABLE, FolderOptions, FolderReport, checked_file,
+                                    folder_files, is_file_list, noted_documents, read_file)
 from retriever.files.readers import NoText, UnreadableFile
 from retriever.filters import Filter, FilterWarning, filter_notes, parse_where
 from retriever.metadata import listed_fields
@@ -446,8 +446,8 @@ class Index:
             vectors: str | Path | np.ndarray | None = None, chunk_rows: int = CHUNK_ROWS,
             upsert: bool = False, folder: FolderOptions | None = None, delete: Sequence[str] = ()) -> ChangeSummary:
         """Write CORPUS's documents (a corpus file, a folder of files as `build` reads one, with FOLDER, or a list
-        of Documents or records, or any iterable of them) as one new segment, encoded (or taken from VECTORS) and calibrated with the saved calibrator
-        (no refit); every existing segment is reused. An id already in the index is refused, or with UPSERT its
+        of Documents or records, or any iterable of them) as one new segment, encoded (or taken from VECTORS) and
+        calibrated with the saved calibrator (no refit); every existing segment is reused. An id already in the index is refused, or with UPSERT its
         old document is deleted in the same version; so are the documents DELETE names (`sync`)."""
         started = time.perf_counter()
         read_notes: list[str] = []
@@ -586,6 +586,7 @@ class Index:
         report, notes, seen, fresh, unchanged, stale = FolderReport(), [], set(), [], 0, 0
         for path, relative in folder_files(root, options, report):
             try:
+                checked_file(path, options.max_bytes)  # before hashing: a FIFO or a device would never end
                 if stored.get(relative) == sha256_file(path):
                     unchanged += 1
                     seen.add(relative)
@@ -601,16 +602,20 @@ class Index:
                 notes.append(f"skipped {relative}: {reason}" + ("; its indexed version kept" if relative in stored
                                                                 else ""))
                 stale += relative in stored
-        # A folder that cannot be listed now hides its files, which are not gone: their indexed versions are kept.
+        # A folder that cannot be listed now hides its files, and a link whose target is gone its file (an
+        # unmounted drive): they are not gone, and their indexed versions are kept.
         hidden = [relative for relative, why in report.skipped if why.startswith(UNLISTABLE)]
+        dangling = {relative for relative, why in report.skipped if why.startswith(BROKEN_LINK)}
         held = [relative for relative in set(stored) - seen
-                if any(folder == "." or relative.startswith(folder + "/") for folder in hidden)]
+                if relative in dangling or any(folder == "." or relative.startswith(folder + "/") for folder in hidden)]
         removed = sorted(set(stored) - seen - set(held))
         stale += len(held)
-        notes += [f"skipped {relative}: {why}" + ("; its indexed documents kept" if relative in hidden else "")
-                  for relative, why in report.skipped]  # loops, unlistable folders
+        notes += [f"skipped {relative}: {why}" + ("; its indexed documents kept" if relative in hidden else
+                                                  "; its indexed version kept" if relative in held else "")
+                  for relative, why in report.skipped]  # loops, broken links, unlistable folders
         added = sum(document.doc_id not in stored for document in fresh)
-        return SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes, stale=stale), fresh, removed
+        summary = SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes, stale=stale)
+        return summary, fresh, removed
 
     def _file_digests(self, source: str, snapshot: Snapshot) -> dict[str, str | None]:
         """The id of each live document of SNAPSHOT read from SOURCE (a folder) and the SHA-256 its metadata

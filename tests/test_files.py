@@ -432,6 +432,16 @@ def test_a_link_to_a_file_or_folder_inside_the_folder_is_read_where_it_lies_and_
         ("trips/up", "a symbolic link loop (the folder was read already)")]
     assert report.summary() == ("0 files read; 2 skipped (no text read from them); 2 symbolic links within the "
                                 "folder not followed (what they name is read where it lies)")
+    # a link to what the walk leaves out where it lies (a hidden folder) is read through the link; one to a folder
+    # above the root is a loop (it walked the whole parent)
+    (root / ".private").mkdir()
+    (root / ".private" / "kept.md").write_text("# Kept\n")
+    os.symlink(root / ".private", root / "shown")
+    os.symlink(tmp_path, root / "trips" / "all")
+    report = FolderReport()
+    assert [relative for _, relative in folder_files(root, FolderOptions(), report)] == [
+        "home.md", "linked/shared.md", "shown/kept.md", "trips/alps.md"]
+    assert ("trips/all", "a symbolic link loop (the folder was read already)") in report.skipped
 
 
 def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_lines():
@@ -447,3 +457,28 @@ def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_
                      b"  <p>\n    Click <a href='#'>here</a>   <em>now</em>.<br>Next line</p>"
                      b"<div>A <b>bold</b> div</div><table><tr><td>x</td><td>y</td></tr></table></body></html>")
     assert page.text == "Welcome\n\nClick here now.\nNext line\n\nA bold div\n\nx y" and page.title == "T"
+
+
+def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tmp_path, tiny_bert):
+    """A link whose target is gone (an unmounted drive) deleted its document; a FIFO in the folder was hashed
+    before it was checked, and the sync never ended."""
+    import os
+
+    from retriever.index import Index
+
+    notes, drive = tmp_path / "notes", tmp_path / "drive"
+    notes.mkdir()
+    drive.mkdir()
+    (notes / "here.md").write_text("# Here\n\nA note about tides.\n")
+    (drive / "away.md").write_text("# Away\n\nA note about glaciers.\n")
+    os.symlink(drive / "away.md", notes / "away.md")
+    Index.build(notes, "notes", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
+    drive.rename(tmp_path / "unmounted")
+    os.mkfifo(tmp_path / "pipe")
+    os.symlink(tmp_path / "pipe", notes / "pipe.md")  # a link is read whatever it names
+    synced = Index.open("notes", tmp_path / "home").sync()
+    assert (synced.added, synced.changed, synced.deleted, synced.stale, synced.change) == (0, 0, 0, 1, None)
+    assert any(note.startswith("skipped away.md: a broken symbolic link") and note.endswith("indexed version kept")
+               for note in synced.notes)
+    assert "skipped pipe.md: not a regular file" in synced.notes
+    assert Index.open("notes", tmp_path / "home").document("away.md") is not None

@@ -103,14 +103,32 @@ def _pathspec():
     return pathspec
 
 
-# Why a folder is skipped where it cannot be listed (`FolderReport.skipped`): a sync keeps what it held.
+# Why a folder is skipped where it cannot be listed, and a link where what it names is gone
+# (`FolderReport.skipped`): a sync keeps what they held (an unmounted drive comes back).
 UNLISTABLE = "a folder that cannot be listed"
+BROKEN_LINK = "a broken symbolic link"
 
 
 def folder_files(root: Path, options: FolderOptions, report: FolderReport,
                  on_skip: Callable[[str, str], None] | None = None) -> Iterator[tuple[Path, str]]:
     """(path, path relative to ROOT) of every file to read under ROOT, in path order. What the walk itself leaves
-    out with a reason (a link loop, a broken link, a folder it cannot list) goes in REPORT, ON_SKIP told."""
+    out with a reason (a link loop, a broken link, a folder it cannot list) goes in REPORT, ON_SKIP told.
+
+    A symbolic link to a file or folder the walk reaches where it lies in ROOT is not followed (it is read there,
+    once, under its own path; REPORT counts the link); one to what the walk leaves out there (a hidden, ignored or
+    excluded folder) or to something outside ROOT is read through the link. So the folder is walked twice: first
+    without those links, for what it reaches where it lies."""
+    reached: set[str] = set()
+    for _ in _walk(root, options, FolderReport(), None, reached, through_links=False):
+        pass
+    yield from _walk(root, options, report, on_skip, reached, through_links=True)
+
+
+def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Callable[[str, str], None] | None,
+          reached: set[str], through_links: bool) -> Iterator[tuple[Path, str]]:
+    """`folder_files`' walk. THROUGH_LINKS False: links to what lies in ROOT are passed by, and REACHED is filled
+    with the real paths of the files and folders met; True: such a link is followed where its target is not in
+    REACHED."""
 
     def skip(relative: str, why: str) -> None:
         report.skipped.append((relative, why))
@@ -134,6 +152,8 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport,
             skip(relative or ".", "a symbolic link loop (the folder was read already)")
             return
         seen.add(real)
+        if not through_links:
+            reached.add(real)
         ignores = list(ignores)
         for name in IGNORE_FILES:
             ignore_file = folder / name
@@ -163,18 +183,19 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport,
                 continue
             if entry.is_symlink():
                 if not os.path.exists(entry.path):
-                    skip(path, f"a broken symbolic link (to {_link_target(entry.path)}, which does not exist)")
+                    skip(path, f"{BROKEN_LINK} (to {_link_target(entry.path)}, which does not exist)")
                     continue
-                # A link to a file or folder of this folder: it is read where it lies (once, under its own path),
-                # or left out there as the rules say.
                 linked = os.path.realpath(entry.path)
+                if is_folder and (real == linked or real.startswith(linked + os.sep)):  # to a folder above, or ROOT's
+                    skip(path, "a symbolic link loop (the folder was read already)")
+                    continue
                 target = within(linked)
                 if target is not None:
-                    if is_folder and (real == linked or real.startswith(linked + os.sep)):  # to a folder above
-                        skip(path, "a symbolic link loop (the folder was read already)")
-                    else:
+                    if not through_links:
+                        continue  # what lies in the folder is met where it lies
+                    if linked in reached:
                         report.linked.append((path, target.replace(os.sep, "/")))
-                    continue
+                        continue
             if is_folder:
                 yield from walk(Path(entry.path), path, ignores)
             elif entry.is_file() or entry.is_symlink():
@@ -183,6 +204,8 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport,
                 if reader_for(Path(entry.name)) is None:
                     report.other_formats[Path(entry.name).suffix.lower()] += 1
                     continue
+                if not through_links:
+                    reached.add(os.path.realpath(entry.path))
                 yield Path(entry.path), path
 
     yield from walk(root, "", [])
@@ -278,15 +301,22 @@ def _read_or_skip(path: Path, relative: str, source: str, options: FolderOptions
     return document
 
 
+def checked_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> os.stat_result:
+    """PATH's status, where it is a regular file of at most MAX_BYTES; else `UnreadableFile` saying why (a FIFO or
+    a device would block or never end a read; OSError where it cannot be looked at)."""
+    status = path.stat()
+    if not path.is_file():
+        raise UnreadableFile("not a regular file")
+    if status.st_size > max_bytes:
+        raise UnreadableFile(f"{_size(status.st_size)}, over the {_size(max_bytes)} a file may hold")
+    return status
+
+
 def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_BYTES) -> Document:
     """The document of the file PATH (RELATIVE to the folder SOURCE); `UnreadableFile` where it cannot be read."""
     reader = reader_for(path)
     try:
-        status = path.stat()
-        if not path.is_file():
-            raise UnreadableFile("not a regular file")
-        if status.st_size > max_bytes:
-            raise UnreadableFile(f"{_size(status.st_size)}, over the {_size(max_bytes)} a file may hold")
+        status = checked_file(path, max_bytes)
         data = path.read_bytes()
         found = reader.read(data)
     except FileNotFoundError:
