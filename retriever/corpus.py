@@ -315,9 +315,19 @@ def _json_problem(error: json.JSONDecodeError) -> str:
 
 def documents_from_records(records: Iterable[object], source: str = "request") -> list[Document]:
     """Documents from BEIR-style records already parsed from JSON (the server's add requests): the same
-    checks as a .jsonl corpus, with errors naming the record ("request record 3") instead of a line."""
-    documents = [_record_document(record, f"{source} record {number}", Path(source), number)
-                 for number, record in enumerate(records, start=1)]
+    checks as a .jsonl corpus, with errors naming the record ("request record 3") instead of a line. A key the
+    record is not read for is refused, as the API refuses an unknown field: a misspelt "metdata" was dropped,
+    and with it the metadata; "_id" and "id" both given, one of them was."""
+    documents = []
+    for number, record in enumerate(records, start=1):
+        where = f"{source} record {number}"
+        if isinstance(record, dict):
+            unread = unread_keys([record]) + (["id"] if "_id" in record and "id" in record else [])
+            if unread:
+                raise RetrieverError(f'{where}: {", ".join(repr(key) for key in unread[:5])} '
+                                     f'{"is" if len(unread) == 1 else "are"} not read: a record holds "_id" (or "id"), '
+                                     '"text", "title" and "metadata", which holds its values to filter on')
+        documents.append(_record_document(record, where, Path(source), number))
     if not documents:
         raise RetrieverError(f"{source}: no documents")
     return documents

@@ -75,7 +75,7 @@ def parse_where(where: str | dict | Filter | None) -> Filter | None:
         if len(where) > MAX_CHARS:
             raise FilterError(f"{len(where):,} characters; at most {MAX_CHARS:,}")
         try:
-            where = json.loads(where)
+            where = json.loads(where, object_pairs_hook=_without_repeats)
         except (json.JSONDecodeError, RecursionError) as error:
             reason = f"{error.msg} at column {error.colno}" if isinstance(error, json.JSONDecodeError) else "too deep"
             raise FilterError(f"not valid JSON ({reason})") from None
@@ -87,6 +87,17 @@ def parse_where(where: str | dict | Filter | None) -> Filter | None:
     sql = compiler.all_of(where, 1)
     return Filter(json.dumps(where, sort_keys=True), sql, tuple(compiler.parameters), where,
                   tuple(dict.fromkeys(compiler.paths)), tuple(compiler.compared))
+
+
+def _without_repeats(pairs: list[tuple[str, object]]) -> dict:
+    """A filter's JSON object, refusing a key given twice (JSON keeps the last one silently: `{"year": 2001, "year":
+    2002}` would select 2002 alone), as the API refuses one in a request's body."""
+    found: dict = {}
+    for key, value in pairs:
+        if key in found:
+            raise FilterError(f"the key {json.dumps(key)} is given twice in one object")
+        found[key] = value
+    return found
 
 
 class _Compiler:

@@ -131,6 +131,7 @@ def test_document_fields_are_filterable_too(table):
     ('{"tags": {"$size": 100000000000000000000}}', "$size takes a whole number of elements from 0 to 1,000"),
     ('{"\\ud800": 1}', "a field name holds an invalid character"),
     ({1: "x"}, "the int 1 is not a field name"),  # a Python dict's key, not text
+    ('{"year": 2001, "year": 2002}', 'the key "year" is given twice in one object'),  # the last one won
     ('{"tags": {"$all": [' + ", ".join(['"x"'] * 1001) + "]}}", "list 1,001 values"),
 ])
 def test_a_filter_that_cannot_be_compiled_is_one_line_naming_the_problem(where, problem):

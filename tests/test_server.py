@@ -225,6 +225,21 @@ def test_bad_search_requests_get_json_errors_with_the_right_status(client, index
     assert client.get("/search", params={"q": "x", "index": "notes"}).json()["index"] == "notes"
 
 
+def test_an_empty_index_name_a_repeated_filter_key_and_a_query_parameter_a_path_does_not_take_are_refused(client):
+    """Each answered as if it were not there (the default index, the last key's value, no index named)."""
+    assert "invalid index name ''" in one_line_error(client.get("/search", params={"q": "guitar", "index": ""}), 400)
+    assert "invalid index name ''" in one_line_error(client.post("/search", json={"queries": ["guitar"],
+                                                                                   "index": ""}), 400)
+    repeated = client.get("/search", params={"q": "guitar", "where": '{"year": 2001, "year": 2002}'})
+    assert one_line_error(repeated, 422) == 'where: the key "year" is given twice in one object'
+    assert one_line_error(client.post("/search?index=notes", json={"queries": ["guitar"]}), 422).startswith(
+        "index: Extra inputs are not permitted (POST /search takes no query parameters)")
+    unknown_part = client.get("/search", params={"q": "guitar", "include": "bogus"})
+    assert "unknown part 'bogus'" in one_line_error(unknown_part, 422)
+    assert (unknown_part.json()["code"], unknown_part.json()["parameter"]) == ("bad_input", "include")
+    assert client.get("/?q=guitar").status_code == 200  # the page: a browser may add what it likes
+
+
 def test_bad_writes_get_json_errors_with_the_right_status(client):
     post = lambda body: client.post("/indexes/notes/documents", json=body)  # noqa: E731
     assert "already in the index" in one_line_error(post({"documents": [{"_id": "d1", "text": "again"}]}), 409)
@@ -242,6 +257,20 @@ def test_bad_writes_get_json_errors_with_the_right_status(client):
                                                headers={"content-type": "application/json"}), 413)
     assert "no index named" in one_line_error(client.post("/indexes/nope/documents",
                                                           json={"documents": [{"_id": "x", "text": "a"}]}), 404)
+    # From a QA run: what was ignored or dropped is refused, naming it
+    assert "'metdata' is not read" in one_line_error(post({"documents": [{"_id": "x", "text": "a",
+                                                                         "metdata": {"year": 1999}}]}), 400)
+    assert "'id' is not read" in one_line_error(post({"documents": [{"_id": "x", "id": "y", "text": "a"}]}), 400)
+    assert "upsert: Input should be a valid boolean" in one_line_error(post({"documents": [{"_id": "d1", "text": "b"}],
+                                                                             "upsert": "yes"}), 422)
+    dry_run = client.delete("/indexes/notes/documents/d2?dry_run=true")  # it deleted
+    assert one_line_error(dry_run, 422).startswith("dry_run: Extra inputs are not permitted (DELETE "
+                                                   "/indexes/{name}/documents/{doc_id} takes no query parameters)")
+    assert dry_run.json()["parameter"] == "dry_run"
+    created = client.post("/indexes", json={"name": "pq", "documents": [{"_id": "a", "text": "x"}],
+                                            "index_type": "ivfpq"})
+    assert "from at least 256 vectors; this build has 1" in one_line_error(created, 400)  # a 500 before
+    assert created.json()["parameter"] == "index_type"
     # Nothing above changed the index.
     assert client.get("/indexes/notes").json()["documents"] == 120
 

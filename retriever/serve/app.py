@@ -73,7 +73,7 @@ from retriever.versions.home import check_name, resolve_index_dir
 
 try:
     import fastapi_offline
-    from fastapi import Body, FastAPI, Query, Request
+    from fastapi import Body, Depends, FastAPI, Query, Request
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
     from fastapi.routing import APIRoute
@@ -157,6 +157,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
     # The API docs from local assets: FastAPI's default /docs loads Swagger UI from a CDN, a blank page offline.
     app = FastAPI(title="retriever", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  dependencies=[Depends(refuse_unknown_query)],
                   description="Search calibrated (BERT-flow) indexes; every answer names the index version it "
                               "comes from.")
     app.router.route_class = UniqueKeysRoute
@@ -172,7 +173,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, problem: ApiError):
-        return error(problem.status, str(problem))
+        fields = {"code": "bad_input", "parameter": problem.parameter} if problem.status in (400, 422) else {}
+        return error(problem.status, str(problem), **fields)
 
     @app.exception_handler(RetrieverError)
     async def retriever_error(request: Request, problem: RetrieverError):
@@ -261,6 +263,8 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None], options: SearchOptions,
                          include: tuple[str, ...]) -> Response:
+        if name is not None:
+            check_name(name)  # "" is no index, where it searched the default one
         return await search_and_answer(indexes, state["batcher"], name, texts, options,
                                        lambda served, options, hits: render_answer(served, texts, ids, hits, options,
                                                                                    include))
@@ -410,6 +414,21 @@ class UniqueKeysRoute(APIRoute):
             return await handler(UniqueKeysRequest(request.scope, request.receive))
 
         return route
+
+
+async def refuse_unknown_query(request: Request) -> None:
+    """Refuse (422) a query parameter a path does not take, as GET /search refuses one: ignored, `?dry_run=true` on
+    a DELETE deleted and `?index=` on a POST /search searched the default index. The page and the API's own docs
+    take none either, but a browser's address bar may add some: they are left alone."""
+    route = request.scope.get("route")
+    if not request.query_params or route is None or route.path in ("/", "/docs"):
+        return
+    taken = {parameter.alias for parameter in route.dependant.query_params}
+    if taken:
+        return  # its model refuses what it does not know
+    name = next(iter(request.query_params))
+    raise ApiError(422, f"{name}: Extra inputs are not permitted ({request.method} {route.path_format} takes no "
+                        "query parameters)", name)
 
 
 class QueryText:

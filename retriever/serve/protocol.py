@@ -30,9 +30,9 @@ MAX_ANSWER_CHARS = 32 * 2**20  # document text in one answer: a few huge documen
 class ApiError(Exception):
     """A request the API refuses with STATUS, for a reason that is the API's own (a bound), not the library's."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, parameter: str | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.parameter = status, parameter
 
 
 def _search_fields(strict: bool) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def hit_parts(include: str | list[str]) -> tuple[str, ...]:
     parts = tuple(part.strip() for part in include.split(",") if part.strip())
     unknown = [part for part in parts if part not in HIT_PARTS]
     if unknown:
-        raise ApiError(422, f"include: unknown part '{unknown[0]}'; known: {', '.join(HIT_PARTS)}")
+        raise ApiError(422, f"include: unknown part '{unknown[0]}'; known: {', '.join(HIT_PARTS)}", "include")
     return parts
 
 
@@ -111,7 +111,7 @@ class AddRequest(BaseModel):
     model_config = _STRICT
     documents: list[dict] = Field(..., description=f"BEIR records: _id (or id), text, optional title; at most "
                                                    f"{MAX_DOCUMENTS}")
-    upsert: bool = Field(False, description="replace documents whose ids are already in the index (else 409)")
+    upsert: StrictBool = Field(False, description="replace documents whose ids are already in the index (else 409)")
 
 
 class CreateRequest(BaseModel):
@@ -121,7 +121,7 @@ class CreateRequest(BaseModel):
                                                    f"{MAX_DOCUMENTS} (add more with POST /indexes/NAME/documents)")
     calibrator: StrictStr = Field("auto", description="as `retriever build --calibrator`")
     index_type: StrictStr = Field("auto", description="as `retriever build --index-type`")
-    replace: bool = Field(False, description="build over an index of that name (else 409); its current version "
+    replace: StrictBool = Field(False, description="build over an index of that name (else 409); its current version "
                                              "is kept for `retriever rollback`")
 
 

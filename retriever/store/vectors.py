@@ -66,6 +66,9 @@ def load_template(path: Path, spec: IndexSpec) -> faiss.Index:
     return VectorStore.load(path, spec, device="cpu", mmap=False)._index
 
 
+PQ_CODES = 256  # codes per sub-quantizer of 8 bits
+
+
 def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
     """The trained, empty index every segment of an ivf/ivfpq index starts from (None for flat and hnsw).
 
@@ -76,6 +79,10 @@ def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
         return None
     set_threads()
     n, dim = sample.shape
+    if spec.kind.compressed and n < PQ_CODES:  # FAISS's k-means refuses fewer points than codes (a RuntimeError)
+        raise RetrieverError(f"{spec.type} learns {PQ_CODES} codes for each part of a vector, from at least "
+                             f"{PQ_CODES} vectors; this build has {n:,}: choose {param('index_type', 'flat')} or "
+                             f"{param('index_type', 'hnsw')} for so few", parameter="index_type")
     spec.nlist = max(1, min(spec.nlist, n // 39))
     if spec.nprobe:
         spec.nprobe = min(spec.nprobe, spec.nlist)
