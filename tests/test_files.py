@@ -457,6 +457,17 @@ def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_
                      b"  <p>\n    Click <a href='#'>here</a>   <em>now</em>.<br>Next line</p>"
                      b"<div>A <b>bold</b> div</div><table><tr><td>x</td><td>y</td></tr></table></body></html>")
     assert page.text == "Welcome\n\nClick here now.\nNext line\n\nA bold div\n\nx y" and page.title == "T"
+    # from a review: HTML's own line breaks are spaces; preformatted text keeps its first line's indentation; a
+    # <br> and the line break after it are one; options are blocks; a heading's title is its text as shown
+    cases = {b"<p>Use\n<code>git rebase</code>\nto squash</p>": "Use git rebase to squash",
+             b"<p>x</p><pre>    indented\n  two</pre>": "x\n\n    indented\n  two",
+             b"<ul><li>item<pre>  a\n  b</pre></li></ul>": "item\n  a\n  b",
+             b"<p>Click <a> here</a> <!-- c --> now<br>\nnext</p>": "Click here now\nnext",
+             b"x<select><option>o1</option><option>o2</option></select>": "x\no1\n\no2"}
+    assert {source: read_html(source).text for source in cases} == cases
+    code = read_markdown(b"# Title<br>with **bold** `code`\n\n```\n    indented = True\n```\nline one  \nline two\n")
+    assert code.title == "Title with bold code"
+    assert code.text == "Title\nwith bold code\n\n    indented = True\n\nline one\nline two"
 
 
 def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tmp_path, tiny_bert):

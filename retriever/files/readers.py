@@ -24,7 +24,8 @@ from pathlib import Path
 from retriever.errors import RetrieverError
 
 EXTRA = "files"
-_BLANK_RUNS = re.compile(r"\n[ \t]*(?:\n[ \t]*)+")
+_BLANK_RUNS = re.compile(r"\n(?:[ \t]*\n)+")  # blank lines; the next line's indentation stays
+_LEADING_BLANK_LINES = re.compile(r"^(?:[ \t]*\n)+")
 _TRAILING = re.compile(r"[ \t]+\n")
 
 
@@ -68,9 +69,10 @@ def _library(module: str, package: str, what: str):
 
 
 def tidy(text: str) -> str:
-    """TEXT with trailing spaces gone and blank runs one blank line, stripped."""
+    """TEXT with trailing spaces gone and blank runs one blank line, stripped (the first line's indentation kept:
+    code may start a text)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return _BLANK_RUNS.sub("\n\n", _TRAILING.sub("\n", text)).strip()
+    return _LEADING_BLANK_LINES.sub("", _BLANK_RUNS.sub("\n\n", _TRAILING.sub("\n", text))).rstrip()
 
 
 def decoded(data: bytes) -> str:
@@ -110,15 +112,24 @@ def read_markdown(data: bytes) -> FileText:
     parser = markdown_it.MarkdownIt("commonmark")
     tokens = parser.parse(source)
     if title is None:
-        title = next((tokens[i + 1].content for i, token in enumerate(tokens[:-1]) if token.type == "heading_open"),
-                     None)
-    return FileText(html_text(parser.renderer.render(tokens, parser.options, {}), "Markdown")[0], title or None)
+        title = next((_inline_text(tokens[i + 1]) for i, token in enumerate(tokens[:-1])
+                      if token.type == "heading_open"), None)
+    return FileText(html_text(parser.renderer.render(tokens, parser.options, {}), "Markdown", source_lines=True)[0],
+                    title or None)
 
 
-def html_text(html: str, what: str = "HTML") -> tuple[str, str | None]:
+def _inline_text(token) -> str:
+    """A Markdown inline token's text as shown: no emphasis marks, code spans' code, inline HTML (a <br>) a space."""
+    shown = "".join(child.content if child.type in ("text", "code_inline") else
+                    " " if child.type in ("softbreak", "hardbreak", "html_inline") else ""
+                    for child in token.children or ())
+    return _WHITE_SPACE.sub(" ", shown).strip()
+
+
+def html_text(html: str, what: str = "HTML", source_lines: bool = False) -> tuple[str, str | None]:
     """The text a browser shows of HTML (scripts, styles and the head left out; block elements on lines of their
     own, preformatted text as it is) and its title (<title>, else the first heading). WHAT: the format read, for
-    the line saying a parser is missing."""
+    the line saying a parser is missing; SOURCE_LINES: as `_shown_text` takes it."""
     bs4 = _library("bs4", "beautifulsoup4", what)
     soup = bs4.BeautifulSoup(html, "html.parser")
     title_tag = soup.find("title")
@@ -128,29 +139,36 @@ def html_text(html: str, what: str = "HTML") -> tuple[str, str | None]:
         title = heading.get_text(" ", strip=True) if heading else None
     for hidden in soup(["script", "style", "noscript", "template", "head"]):
         hidden.decompose()
-    return _shown_text(soup, bs4), title or None
+    return _shown_text(soup, bs4, source_lines), title or None
 
 
 # Elements a browser lays out as blocks of their own: a line break before and after each. Everything else (a link,
 # inline code, emphasis) flows inside its line.
-_BLOCKS = ("address", "article", "aside", "blockquote", "caption", "dd", "details", "dialog", "div", "dl", "dt",
-           "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
-           "hgroup", "hr", "li", "main", "nav", "ol", "p", "pre", "section", "summary", "table", "tr", "ul")
-_BREAK = "\x00"  # where a block starts or ends (decoded text holds no NUL: `decoded` refuses it)
-_BREAKS = re.compile(r"[ \t]*\x00[\x00 \t]*")
+_BLOCKS = ("address", "article", "aside", "blockquote", "caption", "center", "dd", "details", "dialog", "div", "dl",
+           "dt", "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
+           "hgroup", "hr", "legend", "li", "main", "menu", "nav", "ol", "optgroup", "option", "p", "pre", "section",
+           "summary", "table", "tr", "ul")
+# Marks in the text being laid out (decoded text holds no NUL or other C0 control but tab and line breaks: `tidy`'s
+# callers' `decoded` refuses NUL, and a browser shows none): a block's edge, a <br>, the edges of preformatted text.
+_BLOCK_EDGE, _LINE_BREAK, _PRE = "\x00", "\x02", "\x01"
+_BLOCK_EDGES = re.compile(r"[ \t]*\x00[\x00 \t]*")
+_AFTER_BREAK = re.compile(r"[ \t]*\x02[ \t]*\n?[ \t]*")  # a <br> and the source's line break after it: one
+_SPACE_RUNS = re.compile(r"[^\S\n]{2,}")
+_WHITE_SPACE = re.compile(r"\s+")
 _LINE_ENDS = re.compile(r"[ \t]*\n\s*")
 _SPACES = re.compile(r"[^\S\n]+")
 
 
-def _shown_text(soup, bs4) -> str:
+def _shown_text(soup, bs4, source_lines: bool) -> str:
     """SOUP's text laid out as a browser lays out its blocks: each on lines of its own (a blank line between two
     where the source had space between them), inline elements (a link, inline code) inside their line, runs of
-    spaces one space; the source's own line breaks kept (a Markdown table's rows), preformatted text as it is."""
+    white space one space, preformatted text as it is. SOURCE_LINES: keep the source's own line breaks outside
+    preformatted text (Markdown's rendering: a table's rows, a soft break), where HTML's are spaces."""
     for tag in soup.find_all("br"):
-        tag.replace_with("\n")
+        tag.replace_with(_LINE_BREAK)
     for tag in soup.find_all(_BLOCKS):
-        tag.insert_before(_BREAK)
-        tag.insert_after(_BREAK)
+        tag.insert_before(_BLOCK_EDGE)
+        tag.insert_after(_BLOCK_EDGE)
     for tag in soup.find_all(["td", "th"]):
         tag.insert_after(" ")  # a row's cells side by side
     parts = []
@@ -158,8 +176,20 @@ def _shown_text(soup, bs4) -> str:
         if isinstance(string, (bs4.Comment, bs4.Declaration, bs4.Doctype, bs4.ProcessingInstruction)):
             continue
         text = str(string)
-        parts.append(text if string.find_parent("pre") else _SPACES.sub(" ", _LINE_ENDS.sub("\n", text)))
-    return tidy(_BREAKS.sub(lambda found: "\n\n" if found.group().count(_BREAK) > 1 else "\n", "".join(parts)))
+        if string.find_parent("pre"):
+            parts.append(_PRE + text + _PRE)
+        elif source_lines:
+            parts.append(_SPACES.sub(" ", _LINE_ENDS.sub("\n", text)))
+        else:
+            parts.append(_WHITE_SPACE.sub(" ", text))
+    # Between the marks of preformatted text (odd pieces) nothing changes; the flow between them is laid out.
+    pieces = "".join(parts).split(_PRE)
+    for number in range(0, len(pieces), 2):
+        flow = _AFTER_BREAK.sub("\n", _SPACE_RUNS.sub(" ", pieces[number]))
+        flow = _BLOCK_EDGES.sub(lambda found: "\n\n" if found.group().count(_BLOCK_EDGE) > 1 else "\n", flow)
+        pieces[number] = re.sub(r"\n[ \t]+", "\n", flow)
+    pieces[0] = pieces[0].lstrip(" \t")
+    return tidy("".join(pieces))
 
 
 def read_html(data: bytes) -> FileText:
