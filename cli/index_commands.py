@@ -227,7 +227,11 @@ def build(
     if not passages and (passage_window is not None or passage_overlap is not None):
         raise RetrieverError("--passage-window and --passage-overlap cut documents into passages: drop them or "
                              "--no-passages")
-    resume = "re-run the same command to resume" if not fresh else "re-run it without --fresh to resume"
+    # What a re-run takes over: a corpus file's finished chunks (not a folder's files or files named one by one,
+    # read and encoded again).
+    resumable = not isinstance(corpus, list) and (corpus_files or not Path(corpus).is_dir())
+    resume = ("re-run the same command to build it" if not resumable else
+              "re-run the same command to resume" if not fresh else "re-run it without --fresh to resume")
     existed = (home / name).exists()
     on_interrupt((UNCHANGED.format(name=name) if existed else f"index '{name}' was not built") + f"; {resume}")
     ray_options = None

@@ -315,6 +315,22 @@ def test_another_write_between_a_killed_build_and_its_re_run_keeps_what_it_encod
     assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
 
 
+def test_a_killed_build_of_a_folder_leaves_nothing_for_other_writes_to_keep(tmp_path, tiny_bert, dying_write):
+    """A folder's build is read and encoded again by its re-run, never resumed: it records no build state, so the
+    next write removes what it left (a kept one would have waited for a re-run that never takes it over)."""
+    index_dir, notes = tmp_path / "indexes", tmp_path / "notes"
+    notes.mkdir()
+    for number, text in enumerate(sentences(30).values()):
+        (notes / f"note{number:02d}.md").write_text(f"# Note {number}\n\n{text}\n")
+    Index.build(notes, "crash", index_dir, model=str(tiny_bert), calibrator="none", device="cpu")
+    dying_write("retriever.store.arrays:NpyAppender.flush", 1, "after", "build", index_dir, notes, tiny_bert)
+    assert [not (folder / BUILD_STATE).exists() for folder in (index_dir / VERSIONS / "crash").glob("*.partial")] == [
+        True]
+    (notes / "note00.md").write_text("# Note 0\n\nA changed note about tides.\n")
+    assert Index.open("crash", index_dir, device="cpu").sync().changed == 1  # a write: it tidies
+    assert not list((index_dir / VERSIONS / "crash").glob("*.partial"))
+
+
 def test_a_killed_build_is_not_resumed_for_another_corpus_or_when_told_not_to(tmp_path, tiny_bert, encoded_texts,
                                                                               dying_write):
     index_dir = tmp_path / "indexes"

@@ -107,23 +107,26 @@ class LocalEngine(BuildEngine):
     _state: BuildState | None = field(default=None, init=False, repr=False)
     _segment: Path | None = field(default=None, init=False, repr=False)
     _key: dict | None = field(default=None, init=False, repr=False)
+    _resumable: bool = field(default=True, init=False, repr=False)
     _streamed: IndexWhileEncoding | None = field(default=None, init=False, repr=False)
 
     def check(self) -> None:
         corpus = self.corpus
+        self._resumable = True  # a re-run could take over what this build finishes (RESUME: this one takes over)
         if isinstance(corpus, (list, tuple)):
             self._given = given_documents(corpus)
-            self.resume = False  # nothing on disk to resume from
+            self._resumable = False  # nothing on disk to resume from
         elif Path(corpus).is_dir() and self.folder_options.corpus_files:
             self._paths = corpus_files(corpus)  # many documents each, read in name order
         elif Path(corpus).is_dir():
             self._folder = Path(corpus)
-            self.resume = False  # a folder's files are read again: cheap beside encoding them
+            self._resumable = False  # a folder's files are read again: cheap beside encoding them
         else:
             check_exists(corpus)
             corpus_format(corpus)
         if isinstance(self.vectors, np.ndarray) or isinstance(self.vector_spans, np.ndarray):
-            self.resume = False  # vectors in memory: nothing on disk to tell a rerun's from this one's
+            self._resumable = False  # vectors in memory: nothing on disk to tell a rerun's from this one's
+        self.resume = self.resume and self._resumable
         self._source = vector_source(self.vectors) if self.vectors is not None else None
         self._spans = None
         if self.vector_spans is not None:
@@ -177,7 +180,10 @@ class LocalEngine(BuildEngine):
     def read(self, writer: IndexWriter) -> int:
         folder = writer.folder
         self._segment = segment = writer.new_segment_folder()
-        state = BuildState.load(folder / BUILD_STATE) if writer.resumed else BuildState(folder / BUILD_STATE, self._key)
+        # Saved only where a re-run can take it over: a partial folder holding it is kept for that re-run
+        # (`versions.folder.writing`), which one that cannot resume would never come to.
+        state = (BuildState.load(folder / BUILD_STATE) if writer.resumed else
+                 BuildState(folder / BUILD_STATE if self._resumable else None, self._key))
         if writer.resumed:
             _resumable(folder, segment, state, self.notes, self.progress,
                        cut=self._source is None and self.spec.passages.enabled)
