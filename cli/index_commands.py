@@ -426,7 +426,8 @@ def search(
     from retriever.text import check_queries
 
     if (query is None) == (queries is None):
-        raise RetrieverError('give either a query ("...") or --queries FILE' + (", not both" if query else ""))
+        raise RetrieverError('give either a query ("...") or --queries FILE' + (", not both" if query is not None
+                                                                                  else ""))
     if query is not None:
         check_queries([query])  # before an index is picked or opened
     settings = SearchOptions(k=k, mode=mode, fusion=fusion, weight=weight, where=where, min_score=min_score,
@@ -628,12 +629,18 @@ def delete(
     once; compaction drops them).
 
     Waits while another process writes the same index."""
+    from retriever.filters import FilterWarning
     from retriever.index import Index
 
     home = _home(index_dir)
     index = Index.open(_pick(home, name, writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
-    _report("updated", index.delete(doc_ids, where=where), "removed")
+    with warnings.catch_warnings(record=True) as noted:  # said once: in the error, where nothing was selected
+        warnings.simplefilter("always", FilterWarning)
+        summary = index.delete(doc_ids, where=where)
+    for note in noted:
+        _say(f"{'note' if issubclass(note.category, FilterWarning) else 'warning'}: {note.message}")
+    _report("updated", summary, "removed")
 
 
 def compact(

@@ -252,8 +252,9 @@ class _Compiler:
 
 
 class FilterWarning(UserWarning):
-    """A search's filter reads a field no document has, or values of a kind the field never holds: it runs, and
-    likely selects nothing (`filter_notes` says which)."""
+    """A filter reads a field no document has, or values of a kind the field never holds: it runs, and likely
+    selects nothing (or, through $ne or $exists false, everything), which is seldom what was meant
+    (`filter_notes` says which)."""
 
 
 def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20) -> str | None:

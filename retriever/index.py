@@ -18,6 +18,7 @@ killed write loses nothing (`retriever.versions.folder`).
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -780,7 +781,7 @@ class SyncSummary:
 def _corpus_argument(corpus: object, verb: str) -> str | os.PathLike | list | tuple:
     """CORPUS as `build` and `add` (VERB) read it: a corpus file or folder, or a list of records; records from
     any other iterable (a generator) are taken into a list. One record alone, or anything else, is refused."""
-    if isinstance(corpus, Iterable) and not isinstance(corpus, (str, os.PathLike, dict, Document, bytes)):
+    if isinstance(corpus, Iterable) and not isinstance(corpus, (str, os.PathLike, dict, Document, bytes, io.IOBase)):
         corpus = corpus if isinstance(corpus, (list, tuple)) else list(corpus)
         unread = unread_keys(corpus)
         if unread:  # a record's values to filter on go under "metadata": said, where they would be lost unseen
@@ -794,7 +795,8 @@ def _corpus_argument(corpus: object, verb: str) -> str | os.PathLike | list | tu
     kind = type(corpus).__name__
     raise RetrieverError(f"{verb} takes a list of records (dicts or Documents), a corpus file or a folder; got "
                          f"{'None' if corpus is None else ('an ' if kind[0] in 'aeiou' else 'a ') + kind}"
-                         + (": put the one record in a list" if isinstance(corpus, (dict, Document)) else ""))
+                         + (": put the one record in a list" if isinstance(corpus, (dict, Document)) else
+                            ": give the file's path" if isinstance(corpus, io.IOBase) else ""))
 
 
 def load_encoder(snapshot: Snapshot, runtime: str = "auto", kit: QueryKitEncoder | None = None,

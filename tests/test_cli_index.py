@@ -362,6 +362,8 @@ def test_search_where_and_delete_where_on_the_command_line(tmp_path, tiny_bert, 
     assert info["documents"] == 2
     assert_one_line_error(cli("delete", "--where", '{"section": 1}', "--name", "pages", "--index-dir", index_dir),
                           "matches the filter; nothing deleted")
+    misspelt = cli("delete", "--where", '{"sectoin": 1}', "--name", "pages", "--index-dir", index_dir)
+    assert misspelt.returncode != 0 and misspelt.stderr.count("no document has the field 'sectoin'") == 1  # once
 
 
 def test_a_one_off_search_encodes_from_the_kept_kit_without_loading_the_model(built, cli, tmp_path, monkeypatch,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -143,7 +144,9 @@ def test_one_id_string_is_one_id_and_calls_of_the_wrong_kind_are_refused_in_one_
                            "dict: put the one record in a list"),
                           (lambda: Index.build(None, "none", tmp_path), "got None"),
                           (lambda: Index.build(7, "seven", tmp_path), "got an int"),
-                          (lambda: index.document(5), "a document id is a string; got 5 (int)")]:
+                          (lambda: index.document(5), "a document id is a string; got 5 (int)"),
+                          (lambda: index.add(io.StringIO('{"_id": "c", "text": "cherries"}\n')),
+                           "got a StringIO: give the file's path")]:
         with pytest.raises(RetrieverError, match=re.escape(message)) as caught:
             call()
         assert "\n" not in str(caught.value)
