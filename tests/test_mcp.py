@@ -23,6 +23,7 @@ from retriever.serve.access import AccessPolicy
 from retriever.serve.app import create_app
 from retriever.serve.protocol import HTTP_MAX_K, MAX_QUERY_CHARS
 from retriever.serve.run import serving_in_thread
+from tests.helpers import one_line_error
 
 REPO = Path(__file__).resolve().parent.parent
 WRITE_KEY = "write-key-0123456789abcdef"
@@ -212,7 +213,23 @@ def test_answers_over_http_and_mcp_name_no_server_folder(tmp_path, tiny_bert):
     with serving_in_thread(create_app(tmp_path / "indexes", device="cpu", access=access)) as url:
         answers = [httpx.get(f"{url}/search", params={"q": "tomatoes", "include": "text,metadata"}, headers=headers,
                              timeout=60).text,
-                   httpx.get(f"{url}/indexes/notes/documents/garden/tomatoes.md", headers=headers, timeout=60).text]
+                   httpx.get(f"{url}/indexes/notes/documents/garden/tomatoes.md", headers=headers, timeout=60).text,
+                   httpx.get(f"{url}/indexes/notes", headers=headers, timeout=60).text]
+        # a filter could read the folder out a character at a time; a sync's error and notes would name it
+        probes = [httpx.get(f"{url}/search", params={"q": "tomatoes", "where": json.dumps(where)}, headers=headers,
+                            timeout=60) for where in ({"folder": {"$gte": str(tmp_path)}},
+                                                      {"$not": {"source": {"$lt": "/u"}}})]
+        assert [one_line_error(probe, 400) for probe in probes] == [
+            f"{field}: the server does not filter on it (its values are paths on the server)"
+            for field in ("folder", "source")]
+        os.symlink(tmp_path / "gone" / "note.md", folder / "broken.md")
+        synced = httpx.post(f"{url}/indexes/notes/sync", headers=headers, timeout=60)
+        assert synced.json()["notes"] == ["skipped broken.md: a broken symbolic link (to a path on the server, which "
+                                          "does not exist)"]
+        folder.rename(tmp_path / "moved")
+        moved = httpx.post(f"{url}/indexes/notes/sync", headers=headers, timeout=60)
+        assert one_line_error(moved, 400) == "index 'notes' was built from private-notes, which is no longer a folder"
+        answers += [synced.text, moved.text]
 
         async def session():
             transport = streamable_http_client(f"{url}/mcp", http_client=httpx2.AsyncClient(headers=headers,

@@ -50,7 +50,7 @@ from retriever.serve.open_indexes import OpenIndexes, Served
 from retriever.serve.searching import search_and_answer
 from retriever.serve.mcp_tools import Catalog, create_mcp_server, http_endpoint
 from retriever.serve.public import (as_json_reads_it, describe_invalid, private_paths, public_metadata, public_model,
-                                    public_record, public_source, scrub)
+                                    public_fields, public_record, public_source, scrub, without_folder)
 from retriever.serve.protocol import (
     MAX_BODY_BYTES,
     MAX_DOCUMENTS,
@@ -258,7 +258,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
             snapshot = served.snapshot
             shards = {} if indexes.remote is None else {"shards": indexes.remote.assignment(snapshot)}
             return {**_describe_index(served.index),
-                    "segments": [entry.to_record() for entry in snapshot.manifest.segments],
+                    "segments": [_public_segment(entry.to_record()) for entry in snapshot.manifest.segments],
                     "search_settings": snapshot.spec.search_settings(), "fit": snapshot.manifest.fit, **shards}
 
     async def run_search(name: str | None, texts: list[str], ids: list[str | None], options: SearchOptions,
@@ -330,11 +330,15 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
     async def sync_index(name: str):
         """Bring an index built from a folder on this machine in step with it, as `retriever sync` does."""
         async with indexes.using(name) as served:
-            result = await run_in_threadpool(served.index.sync)
+            folder = served.snapshot.manifest.source
+            try:
+                result = await run_in_threadpool(served.index.sync)
+            except RetrieverError as problem:  # "built from <server folder>, which is no longer a folder"
+                raise type(problem)(without_folder(str(problem), folder), parameter=problem.parameter) from None
         return {"index": name, "version": result.change.version if result.change else
                 served.snapshot.manifest.version, "added": result.added, "changed": result.changed,
                 "deleted": result.deleted, "unchanged": result.unchanged, "stale": result.stale,
-                "notes": result.notes,
+                "notes": [without_folder(note, folder) for note in result.notes],
                 "documents": result.change.documents if result.change else served.snapshot.manifest.documents}
 
     @app.delete("/indexes/{name}/documents/{doc_id:path}")
@@ -355,7 +359,8 @@ def render_answer(served: Served, texts: list[str], ids: list[str | None], hits:
     chars = sum((len(hit.text) if "text" in include else len(hit.passage)) + len(hit.title or "")
                 for found in hits for hit in found)
     check_answer_chars(chars, "lower k or send fewer queries at once")
-    notes = filter_notes(options.where, served.snapshot.manifest.metadata_fields, served.snapshot.field_kinds)
+    notes = filter_notes(options.where, public_fields(served.snapshot.manifest.metadata_fields),
+                         served.snapshot.field_kinds)
     return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
                    "mode": options.mode, "scores": score_meaning(options), "k": options.k, **({"warnings": notes} if notes else {}),
                    "queries": [public_answer(search_record(query_id, text, found, options.mode, include))
@@ -390,6 +395,10 @@ def _describe_index(index: Index) -> dict:
             "model": public_model(manifest.encoder["model"]), "dim": manifest.dim,
             "calibrator": calibrator_label(manifest.calibrator), "index_type": manifest.index["type"],
             "created": manifest.created, "refitted": manifest.refitted}
+
+
+def _public_segment(record: dict) -> dict:
+    return {**record, "fields": public_fields(record["fields"])} if record.get("fields") else record
 
 
 def _one_line(error: Exception) -> str:

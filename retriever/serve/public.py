@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from retriever.errors import NO_VALUE, RetrieverError
@@ -56,13 +57,19 @@ def public_record(record: dict, private: tuple[str, ...]) -> dict:
     among the metadata fields, whose values, the server's folder, no answer shows)."""
     public = {key: value for key, value in record.items() if key != "folder"}
     if public.get("fields"):
-        public["fields"] = [field for field in public["fields"] if field != FOLDER_KEY]
+        public["fields"] = public_fields(public["fields"])
     public.setdefault("version", None)  # an index whose manifest fails its checks: "problem" says why
     if "model" in public:
         public["model"] = public_model(public["model"])
     if "problem" in public:
         public["problem"] = scrub(public["problem"], private)
     return public
+
+
+def public_fields(fields: list[str]) -> list[str]:
+    """An index's metadata FIELDS as a client is offered them: not `folder`, whose values (the server's folder) no
+    answer shows, and which a filter may not read (`serve.searching.check_public_filter`)."""
+    return [field for field in fields if field != FOLDER_KEY]
 
 
 def private_paths(index_dir: Path) -> tuple[str, ...]:
@@ -77,6 +84,18 @@ def scrub(message: str, private: tuple[str, ...]) -> str:
     for path in private:
         message = message.replace(path, "~" if path == str(Path.home()) else "<index home>")
     return message
+
+
+_LINK_TARGET = re.compile(r"\(to /[^)]*?, which does not exist\)")
+
+
+def without_folder(message: str, folder: str | None) -> str:
+    """MESSAGE (a sync's error or note) with the server FOLDER an index was built from shown by its name, as a
+    document's source is, and a broken link's absolute target by what it is."""
+    if folder:
+        for path in dict.fromkeys((folder, os.path.realpath(folder))):
+            message = message.replace(path, Path(folder).name)
+    return _LINK_TARGET.sub("(to a path on the server, which does not exist)", message)
 
 
 def one_line(message: str) -> str:

@@ -9,6 +9,10 @@ from typing import TypeVar
 
 from fastapi.concurrency import run_in_threadpool
 
+from retriever.errors import RetrieverError
+from retriever.files.folder import FOLDER_KEY
+from retriever.filters import Filter
+from retriever.metadata import field_path
 from retriever.search.options import SearchOptions
 from retriever.search.results import SearchHit
 from retriever.serve.batcher import SearchBatcher
@@ -25,6 +29,8 @@ async def search_and_answer(indexes: OpenIndexes, batcher: SearchBatcher, name: 
     searched held open until then."""
     async with indexes.using(name) as served:
         options = served.searcher.resolve(options)
+        if options.where is not None:
+            check_public_filter(options.where)
         if options.space == "raw":
             hits = await run_in_threadpool(served.index.search, texts, options)
         else:
@@ -35,3 +41,26 @@ async def search_and_answer(indexes: OpenIndexes, batcher: SearchBatcher, name: 
             indexes.hold_until_done(served, future)
             hits = await asyncio.wrap_future(future)
         return await run_in_threadpool(answer, served, options, hits)
+
+
+def check_public_filter(where: Filter) -> None:
+    """Refuse a filter on what holds a server path, which no answer shows and a filter could read out a character
+    at a time ({"source": {"$gte": "/home/a"}}): a document's `source` (its corpus file or folder, shown by its
+    name), and the `folder` a file was read from (left out of every hit's metadata, `serve.public`)."""
+    for key in _field_names(where.source):
+        if key == "source" or field_path(key) == FOLDER_KEY:
+            raise RetrieverError(f"{key}: the server does not filter on it (its values are paths on the server)",
+                                 parameter="where")
+
+
+def _field_names(clause: dict) -> list[str]:
+    """The field names of a filter's object, at every depth of $and, $or and $not."""
+    names = []
+    for key, value in clause.items():
+        if key in ("$and", "$or"):
+            names += [name for item in value for name in _field_names(item)]
+        elif key == "$not":
+            names += _field_names(value)
+        else:
+            names.append(key)
+    return names
