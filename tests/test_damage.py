@@ -131,6 +131,20 @@ def test_no_write_launders_damage(home, tmp_path, damage, write):
         assert not any(path.samefile(before / SEGMENT / "vectors.faiss") for path in current(home).rglob("*.faiss"))
 
 
+@pytest.mark.parametrize("write", ["add", "delete"])
+def test_a_file_cut_short_after_the_index_was_opened_is_refused_by_its_next_write(home, tmp_path, write):
+    """A server holds a version open for hours: a write linked a file truncated since into the version it
+    committed (201), and every later request on it answered 503."""
+    before = current(home)
+    index = Index.open("tiny", home, device="cpu")
+    vectors = before / SEGMENT / "vectors.faiss"
+    vectors.write_bytes(vectors.read_bytes()[:100])
+    with pytest.raises(DamagedIndexError, match=r"vectors.faiss has 100 bytes, its manifest says") as raised:
+        WRITES[write](index, tmp_path)
+    assert_one_line(raised.value)
+    assert current(home) == before and not list((home / VERSIONS / "tiny").glob("*.partial"))
+
+
 def test_add_refuses_a_damaged_template(tmp_path, tiny_bert):
     home = tmp_path / "indexes"
     Index.build(write_jsonl(tmp_path / "base.jsonl", sentences(100)), "tiny", home, model=str(tiny_bert),

@@ -25,7 +25,7 @@ from retriever.errors import ConflictError, NotFoundError, RetrieverError, param
 from retriever.filters import Filter
 from retriever.versions.folder import link_tree, writing
 from retriever.versions.home import resolve_existing
-from retriever.versions.integrity import write_manifest
+from retriever.versions.integrity import read_manifest, write_manifest
 from retriever.versions.layout import CALIBRATOR, SEGMENTS, TEMPLATE, TOMBSTONES
 from retriever.store.layout import DOCUMENTS, RAW, ROWIDS, VECTORS, segment_name
 from retriever.versions.manifest import Manifest, SegmentEntry
@@ -129,7 +129,10 @@ class IndexWriter:
     def _current(self) -> Snapshot:
         given = self._given
         if given is not None and resolve_existing(self.index_dir, self.name) == given.folder:
-            return given  # versions never change: nothing to re-read
+            # Versions never change, but their files can be damaged after they were opened (a server holds one for
+            # hours): the sizes checked again, as an open checks them, before a new version links them in.
+            read_manifest(given.folder, name=self.name)
+            return given
         return Snapshot.open(self.name, self.index_dir, device=self.device)
 
     # --- steps ---------------------------------------------------------------------------------------------
