@@ -136,6 +136,14 @@ def test_add_show_and_delete_documents(client):
     assert "new/1" not in [hit["doc_id"] for hit in after["queries"][0]["results"]]
     assert "new/1" in one_line_error(client.get("/indexes/notes/documents/new/1"), 404)
     assert "not in the index" in one_line_error(client.delete("/indexes/notes/documents/new/1"), 404)
+    # an id holding a line break is reached as any other (a final one was cut: `tail%0A` deleted `tail`)
+    added = client.post("/indexes/notes/documents", json={"documents": [{"_id": "line1\nline2", "text": "one"},
+                                                                         {"_id": "tail\n", "text": "two"},
+                                                                         {"_id": "tail", "text": "three"}]})
+    assert added.status_code == 201
+    assert client.get("/indexes/notes/documents/line1%0Aline2").json()["document"]["text"] == "one"
+    assert client.delete("/indexes/notes/documents/tail%0A").json()["deleted"] == 1
+    assert client.get("/indexes/notes/documents/tail").json()["document"]["text"] == "three"
 
 
 def test_every_response_comes_from_exactly_one_version_while_a_writer_commits(client):

@@ -80,6 +80,7 @@ try:
     from fastapi.openapi.docs import get_swagger_ui_html
     from fastapi.responses import FileResponse, JSONResponse, Response
     from fastapi.staticfiles import StaticFiles
+    from starlette.convertors import PathConvertor, register_url_convertor
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
 except ImportError as error:  # a dependency of the package; a broken install should still say what to do
@@ -87,6 +88,16 @@ except ImportError as error:  # a dependency of the package; a broken install sh
                            "pip install -e .") from None
 
 log = logging.getLogger("retriever.serve")
+
+
+class DocumentIdConvertor(PathConvertor):
+    """A document id in a URL path: any text, line breaks too (Starlette's `path` stops at one, and a route's `$`
+    matches before a final one: `tail%0A` reached document `tail`)."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("document_id", DocumentIdConvertor())
 
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's files, served from the fastapi-offline package (`_docs_assets`)
 STATIC = Path(__file__).with_name("static")
@@ -281,7 +292,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
         check_search(texts, ids, request.k)
         return await run_search(request.index, texts, ids, search_options(request), hit_parts(request.include))
 
-    @app.get("/indexes/{name}/documents/{doc_id:path}")
+    @app.get("/indexes/{name}/documents/{doc_id:document_id}")
     async def get_document(name: str, doc_id: str):
         check_text(doc_id, "the document id")
         async with indexes.using(name) as served:
@@ -341,7 +352,7 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                 "notes": [without_folder(note, folder) for note in result.notes],
                 "documents": result.change.documents if result.change else served.snapshot.manifest.documents}
 
-    @app.delete("/indexes/{name}/documents/{doc_id:path}")
+    @app.delete("/indexes/{name}/documents/{doc_id:document_id}")
     async def delete_document(name: str, doc_id: str):
         check_text(doc_id, "the document id")
         async with indexes.using(name) as served:
