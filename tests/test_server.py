@@ -231,6 +231,11 @@ def test_bad_search_requests_get_json_errors_with_the_right_status(client, index
                 calibrator="none", device="cpu")
     assert client.get("/search", params={"q": "x"}).json()["index"] == "other"
     assert client.get("/search", params={"q": "x", "index": "notes"}).json()["index"] == "notes"
+    for body in (b'{"queries": ["gz\xffip"]}', b"[" * 100_000 + b"]" * 100_000, b'{"queries": ["x"], "k": 1' + b"0" * 5000
+                 + b"}"):  # FastAPI said "There was an error parsing the body", with no code
+        refused = client.post("/search", content=body, headers={"content-type": "application/json"})
+        assert one_line_error(refused, 400).startswith("the request body is not valid JSON: not UTF-8 text")
+        assert refused.json()["code"] == "bad_input"
 
 
 def test_an_empty_index_name_a_repeated_filter_key_and_a_query_parameter_a_path_does_not_take_are_refused(client):

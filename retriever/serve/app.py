@@ -196,6 +196,11 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, problem: HTTPException):
+        if problem.status_code == 400 and problem.detail == "There was an error parsing the body":
+            # FastAPI's words where the body does not decode (not UTF-8) or its parser gives up (nested too deep,
+            # a number too long): say what the body must be, as for any body that is not JSON.
+            return error(400, "the request body is not valid JSON: not UTF-8 text, nested too deeply, or holding "
+                              "a number too long to read", code="bad_input", parameter=None)
         return error(problem.status_code, str(problem.detail))
 
     @app.exception_handler(RequestValidationError)
