@@ -251,3 +251,38 @@ def test_answers_over_http_and_mcp_name_no_server_folder(tmp_path, tiny_bert):
     assert all(str(tmp_path) not in text for text in shown), shown
     fetched = json.loads(answers[1])["document"]
     assert fetched["metadata"]["path"] == "garden/tomatoes.md" and fetched["source"] == "private-notes"  # its name
+
+
+def test_over_stdio_a_line_that_does_not_parse_is_answered_and_the_server_goes_on(index_dir):
+    """The SDK's stdio transport dropped such a line: a host that sent a lone surrogate waited for ever."""
+    import select
+    import subprocess
+
+    server = subprocess.Popen([sys.executable, "-m", "cli.main", "mcp", "--index-dir", str(index_dir), "--device",
+                               "cpu"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              cwd=REPO)
+
+    def ask(line: str) -> dict:
+        server.stdin.write(line.encode() + b"\n")
+        server.stdin.flush()
+        ready, _, _ = select.select([server.stdout], [], [], 60)
+        assert ready, f"no answer to {line[:60]!r}"
+        return json.loads(server.stdout.readline())
+
+    try:
+        started = ask(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}))
+        assert started["id"] == 1 and "result" in started
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode() + b"\n")
+        surrogate = ask('{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "search", '
+                        '"arguments": {"query": "ab\\ud800cd"}}}')
+        assert surrogate["id"] == 3 and surrogate["error"]["code"] == -32700
+        assert ask("this is not json") == {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32700, "message": "Parse error: Invalid JSON: expected ident at line 1 column 2"}}
+        assert ask('{"no": "message"}')["error"]["code"] == -32600
+        found = ask(json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+            "name": "search", "arguments": {"query": "which animal purrs?", "k": 1}}}))
+        assert found["id"] == 4 and found["result"]["structuredContent"]["hits"][0]["id"] == "cats"
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)

@@ -15,6 +15,7 @@ CLI and the HTTP API give, with the tool's argument names.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,11 @@ from retriever.versions.catalog import default_index, describe_indexes
 from retriever.versions.home import check_name, resolve_index_dir
 
 try:
+    import anyio
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.stdio import stdio_server
+    from mcp.shared.message import SessionMessage
+    from mcp_types import ErrorData, JSONRPCError
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
     from mcp.server.transport_security import TransportSecuritySettings
@@ -125,6 +130,7 @@ class IndexList(BaseModel):
     indexes: list[IndexSummary]
 
 
+PARSE_ERROR, INVALID_REQUEST = -32700, -32600  # JSON-RPC's codes: not JSON it can read; JSON, but no message
 # Names agents give these arguments elsewhere (the library's and the HTTP API's filter is `where`).
 ARGUMENT_ALIASES = {"where": "filter", "top_k": "k", "limit": "k", "n": "k", "q": "query", "text": "query"}
 
@@ -134,6 +140,27 @@ class RetrieverMCP(MCPServer):
     ("k: Input should be less than or equal to 1000"), where pydantic's own message runs to several lines with a
     link. An argument a tool does not take is refused, as the HTTP API refuses it (the SDK drops it: a filter sent
     as `where` answered unfiltered), and the tools' schemas say so."""
+
+    async def run_stdio_async(self) -> None:
+        """The SDK's stdio transport, with an answer to a line it cannot parse: it passes on the parse error, which
+        its server drops, so an agent host that sent a lone surrogate or JSON nested too deeply waited forever for
+        the reply. A JSON-RPC parse error (-32700) answers it, to the request's id where Python's parser reads one."""
+        async with stdio_server() as (read_stream, write_stream):
+            relay_send, relay_receive = anyio.create_memory_object_stream(16)
+
+            async def relay() -> None:
+                async with relay_send:
+                    async for item in read_stream:
+                        if isinstance(item, Exception):
+                            await write_stream.send(SessionMessage(parse_error(item)))
+                        else:
+                            await relay_send.send(item)
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(relay)
+                await self._lowlevel_server.run(relay_receive, write_stream,
+                                                self._lowlevel_server.create_initialization_options())
+                tasks.cancel_scope.cancel()
 
     async def list_tools(self):
         return [tool.model_copy(update={"input_schema": {**tool.input_schema, "additionalProperties": False}})
@@ -157,6 +184,27 @@ class RetrieverMCP(MCPServer):
                 raise
             clauses = "; ".join(describe_invalid(problem) for problem in error.__cause__.errors()[:3])
             raise ToolError(f"Error executing tool {name}: {clauses}") from error.__cause__
+
+
+def parse_error(error: Exception) -> JSONRPCError:
+    """The JSON-RPC answer to a line the transport could not parse (ERROR: pydantic's, which holds the line): a
+    parse error, or JSON that is no message an invalid request, to the request's id where Python's own parser reads
+    one (it takes lone surrogates)."""
+    line, reason, code = "", one_line(str(error))[:200], PARSE_ERROR
+    if isinstance(error, ValidationError) and error.errors():
+        first = error.errors()[0]
+        line, reason = str(first.get("input", "")), one_line(str(first.get("msg", reason)))[:200]
+        if first.get("type") != "json_invalid":  # JSON, but not a JSON-RPC message
+            code, reason = INVALID_REQUEST, f"not a JSON-RPC message ({reason})"
+    try:
+        request = json.loads(line)
+        request_id = request.get("id") if isinstance(request, dict) else None
+    except (ValueError, RecursionError):
+        request_id = None
+    if not (isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool))):
+        request_id = None
+    words = "Parse error" if code == PARSE_ERROR else "Invalid Request"
+    return JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=code, message=f"{words}: {reason}"))
 
 
 def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
