@@ -606,13 +606,14 @@ class Index:
         # A folder that cannot be listed now hides its files, and a link whose target is gone its file (an
         # unmounted drive): they are not gone, and their indexed versions are kept.
         hidden = [relative for relative, why in report.skipped if why.startswith(UNLISTABLE)]
-        dangling = {relative for relative, why in report.skipped if why.startswith(BROKEN_LINK)}
+        hidden += [relative for relative, why in report.skipped if why.startswith(BROKEN_LINK)]
         held = [relative for relative in set(stored) - seen
-                if relative in dangling or any(folder == "." or relative.startswith(folder + "/") for folder in hidden)]
+                if any(folder in (".", relative) or relative.startswith(folder + "/") for folder in hidden)]
         removed = sorted(set(stored) - seen - set(held))
         stale += len(held)
-        notes += [f"skipped {relative}: {why}" + ("; its indexed documents kept" if relative in hidden else
-                                                  "; its indexed version kept" if relative in held else "")
+        notes += [f"skipped {relative}: {why}" + ("; its indexed version kept" if relative in held else
+                                                  "; its indexed documents kept" if relative in hidden and any(
+                                                      path.startswith(relative + "/") for path in held) else "")
                   for relative, why in report.skipped]  # loops, broken links, unlistable folders
         added = sum(document.doc_id not in stored for document in fresh)
         summary = SyncSummary(self.name, added, len(fresh) - added, len(removed), unchanged, notes, stale=stale)

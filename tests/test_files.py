@@ -438,10 +438,16 @@ def test_a_link_to_a_file_or_folder_inside_the_folder_is_read_where_it_lies_and_
     (root / ".private" / "kept.md").write_text("# Kept\n")
     os.symlink(root / ".private", root / "shown")
     os.symlink(tmp_path, root / "trips" / "all")
+    os.symlink(root / ".private", root / "shown-again")  # read once, through the first link
+    (root / "drafts").mkdir()
+    (root / "drafts" / "secret.md").write_text("# Secret\n")
+    os.symlink(root / "drafts", root / "published")  # what --exclude leaves out stays out
     report = FolderReport()
-    assert [relative for _, relative in folder_files(root, FolderOptions(), report)] == [
+    assert [relative for _, relative in folder_files(root, FolderOptions(exclude=("drafts/",)), report)] == [
         "home.md", "linked/shared.md", "shown/kept.md", "trips/alps.md"]
     assert ("trips/all", "a symbolic link loop (the folder was read already)") in report.skipped
+    assert ("published", "a symbolic link to drafts, which this folder's patterns leave out") in report.skipped
+    assert ("shown-again", ".private") in report.linked
 
 
 def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_lines():
@@ -463,7 +469,10 @@ def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_
              b"<p>x</p><pre>    indented\n  two</pre>": "x\n\n    indented\n  two",
              b"<ul><li>item<pre>  a\n  b</pre></li></ul>": "item\n  a\n  b",
              b"<p>Click <a> here</a> <!-- c --> now<br>\nnext</p>": "Click here now\nnext",
-             b"x<select><option>o1</option><option>o2</option></select>": "x\no1\n\no2"}
+             b"x<select><option>o1</option><option>o2</option></select>": "x\no1\n\no2",
+             # inside preformatted text a <br> or a highlighter's line is a line break; control characters go
+             b"<pre>a<br>b</pre><pre><div>one</div><div>  two</div></pre>": "a\nb\n\none\n  two",
+             b"<p>a&#1;b</p><pre>  x\n  y</pre><p>c &#2;  d</p>": "ab\n\n  x\n  y\n\nc d"}
     assert {source: read_html(source).text for source in cases} == cases
     code = read_markdown(b"# Title<br>with **bold** `code`\n\n```\n    indented = True\n```\nline one  \nline two\n")
     assert code.title == "Title with bold code"
@@ -483,13 +492,19 @@ def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tm
     (notes / "here.md").write_text("# Here\n\nA note about tides.\n")
     (drive / "away.md").write_text("# Away\n\nA note about glaciers.\n")
     os.symlink(drive / "away.md", notes / "away.md")
+    (drive / "box").mkdir()
+    (drive / "box" / "inside.md").write_text("# Inside\n\nA note about harps.\n")
+    os.symlink(drive / "box", notes / "box")  # a folder behind a link: its documents are kept too
     Index.build(notes, "notes", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
     drive.rename(tmp_path / "unmounted")
     os.mkfifo(tmp_path / "pipe")
     os.symlink(tmp_path / "pipe", notes / "pipe.md")  # a link is read whatever it names
     synced = Index.open("notes", tmp_path / "home").sync()
-    assert (synced.added, synced.changed, synced.deleted, synced.stale, synced.change) == (0, 0, 0, 1, None)
+    assert (synced.added, synced.changed, synced.deleted, synced.stale, synced.change) == (0, 0, 0, 2, None)
     assert any(note.startswith("skipped away.md: a broken symbolic link") and note.endswith("indexed version kept")
                for note in synced.notes)
     assert "skipped pipe.md: not a regular file" in synced.notes
-    assert Index.open("notes", tmp_path / "home").document("away.md") is not None
+    assert any(note.startswith("skipped box: a broken symbolic link") and note.endswith("indexed documents kept")
+               for note in synced.notes)
+    kept = Index.open("notes", tmp_path / "home")
+    assert kept.document("away.md") is not None and kept.document("box/inside.md") is not None

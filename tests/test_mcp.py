@@ -279,6 +279,7 @@ def test_over_stdio_a_line_that_does_not_parse_is_answered_and_the_server_goes_o
         assert surrogate["id"] == 3 and surrogate["error"]["code"] == -32700
         assert ask("this is not json") == {"jsonrpc": "2.0", "id": None, "error": {
             "code": -32700, "message": "Parse error: Invalid JSON: expected ident at line 1 column 2"}}
+        server.stdin.write(b"\n" + b'{"jsonrpc": "2.0", "id": 8, "error": {"code": 1}}\n')  # answered: neither
         assert ask('{"no": "message"}')["error"]["code"] == -32600
         found = ask(json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
             "name": "search", "arguments": {"query": "which animal purrs?", "k": 1}}}))
@@ -286,3 +287,14 @@ def test_over_stdio_a_line_that_does_not_parse_is_answered_and_the_server_goes_o
     finally:
         server.stdin.close()
         server.wait(timeout=60)
+
+
+def test_a_broken_link_s_target_is_no_path_in_a_server_s_answer():
+    from retriever.serve.public import without_folder
+
+    for target in ("/home/alice/Backups (2019)/old.md", "../../home/alice/private/old.md", "/srv/notes-archive/x.md"):
+        note = f"skipped old.md: a broken symbolic link (to {target}, which does not exist)"
+        assert without_folder(note, "/srv/notes") == ("skipped old.md: a broken symbolic link (to a path on the "
+                                                      "server, which does not exist)")
+    assert without_folder("index 'n' was built from /srv/notes, which is no longer a folder", "/srv/notes") == \
+        "index 'n' was built from notes, which is no longer a folder"

@@ -114,10 +114,11 @@ def folder_files(root: Path, options: FolderOptions, report: FolderReport,
     """(path, path relative to ROOT) of every file to read under ROOT, in path order. What the walk itself leaves
     out with a reason (a link loop, a broken link, a folder it cannot list) goes in REPORT, ON_SKIP told.
 
-    A symbolic link to a file or folder the walk reaches where it lies in ROOT is not followed (it is read there,
-    once, under its own path; REPORT counts the link); one to what the walk leaves out there (a hidden, ignored or
-    excluded folder) or to something outside ROOT is read through the link. So the folder is walked twice: first
-    without those links, for what it reaches where it lies."""
+    A symbolic link to a file or folder the walk reaches in ROOT (where it lies, or through an earlier link) is not
+    followed: it is read once, under that path (REPORT counts the link). One to a hidden file or folder of ROOT,
+    which the walk passes by, is read through the link, as one to something outside ROOT; one to what ROOT's
+    patterns leave out (ignore files, --exclude, --include) is skipped with a line. So the folder is walked twice:
+    first without any link, for what it holds where it lies."""
     reached: set[str] = set()
     for _ in _walk(root, options, FolderReport(), None, reached, through_links=False):
         pass
@@ -152,8 +153,7 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
             skip(relative or ".", "a symbolic link loop (the folder was read already)")
             return
         seen.add(real)
-        if not through_links:
-            reached.add(real)
+        reached.add(real)
         ignores = list(ignores)
         for name in IGNORE_FILES:
             ignore_file = folder / name
@@ -182,6 +182,8 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
             if exclude is not None and (exclude.match_file(path) or (is_folder and exclude.match_file(path + "/"))):
                 continue
             if entry.is_symlink():
+                if not through_links:
+                    continue  # the first walk: what lies in the folder itself
                 if not os.path.exists(entry.path):
                     skip(path, f"{BROKEN_LINK} (to {_link_target(entry.path)}, which does not exist)")
                     continue
@@ -190,12 +192,15 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
                     skip(path, "a symbolic link loop (the folder was read already)")
                     continue
                 target = within(linked)
+                shown = linked if target is None else target.replace(os.sep, "/")
+                if linked in reached:  # read where it lies, or through an earlier link
+                    report.linked.append((path, shown))
+                    continue
                 if target is not None:
-                    if not through_links:
-                        continue  # what lies in the folder is met where it lies
-                    if linked in reached:
-                        report.linked.append((path, target.replace(os.sep, "/")))
+                    if not any(part.startswith(".") for part in target.split(os.sep)):
+                        skip(path, f"a symbolic link to {shown}, which this folder's patterns leave out")
                         continue
+                    # A hidden file or folder the walk passes by, named on purpose: read through the link.
             if is_folder:
                 yield from walk(Path(entry.path), path, ignores)
             elif entry.is_file() or entry.is_symlink():
@@ -204,8 +209,7 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
                 if reader_for(Path(entry.name)) is None:
                     report.other_formats[Path(entry.name).suffix.lower()] += 1
                     continue
-                if not through_links:
-                    reached.add(os.path.realpath(entry.path))
+                reached.add(os.path.realpath(entry.path))
                 yield Path(entry.path), path
 
     yield from walk(root, "", [])

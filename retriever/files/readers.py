@@ -25,7 +25,7 @@ from retriever.errors import RetrieverError
 
 EXTRA = "files"
 _BLANK_RUNS = re.compile(r"\n(?:[ \t]*\n)+")  # blank lines; the next line's indentation stays
-_LEADING_BLANK_LINES = re.compile(r"^(?:[ \t]*\n)+")
+_LEADING_BLANK_LINES = re.compile(r"^(?:[^\S\n]*\n)+")
 _TRAILING = re.compile(r"[ \t]+\n")
 
 
@@ -148,9 +148,10 @@ _BLOCKS = ("address", "article", "aside", "blockquote", "caption", "center", "dd
            "dt", "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
            "hgroup", "hr", "legend", "li", "main", "menu", "nav", "ol", "optgroup", "option", "p", "pre", "section",
            "summary", "table", "tr", "ul")
-# Marks in the text being laid out (decoded text holds no NUL or other C0 control but tab and line breaks: `tidy`'s
-# callers' `decoded` refuses NUL, and a browser shows none): a block's edge, a <br>, the edges of preformatted text.
+# Marks in the text being laid out (control characters, which a browser shows none of, are taken out of the text
+# first): a block's edge, a <br>, the edges of preformatted text.
 _BLOCK_EDGE, _LINE_BREAK, _PRE = "\x00", "\x02", "\x01"
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # C0 but tab, LF and CR (line breaks), and DEL
 _BLOCK_EDGES = re.compile(r"[ \t]*\x00[\x00 \t]*")
 _AFTER_BREAK = re.compile(r"[ \t]*\x02[ \t]*\n?[ \t]*")  # a <br> and the source's line break after it: one
 _SPACE_RUNS = re.compile(r"[^\S\n]{2,}")
@@ -164,11 +165,17 @@ def _shown_text(soup, bs4, source_lines: bool) -> str:
     where the source had space between them), inline elements (a link, inline code) inside their line, runs of
     white space one space, preformatted text as it is. SOURCE_LINES: keep the source's own line breaks outside
     preformatted text (Markdown's rendering: a table's rows, a soft break), where HTML's are spaces."""
+    for string in soup.find_all(string=True):  # what a browser shows none of, and the marks below would misread
+        if _CONTROLS.search(string):
+            string.replace_with(_CONTROLS.sub("", string))
     for tag in soup.find_all("br"):
-        tag.replace_with(_LINE_BREAK)
+        tag.replace_with("\n" if tag.find_parent("pre") else _LINE_BREAK)
     for tag in soup.find_all(_BLOCKS):
-        tag.insert_before(_BLOCK_EDGE)
-        tag.insert_after(_BLOCK_EDGE)
+        if tag.find_parent("pre"):  # a highlighter's line: its text as it is, a line break after it
+            tag.insert_after("\n")
+        else:
+            tag.insert_before(_BLOCK_EDGE)
+            tag.insert_after(_BLOCK_EDGE)
     for tag in soup.find_all(["td", "th"]):
         tag.insert_after(" ")  # a row's cells side by side
     parts = []

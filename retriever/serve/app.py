@@ -444,9 +444,10 @@ class UniqueKeysRoute(APIRoute):
 async def refuse_unknown_query(request: Request) -> None:
     """Refuse (422) a query parameter a path does not take, as GET /search refuses one: ignored, `?dry_run=true` on
     a DELETE deleted and `?index=` on a POST /search searched the default index. The page and the API's own docs
-    take none either, but a browser's address bar may add some: they are left alone."""
+    take none either, but a browser's address bar may add some, and a prober's health or metrics request its own
+    (a cache-buster, Prometheus' params): they are left alone."""
     route = request.scope.get("route")
-    if not request.query_params or route is None or route.path in ("/", "/docs"):
+    if not request.query_params or route is None or route.path in ("/", "/docs", "/health", "/metrics"):
         return
     taken = {parameter.alias for parameter in route.dependant.query_params}
     if taken:

@@ -151,10 +151,10 @@ class RetrieverMCP(MCPServer):
             async def relay() -> None:
                 async with relay_send:
                     async for item in read_stream:
-                        if isinstance(item, Exception):
-                            await write_stream.send(SessionMessage(parse_error(item)))
-                        else:
+                        if not isinstance(item, Exception):
                             await relay_send.send(item)
+                        elif (answer := parse_error(item)) is not None:
+                            await write_stream.send(SessionMessage(answer))
 
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(relay)
@@ -186,21 +186,29 @@ class RetrieverMCP(MCPServer):
             raise ToolError(f"Error executing tool {name}: {clauses}") from error.__cause__
 
 
-def parse_error(error: Exception) -> JSONRPCError:
+def parse_error(error: Exception) -> JSONRPCError | None:
     """The JSON-RPC answer to a line the transport could not parse (ERROR: pydantic's, which holds the line): a
     parse error, or JSON that is no message an invalid request, to the request's id where Python's own parser reads
-    one (it takes lone surrogates)."""
-    line, reason, code = "", one_line(str(error))[:200], PARSE_ERROR
+    one (it takes lone surrogates). None for a blank line, and for a response (JSON-RPC answers none)."""
+    request, reason, code = None, one_line(str(error))[:200], PARSE_ERROR
     if isinstance(error, ValidationError) and error.errors():
         first = error.errors()[0]
-        line, reason = str(first.get("input", "")), one_line(str(first.get("msg", reason)))[:200]
-        if first.get("type") != "json_invalid":  # JSON, but not a JSON-RPC message
+        reason = one_line(str(first.get("msg", reason)))[:200]
+        if first.get("type") == "json_invalid":  # the line itself: read by Python's parser where it can
+            line = str(first.get("input", ""))
+            if not line.strip():
+                return None
+            try:
+                request = json.loads(line)
+            except (ValueError, RecursionError):
+                pass
+        else:  # JSON, but no JSON-RPC message: the object a message's own field is missing from
             code, reason = INVALID_REQUEST, f"not a JSON-RPC message ({reason})"
-    try:
-        request = json.loads(line)
-        request_id = request.get("id") if isinstance(request, dict) else None
-    except (ValueError, RecursionError):
-        request_id = None
+            request = next((problem["input"] for problem in error.errors() if len(problem.get("loc", ())) == 2
+                            and isinstance(problem.get("input"), dict)), None)
+    request_id = request.get("id") if isinstance(request, dict) else None
+    if isinstance(request, dict) and "method" not in request and ("result" in request or "error" in request):
+        return None  # a client's (malformed) response
     if not (isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool))):
         request_id = None
     words = "Parse error" if code == PARSE_ERROR else "Invalid Request"

@@ -86,12 +86,12 @@ def scrub(message: str, private: tuple[str, ...]) -> str:
     return message
 
 
-_LINK_TARGET = re.compile(r"\(to /[^)]*?, which does not exist\)")
+_LINK_TARGET = re.compile(r"\(to .*, which does not exist\)")  # a broken link's note: its target, any path
 
 
 def without_folder(message: str, folder: str | None) -> str:
     """MESSAGE (a sync's error or note) with the server FOLDER an index was built from shown by its name, as a
-    document's source is, and a broken link's absolute target by what it is."""
+    document's source is, and a broken link's target by what it is."""
     if folder:
         for path in dict.fromkeys((folder, os.path.realpath(folder))):
             message = message.replace(path, Path(folder).name)
