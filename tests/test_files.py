@@ -448,17 +448,29 @@ def test_a_link_to_a_file_or_folder_inside_the_folder_is_read_where_it_lies_and_
     assert ("trips/all", "a symbolic link loop (the folder was read already)") in report.skipped
     assert ("published", "a symbolic link to drafts, which this folder's patterns leave out") in report.skipped
     assert ("shown-again", ".private") in report.linked
+    # an outside file named by a link and by a link to its folder is read once; --include leaves out silently what
+    # it does not name, a broken link too
+    os.symlink(outside / "shared.md", root / "a-shared.md")
+    report = FolderReport()
+    assert [relative for _, relative in folder_files(root, FolderOptions(include=("*.md",)), report)] == [
+        "a-shared.md", "drafts/secret.md", "home.md", "shown/kept.md", "trips/alps.md"]
+    assert ("linked/shared.md", str(outside / "shared.md")) in report.linked
+    report = FolderReport()
+    assert [relative for _, relative in folder_files(root, FolderOptions(include=("*.txt",)), report)] == []
+    assert report.skipped == [(link, "a symbolic link loop (the folder was read already)")
+                              for link in ("trips/all", "trips/up")]
 
 
 def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_lines():
     """Every element was put on a line of its own: "Use\\ngit rebase -i HEAD~5\\n to squash" in a hit's passage."""
-    from retriever.files.readers import read_html, read_markdown
+    from retriever.files.readers import read_html, read_markdown, read_text
 
     markdown = read_markdown(b"# Rebase\n\nUse `git rebase -i HEAD~5` to squash, see [the book](http://x).\n"
                              b"A second line.\n\n- an item with `code`\n\n```\nkeep   this\n  as is\n```\n\n"
                              b"| a | b |\n|---|---|\n")
-    assert markdown.text == ("Rebase\n\nUse git rebase -i HEAD~5 to squash, see the book.\nA second line.\n\n"
-                             "an item with code\n\nkeep   this\n  as is\n\n| a | b |\n|---|---|")
+    # a paragraph's source line breaks are spaces (a hard-wrapped note's sentences read whole), a table is rows
+    assert markdown.text == ("Rebase\n\nUse git rebase -i HEAD~5 to squash, see the book. A second line.\n\n"
+                             "an item with code\n\nkeep   this\n  as is\n\na b")
     page = read_html(b"<html><head><title>T</title><script>x = 1</script></head><body>\n  <h1>Welcome</h1>\n"
                      b"  <p>\n    Click <a href='#'>here</a>   <em>now</em>.<br>Next line</p>"
                      b"<div>A <b>bold</b> div</div><table><tr><td>x</td><td>y</td></tr></table></body></html>")
@@ -477,6 +489,11 @@ def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_
     code = read_markdown(b"# Title<br>with **bold** `code`\n\n```\n    indented = True\n```\nline one  \nline two\n")
     assert code.title == "Title with bold code"
     assert code.text == "Title\nwith bold code\n\n    indented = True\n\nline one\nline two"
+    # from a user's run: TOML front matter, an image's words, an escaped pipe in a table, control characters
+    toml = read_markdown(b'+++\ntitle = "Notes"\n+++\n\nSee ![a flow diagram](f.png "Flow") here.\n\n'
+                         b"| opt | what |\n|---|---|\n| `-a \\| -b` | either |\n")
+    assert (toml.title, toml.text) == ("Notes", "See a flow diagram here.\n\nopt what\n\n-a | -b either")
+    assert read_text(b"a bell\x07 and\x1b[1m escape\x0cthen a page").text == "a bell and[1m escape\nthen a page"
 
 
 def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tmp_path, tiny_bert):

@@ -139,6 +139,7 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
     include = _patterns(options.include) if options.include else None
     exclude = _patterns(options.exclude) if options.exclude else None
     seen: set[str] = set()
+    taken: set[str] = set()  # the real paths of the files this walk gave
     root_real = os.path.realpath(root)
 
     def within(real: str) -> str | None:
@@ -181,12 +182,19 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
                 continue
             if exclude is not None and (exclude.match_file(path) or (is_folder and exclude.match_file(path + "/"))):
                 continue
+            broken = entry.is_symlink() and not os.path.exists(entry.path)
+            readable = reader_for(Path(entry.name)) is not None and (include is None or include.match_file(path))
+            if broken:  # said where it named a file to read, or may have named a folder (no suffix)
+                if through_links and (readable or not Path(entry.name).suffix):
+                    skip(path, f"{BROKEN_LINK} (to {_link_target(entry.path)}, which does not exist)")
+                continue
+            if not is_folder and not readable:  # a file, or a link to one, left out by --include or its format
+                if reader_for(Path(entry.name)) is None:
+                    report.other_formats[Path(entry.name).suffix.lower()] += 1
+                continue
             if entry.is_symlink():
                 if not through_links:
                     continue  # the first walk: what lies in the folder itself
-                if not os.path.exists(entry.path):
-                    skip(path, f"{BROKEN_LINK} (to {_link_target(entry.path)}, which does not exist)")
-                    continue
                 linked = os.path.realpath(entry.path)
                 if is_folder and (real == linked or real.startswith(linked + os.sep)):  # to a folder above, or ROOT's
                     skip(path, "a symbolic link loop (the folder was read already)")
@@ -203,13 +211,13 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
                     # A hidden file or folder the walk passes by, named on purpose: read through the link.
             if is_folder:
                 yield from walk(Path(entry.path), path, ignores)
-            elif entry.is_file() or entry.is_symlink():
-                if include is not None and not include.match_file(path):
+            elif entry.is_file() or entry.is_symlink():  # readable: checked above
+                real_file = os.path.realpath(entry.path)
+                if real_file in taken:  # read already, through a link to it or to its folder
+                    report.linked.append((path, real_file if within(real_file) is None else within(real_file)))
                     continue
-                if reader_for(Path(entry.name)) is None:
-                    report.other_formats[Path(entry.name).suffix.lower()] += 1
-                    continue
-                reached.add(os.path.realpath(entry.path))
+                taken.add(real_file)
+                reached.add(real_file)
                 yield Path(entry.path), path
 
     yield from walk(root, "", [])

@@ -24,9 +24,12 @@ from pathlib import Path
 from retriever.errors import RetrieverError
 
 EXTRA = "files"
+_LINE_BREAKS = re.compile(r"\r\n|[\r\x0b\x0c]")
 _BLANK_RUNS = re.compile(r"\n(?:[ \t]*\n)+")  # blank lines; the next line's indentation stays
 _LEADING_BLANK_LINES = re.compile(r"^(?:[^\S\n]*\n)+")
 _TRAILING = re.compile(r"[ \t]+\n")
+# C0 but tab and the line breaks (LF, CR; VT and FF end a line too), and DEL
+_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
 
 class UnreadableFile(Exception):
@@ -69,9 +72,9 @@ def _library(module: str, package: str, what: str):
 
 
 def tidy(text: str) -> str:
-    """TEXT with trailing spaces gone and blank runs one blank line, stripped (the first line's indentation kept:
-    code may start a text)."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    """TEXT with control characters gone (a terminal would act on them), trailing spaces gone and blank runs one
+    blank line, stripped (the first line's indentation kept: code may start a text)."""
+    text = _CONTROLS.sub("", _LINE_BREAKS.sub("\n", text))
     return _LEADING_BLANK_LINES.sub("", _BLANK_RUNS.sub("\n\n", _TRAILING.sub("\n", text))).rstrip()
 
 
@@ -96,8 +99,9 @@ def read_text(data: bytes) -> FileText:
     return FileText(tidy(decoded(data)))
 
 
-_FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)---[ \t]*\n", re.S)
-_FRONT_TITLE = re.compile(r"^title:[ \t]*(.+?)[ \t]*$", re.M)
+# YAML front matter between --- lines (Jekyll, Hugo, Obsidian), or TOML between +++ lines (Hugo).
+_FRONT_MATTER = re.compile(r"\A(---|\+\+\+)[ \t]*\n(.*?\n)\1[ \t]*\n", re.S)
+_FRONT_TITLE = re.compile(r"^title[ \t]*[:=][ \t]*(.+?)[ \t]*$", re.M)
 
 
 def read_markdown(data: bytes) -> FileText:
@@ -105,17 +109,19 @@ def read_markdown(data: bytes) -> FileText:
     source = decoded(data)
     title = None
     front = _FRONT_MATTER.match(source)
-    if front:  # YAML front matter (Jekyll, Hugo, Obsidian): not text a reader sees; its title is the file's
-        found = _FRONT_TITLE.search(front.group(1))
+    if front:  # not text a reader sees; its title is the file's
+        found = _FRONT_TITLE.search(front.group(2))
         title = found.group(1).strip("'\"") if found else None
         source = source[front.end():]
-    parser = markdown_it.MarkdownIt("commonmark")
+    # CommonMark, with GitHub's tables (a table's rows laid out as rows, not as one paragraph of pipes)
+    parser = markdown_it.MarkdownIt("commonmark").enable("table")
     tokens = parser.parse(source)
     if title is None:
         title = next((_inline_text(tokens[i + 1]) for i, token in enumerate(tokens[:-1])
                       if token.type == "heading_open"), None)
-    return FileText(html_text(parser.renderer.render(tokens, parser.options, {}), "Markdown", source_lines=True)[0],
-                    title or None)
+    # A paragraph's source line breaks are spaces, as rendered Markdown shows them: a hard-wrapped note's
+    # sentences read whole.
+    return FileText(html_text(parser.renderer.render(tokens, parser.options, {}), "Markdown")[0], title or None)
 
 
 def _inline_text(token) -> str:
@@ -126,10 +132,10 @@ def _inline_text(token) -> str:
     return _WHITE_SPACE.sub(" ", shown).strip()
 
 
-def html_text(html: str, what: str = "HTML", source_lines: bool = False) -> tuple[str, str | None]:
+def html_text(html: str, what: str = "HTML") -> tuple[str, str | None]:
     """The text a browser shows of HTML (scripts, styles and the head left out; block elements on lines of their
     own, preformatted text as it is) and its title (<title>, else the first heading). WHAT: the format read, for
-    the line saying a parser is missing; SOURCE_LINES: as `_shown_text` takes it."""
+    the line saying a parser is missing."""
     bs4 = _library("bs4", "beautifulsoup4", what)
     soup = bs4.BeautifulSoup(html, "html.parser")
     title_tag = soup.find("title")
@@ -139,7 +145,9 @@ def html_text(html: str, what: str = "HTML", source_lines: bool = False) -> tupl
         title = heading.get_text(" ", strip=True) if heading else None
     for hidden in soup(["script", "style", "noscript", "template", "head"]):
         hidden.decompose()
-    return _shown_text(soup, bs4, source_lines), title or None
+    for image in soup.find_all("img"):  # an image is its words where it has some (a sentence may name it)
+        image.replace_with(image.get("alt") or "")
+    return _shown_text(soup, bs4), title or None
 
 
 # Elements a browser lays out as blocks of their own: a line break before and after each. Everything else (a link,
@@ -149,22 +157,18 @@ _BLOCKS = ("address", "article", "aside", "blockquote", "caption", "center", "dd
            "hgroup", "hr", "legend", "li", "main", "menu", "nav", "ol", "optgroup", "option", "p", "pre", "section",
            "summary", "table", "tr", "ul")
 # Marks in the text being laid out (control characters, which a browser shows none of, are taken out of the text
-# first): a block's edge, a <br>, the edges of preformatted text.
+# first: `_CONTROLS`): a block's edge, a <br>, the edges of preformatted text.
 _BLOCK_EDGE, _LINE_BREAK, _PRE = "\x00", "\x02", "\x01"
-_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # C0 but tab, LF and CR (line breaks), and DEL
 _BLOCK_EDGES = re.compile(r"[ \t]*\x00[\x00 \t]*")
 _AFTER_BREAK = re.compile(r"[ \t]*\x02[ \t]*\n?[ \t]*")  # a <br> and the source's line break after it: one
 _SPACE_RUNS = re.compile(r"[^\S\n]{2,}")
 _WHITE_SPACE = re.compile(r"\s+")
-_LINE_ENDS = re.compile(r"[ \t]*\n\s*")
-_SPACES = re.compile(r"[^\S\n]+")
 
 
-def _shown_text(soup, bs4, source_lines: bool) -> str:
+def _shown_text(soup, bs4) -> str:
     """SOUP's text laid out as a browser lays out its blocks: each on lines of its own (a blank line between two
     where the source had space between them), inline elements (a link, inline code) inside their line, runs of
-    white space one space, preformatted text as it is. SOURCE_LINES: keep the source's own line breaks outside
-    preformatted text (Markdown's rendering: a table's rows, a soft break), where HTML's are spaces."""
+    white space (the source's line breaks too) one space, preformatted text as it is."""
     for string in soup.find_all(string=True):  # what a browser shows none of, and the marks below would misread
         if _CONTROLS.search(string):
             string.replace_with(_CONTROLS.sub("", string))
@@ -183,12 +187,7 @@ def _shown_text(soup, bs4, source_lines: bool) -> str:
         if isinstance(string, (bs4.Comment, bs4.Declaration, bs4.Doctype, bs4.ProcessingInstruction)):
             continue
         text = str(string)
-        if string.find_parent("pre"):
-            parts.append(_PRE + text + _PRE)
-        elif source_lines:
-            parts.append(_SPACES.sub(" ", _LINE_ENDS.sub("\n", text)))
-        else:
-            parts.append(_WHITE_SPACE.sub(" ", text))
+        parts.append(_PRE + text + _PRE if string.find_parent("pre") else _WHITE_SPACE.sub(" ", text))
     # Between the marks of preformatted text (odd pieces) nothing changes; the flow between them is laid out.
     pieces = "".join(parts).split(_PRE)
     for number in range(0, len(pieces), 2):
