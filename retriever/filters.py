@@ -63,6 +63,9 @@ class Filter:
     parameters: tuple = field(compare=False)
     source: dict = field(compare=False, repr=False)
     paths: tuple[str, ...] = field(default=(), compare=False)
+    # Those of PATHS a document must hold a value at to be selected (not those only $ne, $nin, $exists false or a
+    # $not read, which a document without the path meets): a misspelt one of them selects nothing.
+    required_paths: tuple[str, ...] = field(default=(), compare=False)
     # (path, kind, value) of each value a metadata path is compared with: what `kind_mismatch_note` reads.
     compared: tuple[tuple[str, int, object], ...] = field(default=(), compare=False, repr=False)
 
@@ -86,7 +89,26 @@ def parse_where(where: str | dict | Filter | None) -> Filter | None:
     compiler = _Compiler()
     sql = compiler.all_of(where, 1)
     return Filter(json.dumps(where, sort_keys=True), sql, tuple(compiler.parameters), where,
-                  tuple(dict.fromkeys(compiler.paths)), tuple(compiler.compared))
+                  paths=tuple(dict.fromkeys(compiler.paths)), compared=tuple(compiler.compared),
+                  required_paths=tuple(sorted(_required_paths(where))))
+
+
+def _required_paths(clause: dict) -> set[str]:
+    """The metadata paths a document must hold a value at for CLAUSE (compiled: well formed) to select it: every
+    condition's of $and, those of every branch of $or; none of $ne, $nin, $exists false, or a $not (a document
+    without the path meets them: Haystack's `== None` is such an $or)."""
+    required: set[str] = set()
+    for key, value in clause.items():
+        if key == "$and":
+            required |= set().union(*(_required_paths(item) for item in value))
+        elif key == "$or":
+            required |= set.intersection(*(_required_paths(item) for item in value))
+        elif key != "$not" and key not in _OWN:
+            operators = value if isinstance(value, dict) else {"$eq": value}
+            if any(op not in ("$ne", "$nin", "$exists") or (op == "$exists" and bound)
+                   for op, bound in operators.items()):
+                required.add(field_path(key))
+    return required
 
 
 def _without_repeats(pairs: list[tuple[str, object]]) -> dict:
@@ -252,17 +274,18 @@ class _Compiler:
 
 
 class FilterWarning(UserWarning):
-    """A filter reads a field no document has, or values of a kind the field never holds: it runs, and likely
-    selects nothing (or, through $ne or $exists false, everything), which is seldom what was meant
-    (`filter_notes` says which)."""
+    """A filter requires a field no document has, or compares values of a kind the field never holds: it runs, and
+    selects nothing (`filter_notes` says which)."""
 
 
-def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20) -> str | None:
+def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20,
+                        required_only: bool = False) -> str | None:
     """One line naming the metadata paths WHERE reads that no document has (FIELDS: the index's, as its manifest
     records them), with the fields there are; None when every path is known. Such a filter still runs (it may
     select nothing, or everything through $ne), but a misspelt field is the likeliest cause of an empty answer."""
     known = set(fields)
-    unknown = [path for path in (where.paths if where is not None else ()) if path not in known]
+    paths = () if where is None else where.required_paths if required_only else where.paths
+    unknown = [path for path in paths if path not in known]
     if not unknown:
         return None
     listed = ", ".join(fields[:shown]) + (f" and {len(fields) - shown:,} more" if len(fields) > shown else "")
@@ -275,10 +298,12 @@ _KIND_NAMES = {BOOLEAN: "true/false", NUMBER: "numbers", STRING: "text"}
 
 
 def filter_notes(where: Filter | None, fields: list[str],
-                 kinds: Callable[[list[str]], dict[str, set[int]]]) -> list[str]:
+                 kinds: Callable[[list[str]], dict[str, set[int]]], required_only: bool = False) -> list[str]:
     """What a search's answer should say of WHERE over an index with metadata FIELDS and value KINDS: the notes of
-    `unknown_fields_note` and `kind_mismatch_note` that apply (the CLI, the server and the MCP tools all say them)."""
-    return [note for note in (unknown_fields_note(where, fields), kind_mismatch_note(where, kinds)) if note]
+    `unknown_fields_note` and `kind_mismatch_note` that apply (the CLI, the server and the MCP tools all say them;
+    REQUIRED_ONLY, the library's warnings: only of a field the filter requires, as it then selects nothing)."""
+    return [note for note in (unknown_fields_note(where, fields, required_only=required_only),
+                              kind_mismatch_note(where, kinds)) if note]
 
 
 def kind_mismatch_note(where: Filter | None, kinds: Callable[[list[str]], dict[str, set[int]]]) -> str | None:

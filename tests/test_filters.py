@@ -386,3 +386,19 @@ def test_a_value_of_a_kind_the_field_never_holds_is_named_with_its_fix():
         assert kind_mismatch_note(parse_where(fine), kinds) is None, fine
     asked.clear()
     assert kind_mismatch_note(parse_where({"year": {"$exists": True}}), kinds) is None and not asked  # no value: no look
+
+
+def test_a_script_is_warned_only_of_a_missing_field_its_filter_requires():
+    """$ne, $nin, $exists false and $not select the documents without the path (Haystack's `== None` is such an
+    $or): no warning that the filter selects nothing; the CLI and the server still note any field no document has."""
+    from retriever.filters import unknown_fields_note
+
+    fields = ["year"]
+    for everything in ({"x": {"$ne": 1}}, {"x": {"$nin": [1]}}, {"x": {"$exists": False}}, {"$not": {"x": 1}},
+                       {"$or": [{"x": None}, {"x": {"$exists": False}}]}, {"$or": [{"year": 1}, {"x": 2}]}):
+        assert unknown_fields_note(parse_where(everything), fields, required_only=True) is None, everything
+        assert "no document has the field 'x'" in unknown_fields_note(parse_where(everything), fields)
+    for nothing in ({"x": 1}, {"x": {"$exists": True}}, {"x": {"$gt": 3, "$ne": 5}}, {"year": 1, "x": None},
+                    {"$and": [{"year": 1}, {"x": {"$in": [1]}}]}, {"$or": [{"x": 1}, {"x": {"$gt": 4}}]}):
+        assert "no document has the field 'x'" in unknown_fields_note(parse_where(nothing), fields,
+                                                                      required_only=True), nothing

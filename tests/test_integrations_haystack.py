@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,15 @@ def test_the_three_retrievers_and_documents_without_embeddings(store):
     assert sorted(d.id for d in filtered) == ["rain", "tea"]
     again = RetrieverHybridRetriever.from_dict(hybrid.to_dict())
     assert again.document_store.count_documents() == 3 and again.top_k == 3
+    # Haystack's `== None` on a field no document has selects every document, with no warning that it selects
+    # nothing; top_k=0 is no default (it asked for the retriever's 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(store.filter_documents({"field": "meta.absent", "operator": "==", "value": None})) == 3
+    with pytest.raises(RetrieverError, match="k must be"):
+        RetrieverBM25Retriever(document_store=store, top_k=3).run(query="hills", top_k=0)
+    store.delete_documents("tea")  # one id string: one id
+    assert store.count_documents() == 2
 
 
 def test_ids_and_contents_keep_their_outer_whitespace(tmp_path):

@@ -111,6 +111,11 @@ def test_ids_are_any_value_but_none_made_strings(tmp_path):
     with pytest.raises(ValueError, match=r"ids\[1\] is empty"):
         store.add_texts(["a", "b"], ids=["a", ""])
     assert len(store.index) == 3
+    # one id string is one id: "01" fetched and deleted the documents 0 and 1
+    store.add_texts(["both"], ids=["01"])
+    assert [d.page_content for d in store.get_by_ids("01")] == ["both"]
+    store.delete("01")
+    assert sorted(d.page_content for d in store.get_by_ids(["0", "1", "01"])) == ["one", "zero"]
 
 
 def test_ids_and_texts_keep_their_outer_whitespace(tmp_path):

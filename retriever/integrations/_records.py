@@ -18,6 +18,12 @@ from retriever.index import Index
 from retriever.versions.home import index_path, resolve_index_dir
 
 
+def id_strings(ids: str | Sequence[object]) -> list[str]:
+    """A framework's ids as the index's: one string is one id (iterated, "abc" was the ids a, b and c, and a delete
+    removed those documents), anything else each of its items as text."""
+    return [ids] if isinstance(ids, str) else [str(doc_id) for doc_id in ids]
+
+
 def require(module: str, extra: str, package: str) -> ModuleType:
     """MODULE, or an ImportError whose one line says how to install it (the EXTRA of ours that brings PACKAGE)."""
     try:

@@ -29,7 +29,7 @@ from retriever.errors import ConflictError, RetrieverError
 from retriever.filters import parse_where
 from retriever.index import Index
 from retriever.metadata import HAYSTACK_KEY
-from retriever.integrations._records import LazyIndex, require, vector_rows
+from retriever.integrations._records import LazyIndex, id_strings, require, vector_rows
 
 require("haystack", "haystack", "haystack-ai")
 from haystack import component, default_from_dict, default_to_dict  # noqa: E402
@@ -121,7 +121,7 @@ class RetrieverDocumentStore:
 
     def delete_documents(self, document_ids: list[str]) -> None:
         """Delete the documents of DOCUMENT_IDS (an id not here is no error)."""
-        self._store.delete([str(doc_id) for doc_id in document_ids])
+        self._store.delete(id_strings(document_ids))
 
     # --- retrieval (what the retriever components call) ---------------------------------------------------
 
@@ -382,7 +382,7 @@ class RetrieverEmbeddingRetriever(_StoreRetriever):
     @component.output_types(documents=list[Document])
     def run(self, query_embedding: list[float], filters: dict | None = None, top_k: int | None = None):
         return {"documents": self.document_store.embedding_retrieval(
-            query_embedding, filters if filters is not None else self.filters, top_k or self.top_k)}
+            query_embedding, filters if filters is not None else self.filters, self.top_k if top_k is None else top_k)}
 
 
 @component
@@ -392,7 +392,7 @@ class RetrieverBM25Retriever(_StoreRetriever):
     @component.output_types(documents=list[Document])
     def run(self, query: str, filters: dict | None = None, top_k: int | None = None):
         return {"documents": self.document_store.bm25_retrieval(
-            query, filters if filters is not None else self.filters, top_k or self.top_k)}
+            query, filters if filters is not None else self.filters, self.top_k if top_k is None else top_k)}
 
 
 @component
@@ -412,7 +412,7 @@ class RetrieverHybridRetriever(_StoreRetriever):
     @component.output_types(documents=list[Document])
     def run(self, query: str, query_embedding: list[float], filters: dict | None = None, top_k: int | None = None):
         return {"documents": self.document_store.hybrid_retrieval(
-            query, query_embedding, filters if filters is not None else self.filters, top_k or self.top_k,
+            query, query_embedding, filters if filters is not None else self.filters, self.top_k if top_k is None else top_k,
             fusion=self.fusion, weight=self.weight)}
 
 

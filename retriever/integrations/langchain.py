@@ -27,7 +27,7 @@ import numpy as np
 from retriever.encode.external import PREFIX, ExternalEncoder, is_external
 from retriever.errors import ConflictError, RetrieverError
 from retriever.index import Index, load_encoder
-from retriever.integrations._records import LazyIndex, require, vector_rows
+from retriever.integrations._records import LazyIndex, id_strings, require, vector_rows
 from retriever.numeric import l2_normalize
 from retriever.search.options import MODES
 from retriever.search.top_lists import passage_vectors
@@ -139,12 +139,12 @@ class RetrieverVectorStore(VectorStore):
             return True
         if ids is None:
             ids = [row["doc_id"] for row in self._store.documents()]
-        self._store.delete([str(doc_id) for doc_id in ids])
+        self._store.delete(id_strings(ids))
         return True
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """The documents of IDS that are here, in IDS' order."""
-        return [_document(row) for row in self._store.documents([str(doc_id) for doc_id in ids])]
+        return [_document(row) for row in self._store.documents(id_strings(ids))]
 
     async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         return await run_in_executor(None, self.get_by_ids, ids)
