@@ -172,3 +172,35 @@ def test_a_hit_in_a_pdf_of_a_folder_shows_its_path_and_page(browser, tmp_path, t
                     if hit.get_attribute("data-doc-id") == "reports/annual.pdf")
         assert item.find_element(By.CSS_SELECTOR, ".doc-id").text == "reports/annual.pdf"
         assert item.find_element(By.CSS_SELECTOR, ".page").text == "p. 3"
+
+
+def test_a_hit_marks_the_query_s_words_and_opens_at_its_passage_and_the_newest_search_is_the_one_shown(
+        browser, served):
+    """From a browser QA run: the snippet was a passage's first 240 characters, often before the match, unmarked;
+    an older, slower search's answer replaced a newer one's; k left the URL; an unknown index in it searched another
+    silently."""
+    browser.get(served + "/?" + urlencode({"index": "notes", "q": "lamp turns", "k": 3}))
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda driver: hits(driver, "hybrid-results"))
+    assert browser.find_element(By.ID, "k").get_attribute("value") == "3" and len(hits(browser, "hybrid-results")) <= 3
+    item = next(hit for hit in hits(browser, "hybrid-results") if hit.get_attribute("data-doc-id") == "lighthouse")
+    assert {mark.text.lower() for mark in item.find_elements(By.CSS_SELECTOR, ".text mark")} == {"lamp", "turns"}
+    assert "k=3" in browser.current_url
+    # an older search answering after a newer one is not shown
+    browser.execute_script("""
+        const fetched = window.fetch; let calls = 0;
+        window.fetch = (...request) => new Promise((resolve) => setTimeout(resolve, ++calls <= 3 ? 2000 : 0))
+            .then(() => fetched(...request));""")
+    query = browser.find_element(By.ID, "query")
+    query.clear()
+    query.send_keys("a violin")
+    browser.find_element(By.ID, "search").click()  # slow
+    query.clear()
+    query.send_keys(LONG_TEXT[:60])
+    browser.find_element(By.ID, "search").click()  # fast
+    wait.until(lambda driver: hits(driver, "hybrid-results")[0].get_attribute("data-doc-id") == "lighthouse")
+    browser.execute_script("return new Promise((resolve) => setTimeout(resolve, 2500))")
+    assert hits(browser, "hybrid-results")[0].get_attribute("data-doc-id") == "lighthouse"
+    browser.get(served + "/?" + urlencode({"index": "nosuch", "q": "lamp"}))
+    wait.until(lambda driver: "no index named 'nosuch'" in driver.find_element(By.ID, "status").text)
+    assert not hits(browser, "hybrid-results")
