@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from retriever.errors import RetrieverError, param
-from retriever.metadata import (BOOLEAN, LIST, MAX_DEPTH as MAX_METADATA_DEPTH, MAX_KEY_CHARS, MAX_VALUES, NULL,
-                                NUMBER, PREFIX, RESERVED, STRING, check_value, field_path, kind_of)
+from retriever.metadata import (ADAPTER_KEYS, BOOLEAN, LIST, MAX_DEPTH as MAX_METADATA_DEPTH, MAX_KEY_CHARS, MAX_VALUES,
+                                NULL, NUMBER, PREFIX, RESERVED, STRING, check_value, field_path, kind_of,
+                                listed_fields)
 from retriever.text import check_text, did_you_mean
 
 COMPARISONS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
@@ -285,7 +286,9 @@ def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20
     select nothing, or everything through $ne), but a misspelt field is the likeliest cause of an empty answer."""
     known = set(fields)
     paths = () if where is None else where.required_paths if required_only else where.paths
-    unknown = [path for path in paths if path not in known]
+    # An adapter's own keys (a Haystack store's embeddings) are its filters' business, and no field to offer.
+    unknown = [path for path in paths if path not in known and path.split(".", 1)[0] not in ADAPTER_KEYS]
+    fields = listed_fields(fields)
     if not unknown:
         return None
     listed = ", ".join(fields[:shown]) + (f" and {len(fields) - shown:,} more" if len(fields) > shown else "")

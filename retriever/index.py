@@ -223,9 +223,8 @@ class Index:
         """Warn (FilterWarning, at the caller's caller) of a filter requiring a field no document has, or values of
         a kind it never holds: it runs, and selects nothing. The CLI, the server and the MCP tools say such notes
         (`filters.filter_notes`), of any field; this returns those it warned of."""
-        # A field only a condition such as $ne reads is no mistake of this kind (Haystack's `== None`), and a
-        # framework adapter's own keys are no field to offer.
-        notes = filter_notes(where, listed_fields(self.snapshot.manifest.metadata_fields), self.snapshot.field_kinds,
+        # A field only a condition such as $ne reads is no mistake of this kind (Haystack's `== None`).
+        notes = filter_notes(where, self.snapshot.manifest.metadata_fields, self.snapshot.field_kinds,
                              required_only=True)
         for note in notes:
             warnings.warn(note, FilterWarning, stacklevel=3)

@@ -60,6 +60,7 @@ def store(tmp_path):
     return store
 
 
+@pytest.mark.filterwarnings("error::retriever.filters.FilterWarning")  # of the store's own keys too: none
 def test_the_three_retrievers_and_documents_without_embeddings(store):
     dense = RetrieverEmbeddingRetriever(document_store=store, top_k=3).run(query_embedding=unit(1, 0))["documents"]
     assert [d.id for d in dense] == ["tea", "rain"]  # the document without an embedding is not dense-searchable

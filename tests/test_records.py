@@ -220,6 +220,7 @@ def record_index(request, tmp_path_factory, tiny_bert):
 
 
 @pytest.mark.parametrize("mode", ["dense", "keyword", "hybrid"])
+@pytest.mark.filterwarnings("ignore::retriever.filters.FilterWarning")  # random filters: some name no field
 def test_filtered_search_in_every_type_and_mode_finds_exactly_the_matching_documents(record_index, mode):
     """Asked for every document, a filtered search returns the documents its unfiltered search returns that the
     filter selects: all of the matches in dense and hybrid search, those holding a query word in keyword search."""
