@@ -34,7 +34,8 @@ from typing import TextIO
 
 from retriever.errors import RetrieverError, param
 from retriever.metadata import check_key, check_metadata, typed_field
-from retriever.text import check_text, describe_invalid, escape_undecodable, invalid_character
+from retriever.text import (RepeatedKeyError, check_text, describe_invalid, escape_undecodable, invalid_character,
+                            unique_keys)
 
 CORPUS_FORMATS = (".txt", ".jsonl", ".csv", ".tsv")
 COMPRESSED = ".gz"
@@ -373,24 +374,9 @@ def _read_table(lines: Iterator[str], path: Path, delimiter: str, queries: bool 
         raise RetrieverError(f"{path} line {reader.line_num}: malformed {kind} ({error})") from None
 
 
-def unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object's pairs as a dict (`json.loads`' object_pairs_hook), refusing a key given twice: JSON would keep
-    the last silently, and a record's metadata is kept as given."""
-    found: dict = {}
-    for key, value in pairs:
-        if key in found:
-            raise RepeatedKeyError(f"the key {json.dumps(key)} is given twice in one object", "", 0)
-        found[key] = value
-    return found
-
-
 # One decoder for every line (`json.loads` with options builds a new one each call). strict=False lets raw tabs and
 # other control characters inside strings through: real dumps have them.
 _JSON_RECORD = json.JSONDecoder(strict=False, object_pairs_hook=unique_keys)
-
-
-class RepeatedKeyError(json.JSONDecodeError):
-    """A JSON object holding a key twice (`unique_keys`); its message is whole, with no position."""
 
 
 def _document(raw_id: object, raw_text: object, raw_title: object, where: str, path: Path, line: int,

@@ -30,7 +30,7 @@ from retriever.errors import RetrieverError, param
 from retriever.metadata import (ADAPTER_KEYS, BOOLEAN, LIST, MAX_DEPTH as MAX_METADATA_DEPTH, MAX_KEY_CHARS, MAX_VALUES,
                                 NULL, NUMBER, PREFIX, RESERVED, STRING, check_value, field_path, kind_of,
                                 listed_fields)
-from retriever.text import check_text, did_you_mean
+from retriever.text import RepeatedKeyError, check_text, did_you_mean, unique_keys
 
 COMPARISONS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 OPERATORS = ("$eq", "$ne", "$in", "$nin", "$all", *COMPARISONS, "$exists", "$size")
@@ -67,6 +67,7 @@ class Filter:
     # Those of PATHS a document must hold a value at to be selected (not those only $ne, $nin, $exists false or a
     # $not read, which a document without the path meets): a misspelt one of them selects nothing.
     required_paths: tuple[str, ...] = field(default=(), compare=False)
+    fields: tuple[str, ...] = field(default=(), compare=False)  # every field it names, as written
     # (path, kind, value) of each value a metadata path is compared with: what `kind_mismatch_note` reads.
     compared: tuple[tuple[str, int, object], ...] = field(default=(), compare=False, repr=False)
 
@@ -79,7 +80,9 @@ def parse_where(where: str | dict | Filter | None) -> Filter | None:
         if len(where) > MAX_CHARS:
             raise FilterError(f"{len(where):,} characters; at most {MAX_CHARS:,}")
         try:
-            where = json.loads(where, object_pairs_hook=_without_repeats)
+            where = json.loads(where, object_pairs_hook=unique_keys)
+        except RepeatedKeyError as error:  # JSON keeps the last silently: {"year": 2001, "year": 2002} is 2002
+            raise FilterError(error.msg) from None
         except (json.JSONDecodeError, RecursionError) as error:
             reason = f"{error.msg} at column {error.colno}" if isinstance(error, json.JSONDecodeError) else "too deep"
             raise FilterError(f"not valid JSON ({reason})") from None
@@ -91,7 +94,7 @@ def parse_where(where: str | dict | Filter | None) -> Filter | None:
     sql = compiler.all_of(where, 1)
     return Filter(json.dumps(where, sort_keys=True), sql, tuple(compiler.parameters), where,
                   paths=tuple(dict.fromkeys(compiler.paths)), compared=tuple(compiler.compared),
-                  required_paths=tuple(sorted(_required_paths(where))))
+                  required_paths=tuple(sorted(_required_paths(where))), fields=tuple(dict.fromkeys(compiler.fields)))
 
 
 def _required_paths(clause: dict) -> set[str]:
@@ -112,22 +115,12 @@ def _required_paths(clause: dict) -> set[str]:
     return required
 
 
-def _without_repeats(pairs: list[tuple[str, object]]) -> dict:
-    """A filter's JSON object, refusing a key given twice (JSON keeps the last one silently: `{"year": 2001, "year":
-    2002}` would select 2002 alone), as the API refuses one in a request's body."""
-    found: dict = {}
-    for key, value in pairs:
-        if key in found:
-            raise FilterError(f"the key {json.dumps(key)} is given twice in one object")
-        found[key] = value
-    return found
-
-
 class _Compiler:
     def __init__(self):
         self.parameters: list = []
         self.paths: list[str] = []
         self.compared: list[tuple[str, int, object]] = []
+        self.fields: list[str] = []  # every field named, as written (a document's own, metadata paths)
         self.conditions = 0
         self.listed = 0
 
@@ -168,6 +161,7 @@ class _Compiler:
             check_text(name, "a field name")
         except RetrieverError as error:
             raise FilterError(str(error)) from None
+        self.fields.append(name)
         if not isinstance(condition, dict):
             return self.operator(name, "$eq", condition)
         if not condition:

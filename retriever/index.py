@@ -124,6 +124,8 @@ class Index:
         self._query_kit: QueryKitEncoder | None | bool = None  # False: looked for, none kept
         self._encoder_lock = threading.Lock()
         self._searcher = searcher or Searcher(snapshot)
+        # Each filter's notes, per version (a version never changes): a search in a loop reads the fields' kinds once.
+        self._filter_notes: dict[tuple[Path, str], list[str]] = {}
 
     @classmethod
     def open(cls, name: str, index_dir: str | Path | None = None, device: str = "auto", runtime: str = "auto",
@@ -223,9 +225,16 @@ class Index:
         """Warn (FilterWarning, at the caller's caller) of a filter requiring a field no document has, or values of
         a kind it never holds: it runs, and selects nothing. The CLI, the server and the MCP tools say such notes
         (`filters.filter_notes`), of any field; this returns those it warned of."""
+        if where is None:
+            return []
         # A field only a condition such as $ne reads is no mistake of this kind (Haystack's `== None`).
-        notes = filter_notes(where, self.snapshot.manifest.metadata_fields, self.snapshot.field_kinds,
-                             required_only=True)
+        snapshot = self.snapshot
+        notes = self._filter_notes.get((snapshot.folder, where.key))
+        if notes is None:
+            notes = filter_notes(where, snapshot.manifest.metadata_fields, snapshot.field_kinds, required_only=True)
+            if len(self._filter_notes) >= FILTER_NOTES_KEPT:
+                self._filter_notes.clear()
+            self._filter_notes[(snapshot.folder, where.key)] = notes
         for note in notes:
             warnings.warn(note, FilterWarning, stacklevel=3)
         return notes
@@ -642,7 +651,7 @@ class Index:
             raise RetrieverError(f"give document ids to delete or {param('where')}: one of the two"
                                  + (", not both" if doc_ids else ""))
         compiled = parse_where(where)
-        notes = self._warn_of_filter(compiled) if compiled is not None else []
+        notes = self._warn_of_filter(compiled)
         with self._writer() as writer:
             try:
                 removed = writer.delete(doc_ids) if compiled is None else writer.delete_where(compiled)
@@ -779,6 +788,9 @@ class SyncSummary:
                 return f"index '{self.name}' has nothing it can write from its folder: {done}; no new version"
             return f"index '{self.name}' is in step with its folder: {done}; no new version"
         return f"synced index '{self.name}' to version {self.change.version}: {done}, in {self.seconds:.1f}s"
+
+
+FILTER_NOTES_KEPT = 256  # distinct filters whose notes an Index keeps
 
 
 def _corpus_argument(corpus: object, verb: str) -> str | os.PathLike | list | tuple:

@@ -155,3 +155,19 @@ def did_you_mean(wrong: str, known: Sequence[str]) -> str:
 
     close = difflib.get_close_matches(wrong, list(known), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict (`json.loads`' object_pairs_hook), refusing a key given twice: JSON would keep
+    the last silently (a record's metadata is kept as given; a filter's `{"year": 2001, "year": 2002}` would read
+    2002)."""
+    found: dict = {}
+    for key, value in pairs:
+        if key in found:
+            raise RepeatedKeyError(f"the key {json.dumps(key)} is given twice in one object", "", 0)
+        found[key] = value
+    return found
+
+
+class RepeatedKeyError(json.JSONDecodeError):
+    """A JSON object holding a key twice (`unique_keys`); its message is whole, with no position."""

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import unquote_to_bytes
 
-from retriever.corpus import documents_from_records, unique_keys
+from retriever.corpus import documents_from_records
 from retriever.errors import (ConflictError, DamagedIndexError, NotFoundError, RetrieverError,
                               UnavailableError, param)
 from retriever.filters import FilterError, filter_notes
@@ -66,7 +66,7 @@ from retriever.serve.protocol import (
 )
 from retriever.encode.runtimes import resolve_runtime
 from retriever.search.dense import RemoteSegments
-from retriever.text import check_text
+from retriever.text import check_text, unique_keys
 from retriever.versions.catalog import calibrator_label, describe_indexes
 from retriever.versions.folder import sweep_leftovers
 from retriever.versions.home import check_name, resolve_index_dir
@@ -422,7 +422,7 @@ def _one_line(error: Exception) -> str:
 
 
 class UniqueKeysRequest(Request):
-    """A request whose JSON body refuses a key given twice in one object (`corpus.unique_keys`): read as JSON
+    """A request whose JSON body refuses a key given twice in one object (`text.unique_keys`): read as JSON
     does, the last would silently win."""
 
     async def json(self):

@@ -47,20 +47,8 @@ def check_public_filter(where: Filter) -> None:
     """Refuse a filter on what holds a server path, which no answer shows and a filter could read out a character
     at a time ({"source": {"$gte": "/home/a"}}): a document's `source` (its corpus file or folder, shown by its
     name), and the `folder` a file was read from (left out of every hit's metadata, `serve.public`)."""
-    for key in _field_names(where.source):
+    for key in where.fields:
         if key == "source" or field_path(key) == FOLDER_KEY:
             raise RetrieverError(f"{key}: the server does not filter on it (its values are paths on the server)",
                                  parameter="where")
 
-
-def _field_names(clause: dict) -> list[str]:
-    """The field names of a filter's object, at every depth of $and, $or and $not."""
-    names = []
-    for key, value in clause.items():
-        if key in ("$and", "$or"):
-            names += [name for item in value for name in _field_names(item)]
-        elif key == "$not":
-            names += _field_names(value)
-        else:
-            names.append(key)
-    return names
