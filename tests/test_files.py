@@ -493,7 +493,10 @@ def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_
     toml = read_markdown(b'+++\ntitle = "Notes"\n+++\n\nSee ![a flow diagram](f.png "Flow") here.\n\n'
                          b"| opt | what |\n|---|---|\n| `-a \\| -b` | either |\n")
     assert (toml.title, toml.text) == ("Notes", "See a flow diagram here.\n\nopt what\n\n-a | -b either")
-    assert read_text(b"a bell\x07 and\x1b[1m escape\x0cthen a page").text == "a bell and[1m escape\nthen a page"
+    assert read_text(b"a bell\x07 and\x1b[1m escape\x0cthen a page").text == "a bell and escape\nthen a page"
+    # a saved terminal log: its colours, a window title and a charset switch go whole, not only their ESC
+    log = b"\x1b]0;build\x07\x1b(B\x1b[1;31mERROR\x1b[0m: disk full\r\n\x1b[32mok\x1b[m [x]\n"
+    assert read_text(log).text == "ERROR: disk full\nok [x]"
 
 
 def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tmp_path, tiny_bert):

@@ -30,6 +30,9 @@ _LEADING_BLANK_LINES = re.compile(r"^(?:[^\S\n]*\n)+")
 _TRAILING = re.compile(r"[ \t]+\n")
 # C0 but tab and the line breaks (LF, CR; VT and FF end a line too), and DEL
 _CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+# A terminal's escape sequences (ECMA-48: colours, cursor moves, a window title), whole: taking out only their ESC
+# left "[31m" in the text of a saved terminal log.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -/]*[0-~])")
 
 
 class UnreadableFile(Exception):
@@ -72,9 +75,10 @@ def _library(module: str, package: str, what: str):
 
 
 def tidy(text: str) -> str:
-    """TEXT with control characters gone (a terminal would act on them), trailing spaces gone and blank runs one
-    blank line, stripped (the first line's indentation kept: code may start a text)."""
-    text = _CONTROLS.sub("", _LINE_BREAKS.sub("\n", text))
+    """TEXT with terminal escape sequences and control characters gone (a terminal would act on them), trailing
+    spaces gone and blank runs one blank line, stripped (the first line's indentation kept: code may start a
+    text)."""
+    text = _CONTROLS.sub("", _LINE_BREAKS.sub("\n", _ESCAPES.sub("", text)))
     return _LEADING_BLANK_LINES.sub("", _BLANK_RUNS.sub("\n\n", _TRAILING.sub("\n", text))).rstrip()
 
 
