@@ -349,6 +349,8 @@ def test_search_modes_answer_with_each_side_s_scores_and_ranks(client, index_dir
                                                                                      fusion="rrf", weight=0.7)]
     assert "mode" in one_line_error(client.get("/search", params={"q": text, "mode": "fuzzy"}), 422)
     assert "weight" in one_line_error(client.post("/search", json={"queries": [text], "weight": 1.5}), 422)
+    # not a number at all: said so, not that it is above 1
+    assert "finite number" in one_line_error(client.get("/search", params={"q": text, "weight": "nan"}), 422)
     assert '"mode": "dense" only' in one_line_error(client.get("/search", params={"q": text, "space": "raw",
                                                                              "mode": "keyword"}), 400)
 

@@ -52,6 +52,8 @@ def _search_fields(strict: bool) -> dict[str, Any]:
         limits = {key: meta[key] for key in ("ge", "le") if key in meta}
         if spec.name == "k":
             limits["le"] = HTTP_MAX_K
+        if kind is float:  # "nan" would be told it is not "less than or equal to 1"
+            limits["allow_inf_nan"] = False
         default = spec.default if spec.default is not MISSING else ...
         if default is None:
             annotation = Optional[annotation]
