@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable, Collection
 
 from retriever.errors import RetrieverError, param
 from retriever.metadata import (ADAPTER_KEYS, BOOLEAN, LIST, MAX_DEPTH as MAX_METADATA_DEPTH, MAX_KEY_CHARS, MAX_VALUES,
@@ -273,10 +273,11 @@ class FilterWarning(UserWarning):
     selects nothing (`filter_notes` says which)."""
 
 
-def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20,
-                        required_only: bool = False) -> str | None:
+def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20, required_only: bool = False,
+                        own: Collection[str] = RESERVED) -> str | None:
     """One line naming the metadata paths WHERE reads that no document has (FIELDS: the index's, as its manifest
-    records them), with the fields there are; None when every path is known. Such a filter still runs (it may
+    records them), with the fields there are (and OWN, the document's own fields the caller filters on); None when
+    every path is known. Such a filter still runs (it may
     select nothing, or everything through $ne), but a misspelt field is the likeliest cause of an empty answer."""
     known = set(fields)
     paths = () if where is None else where.required_paths if required_only else where.paths
@@ -288,18 +289,19 @@ def unknown_fields_note(where: Filter | None, fields: list[str], shown: int = 20
     listed = ", ".join(fields[:shown]) + (f" and {len(fields) - shown:,} more" if len(fields) > shown else "")
     named = ", ".join(f"{path!r}{did_you_mean(path, fields)}" for path in unknown)
     return (f"no document has the field{'s' if len(unknown) > 1 else ''} {named}; the "
-            f"index's metadata fields: {listed or 'none'} (and the document's own: {', '.join(sorted(RESERVED))})")
+            f"index's metadata fields: {listed or 'none'} (and the document's own: {', '.join(sorted(own))})")
 
 
 _KIND_NAMES = {BOOLEAN: "true/false", NUMBER: "numbers", STRING: "text"}
 
 
-def filter_notes(where: Filter | None, fields: list[str],
-                 kinds: Callable[[list[str]], dict[str, set[int]]], required_only: bool = False) -> list[str]:
+def filter_notes(where: Filter | None, fields: list[str], kinds: Callable[[list[str]], dict[str, set[int]]],
+                 required_only: bool = False, own: Collection[str] = RESERVED) -> list[str]:
     """What a search's answer should say of WHERE over an index with metadata FIELDS and value KINDS: the notes of
     `unknown_fields_note` and `kind_mismatch_note` that apply (the CLI, the server and the MCP tools all say them;
-    REQUIRED_ONLY, the library's warnings: only of a field the filter requires, as it then selects nothing)."""
-    return [note for note in (unknown_fields_note(where, fields, required_only=required_only),
+    REQUIRED_ONLY, the library's warnings: only of a field the filter requires, as it then selects nothing; OWN: the
+    document's own fields offered, as `unknown_fields_note` takes them)."""
+    return [note for note in (unknown_fields_note(where, fields, required_only=required_only, own=own),
                               kind_mismatch_note(where, kinds)) if note]
 
 

@@ -121,6 +121,7 @@ def _check_answers(found: dict) -> None:
     assert [hit["id"] for hit in found["filtered"].structured_content["hits"]] == []  # rust is from 2015
     assert found["with_text"].structured_content["hits"][0]["text"] == DOCUMENTS[1]["text"]
     assert "did you mean 'year'?" in found["misspelt_field"].structured_content["warnings"][0]
+    assert "source" not in found["misspelt_field"].structured_content["warnings"][0]  # not filtered on here
 
     document = found["document"].structured_content
     assert (document["id"], document["text"], document["start"], document["end"]) == (

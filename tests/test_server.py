@@ -487,6 +487,8 @@ def test_filters_over_http_get_and_post_and_bad_ones_are_422(tmp_path, tiny_bert
         hostile = client.post("/search", json={  # a key is any text, bound as data: it names no field here
             "queries": [text], "where": {"lang') OR 1=1; DROP TABLE documents; --": "en"}}).json()
         assert hostile["queries"][0]["results"] == [] and "no document has the field" in hostile["warnings"][0]
+        # the fields it offers are those the server filters on: not source, a server path
+        assert hostile["warnings"][0].endswith("(and the document's own: doc_id, text, title)")
         wide = client.post("/search", json={"queries": [text], "where": json.dumps({"lang": "日本語" * 3000},
                                                                                   ensure_ascii=False)})
         assert wide.status_code == 200 and wide.json()["queries"][0]["results"] == []  # 9,000 characters, not 54,000

@@ -49,8 +49,9 @@ from retriever.serve.metrics import RequestMetrics, ServerMetrics
 from retriever.serve.open_indexes import OpenIndexes, Served
 from retriever.serve.searching import search_and_answer
 from retriever.serve.mcp_tools import Catalog, create_mcp_server, http_endpoint
-from retriever.serve.public import (as_json_reads_it, describe_invalid, private_paths, public_metadata, public_model,
-                                    public_fields, public_record, public_source, scrub, without_folder)
+from retriever.serve.public import (PUBLIC_OWN_FIELDS, as_json_reads_it, describe_invalid, private_paths,
+                                    public_fields, public_metadata, public_model, public_record, public_source, scrub,
+                                    without_folder)
 from retriever.serve.protocol import (
     MAX_BODY_BYTES,
     MAX_DOCUMENTS,
@@ -376,7 +377,7 @@ def render_answer(served: Served, texts: list[str], ids: list[str | None], hits:
                 for found in hits for hit in found)
     check_answer_chars(chars, "lower k or send fewer queries at once")
     notes = filter_notes(options.where, public_fields(served.snapshot.manifest.metadata_fields),
-                         served.snapshot.field_kinds)
+                         served.snapshot.field_kinds, own=PUBLIC_OWN_FIELDS)
     return render({"index": served.name, "version": served.snapshot.manifest.version, "space": options.space,
                    "mode": options.mode, "scores": score_meaning(options), "k": options.k, **({"warnings": notes} if notes else {}),
                    "queries": [public_answer(search_record(query_id, text, found, options.mode, include))

@@ -32,8 +32,8 @@ from retriever.search.results import SearchHit
 from retriever.serve.batcher import SearchBatcher
 from retriever.serve.open_indexes import OpenIndexes, Served
 from retriever.serve.protocol import HTTP_MAX_K, ApiError, check_answer_chars, check_search
-from retriever.serve.public import (as_json_reads_it, describe_invalid, one_line, private_paths, public_fields,
-                                    public_metadata, public_record, scrub)
+from retriever.serve.public import (PUBLIC_OWN_FIELDS, as_json_reads_it, describe_invalid, one_line, private_paths,
+                                    public_fields, public_metadata, public_record, scrub)
 from retriever.serve.searching import search_and_answer
 from retriever.text import check_text, did_you_mean
 from retriever.versions.catalog import default_index, describe_indexes
@@ -312,7 +312,7 @@ def search_answer(served: Served, options: SearchOptions, hits: list[SearchHit],
         check_answer_chars(sum(len(hit.text) + len(hit.title or "") for hit in hits),
                            "lower k, or leave include_text off")
     snapshot = served.snapshot
-    notes = filter_notes(options.where, public_fields(snapshot.manifest.metadata_fields), snapshot.field_kinds)
+    notes = filter_notes(options.where, public_fields(snapshot.manifest.metadata_fields), snapshot.field_kinds, own=PUBLIC_OWN_FIELDS)
     return SearchAnswer(index=served.name, version=snapshot.manifest.version, mode=options.mode,
                         scores=score_meaning(options), warnings=notes,
                         hits=[Hit(rank=hit.rank, id=hit.doc_id, title=hit.title, score=round(float(hit.score), 6) + 0.0,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from retriever.errors import NO_VALUE, RetrieverError
 from retriever.files.folder import FOLDER_KEY
-from retriever.metadata import ADAPTER_KEYS
+from retriever.metadata import ADAPTER_KEYS, RESERVED
 
 
 def as_json_reads_it(problem: RetrieverError, names: dict[str, str] | None = None) -> str:
@@ -64,6 +64,11 @@ def public_record(record: dict, private: tuple[str, ...]) -> dict:
     if "problem" in public:
         public["problem"] = scrub(public["problem"], private)
     return public
+
+
+# The document's own fields a client may filter on: not `source`, which holds a server path
+# (`serve.searching.check_public_filter`).
+PUBLIC_OWN_FIELDS = RESERVED - {"source"}
 
 
 def public_fields(fields: list[str]) -> list[str]:
