@@ -103,8 +103,35 @@ def test_a_long_text_opens_in_full_on_demand(browser, served):
     assert not full.is_displayed() and item.find_element(By.CSS_SELECTOR, ".text").text.endswith("…")
     item.find_element(By.CSS_SELECTOR, "details summary").click()
     wait.until(expected_conditions.visibility_of(full))
+    wait.until(lambda driver: full.text != "reading…")  # read from the server when opened
     assert full.text == LONG_TEXT  # the text as given, its last space too
     assert not item.find_element(By.CSS_SELECTOR, ".text").is_displayed()  # the snippet is not repeated above it
+
+
+def test_a_search_asks_for_passages_not_whole_texts_and_a_server_that_never_answers_is_said_so(browser, served):
+    """From a browser QA run: every column asked for each hit's whole text (a few very long documents made an
+    answer the server refuses), and a server that stopped answering left "searching…" for ever."""
+    browser.get(served + "/")
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda driver: Select(driver.find_element(By.ID, "index")).options)
+    browser.execute_script("""
+        window.asked = []; const fetched = window.fetch;
+        window.fetch = (url, init) => { window.asked.push(String(url)); return fetched(url, init); };""")
+    browser.find_element(By.ID, "query").send_keys("lamp turns")
+    browser.find_element(By.ID, "search").click()
+    wait.until(lambda driver: hits(driver, "hybrid-results"))
+    asked = browser.execute_script("return window.asked")
+    assert len(asked) == 3 and all("include=metadata" in url and "text" not in url.split("include=")[1].split("&")[0]
+                                   for url in asked)
+    # a hung server: the page gives up (here after 0.2 s, not a minute) and says so
+    browser.execute_script("""
+        const timeout = AbortSignal.timeout.bind(AbortSignal); AbortSignal.timeout = () => timeout(200);
+        window.fetch = (url, init) => new Promise((_, reject) =>
+            init.signal.addEventListener("abort", () => reject(init.signal.reason)));""")
+    browser.find_element(By.ID, "search").click()
+    wait.until(lambda driver: "did not answer" in driver.find_element(By.ID, "status").text)
+    assert "error" in browser.find_element(By.ID, "status").get_attribute("class")
+    assert not hits(browser, "hybrid-results")
 
 
 def test_the_page_before_a_query_says_what_to_do_and_has_an_icon(browser, served):
