@@ -109,6 +109,28 @@ def test_arabic_text_is_cut_between_words_too(tokenizer):
         assert end == len(text) or text[end] == " ", text[start:end]
 
 
+def test_a_cut_never_parts_a_letter_from_its_marks_or_a_word_in_any_script(tokenizer):
+    """From a QA run on text beyond English: a passage ended before a combining accent ("déja" of "déjà" written
+    with combining accents: an uncased tokenizer's offsets leave accents out), began on a Hindi vowel sign or inside
+    a Korean word whose syllables the tokenizer decomposed, and cut Arabic words between their short vowels."""
+    import unicodedata
+
+    sentences = {"fr": unicodedata.normalize("NFD", "ça coûte très cher à noël déjà réservé"),
+                 "hi": "भारत एक विशाल देश है मुझे किताबें पढ़ना पसंद है",
+                 "ko": "서울은 한국의 수도입니다 한국어를 공부합니다",
+                 "ar": "ذَهَبَ الوَلَدُ إِلَى المَدْرَسَةِ صَبَاحًا",
+                 "ta": "தமிழ் மொழி மிகவும் பழமையானது",
+                 "emoji": "family 👨‍👩‍👧 flag 🇫🇷 ok 👍🏽 done"}
+    cutter = PassageCutter(tokenizer, PassageSettings().checked(WINDOW), WINDOW)
+    for name, sentence in sentences.items():
+        text = " ".join([sentence] * 60)
+        spans = cutter.cut([Document(name, text, None, "c", 1)]).spans.tolist()
+        assert len(spans) > 5 and spans[-1][1] == len(text)
+        for start, end in spans:  # every passage starts and ends at a space or the text's ends
+            assert start == 0 or text[start - 1] == " ", (name, text[start - 3:start + 3])
+            assert end == len(text) or text[end] == " ", (name, text[end - 3:end + 3])
+
+
 def test_settings_are_checked_against_the_encoder():
     assert PassageSettings().checked(256) == PassageSettings(64, 8, whole_rest=256)
     assert PassageSettings().checked(64) == PassageSettings(64, 8, whole_rest=64)

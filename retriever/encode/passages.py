@@ -8,7 +8,8 @@ every passage, as it goes with a whole document). A cut falls at the end of a se
 window's second half (a line break counts as one), and the next passage starts `overlap` tokens back, moved forward
 to the first sentence start inside the overlap: a sentence is whole in at least one passage wherever the text has
 sentences short enough. Every cut falls between words: a word the tokenizer splits into pieces ("fr", "##ob", ...)
-stays whole. A document the encoder reads whole is one passage whose text is exactly what a document always encoded
+stays whole, and a letter keeps its combining marks (accents, Indic vowel signs) whatever the tokenizer's offsets
+leave out. A document the encoder reads whole is one passage whose text is exactly what a document always encoded
 (`corpus.document_text`), so its vector is today's; a cut one gets passages in proportion to its text past the
 read.
 
@@ -27,6 +28,7 @@ A passage is a character span of the document's text; the passages of the docume
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -196,7 +198,7 @@ def _title_within(title: str | None, offsets: Sequence[tuple[int, int]], tokens:
         cut -= 1
     if cut == 0:
         return None, 0
-    return title[: int(ends[cut - 1])], cut
+    return title[: _mark_end(title, int(ends[cut - 1]))], cut
 
 
 def passage_text(title: str | None, text: str) -> str:
@@ -222,20 +224,20 @@ def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overla
     spans = []
     begin = 0
     if first is not None:
-        spans.append((0, int(ends[_word_back(word_start, first, 0) - 1])))
+        spans.append((0, _mark_end(text, int(ends[_word_back(word_start, first, 0) - 1]))))
         begin = _word_back(word_start, _next_start(sentence_end, first, max(first - overlap, 1), overlap), 0)
         if whole_rest is not None and count - begin <= whole_rest:
-            spans.append((int(starts[begin]), int(ends[count - 1])))
+            spans.append((int(starts[begin]), _mark_end(text, int(ends[count - 1]))))
             return spans
     while True:
         last = begin + budget  # one past the run's last token
         if last >= count:
-            spans.append((int(starts[begin]), int(ends[count - 1])))
+            spans.append((int(starts[begin]), _mark_end(text, int(ends[count - 1]))))
             return spans
         half = begin + budget // 2
         found = np.flatnonzero(sentence_end[half:last])
         last = half + int(found[-1]) + 1 if len(found) else _word_back(word_start, last, begin)
-        spans.append((int(starts[begin]), int(ends[last - 1])))
+        spans.append((int(starts[begin]), _mark_end(text, int(ends[last - 1]))))
         following = _next_start(sentence_end, last, max(last - overlap, begin + 1), overlap)
         begin = _word_back(word_start, following, begin)
 
@@ -266,14 +268,45 @@ def _word_back(word_start: np.ndarray, position: int, floor: int) -> int:
 
 
 def _word_starts(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Whether each token starts a word: the first token, and any token not glued to a letter or digit that ends
-    the token before it (WordPiece's "##ob" of "frobnicator" is glued to "fr"; "." and "g" of "e.g" are not)."""
+    """Whether each token starts a word: the first token, and any token that begins where a cut would not split a
+    word (`_inside_word`: WordPiece's "##ob" of "frobnicator" is glued to "fr"; "." and "g" of "e.g" are not) and
+    shares no character with the token before (a Hangul syllable the tokenizer decomposed into pieces)."""
     result = np.ones(len(starts), bool)
     for number in range(1, len(starts)):
         start = int(starts[number])
-        if start == int(ends[number - 1]) and 0 < start < len(text) and text[start - 1].isalnum() and text[start].isalnum():
+        if start < int(ends[number - 1]) or _inside_word(text, start):
             result[number] = False
     return result
+
+
+# Zero-width non-joiner and joiner: inside a word (Persian, the Indic scripts) or an emoji sequence.
+_JOINERS = "\u200c\u200d"
+
+
+def _in_word(character: str) -> bool:
+    """Whether CHARACTER belongs to a word: a letter or digit, a combining mark (an accent, an Indic vowel sign,
+    Arabic's short vowels: none of them alphanumeric to Python) or a joiner."""
+    return character.isalnum() or unicodedata.category(character)[0] == "M" or character in _JOINERS
+
+
+def _inside_word(text: str, position: int) -> bool:
+    """Whether a cut before TEXT[POSITION] would split a word, or a character from its marks (an uncased
+    tokenizer drops accents, and its tokens' offsets leave them out: "de" and "##ja" of "déjà" written with
+    combining accents)."""
+    if not 0 < position < len(text):
+        return False
+    before, after = text[position - 1], text[position]
+    return (unicodedata.category(after)[0] == "M" or after in _JOINERS or before == "\u200d"
+            or (_in_word(before) and _in_word(after)))
+
+
+def _mark_end(text: str, end: int) -> int:
+    """END moved past the combining marks and joiners that follow it, and the character a joiner joins: a passage
+    ending in a word ends with its last character's accents (an uncased tokenizer's offsets leave them out)."""
+    while 0 < end < len(text) and (unicodedata.category(text[end])[0] == "M" or text[end] in _JOINERS
+                                   or text[end - 1] == "\u200d"):
+        end += 1
+    return end
 
 
 def _sentence_ends(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
