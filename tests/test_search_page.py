@@ -18,7 +18,8 @@ from retriever.serve.run import serving_in_thread
 from tests.helpers import documents, write_corpus
 
 
-LONG_TEXT = "An extraordinarily long note about lighthouses. " + "The lamp turns slowly through the night. " * 12
+# An emoji is two UTF-16 units in the page and one character in a span: the page counts as the server does.
+LONG_TEXT = "An extraordinarily long note about lighthouses 🌊. " + "The lamp turns slowly through the night. " * 12
 
 
 @pytest.fixture()
@@ -105,6 +106,7 @@ def test_a_long_text_opens_in_full_on_demand(browser, served):
     wait.until(expected_conditions.visibility_of(full))
     wait.until(lambda driver: full.text != "reading…")  # read from the server when opened
     assert full.text == LONG_TEXT  # the text as given, its last space too
+    assert full.find_element(By.CSS_SELECTOR, "mark").text == LONG_TEXT  # where it matched: all of it
     assert not item.find_element(By.CSS_SELECTOR, ".text").is_displayed()  # the snippet is not repeated above it
 
 
