@@ -148,8 +148,8 @@ class AutoCalibrator(Calibrator):
                        "index build, refit or bench gives it): raw vectors kept"
         if len(check) < MIN_PSEUDO_QUERIES:
             return [], (f"only {len(check)} pseudo-queries could be made from the corpus (its documents are too "
-                        f"short or too few; at least {MIN_PSEUDO_QUERIES} are needed to tell calibrators apart): "
-                        "raw vectors kept")
+                        "short or too few, or written without spaces between words, as Chinese or Japanese; at "
+                        f"least {MIN_PSEUDO_QUERIES} are needed to tell calibrators apart): raw vectors kept")
         if not evidence.get("directions"):
             return [], "all vectors are identical: there is no spread to calibrate"
         if dim < MIN_FLOW_DIM:

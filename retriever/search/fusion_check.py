@@ -155,7 +155,7 @@ def decision(evidence: dict | None) -> dict:
     record = {"fusion": DEFAULT_FUSION, "weight": DEFAULT_WEIGHT}
     if evidence is None:
         return {**record, "reason": "not checked (no pseudo-queries: the calibrator was named, or the build had no "
-                                    "text to cut them from): the measured default"}
+                                    "text to cut them from, or too few words between spaces): the measured default"}
     meaning = evidence["groups"]["meaning"].get("dense_minus_keyword")
     known = evidence["groups"][KNOWN_ITEM].get("dense_minus_keyword")
     if meaning is not None and meaning["interval"][1] < 0:
