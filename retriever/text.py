@@ -111,8 +111,9 @@ def check_queries(queries: Sequence[str]) -> None:
 
 def terminal_safe(text: str) -> str:
     """TEXT with control characters (ESC, BEL, C1, bidi overrides, lone surrogates) shown as \\xNN / \\uNNNN
-    escapes, so stored text cannot move the cursor, clear the screen or set the clipboard when printed."""
-    text = _CONTROL.sub(_escape, text)
+    escapes, so stored text cannot move the cursor, clear the screen or set the clipboard when printed. A line's
+    CR LF ending (text from Windows) is shown as the line break it is."""
+    text = _CONTROL.sub(_escape, text.replace("\r\n", "\n"))
     return _SURROGATE.sub(_escape, text)
 
 

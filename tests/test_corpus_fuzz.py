@@ -153,6 +153,11 @@ def test_terminal_safe_leaves_no_control_character(text):
     assert terminal_safe(shown) == shown  # nothing left to escape
 
 
+def test_text_from_windows_shows_its_line_breaks_and_a_lone_carriage_return_stays_escaped():
+    """From a QA run: `retriever show` printed a CRLF text's lines ending in \\x0d."""
+    assert terminal_safe("line one\r\nline two\rover") == "line one\nline two\\x0dover"
+
+
 @FUZZ
 @given(value=json_values)
 def test_terminal_json_is_exact_and_leaves_no_control_character(value):
