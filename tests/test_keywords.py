@@ -61,6 +61,41 @@ def test_the_tokenizer_is_fts5_unicode61_with_porter_stemming():
     assert Tokenizer.get() is tokenize  # one per tokenizer setting, each thread with its own FTS5 table
 
 
+def test_a_word_keeps_its_combining_marks():
+    """From a QA run beyond English: vowel signs and points split words into pieces, so Thai "rice" (ข้าว) and
+    "news" (ข่าว) were the same two terms, and a Hindi or Tamil word was found by none of its own."""
+    tokenize = Tokenizer.get()
+    assert tokenize("ข้าว ข่าว") == {"ข้าว": 1, "ข่าว": 1}
+    assert tokenize("किताबें पढ़ना") == {"किताबें": 1, "पढ़ना": 1}
+    assert tokenize("סֵפֶר") == {"סֵפֶר": 1}
+    assert tokenize("Déjà vu, naïve cafés") == {"deja": 1, "vu": 1, "naiv": 1, "cafe": 1}  # Latin accents go as before
+
+
+def test_an_index_written_before_marks_were_kept_reads_both_tokenizers_after_an_add(tmp_path, tiny_bert,
+                                                                                 monkeypatch):
+    """An index whose segments were tokenized without marks takes a new segment written with them: a query finds
+    the documents of both, and English text scores exactly as in an index of one tokenizer."""
+    import retriever.store.keywords as keywords
+
+    def mixed(name: str, old: list[dict], new: list[dict]) -> Index:
+        with monkeypatch.context() as patched:
+            patched.setattr(keywords, "default_tokenizer", lambda: keywords.PLAIN_TOKENIZER)
+            Index.build(write_corpus(tmp_path / f"{name}-old.jsonl", old), name, tmp_path / "ix",
+                        model=str(tiny_bert), calibrator="none", device="cpu")
+        return Index.open(name, tmp_path / "ix").add(write_corpus(tmp_path / f"{name}-new.jsonl", new)).open()
+
+    hindi = mixed("hindi", corpus(40) + [{"_id": "hi-old", "text": "मुझे किताबें पढ़ना पसंद है"}],
+                  corpus(30, seed=1, prefix="n") + [{"_id": "hi-new", "text": "किताबें पढ़ना अच्छा है"}])
+    assert [segment.keywords.tokenizer for segment in hindi.snapshot.segments] == [
+        keywords.PLAIN_TOKENIZER, keywords.MARKS_TOKENIZER]
+    assert {hit.doc_id for hit in hindi.search("किताबें", k=5, mode="keyword")} == {"hi-old", "hi-new"}
+    english = mixed("english", corpus(40), corpus(30, seed=1, prefix="n"))
+    one = Index.build(write_corpus(tmp_path / "all.jsonl", corpus(40) + corpus(30, seed=1, prefix="n")), "one",
+                      tmp_path / "ix", model=str(tiny_bert), calibrator="none", device="cpu").open()
+    for query in ("lighthouse keeper", "storm fog bell", "anchor"):
+        assert keyword_scores(english, query) == pytest.approx(keyword_scores(one, query), rel=1e-6)
+
+
 def test_a_text_tokenized_leaves_nothing_behind_for_the_next():
     tokenize = Tokenizer.get()
     assert tokenize("storm storm lighthouse keeper") == {"storm": 2, "lighthous": 1, "keeper": 1}

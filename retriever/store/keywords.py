@@ -12,8 +12,11 @@
 Each set is written once by a `KeywordIndex` and then only read; the arrays are memory-mapped, so a term's
 postings are a view, whatever their length.
 
-Text is tokenized by FTS5's own tokenizer (unicode61, diacritics removed, porter stemming by default), for the
-documents when the segment is written and for every query, so both sides always agree. FTS5 indexes each segment's
+Text is tokenized by FTS5's own tokenizer (unicode61, diacritics removed, combining marks kept in their words,
+porter stemming by default), for the documents when the segment is written and for every query, so both sides
+always agree. A version whose segments were written with different tokenizers (an index from before marks were
+kept, then added to) reads a query's terms under each: the terms of English text are the same under both, and
+`compact` rewrites every segment with today's. FTS5 indexes each segment's
 documents once in a scratch table, and its term-by-document counts (`fts5vocab`) are stored as the postings above.
 FTS5's `bm25()` is not used to rank: it takes its statistics from its own table, one segment, while a version's
 ranking must read every term's document frequency and the average length from all of the version's live
@@ -36,6 +39,7 @@ the document's, not instead of it).
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
@@ -51,7 +55,12 @@ from retriever.store.layout import (COUNTS, KEYWORDS, PASSAGE_COUNTS, PASSAGE_KE
 from retriever.store.arrays import NpyAppender, load_npy
 from retriever.store.passages import document_of
 
-DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"
+# The tokenizer before combining marks were kept, and where this SQLite's unicode61 has no `categories` option.
+PLAIN_TOKENIZER = "porter unicode61 remove_diacritics 2"
+# Combining marks as word characters (unicode61's own default leaves them out): a Hindi or Thai vowel sign, a Hebrew
+# or Arabic vowel point stays in its word, which they cut into pieces before. English text, and Latin accents
+# (removed either way), tokenize as before. A segment records the tokenizer it was written with.
+MARKS_TOKENIZER = PLAIN_TOKENIZER + " categories 'L* N* Co M*'"
 K1, B = 1.2, 0.75
 # Lucene's English stop words (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET). Dropped from queries that hold other
 # words (`KeywordScorer.match`): the documents keep them, and a query of nothing else still finds them.
@@ -72,12 +81,14 @@ class Tokenizer:
     _shared: dict[str, Tokenizer] = {}
     _lock = threading.Lock()
 
-    def __init__(self, spec: str = DEFAULT_TOKENIZER):
+    def __init__(self, spec: str):
         self.spec = spec
         self._local = threading.local()
 
     @classmethod
-    def get(cls, spec: str = DEFAULT_TOKENIZER) -> Tokenizer:
+    def get(cls, spec: str | None = None) -> Tokenizer:
+        """The tokenizer of SPEC (the default a new keyword index is written with), one per setting."""
+        spec = spec or default_tokenizer()
         with cls._lock:
             if spec not in cls._shared:
                 cls._shared[spec] = cls(spec)
@@ -102,6 +113,17 @@ class Tokenizer:
         return dict(connection.execute("SELECT term, cnt FROM terms"))
 
 
+@functools.cache
+def default_tokenizer() -> str:
+    """The tokenizer a new keyword index is written with: MARKS_TOKENIZER where this SQLite's FTS5 can make it, else
+    PLAIN_TOKENIZER."""
+    try:
+        Tokenizer.get(MARKS_TOKENIZER)("x")
+    except RetrieverError:
+        return PLAIN_TOKENIZER
+    return MARKS_TOKENIZER
+
+
 DOCUMENT_FILES = (KEYWORDS, POSTINGS, COUNTS)
 PASSAGE_FILES = (PASSAGE_KEYWORDS, PASSAGE_POSTINGS, PASSAGE_COUNTS)
 
@@ -113,7 +135,7 @@ class KeywordIndex:
     passage of a cut document in key order, each with its document's title; written only where some document is
     cut), from the segment's finished document table."""
 
-    tokenizer: str = DEFAULT_TOKENIZER
+    tokenizer: str | None = None  # None: `default_tokenizer()`
     name: str = "keywords"
     files: tuple[str, ...] = DOCUMENT_FILES
     units: str = "documents"
@@ -130,6 +152,7 @@ class KeywordIndex:
         behind, and the index is whole once its database is there."""
         if self.units == "passages" and not (folder / PASSAGES).is_file():
             return  # every document here is one passage: the documents' index is the passages' too
+        tokenizer = self.tokenizer or default_tokenizer()
         partial = {name: folder / (name + ".partial") for name in self.files}
         for path in partial.values():
             path.unlink(missing_ok=True)
@@ -146,7 +169,7 @@ class KeywordIndex:
             # The scratch FTS5 table lives in memory: it is read once and never kept.
             db.execute("ATTACH DATABASE ':memory:' AS scratch")
             db.execute(f"CREATE VIRTUAL TABLE scratch.documents USING fts5(title, text, content='', "
-                       f"tokenize={_quote(self.tokenizer)})")
+                       f"tokenize={_quote(tokenizer)})")
             db.execute("CREATE VIRTUAL TABLE temp.vocabulary USING fts5vocab(scratch, documents, 'instance')")
             count = 0
             batch: list[tuple[int, str, str]] = []
@@ -170,7 +193,7 @@ class KeywordIndex:
             db.commit()
             db.execute("DROP TABLE temp.vocabulary")
             db.execute("DETACH DATABASE scratch")
-            info = {"format": 2, "tokenizer": self.tokenizer, "documents": count, "tokens": int(lengths.sum()),
+            info = {"format": 2, "tokenizer": tokenizer, "documents": count, "tokens": int(lengths.sum()),
                     "lengths": lengths.astype(np.uint32).tobytes()}
             db.executemany("INSERT INTO info VALUES (?, ?)", info.items())
             db.commit()
@@ -182,14 +205,15 @@ class KeywordIndex:
             partial[name].replace(folder / name)
 
 
-def text_postings(texts: list[str], tokenizer: str = DEFAULT_TOKENIZER
+def text_postings(texts: list[str], tokenizer: str | None = None
                   ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """The postings of TEXTS, in memory, tokenized as a keyword index tokenizes (one FTS5 table for all of them,
     as `KeywordIndex.build` does: a text at a time costs ten times more): {term: (positions int32 ascending,
     counts)} and each text's length in tokens."""
     db = sqlite3.connect(":memory:")
     try:
-        db.execute(f"CREATE VIRTUAL TABLE documents USING fts5(text, content='', tokenize={_quote(tokenizer)})")
+        db.execute(f"CREATE VIRTUAL TABLE documents USING fts5(text, content='', "
+                   f"tokenize={_quote(tokenizer or default_tokenizer())})")
         db.execute("CREATE VIRTUAL TABLE temp.vocabulary USING fts5vocab(main, documents, 'instance')")
         db.executemany("INSERT INTO documents (rowid, text) VALUES (?, ?)", enumerate(texts))
         postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -413,11 +437,11 @@ class KeywordScorer:
                  statistics: KeywordScorer | None = None):
         self.segments, self.k1, self.b = list(segments), k1, b
         self.k1_plus_1 = np.float32(k1 + 1)
-        tokenizers = {segment.tokenizer for segment in self.segments}
-        if len(tokenizers) > 1:
-            raise DamagedIndexError(f"segments tokenized differently ({', '.join(sorted(tokenizers))})")
-        self.tokenizer = Tokenizer.get(tokenizers.pop() if tokenizers else DEFAULT_TOKENIZER)
-        self.stop_terms = set(self.tokenizer(" ".join(STOP_WORDS)))
+        # Where segments were written with different tokenizers (an index written before marks were kept, added to
+        # since), a query's terms are each one's.
+        self.tokenizers = [Tokenizer.get(spec) for spec in sorted({segment.tokenizer for segment in self.segments})
+                           or [None]]
+        self.stop_terms = {term for tokenizer in self.tokenizers for term in tokenizer(" ".join(STOP_WORDS))}
         self.documents = int(sum(int(mask.sum()) for mask in live))
         tokens = sum(int(segment.lengths[mask].sum(dtype=np.int64)) for segment, mask in zip(self.segments, live))
         self.average_length = tokens / self.documents if self.documents else 0.0
@@ -431,7 +455,7 @@ class KeywordScorer:
     def match(self, query: str, stop_words: bool = True) -> QueryMatches:
         """The query's terms, weighted by the version's live documents, with their postings. STOP_WORDS: leave out
         the query's stop words (as the tokenizer stems them) when it has other terms."""
-        terms = self.tokenizer(query)
+        terms = self.terms(query)
         if stop_words:
             kept = {term: count for term, count in terms.items() if term not in self.stop_terms}
             terms = kept or terms
@@ -446,6 +470,17 @@ class KeywordScorer:
                 found.append(TermPostings(term, weight, [held[term][:2] if term in held else None for held in postings],
                                           [held[term][2] if term in held else None for held in postings]))
         return QueryMatches(self, found)
+
+    def terms(self, text: str) -> dict[str, int]:
+        """TEXT's terms and their counts, as the segments' tokenizers read it (where they differ, each one's
+        terms: a term counts as often as the tokenizer finding it most often finds it)."""
+        if len(self.tokenizers) == 1:
+            return self.tokenizers[0](text)
+        found: dict[str, int] = {}
+        for tokenizer in self.tokenizers:
+            for term, count in tokenizer(text).items():
+                found[term] = max(count, found.get(term, 0))
+        return found
 
     def weighted(self, query: QueryMatches) -> QueryMatches:
         """QUERY's terms, with the weights QUERY gives them (its scorer's statistics), over these segments."""
