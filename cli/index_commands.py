@@ -665,19 +665,23 @@ def compact(
 def sync(
     index: Annotated[Optional[str], typer.Argument(help="the index to sync (or --name)", show_default=False)] = None,
     name: options.IndexName = None,
+    allow_empty: Annotated[bool, typer.Option(
+        "--allow-empty", help="delete every file's documents where the folder holds no file now (refused without "
+        "it: a drive not mounted, or a folder moved, looks the same)")] = False,
     index_dir: options.IndexDir = None,
 ) -> None:
     """Bring an index built from a folder in step with it: new files added, changed ones replaced, removed ones
     deleted, in one version; untouched files are not read again or encoded.
 
     The folder is read as the build read it (its --include/--exclude patterns). A file that cannot be read now is
-    skipped with a line, its indexed version kept. Waits while another process writes the same index."""
+    skipped with a line, its indexed version kept. A folder with no file left in it is refused unless
+    --allow-empty. Waits while another process writes the same index."""
     from retriever.index import Index
 
     home = _home(index_dir)
     index = Index.open(_pick(home, _one_name(index, name), writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
-    result = index.sync(progress=True)
+    result = index.sync(progress=True, allow_empty=allow_empty)
     for note in result.notes:
         _say(note)
     _say(result.line())

@@ -548,12 +548,14 @@ class Index:
             summary.cut, summary.passages = written_passages(final, [segment.name])
         return summary
 
-    def sync(self, progress: bool = False) -> SyncSummary:
+    def sync(self, progress: bool = False, allow_empty: bool = False) -> SyncSummary:
         """Bring the index in step with the folder it was built from, read again as the build read it: files new
         since are added, changed ones (by the SHA-256 of their bytes) replaced, removed ones deleted, all in one
         version; an untouched file is hashed, not read again or encoded. A file that cannot be read now is skipped
         with a note, its indexed version kept; so are the files of a folder that cannot be listed now. A file read
-        whole with no text in it now is deleted, with a note. Nothing changed: no new version."""
+        whole with no text in it now is deleted, with a note. Nothing changed: no new version. A folder that holds
+        no file at all now, where the index holds some, is refused unless ALLOW_EMPTY (a drive not mounted, a
+        folder moved away and another made in its place: every document would be deleted)."""
         started = time.perf_counter()
         manifest = self.snapshot.manifest
         if manifest.folder is None or manifest.source is None:
@@ -570,10 +572,14 @@ class Index:
                    else Snapshot.open(self.name, here.index_dir, device=here.device))
         try:
             result, fresh, removed = self._folder_changes(root, options, current)
+            if not allow_empty:
+                _refuse_emptied(self.name, root, result, removed)
             if fresh or removed:
                 with self._writer() as writer:
                     if writer.base.manifest.version != current.manifest.version:
                         result, fresh, removed = self._folder_changes(root, options, writer.base)
+                        if not allow_empty:
+                            _refuse_emptied(self.name, root, result, removed)
                     if fresh:
                         result.change = self._add_into(
                             writer, corpus=None, given=given_documents(fresh), source=None, encoding="utf-8",
@@ -850,6 +856,16 @@ def _loaded_encoder(snapshot: Snapshot, runtime: str) -> Encoder:
     encoder.keep_query_kit(snapshot.manifest.encoder)  # on ONNX Runtime: the next process's queries need no model
     return encoder
 
+
+
+def _refuse_emptied(name: str, root: Path, result: SyncSummary, removed: list[str]) -> None:
+    """Refuse a sync that would delete every file's documents because ROOT holds no file now (RESULT: what it read;
+    REMOVED: the ids it would delete)."""
+    if removed and not (result.added or result.changed or result.unchanged or result.stale) and not result.notes:
+        raise RetrieverError(
+            f"{root} holds none of the {counted(len(removed), 'file')} index '{name}' was built from now (a drive "
+            f"not mounted, or the folder moved?): nothing deleted. If they were removed on purpose, sync with "
+            f"{param('allow_empty', True)} to delete their documents")
 
 def _merge_notes(writer: IndexWriter) -> list[str]:
     rewritten = writer.merges.count(1)

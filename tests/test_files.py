@@ -232,6 +232,29 @@ def test_sync_makes_exactly_the_folders_changes_and_leaves_untouched_files_unrea
     assert refused.returncode != 0 and "was not built from a folder of files" in refused.stderr
 
 
+def test_a_sync_of_a_folder_left_empty_deletes_nothing_unless_asked(tmp_path, tiny_bert, cli):
+    """From a CLI QA run: the folder moved away and an empty one made in its place (or a drive not mounted), a sync
+    deleted every document, and one more write dropped the version that held them."""
+    from retriever.index import Index
+
+    notes, home = tmp_path / "notes", tmp_path / "home"
+    notes.mkdir()
+    for name in ("tides", "ferns", "harps"):
+        (notes / f"{name}.md").write_text(f"# {name}\n\nA note about {name}.\n")
+    Index.build(notes, "notes", home, model=str(tiny_bert), calibrator="none", device="cpu")
+    notes.rename(tmp_path / "moved")
+    notes.mkdir()
+    refused = cli("sync", "notes", "--index-dir", home)
+    assert refused.returncode == 1 and "holds none of the 3 files index 'notes' was built from now" in refused.stderr
+    assert "nothing deleted" in refused.stderr and "--allow-empty" in refused.stderr
+    assert len(Index.open("notes", home)) == 3 and Index.versions("notes", home)[0]["version"] == 1
+    (notes / "tides.md").write_text("# tides\n\nA note about tides.\n")  # one file back: a sync as ever
+    assert cli("sync", "notes", "--index-dir", home).returncode == 0 and len(Index.open("notes", home)) == 1
+    (notes / "tides.md").unlink()
+    emptied = cli("sync", "notes", "--index-dir", home, "--allow-empty")
+    assert emptied.returncode == 0 and "1 deleted" in emptied.stderr and len(Index.open("notes", home)) == 0
+
+
 def test_the_server_syncs_an_index_built_from_a_folder(folder, tmp_path, tiny_bert):
     import shutil
 
@@ -253,6 +276,11 @@ def test_the_server_syncs_an_index_built_from_a_folder(folder, tmp_path, tiny_be
         assert {key: synced.json()[key] for key in ("added", "changed", "deleted", "unchanged", "documents")} == \
             {"added": 0, "changed": 0, "deleted": 1, "unchanged": 1, "documents": 1}
         assert "not built from a folder" in one_line_error(client.post("/indexes/plain/sync"), 400)
+        (mine / "recipes" / "bread.markdown").unlink()  # the last file: refused, said without the server's folder, unless asked
+        refused = one_line_error(client.post("/indexes/mine/sync"), 400)
+        assert "nothing deleted" in refused and "allow_empty" in refused and str(mine) not in refused
+        emptied = client.post("/indexes/mine/sync", params={"allow_empty": "true"})
+        assert emptied.status_code == 200 and emptied.json()["documents"] == 0
 
 
 def test_a_folder_of_corpus_files_is_read_as_one_corpus_when_said_so(tmp_path, tiny_bert, cli):

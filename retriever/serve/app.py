@@ -344,12 +344,14 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
                              "documents": summary.documents}, status_code=201)
 
     @app.post("/indexes/{name}/sync")
-    async def sync_index(name: str):
+    async def sync_index(name: str, allow_empty: Annotated[bool, Query(
+            description="delete every file's documents where the folder holds no file now (refused otherwise: a "
+                        "drive not mounted looks the same)")] = False):
         """Bring an index built from a folder on this machine in step with it, as `retriever sync` does."""
         async with indexes.using(name) as served:
             folder = served.snapshot.manifest.source
             try:
-                result = await run_in_threadpool(served.index.sync)
+                result = await run_in_threadpool(lambda: served.index.sync(allow_empty=allow_empty))
             except RetrieverError as problem:  # "built from <server folder>, which is no longer a folder"
                 raise type(problem)(without_folder(str(problem), folder), parameter=problem.parameter) from None
         return {"index": name, "version": result.change.version if result.change else
