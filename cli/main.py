@@ -252,6 +252,8 @@ def main() -> None:
         where = f": {error.filename}" if error.filename is not None else ""
         print(f"error: {_one_line(f'{error.strerror or error}{where}')}", file=sys.stderr)
         sys.exit(1)
+    if code == 130:  # typer's own answer to a Ctrl-C outside a command's body (parsing its arguments): said too
+        print(interrupts.message(), file=sys.stderr)
     if isinstance(code, int) and code:
         sys.exit(code)
 

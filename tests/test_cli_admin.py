@@ -405,6 +405,40 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
     assert "built index 'docs': 40 documents" in again.stderr
 
 
+def test_ctrl_c_while_the_command_line_loads_is_one_line():
+    """From a CLI QA run: a Ctrl-C in the first tenth of a second (the imports of typer, rich and the library)
+    printed the traceback of whichever import it landed in. The console script (`cli.entry`) says "interrupted"."""
+    script = textwrap.dedent("""
+        import os, signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's Ctrl-C meets it
+        class CtrlC:  # lands as typer is imported
+            def find_spec(self, name, path, target=None):
+                if name == "typer":
+                    os.kill(os.getpid(), signal.SIGINT)
+                return None
+        sys.meta_path.insert(0, CtrlC())
+        sys.argv = ["retriever", "list"]
+        from cli.entry import main
+        main()
+    """)
+    loading = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert (loading.returncode, loading.stderr) == (130, "interrupted\n")
+    assert 'retriever = "cli.entry:main"' in (REPO / "pyproject.toml").read_text()  # what the console script runs
+
+
+def test_ctrl_c_while_a_command_line_is_parsed_is_one_line(cli, monkeypatch):
+    """From a CLI QA run: a Ctrl-C landing while typer parsed the arguments (outside every command's body) exited
+    130 with nothing said: typer answers it with its own exit code."""
+    import typer.core
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(typer.core.TyperGroup, "resolve_command", interrupted)  # the command's name, parsed
+    done = cli("list")
+    assert (done.returncode, done.stderr) == (130, "interrupted\n")
+
+
 def test_ctrl_c_during_other_commands(cli, built_home, tmp_path, monkeypatch):
     from retriever.encode.encoder import Encoder
     from retriever.encode.query_kit import QueryKitEncoder

@@ -171,3 +171,33 @@ def test_a_model_whose_plain_attention_does_not_trace_exports_as_it_is_and_one_t
     assert len(calls) == traced
     assert fallback.runtime == "torch" and fallback.batch_size == 64  # PyTorch's batch size, not ONNX Runtime's
     np.testing.assert_allclose(fallback.encode(TEXTS), expected, atol=1e-6)
+
+
+def test_ctrl_c_while_onnx_runtime_loads_is_an_interrupt_not_a_missing_runtime(monkeypatch):
+    """From a CLI QA run: a Ctrl-C arriving while ONNX Runtime's compiled module loaded came out of the load as an
+    ImportError ("import numpy failed"), read as "no ONNX Runtime", and a `build --replace` went on to replace."""
+    import builtins
+    import os
+    import signal
+    import sys
+    import time
+
+    from retriever.encode.onnx_runtime import onnx_runtime_available
+
+    real_import = builtins.__import__
+
+    def interrupted_load(name, *args, **kwargs):
+        if name == "onnxruntime":  # the user's Ctrl-C lands inside the compiled module's load, which turns it
+            try:  # into an ImportError, as pybind11 does
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                pass
+            raise ImportError("import numpy failed")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "onnxruntime", raising=False)
+    monkeypatch.setattr(builtins, "__import__", interrupted_load)
+    with pytest.raises(KeyboardInterrupt):
+        onnx_runtime_available()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

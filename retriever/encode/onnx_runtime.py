@@ -32,7 +32,7 @@ import torch
 
 from retriever.errors import RetrieverError, UnavailableError, param
 from retriever.encode.pooling import Pooling, pool
-from retriever.encode.query_kit import onnx_cache_dir, session_options
+from retriever.encode.query_kit import load_onnxruntime, onnx_cache_dir, session_options
 
 
 # Part of each graph's digest, so a change to how graphs are made is a new entry. Where graphs are kept:
@@ -44,7 +44,7 @@ _FUSED_AGREEMENT = 0.99999
 
 def onnx_runtime_available() -> bool:
     try:
-        import onnxruntime  # noqa: F401
+        load_onnxruntime()
     except ImportError:
         return False
     return True

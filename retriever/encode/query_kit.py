@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -55,6 +57,27 @@ def onnx_cache_dir() -> Path:
     if os.environ.get(ONNX_CACHE_ENV):
         return Path(os.environ[ONNX_CACHE_ENV]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "retriever" / "onnx"
+
+
+def load_onnxruntime():
+    """ONNX Runtime's module (ImportError where it is not installed). A Ctrl-C while its compiled module first loads
+    is held until the load ends, then raised: one arriving inside the load comes out of it as an ImportError
+    ("import numpy failed"), which read as "no ONNX Runtime here", and the command went on on PyTorch. Only the main
+    thread, with Python's own Ctrl-C handler in place, holds it (no other thread may set a handler)."""
+    if "onnxruntime" in sys.modules or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        import onnxruntime
+
+        return onnxruntime
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda number, frame: held.append(number))
+    try:
+        import onnxruntime
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if held:
+            raise KeyboardInterrupt
+    return onnxruntime
 
 
 def session_options(threads: int | None = None, spin_within_runs: bool = False):
@@ -110,7 +133,7 @@ def kit_key(record: dict) -> str | None:
     from retriever.encode.models import resolve_model_path
 
     try:
-        import onnxruntime
+        onnxruntime = load_onnxruntime()
         folder = Path(resolve_model_path(record.get("model")))
     except Exception:  # noqa: BLE001 - no ONNX Runtime, or a model name that does not resolve here: no kit
         return None
