@@ -141,3 +141,23 @@ def test_a_copied_corpus_with_a_new_modification_time_still_resumes(tmp_path, ti
     record.update(complete=False, rows=20)
     out.with_suffix(".json").write_text(json.dumps(record))
     assert encode_corpus(corpus, out, encoder, chunk_rows=10).resumed_from == 0
+
+
+def test_a_build_from_vectors_encoded_otherwise_is_refused_naming_the_options(tmp_path, tiny_bert, cli):
+    """From a CLI QA run: vectors `encode` wrote with --pooling cls --max-length 16 were taken by a default build,
+    which then encoded its queries with last-avg at the model's length, ranking them poorly without a word."""
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("A man plays a guitar.\nA woman slices an onion.\nDogs run in the park.\n", encoding="utf-8")
+    out = tmp_path / "vectors.npy"
+    assert cli("encode", corpus, "--out", out, "--model", tiny_bert, "--pooling", "cls",
+               "--max-length", "16").returncode == 0
+    home = tmp_path / "home"
+    refused = cli("build", corpus, "--vectors", out, "--model", tiny_bert, "--calibrator", "none", "--index-dir", home)
+    assert refused.returncode == 1 and json.loads(cli("list", "--index-dir", home, "--json").stdout)["indexes"] == []
+    assert refused.stderr.strip() == (
+        f"error: {out} was encoded with pooling cls, max_length 16 (vectors.json), and this build would encode its "
+        "queries with pooling last-avg, max_length 512: build with --pooling cls --max-length 16, or encode the "
+        "corpus again")
+    built = cli("build", corpus, "--vectors", out, "--model", tiny_bert, "--calibrator", "none", "--index-dir", home,
+                "--pooling", "cls", "--max-length", "16")
+    assert built.returncode == 0, built.stderr

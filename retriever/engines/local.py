@@ -8,6 +8,7 @@ encoder settings continues from there.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -259,6 +260,8 @@ class LocalEngine(BuildEngine):
         if source is not None and source.dim != encoder.dim:
             raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; {encoder.model_name} "
                                  f"gives {encoder.dim}")
+        if isinstance(source, VectorSource):
+            _check_encoded_alike(source.path, encoder.config())
         return encoder
 
     def encode(self, writer: IndexWriter, encoder: Encoder) -> tuple[VectorSource, int]:
@@ -373,6 +376,36 @@ def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str],
         state.encoded, state.truncated, state.vectors = 0, 0, 0
         state.save()
 
+
+
+# What the vectors of `retriever encode` record of their encoder, and the build's option for each.
+_ENCODER_SETTINGS = {"pooling": "pooling", "layers": "layers", "max_length": "max_length"}
+
+
+def _check_encoded_alike(path: Path, config: dict) -> None:
+    """Refuse vectors `retriever encode` wrote (PATH, beside it the record PATH.json) with other encoder settings
+    than the build's CONFIG: the index would encode its queries otherwise than its documents were, and rank them
+    poorly without a word. Vectors without a record are the caller's to vouch for."""
+    try:
+        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):  # none, or not one `retriever encode` wrote
+        return
+    encoded = record.get("encoder") if isinstance(record, dict) else None
+    if not isinstance(encoded, dict):
+        return
+    differ = [name for name in _ENCODER_SETTINGS if name in encoded and encoded[name] != config.get(name)]
+    model, built = encoded.get("model"), config.get("model")
+    if isinstance(model, str) and isinstance(built, str) and Path(model).name != Path(built).name:
+        differ.insert(0, "model")
+    if differ:
+        said = ", ".join(f"{name} {encoded[name]}" for name in differ)
+        asked = " ".join(param(_ENCODER_SETTINGS.get(name, name),
+                               ",".join(map(str, encoded[name])) if isinstance(encoded[name], list) else encoded[name])
+                         for name in differ)
+        built_with = ", ".join(f"{name} {config.get(name)}" for name in differ)
+        raise RetrieverError(f"{path} was encoded with {said} ({path.with_suffix('.json').name}), and this build "
+                             f"would encode its queries with {built_with}: build with {asked}, or encode the corpus "
+                             "again")
 
 def _encoded_rows(path: Path) -> int:
     """Rows a build's encoded-vectors file holds whole: as many as its header says (rewritten at every flush), if
