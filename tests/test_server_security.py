@@ -492,3 +492,29 @@ def test_every_host_the_request_names_is_checked(tmp_path):
         assert status(b"GET /indexes HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1") == 400
         for host in (b"localhost:99999", b"localhost:abc", b"localhost:"):
             assert status(b"GET /indexes HTTP/1.1\r\nHost: " + host) == 421, host
+
+
+def test_a_port_in_use_or_a_missing_gpu_is_one_line_before_any_index_opens(tmp_path, monkeypatch):
+    """From a CLI QA run: `serve --port` on a port in use opened every index, then printed uvicorn's bind error;
+    `serve --device cuda` on a machine without CUDA started, each index refused in a warning of its own."""
+    import socket
+
+    import torch
+
+    import retriever.serve.run as run
+    from retriever.errors import RetrieverError
+
+    def no_index_opens(*args, **kwargs):
+        raise AssertionError("the indexes were opened")
+
+    monkeypatch.setattr(run, "create_app", no_index_opens)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RetrieverError, match=rf"^port {port} on 127.0.0.1 is in use \(another server\?\): "
+                                                 r"choose another with port$"):
+            run.serve(tmp_path, port=port, device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RetrieverError, match="CUDA is not available on this machine"):
+            run.serve(tmp_path, port=port, device="cuda")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -110,8 +111,47 @@ def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: in
         return
     if engine != "local":
         raise RetrieverError(f"unknown {param('engine')} {engine!r}; known: local, ray", parameter="engine")
+    if str(device).lower().startswith("cuda"):  # refused here, not index by index once every index is opened
+        from retriever.encode.device import resolve_device
+
+        resolve_device(device)
+    listening = listening_socket(host, port)  # before any index opens: a port in use is said at once
     app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime, access=access)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log, http=BoundedHttpProtocol)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log,
+                            http=BoundedHttpProtocol)
+    _run(config, listening)
+
+
+def _run(config, listening: socket.socket) -> None:
+    """uvicorn's server on LISTENING, saying where it listens once the indexes are open (uvicorn says so only for a
+    socket it binds itself)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                host, port = listening.getsockname()[:2]
+                logging.getLogger("uvicorn.error").info(
+                    "listening on http://%s:%d (Ctrl-C stops)", f"[{host}]" if ":" in host else host, port)
+
+    Server(config).run(sockets=[listening])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to HOST:PORT for the server (as uvicorn binds one), or one line saying why there is none."""
+    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+    except OSError as error:
+        listening.close()
+        if error.errno == errno.EADDRINUSE:
+            raise RetrieverError(f"port {port} on {host} is in use (another server?): choose another with "
+                                 f"{param('port')}", parameter="port") from None
+        raise RetrieverError(f"cannot listen on {host}:{port} ({error.strerror or error})", parameter="port") from None
+    listening.set_inheritable(True)
+    return listening
 
 
 def serve_on_ray(index_dir: str | Path | None, host: str, port: int, device: str, max_batch: int, runtime: str,
