@@ -290,6 +290,25 @@ def test_over_stdio_a_line_that_does_not_parse_is_answered_and_the_server_goes_o
         server.wait(timeout=60)
 
 
+def test_over_stdio_requests_piped_in_are_all_answered_when_stdin_closes(index_dir):
+    """From a CLI QA run: five requests piped in, then end of input, got two answers (the SDK cancels what is still
+    running when its input ends)."""
+    import subprocess
+
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    lines += [{"jsonrpc": "2.0", "id": 10 + number, "method": "tools/call", "params": {
+        "name": "search", "arguments": {"query": query, "k": 1}}}
+        for number, query in enumerate(["which animal purrs?", "a dog", "the sea", "music", "a kitchen knife"])]
+    piped = subprocess.run([sys.executable, "-m", "cli.main", "mcp", "--index-dir", str(index_dir), "--device", "cpu"],
+                           input="".join(json.dumps(line) + "\n" for line in lines), capture_output=True, text=True,
+                           timeout=120, cwd=REPO)
+    answers = [json.loads(line) for line in piped.stdout.splitlines() if line.strip()]
+    assert sorted(answer["id"] for answer in answers) == [1, 10, 11, 12, 13, 14]
+    assert all("result" in answer for answer in answers)
+
+
 def test_a_broken_link_s_target_is_no_path_in_a_server_s_answer():
     from retriever.serve.public import without_folder
 

@@ -44,7 +44,7 @@ try:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.stdio import stdio_server
     from mcp.shared.message import SessionMessage
-    from mcp_types import ErrorData, JSONRPCError
+    from mcp_types import ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
     from mcp.server.transport_security import TransportSecuritySettings
@@ -144,21 +144,28 @@ class RetrieverMCP(MCPServer):
     async def run_stdio_async(self) -> None:
         """The SDK's stdio transport, with an answer to a line it cannot parse: it passes on the parse error, which
         its server drops, so an agent host that sent a lone surrogate or JSON nested too deeply waited forever for
-        the reply. A JSON-RPC parse error (-32700) answers it, to the request's id where Python's parser reads one."""
+        the reply. A JSON-RPC parse error (-32700) answers it, to the request's id where Python's parser reads one.
+        Once the host closes stdin, the requests it sent before are answered (for up to ANSWER_AFTER_CLOSE_SECONDS)
+        before the session ends: the SDK cancels whatever is still running at the end of its input, so requests
+        piped in and then closed got some of their answers."""
         async with stdio_server() as (read_stream, write_stream):
             relay_send, relay_receive = anyio.create_memory_object_stream(16)
+            answers = _Answers(write_stream)
 
             async def relay() -> None:
                 async with relay_send:
                     async for item in read_stream:
                         if not isinstance(item, Exception):
+                            answers.asked(item)
                             await relay_send.send(item)
                         elif (answer := parse_error(item)) is not None:
                             await write_stream.send(SessionMessage(answer))
+                    with anyio.move_on_after(ANSWER_AFTER_CLOSE_SECONDS):
+                        await answers.all_answered()
 
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(relay)
-                await self._lowlevel_server.run(relay_receive, write_stream,
+                await self._lowlevel_server.run(relay_receive, answers,
                                                 self._lowlevel_server.create_initialization_options())
                 tasks.cancel_scope.cancel()
 
@@ -184,6 +191,41 @@ class RetrieverMCP(MCPServer):
                 raise
             clauses = "; ".join(describe_invalid(problem) for problem in error.__cause__.errors()[:3])
             raise ToolError(f"Error executing tool {name}: {clauses}") from error.__cause__
+
+
+# After the host closes stdin, its requests still running are answered for at most this long.
+ANSWER_AFTER_CLOSE_SECONDS = 60.0
+
+
+class _Answers:
+    """The stdio transport's write stream, keeping count of the host's requests not yet answered."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._waiting: set = set()
+
+    def asked(self, item) -> None:
+        if isinstance(item.message, JSONRPCRequest):
+            self._waiting.add(item.message.id)
+
+    async def all_answered(self) -> None:
+        while self._waiting:
+            await anyio.sleep(0.02)
+
+    async def send(self, item) -> None:
+        if isinstance(item.message, (JSONRPCResponse, JSONRPCError)):
+            self._waiting.discard(item.message.id)
+        await self._stream.send(item)
+
+    async def __aenter__(self):
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc):
+        return await self._stream.__aexit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def parse_error(error: Exception) -> JSONRPCError | None:
