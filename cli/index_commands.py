@@ -270,7 +270,7 @@ def _long_documents(summary) -> str:
     said = []
     if summary.cut:
         said.append(f"{counted(summary.cut, 'document')} longer than the encoder reads cut into passages "
-                    f"({summary.passages:,} vectors in all)")
+                    f"({counted(summary.passages, 'vector')} in all)")
     if summary.truncated:
         said.append(f"{counted(summary.truncated, 'document')} truncated at the max length")
     return "; ".join(said)
@@ -846,8 +846,12 @@ def rollback(
     home = _home(index_dir)
     name = _pick(home, name, writing=True)
     on_interrupt(UNCHANGED.format(name=name))
+    current = next((kept["folder"] for kept in Index.versions(name, home) if kept["current"]), None)
     index = Index.rollback(name, version, home, device="cpu")
     number = index.snapshot.manifest.version or index.snapshot.folder.name
+    if index.snapshot.folder.name == current:
+        _say(f"index '{name}' is at version {number} already: nothing changed")
+        return
     _say(f"index '{name}' is at version {number} again: {counted(len(index), 'document')}; the version it "
          f"replaced is kept (retriever versions {index_options(home, name)})")
 
@@ -926,7 +930,7 @@ def info(
         calibrator += f" ({fallback['asked']} was asked for: {fallback['reason']})"
     rows = [
         ("version", f"{details['version']} ({details['folder']})"),
-        ("documents", f"{details['documents']:,} ({details['vectors']:,} vectors in "
+        ("documents", f"{details['documents']:,} ({counted(details['vectors'], 'vector')} in "
                       f"{counted(len(details['segments']), 'segment')}"
                       + (f", {details['deleted']:,} of them deleted, until compaction drops them)"
                          if details["deleted"] else ")")),

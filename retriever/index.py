@@ -540,7 +540,8 @@ class Index:
         writer.add_segment(segment, count, source.rows)
         final = writer.commit()
         timings["write"] = time.perf_counter() - clock
-        notes = read_notes + ([f"replaced {counted(len(replaced), 'document')} whose ids were already in the index"]
+        notes = read_notes + ([f"replaced {counted(len(replaced), 'document')} whose "
+                               f"{'id was' if len(replaced) == 1 else 'ids were'} already in the index"]
                  if replaced else [])
         summary = self._summary(writer, final, count, started, state.truncated, timings, notes + _merge_notes(writer))
         # The new segment, unless a merge at commit took it in (then its counts are the merged one's).

@@ -318,7 +318,7 @@ def test_add_upsert_replaces_taken_ids_and_without_it_says_how(built, cli, tmp_p
                           "1 id is already in the index", "add with --upsert")
     done = cli("add", again, "--name", "docs", "--upsert", "--index-dir", built)
     assert done.returncode == 0, done.stderr
-    assert "replaced 1 document whose ids were already in the index" in done.stderr
+    assert "replaced 1 document whose id was already in the index" in done.stderr
     shown = json.loads(cli("show", "docs.txt:1", "--name", "docs", "--json", "--index-dir", built).stdout)
     assert shown["text"] == "A rewritten first note."
     assert json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["documents"] == len(TEXTS)

@@ -105,6 +105,8 @@ def test_rollback_takes_a_version_s_number_on_the_command_line(cli, tmp_path, ti
     back = cli("rollback", "1", "--name", "notes")
     assert back.returncode == 0 and "index 'notes' is at version 1 again: 12 documents" in back.stderr
     assert [(v["version"], v["current"]) for v in kept(cli)] == [(2, False), (1, True)]
+    again = cli("rollback", "1", "--name", "notes")  # the current one: said so (it read as a rollback done)
+    assert again.returncode == 0 and again.stderr.strip() == "index 'notes' is at version 1 already: nothing changed"
 
 
 def test_a_commit_whose_number_was_not_recorded_is_never_taken_for_an_orphan(tmp_path, tiny_bert):

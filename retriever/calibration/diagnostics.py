@@ -12,7 +12,7 @@ from retriever.calibration import AutoCalibrator, Calibrator, make_calibrator
 from retriever.calibration.auto import supported_kinds, voting_kinds
 from retriever.calibration.check import CONFIDENCE, CheckSet, baseline_result, compare, score_queries
 from retriever.calibration.pseudo_queries import CheckRounds
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.numeric import anisotropy, l2_normalize
 
 
@@ -26,8 +26,12 @@ def retrieval_check(name: str, documents: int, documents_at, vectors_at, raw_sam
     check's record (`AutoCalibrator.decision["check"]`: the round that settled auto's choice) with what auto would
     choose now ("auto") and the index's own calibrator's result on the same round ("current"). CHECK: the
     pseudo-queries, already made (what the caller checks something else on too)."""
+    if fit_sample is not None and fit_sample < 2:  # as a build refuses it (0 read as "all" before)
+        raise RetrieverError(f"{param('fit_sample')} must be at least 2 (got {fit_sample})")
     if check is None:
         check = CheckRounds(documents, documents_at, vectors_at, encoder, seed, progress=progress)
+    if not documents:
+        raise RetrieverError(f"index '{name}' holds no document: there is nothing to check")
     if not len(check):
         raise RetrieverError(f"index '{name}' has no document long enough to cut a pseudo-query from (a title and "
                              "3 words of text, or 6 words): there is nothing to check with")

@@ -15,7 +15,7 @@ from retriever.defaults import DEFAULT_WEIGHT
 from retriever.encode.external import is_external
 from retriever.metadata import listed_fields
 from retriever.errors import ConflictError, RetrieverError, param
-from retriever.text import counted_queries
+from retriever.text import counted, counted_queries
 from retriever.versions.folder import kept_versions
 from retriever.versions.home import check_name, index_options, index_path, list_indexes
 from retriever.versions.integrity import read_manifest
@@ -126,7 +126,7 @@ def refuse_replacing(index_dir: str | Path, name: str) -> None:
     try:
         manifest = read_manifest(link.resolve(), name=name)
         written = datetime.fromtimestamp((link / MANIFEST).stat().st_mtime, timezone.utc)
-        what = f" ({manifest.documents:,} documents, written {written.isoformat(timespec='seconds')})"
+        what = f" ({counted(manifest.documents, 'document')}, written {written.isoformat(timespec='seconds')})"
     except (OSError, RetrieverError, KeyError, TypeError):
         pass  # a damaged index is still one the build would replace
     raise ConflictError(f"index '{name}' exists{what}; building it again replaces it: pass {param('replace', True)} "
