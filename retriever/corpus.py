@@ -150,6 +150,9 @@ def check_exists(path: str | Path) -> None:
 def corpus_format(path: str | Path) -> tuple[str, bool]:
     """(the corpus format's suffix, whether the file is gzipped): (".jsonl", True) for corpus.jsonl.gz."""
     path = Path(path)
+    if path.is_dir():
+        raise RetrieverError(f"{path}: a folder, where one corpus file is read ({', '.join(CORPUS_FORMATS)}, or .gz "
+                             "of them)")
     suffixes = [suffix.lower() for suffix in path.suffixes]
     compressed = bool(suffixes) and suffixes[-1] == COMPRESSED
     suffix = (suffixes[-2] if len(suffixes) > 1 else "") if compressed else path.suffix.lower()

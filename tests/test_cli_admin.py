@@ -334,6 +334,26 @@ def test_a_bad_command_line_is_one_error_line(cli, arguments, line):
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {line}\n")
 
 
+def test_a_folder_or_a_corpus_file_where_another_path_is_meant_says_so(cli, tmp_path):
+    """From a CLI QA run: a folder given as a corpus file was an 'unsupported format (no extension)', as fit
+    queries 'no such file'; two corpus files to build were 'not a format a reader reads'; a folder with no model
+    in it broke off in the middle of transformers' list."""
+    (tmp_path / "a.jsonl").write_text('{"_id": "a", "text": "one"}\n')
+    (tmp_path / "b.jsonl").write_text('{"_id": "b", "text": "two"}\n')
+    (tmp_path / "empty").mkdir()
+    cases = {("encode", tmp_path, "--out", tmp_path / "x.npy"):
+             f"{tmp_path}: a folder, where one corpus file is read (.txt, .jsonl, .csv, .tsv, or .gz of them)",
+             ("build", tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--name", "two", "--index-dir", tmp_path / "h"):
+             f"{tmp_path / 'a.jsonl'}: not a format a reader reads (Markdown, HTML, reStructuredText, text, PDF, Word) "
+             "(a corpus file, .txt, .jsonl, .csv, .tsv, is read alone: build from one, then add the others)",
+             ("build", tmp_path / "a.jsonl", "--model", tmp_path / "empty", "--index-dir", tmp_path / "h"):
+             f"model folder {tmp_path / 'empty'} holds no config.json: not a model saved by transformers "
+             "(save_pretrained), or not the folder holding its files"}
+    for arguments, line in cases.items():
+        done = cli(*arguments)
+        assert (done.returncode, done.stderr) == (1, f"error: {line}\n"), arguments
+
+
 def test_help_and_version_still_print_in_full(cli):
     from retriever import __version__
 

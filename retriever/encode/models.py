@@ -83,6 +83,9 @@ def load_model(name: str | None) -> LoadedModel:
         raise RetrieverError(f"model '{name}': {path} is a file; pass the folder that holds config.json")
     if not is_folder and _looks_like_a_path(path):
         raise RetrieverError(f"model folder {path} does not exist")
+    if is_folder and not (Path(path) / "config.json").is_file():  # transformers' own message breaks off mid-list
+        raise RetrieverError(f"model folder {path} holds no config.json: not a model saved by transformers "
+                             "(save_pretrained), or not the folder holding its files")
 
     def load(local_only: bool):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)

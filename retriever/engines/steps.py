@@ -87,7 +87,8 @@ def parse_fit_queries(fit_queries, encoding: str) -> tuple[list[str], np.ndarray
         from retriever.corpus import read_queries
 
         if not Path(fit_queries).is_file():
-            raise RetrieverError(f"{param('fit_queries')} {fit_queries}: no such file")
+            why = "a folder, not a file of queries" if Path(fit_queries).is_dir() else "no such file"
+            raise RetrieverError(f"{param('fit_queries')} {fit_queries}: {why}")
         return [text for _, text in read_queries(fit_queries, encoding)], None, str(Path(fit_queries).resolve())
     texts = list(fit_queries)
     check_queries(texts)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retriever.corpus import CORPUS_FORMATS, Document
+from retriever.corpus import CORPUS_FORMATS, Document, corpus_format
 from retriever.errors import RetrieverError
 from retriever.files.readers import NoText, UnreadableFile, reader_for
 
@@ -270,8 +270,14 @@ def read_files(paths: str | Path | Sequence[str | Path], options: FolderOptions 
         if not path.is_file():
             raise RetrieverError(f"{path}: no such file")
         if reader_for(path) is None:
+            try:
+                corpus = corpus_format(path) and len(paths) > 1
+            except RetrieverError:
+                corpus = False
+            also = (f" (a corpus file, {', '.join(CORPUS_FORMATS)}, is read alone: build from one, then add the "
+                    "others)") if corpus else ""
             raise RetrieverError(f"{path}: not a format a reader reads (Markdown, HTML, reStructuredText, text, PDF, "
-                                 "Word)")
+                                 f"Word){also}")
     common = Path(os.path.commonpath([str(path.resolve().parent) for path in paths]))
     report = report if report is not None else FolderReport()
     documents = [_read_or_skip(path, path.resolve().relative_to(common).as_posix(), str(common), options, report,
