@@ -909,8 +909,8 @@ def info(
 
     home = _home(index_dir)
     details = Index.open(_pick(home, _one_name(index, name)), home, device="cpu").info()
-    if as_json:
-        print(json.dumps(details, indent=2))
+    if as_json:  # one line, as every other --json: a pipe reads it line by line
+        _print_json(details)
         return
     manifest = details["manifest"]
     table = Table(title=_plain(f"index '{manifest['name']}'"), show_header=False, title_justify="left")
@@ -924,7 +924,8 @@ def info(
     if decision:  # auto: what it chose and why, then its evidence on a line of its own
         from retriever.calibration import describe_decision
 
-        calibrator = f"{describe_decision(decision)}; {json.dumps(decision.get('chosen'))}"
+        chosen = {key: value for key, value in (decision.get("chosen") or {}).items() if key != "name"}
+        calibrator = describe_decision(decision) + (f"; {_pairs(chosen)}" if chosen else "")
     if "calibrator_fallback" in manifest:
         fallback = manifest["calibrator_fallback"]
         calibrator += f" ({fallback['asked']} was asked for: {fallback['reason']})"
@@ -942,14 +943,13 @@ def info(
         ("model", f"{encoder['model']} ({pooling}, max_length {encoder['max_length']}, {encoder['dtype']})"),
         ("calibrator", calibrator),
         *([("auto check", _check_summary(decision["check"]))] if decision and decision.get("check") else []),
-        *([("auto evidence", ", ".join(f"{key} {value}" for key, value in decision.get("evidence", {}).items()))]
-          if decision else []),
+        *([("auto evidence", _pairs(decision.get("evidence", {})))] if decision else []),
         ("fitted on", "a calibrator fitted before the build" if fitted.get("prefitted") else
                       f"{fitted.get('sample', 0):,} of {counted(fitted.get('of', 0), 'vector')} "
                       f"(seed {fitted.get('seed', 0)})" + (f", plus {fitted['queries']:,} example quer{'y' if fitted['queries'] == 1 else 'ies'} from "
                                                            f"{fitted['queries_from']}" if "queries" in fitted else "")),
-        ("index", f"{spec['type']} ({settings or 'exact'}), {manifest['dim']} dims, "
-                  f"search on {details['search_backend']}"),
+        ("index", f"{spec['type']} ({settings or 'exact'}), {manifest['dim']} dims"
+                  + (f", search on {details['search_backend']}" if details["search_backend"] else "")),
         ("search modes", ", ".join(details["search_modes"]) + f"; default {details['default_mode']}"
                          + ("" if details["default_mode"] == "hybrid" else
                             " (no keyword index: `retriever compact` adds one)")),
@@ -968,6 +968,11 @@ def info(
         cell.overflow = "fold"  # a long path folds whole: it is the one value users copy
         table.add_row(key, cell)
     stdout.print(table)
+
+
+def _pairs(record: dict) -> str:
+    """RECORD as "key value, key value" ("directions 95% 22, 99% 24"), a nested record's pairs after its key."""
+    return ", ".join(f"{key} {_pairs(value) if isinstance(value, dict) else value}" for key, value in record.items())
 
 
 def _hybrid_rows(record: dict, label: str = "hybrid") -> list[tuple[str, str]]:

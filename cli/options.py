@@ -72,7 +72,8 @@ BatchSize = Annotated[Optional[int], typer.Option(
     help="texts per forward pass " + default("32 on a CPU on ONNX Runtime, 64 on PyTorch, 512 on a GPU"))]
 IndexName = Annotated[
     Optional[str],
-    typer.Option("--name", "-n", help="index name " + default("the only index, or for search/info the latest built")),
+    typer.Option("--name", "-n", help="index name " + default(
+        "the only index; a command that only reads takes the most recently written one")),
 ]
 IndexDir = Annotated[
     Optional[str],

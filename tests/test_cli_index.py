@@ -291,7 +291,9 @@ def test_tables_and_help_read_well_at_80_columns(built, cli):
 
 
 def test_info_on_an_uncalibrated_index_reads_the_same_before_and_after(built, cli):
-    isotropy = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)["isotropy"]
+    shown = cli("info", "--name", "docs", "--json", "--index-dir", built).stdout
+    assert shown.count("\n") == 1  # one line, as every --json (it was indented over many)
+    isotropy = json.loads(shown)["isotropy"]
     assert isotropy["raw"] == isotropy["calibrated"] and isotropy["raw"]
 
 

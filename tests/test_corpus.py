@@ -127,8 +127,10 @@ def test_unknown_extension(tmp_path):
 
 
 def test_directory_is_not_a_file(tmp_path):
-    (tmp_path / "dir.txt").mkdir()
-    assert error_of(tmp_path / "dir.txt").endswith("dir.txt: not a file")
+    for name in ("dir.txt", "folder"):  # named like a corpus file or not: a folder, said so
+        (tmp_path / name).mkdir()
+        assert error_of(tmp_path / name) == (f"{tmp_path / name}: a folder, where one corpus file is read (.txt, "
+                                             ".jsonl, .csv, .tsv, or .gz of them)")
 
 
 @pytest.mark.parametrize(
