@@ -41,8 +41,9 @@ def serve(
         "--engine", **options.choice(("local", "ray")),
         help="local: one process; ray: shards on Ray Serve, each searching a share of every index's segments, "
         "behind a front that encodes and merges (same API and answers)")] = "local",
-    shards: Annotated[int, typer.Option("--shards", min=1, help="ray: how many shards")] = 2,
-    replicas: Annotated[int, typer.Option("--replicas", min=1, help="ray: replicas per shard")] = 1,
+    shards: Annotated[Optional[int], typer.Option("--shards", min=1, help="ray: how many shards [default: 2]")] = None,
+    replicas: Annotated[Optional[int], typer.Option(
+        "--replicas", min=1, help="ray: replicas per shard [default: 1]")] = None,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", help="ray: 'auto' or HOST:PORT of a running cluster [default: start one on 127.0.0.1]")] = None,
 ) -> None:
@@ -68,11 +69,11 @@ def serve(
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from retriever.serve.run import serve as run
 
-    if engine == "local" and ray_address is not None:
-        raise RetrieverError("--ray-address is for --engine ray")
+    if engine == "local" and any(value is not None for value in (ray_address, shards, replicas)):
+        raise RetrieverError("--ray-address, --shards and --replicas are for --engine ray")
     run(index_dir, host=host, port=port, device=device, max_batch=max_batch, access_log=access_log, runtime=runtime,
-        access=access, allow_without_key=no_key, engine=engine, shards=shards, replicas=replicas,
-        ray_address=ray_address)
+        access=access, allow_without_key=no_key, engine=engine, shards=2 if shards is None else shards,
+        replicas=1 if replicas is None else replicas, ray_address=ray_address)
 
 
 def mcp(

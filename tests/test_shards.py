@@ -252,8 +252,10 @@ def test_ray_serve_two_shards_match_the_local_server_hold_the_keys_and_survive_a
 
 
 def test_serve_s_distributed_options_are_checked_in_one_line(cli):
-    result = cli("serve", "--ray-address", "127.0.0.1:6379")
-    assert result.returncode == 1 and result.stderr.strip() == "error: --ray-address is for --engine ray"
+    for given in (["--ray-address", "127.0.0.1:6379"], ["--shards", "2"], ["--replicas", "3"]):  # not ignored
+        result = cli("serve", *given)
+        assert result.returncode == 1 and result.stderr.strip() == (
+            "error: --ray-address, --shards and --replicas are for --engine ray")
     result = cli("serve", "--engine", "ray", "--shards", "0")
     assert result.returncode == 2 and "--shards" in result.stderr
     result = cli("serve", "--engine", "ray", "--host", "0.0.0.0")  # beyond loopback without a key: refused first

@@ -106,6 +106,14 @@ def test_single_query_and_padding_when_fewer_than_k():
         assert sorted(found[0, :2]) == [5, 7] and list(found[0, 2:]) == [-1, -1, -1]
 
 
+def test_an_ivf_index_of_a_few_vectors_trains_without_faiss_warning(capfd):
+    """From a CLI QA run: a 25-document ivf build printed FAISS's "WARNING clustering 25 points to 1 centroids"."""
+    vectors = normalized(np.random.default_rng(2), 25, 8)
+    spec = choose_spec(25, 8, "ivf")
+    template = train_template(spec, vectors)
+    assert template is not None and "WARNING" not in capfd.readouterr().err
+
+
 def test_hnsw_returns_k_results_even_beyond_ef_search(data):
     ids, vectors, queries = data
     store = VectorStore.create(64, "hnsw", ef_search=16, device="cpu")

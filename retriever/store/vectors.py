@@ -97,6 +97,9 @@ def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
         # something, for a polysemous search this store never runs; it took 13 of 14 s of a 5,000-vector training.
         description = f"{'OPQ%d,' % spec.pq_m if spec.opq else ''}IVF{spec.nlist},PQ{spec.pq_m}np"
     index = faiss.index_factory(dim, description, faiss.METRIC_INNER_PRODUCT)
+    # Fewer than 39 training points a bucket only where there are fewer than 39 vectors in all, in one bucket (its
+    # centroid is their mean): FAISS's warning about it would be the only line of a small build not its own.
+    faiss.extract_index_ivf(index).cp.min_points_per_centroid = 1
     index.train(sample)
     return index
 
