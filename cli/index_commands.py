@@ -885,8 +885,8 @@ def remove(
         on_interrupt(UNCHANGED.format(name=name).replace(" (the previous version is intact)", ""))
         try:
             agreed = typer.confirm(f"remove index '{name}'{what} from {home}?", default=False, err=True)
-        except typer.Abort:
-            if sys.stdin is not None and sys.stdin.isatty():
+        except typer.Abort as aborted:  # click's answer to Ctrl-C or to the end of input: told apart by its context
+            if isinstance(aborted.__context__, KeyboardInterrupt):
                 raise KeyboardInterrupt from None  # Ctrl-C at the question
             raise RetrieverError("no answer to the question (input is closed); pass --yes to remove without "
                                  "asking") from None

@@ -140,6 +140,21 @@ def test_remove_asks_unless_yes_and_removes_every_version(cli, built_home, monke
     assert done.returncode == 1 and "kept index 'docs'" in done.stderr
     assert answers == [f"remove index 'docs' (3 documents) from {built_home}?"]
     assert (built_home / "docs").is_symlink()
+
+    def abort(cause):  # as click's prompt answers Ctrl-C and the end of input
+        def confirm(question, **k):
+            try:
+                raise cause
+            except (KeyboardInterrupt, EOFError):
+                raise typer.Abort() from None
+        return confirm
+
+    monkeypatch.setattr(typer, "confirm", abort(KeyboardInterrupt()))
+    interrupted = cli("remove", "docs")  # Ctrl-C at the question, whatever stdin is
+    assert interrupted.returncode == 130 and interrupted.stderr.strip() == "interrupted: index 'docs' is unchanged"
+    monkeypatch.setattr(typer, "confirm", abort(EOFError()))
+    closed = cli("remove", "docs")
+    assert closed.returncode == 1 and "no answer to the question (input is closed)" in closed.stderr
     monkeypatch.setattr(typer, "confirm", lambda question, **k: True)
     done = cli("remove", "docs")
     assert done.returncode == 0 and f"removed index 'docs' from {built_home}" in done.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -43,13 +44,19 @@ def served(tmp_path, tiny_bert):
         yield url
 
 
+def waiting(browser) -> WebDriverWait:
+    """A wait of up to 30 s that reads the page again where a search replaced what it was reading (the hits of a
+    list are new elements after each search)."""
+    return WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,))
+
+
 def hits(browser, list_id: str) -> list:
     return browser.find_elements(By.CSS_SELECTOR, f"#{list_id} li.hit")
 
 
 def test_typing_a_query_shows_calibrated_and_raw_rankings_side_by_side(browser, served):
     browser.get(served + "/")
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser)
     wait.until(lambda driver: len(Select(driver.find_element(By.ID, "index")).options) == 2)
     Select(browser.find_element(By.ID, "index")).select_by_value("notes")
     Select(browser.find_element(By.ID, "view")).select_by_value("raw")
@@ -75,7 +82,7 @@ def test_typing_a_query_shows_calibrated_and_raw_rankings_side_by_side(browser, 
 
 def test_the_hybrid_ranking_is_shown_beside_dense_and_keyword(browser, served):
     browser.get(served + "/?" + urlencode({"index": "notes", "q": documents(100)[42]["text"]}))
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser)
     wait.until(lambda driver: all(hits(driver, f"{mode}-results") for mode in ("hybrid", "dense", "keyword")))
     assert Select(browser.find_element(By.ID, "view")).first_selected_option.get_attribute("value") == "modes"
     hybrid, dense, keyword = (hits(browser, f"{mode}-results") for mode in ("hybrid", "dense", "keyword"))
@@ -90,14 +97,14 @@ def test_the_hybrid_ranking_is_shown_beside_dense_and_keyword(browser, served):
 
 def test_a_query_nothing_matches_says_so(browser, served):
     browser.get(served + "/?" + urlencode({"index": "notes", "q": "zeppelin quasar", "view": "keyword"}))
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser)
     wait.until(lambda driver: "no results for this query" in driver.find_element(By.ID, "status").text)
     assert not hits(browser, "keyword-results")
 
 
 def test_a_long_text_opens_in_full_on_demand(browser, served):
     browser.get(served + "/?" + urlencode({"index": "notes", "q": "Lighthouses " + LONG_TEXT}))
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser)
     wait.until(lambda driver: hits(driver, "hybrid-results"))
     item = next(hit for hit in hits(browser, "hybrid-results") if hit.get_attribute("data-doc-id") == "lighthouse")
     full = item.find_element(By.CSS_SELECTOR, ".full-text")
@@ -114,7 +121,7 @@ def test_a_search_asks_for_passages_not_whole_texts_and_a_server_that_never_answ
     """From a browser QA run: every column asked for each hit's whole text (a few very long documents made an
     answer the server refuses), and a server that stopped answering left "searching…" for ever."""
     browser.get(served + "/")
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser)
     wait.until(lambda driver: Select(driver.find_element(By.ID, "index")).options)
     browser.execute_script("""
         window.asked = []; const fetched = window.fetch;
@@ -138,7 +145,7 @@ def test_a_search_asks_for_passages_not_whole_texts_and_a_server_that_never_answ
 
 def test_the_page_before_a_query_says_what_to_do_and_has_an_icon(browser, served):
     browser.get(served + "/")
-    WebDriverWait(browser, 30).until(lambda driver: driver.find_element(By.ID, "status").text)
+    waiting(browser).until(lambda driver: driver.find_element(By.ID, "status").text)
     assert browser.find_element(By.ID, "status").text == "2 indexes served: type a query and press Enter"
     icon = browser.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
     assert icon.startswith("data:image/svg+xml")  # inline: the page loads nothing from elsewhere
@@ -146,7 +153,7 @@ def test_the_page_before_a_query_says_what_to_do_and_has_an_icon(browser, served
 
 def test_a_blank_query_and_a_server_error_are_shown_not_thrown(browser, served):
     browser.get(served + "/")
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser)
     wait.until(lambda driver: Select(driver.find_element(By.ID, "index")).options)
     browser.find_element(By.ID, "query").send_keys("   ")
     browser.find_element(By.ID, "search").click()
@@ -170,7 +177,7 @@ def test_a_server_with_a_key_asks_for_it_and_then_searches(browser, tmp_path, ti
     app = create_app(folder, device="cpu", access=AccessPolicy.create(read_only_api_key=key))
     with serving_in_thread(app) as url:
         browser.get(url + "/")
-        wait = WebDriverWait(browser, 30)
+        wait = waiting(browser)
         key_form = browser.find_element(By.ID, "key-form")
         wait.until(lambda driver: key_form.is_displayed())
         assert "API key" in browser.find_element(By.ID, "status").text
@@ -195,7 +202,7 @@ def test_a_hit_in_a_pdf_of_a_folder_shows_its_path_and_page(browser, tmp_path, t
     with serving_in_thread(create_app(home, device="cpu")) as url:
         browser.get(url + "/?" + urlencode({"index": "mine", "q": LAST_SENTENCES["reports/annual.pdf"],
                                             "mode": "keyword"}))
-        wait = WebDriverWait(browser, 30)
+        wait = waiting(browser)
         wait.until(lambda driver: browser.find_elements(By.CSS_SELECTOR, "li.hit"))
         item = next(hit for hit in browser.find_elements(By.CSS_SELECTOR, "li.hit")
                     if hit.get_attribute("data-doc-id") == "reports/annual.pdf")
@@ -209,7 +216,7 @@ def test_a_hit_marks_the_query_s_words_and_opens_at_its_passage_and_the_newest_s
     an older, slower search's answer replaced a newer one's; k left the URL; an unknown index in it searched another
     silently."""
     browser.get(served + "/?" + urlencode({"index": "notes", "q": "lamp turns", "k": 3}))
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser)
     wait.until(lambda driver: hits(driver, "hybrid-results"))
     assert browser.find_element(By.ID, "k").get_attribute("value") == "3" and len(hits(browser, "hybrid-results")) <= 3
     item = next(hit for hit in hits(browser, "hybrid-results") if hit.get_attribute("data-doc-id") == "lighthouse")
