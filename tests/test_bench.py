@@ -202,6 +202,11 @@ def test_bad_names_are_one_line_errors(fake_data):
         Encoder(pooling="max")
     with pytest.raises(RetrieverError, match="^fit_queries applies to retrieval tasks"):
         plan_benchmark("stsb", data_dir=fake_data, fit_queries=True)
+    # a figure's path, before the run (a folder was written beside as FOLDER.png, a .txt refused after it)
+    with pytest.raises(RetrieverError, match="is a folder; name the figure's file, e.g. "):
+        plan_benchmark("stsb", data_dir=fake_data, plot=fake_data)
+    with pytest.raises(RetrieverError, match="out.txt: its extension names the figure's format, one of .png"):
+        plan_benchmark("stsb", data_dir=fake_data, plot="out.txt")
 
 
 def test_cli_errors_exit_1_with_one_line(fake_data, tmp_path, cli):

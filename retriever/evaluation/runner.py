@@ -46,6 +46,21 @@ DISPLAY_NAMES = {
 }
 
 
+# The figure formats matplotlib writes without extra packages, by the file's extension.
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
+
+
+def check_plot_path(path: Path) -> None:
+    """Refuse a figure's PATH before anything is computed (it was refused, or written elsewhere, after the run): a
+    folder, or a name whose extension is no format matplotlib writes."""
+    if path.is_dir():
+        raise RetrieverError(f"{param('plot')} {path} is a folder; name the figure's file, e.g. "
+                             f"{path / 'figure.png'}")
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise RetrieverError(f"{param('plot')} {path}: its extension names the figure's format, one of "
+                             f"{', '.join(PLOT_FORMATS)}")
+
+
 @dataclass(frozen=True)
 class BenchPlan:
     """What to run, checked before any model is loaded so bad input fails in a second, not after a download."""
@@ -111,6 +126,8 @@ def plan_benchmark(
                              "beir PATH); none was asked for")
     if limit is not None and limit < 2:
         raise RetrieverError(f"{param('limit')} must be at least 2 pairs (got {limit})")
+    if plot:
+        check_plot_path(Path(plot))
     from retriever.search.options import MODES
 
     modes = [part.strip().lower() for part in (modes.split(",") if isinstance(modes, str) else modes) if part.strip()]
