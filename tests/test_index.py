@@ -585,6 +585,94 @@ def test_a_write_never_fails_after_its_commit(tiny_index, tmp_path, monkeypatch)
     assert summary.documents == len(DOCS) - 1 == len(Index.open("tiny", tmp_path / "indexes", device="cpu"))
 
 
+def test_a_swap_the_disk_does_not_confirm_is_said_so_and_a_rollback_is_done_all_the_same(tiny_index, tmp_path,
+                                                                                          monkeypatch):
+    """From a crash QA run: the fsync that makes a commit's link swap survive a power loss failed, and the write
+    was reported with a warning about "tidying up"; a rollback in the same case said "error: Input/output error"
+    after it had happened."""
+    import retriever.versions.folder as version_folder
+
+    home = tmp_path / "indexes"
+    original = version_folder._fsync_dir
+
+    def failing_on_the_home(folder):
+        if Path(folder) == home:  # the folder holding the index's link: the swap's durability
+            raise OSError(5, "Input/output error")
+        original(folder)
+
+    monkeypatch.setattr(version_folder, "_fsync_dir", failing_on_the_home)
+    with pytest.warns(UserWarning, match=r"index 'tiny' was written and is read as such, but the disk did not "
+                                         r"confirm it is saved \(Input/output error\): a power loss now could undo"):
+        tiny_index.delete(["dog"])
+    with pytest.warns(UserWarning, match="index 'tiny' was rolled back and is read as such, but the disk did not"):
+        Index.rollback("tiny", 1, home, device="cpu")
+    assert [(v["version"], v["current"]) for v in Index.versions("tiny", home)] == [(2, False), (1, True)]
+
+
+def test_a_version_never_committed_is_not_kept_nor_rolled_back_to(tiny_index, tmp_path, monkeypatch):
+    """From a crash QA run: an add killed after renaming its version into place and before swapping the link left
+    a whole version that no reader ever saw; `versions` listed it and a rollback made it current."""
+    import retriever.versions.folder as version_folder
+    from retriever.errors import NotFoundError
+
+    home = tmp_path / "indexes"
+
+    def killed(link, final):
+        raise KeyboardInterrupt  # as a kill between the folder's rename and the link's swap
+
+    monkeypatch.setattr(version_folder, "_point", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_index.delete(["dog"])
+    monkeypatch.undo()
+    assert len(list((home / ".versions" / "tiny").iterdir())) >= 2  # the orphan is on disk
+    assert [(v["version"], v["current"]) for v in Index.versions("tiny", home)] == [(1, True)]
+    with pytest.raises(NotFoundError, match="has no kept version '2'; kept: 1"):
+        Index.rollback("tiny", 2, home, device="cpu")
+
+
+def test_a_disk_with_no_byte_free_is_the_one_line_of_a_full_disk(tiny_index, tmp_path, monkeypatch):
+    """From a crash QA run: with nothing free, the version number's record (written before anything else) failed
+    as a bare "No space left on device", and left an empty numbers.json.partial behind."""
+    import errno
+
+    import retriever.versions.folder as version_folder
+    from retriever.errors import UnavailableError
+
+    original_open = open
+
+    def full(path, *args, **kwargs):
+        if str(path).endswith("numbers.json.partial"):
+            original_open(path, "w").close()  # created, and nothing could be written into it
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(version_folder, "open", full, raising=False)
+    with pytest.raises(UnavailableError, match="^index 'tiny' was not written: the disk is full .*; the previous "
+                                               "version is intact; free some space and run it again$"):
+        tiny_index.delete(["dog"])
+    monkeypatch.undo()
+    assert not list((tmp_path / "indexes" / ".versions" / "tiny").glob("*.partial"))
+    assert len(Index.open("tiny", tmp_path / "indexes", device="cpu")) == len(DOCS)
+    # a new index where not even its lock file fits: the same line, and no empty folder left for it
+    import os
+
+    from retriever.versions.layout import LOCK
+
+    opening = os.open
+
+    def no_room_for_a_lock(path, *args, **kwargs):
+        if Path(path).name == LOCK and "fresh" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return opening(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_room_for_a_lock)
+    with pytest.raises(UnavailableError, match="^index 'fresh' was not written: the disk is full .*; no index was "
+                                               "made; free some space and run it again$"):
+        Index.build([{"_id": "a", "text": "one"}], "fresh", tmp_path / "indexes", calibrator="none")
+    monkeypatch.undo()
+    assert not (tmp_path / "indexes" / ".versions" / "fresh").exists()
+
+
 def test_every_folder_of_a_new_version_is_fsynced(tiny_index, tmp_path, monkeypatch):
     import retriever.versions.folder as version_folder
 

@@ -114,6 +114,40 @@ def test_an_ivf_index_of_a_few_vectors_trains_without_faiss_warning(capfd):
     assert template is not None and "WARNING" not in capfd.readouterr().err
 
 
+def test_a_vector_index_that_does_not_fit_on_disk_is_an_os_error_and_nothing_on_stderr(tmp_path, capfd,
+                                                                                       monkeypatch):
+    """From a crash QA run: with a few KiB free, FAISS's own file printed "file ... close error: No space left on
+    device" with no line end, glued to the command's error line."""
+    import errno
+    import io
+
+    import retriever.store.vectors as vectors_module
+
+    store = VectorStore.create(8, "flat", device="cpu")
+    store.add(np.arange(500), normalized(np.random.default_rng(3), 500, 8))
+
+    class FullDisk(io.RawIOBase):
+        def __init__(self, *args, **kwargs):
+            self.written = 0
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 4096:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return len(data)
+
+        def fileno(self):
+            raise AssertionError("not reached")
+
+    monkeypatch.setattr(vectors_module, "open", FullDisk, raising=False)
+    with pytest.raises(OSError) as raised:
+        store.save(tmp_path / "vectors.faiss")
+    assert raised.value.errno == errno.ENOSPC and capfd.readouterr().err == ""
+
+
 def test_hnsw_returns_k_results_even_beyond_ef_search(data):
     ids, vectors, queries = data
     store = VectorStore.create(64, "hnsw", ef_search=16, device="cpu")

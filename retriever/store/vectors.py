@@ -167,12 +167,12 @@ class VectorStore:
         """Write the index to PATH (written next to it, flushed to disk, then renamed into place)."""
         path = Path(path)
         partial = path.with_name(path.name + ".partial")
-        faiss.write_index(self._index, str(partial))
-        descriptor = os.open(partial, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        # Through a Python file: a write or close that fails (a full disk) is an OSError here, where FAISS's own
+        # file printed its complaint to stderr, glued to the line the command then printed.
+        with open(partial, "wb") as file:
+            faiss.write_index(self._index, faiss.PyCallbackIOWriter(file.write))
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(partial, path)
 
     @property

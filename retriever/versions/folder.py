@@ -38,7 +38,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -102,17 +102,29 @@ class PartialVersion:
     def _after_commit(self, final: Path) -> None:
         """Make the swap durable and prune old versions. The write has happened by now, so nothing here may turn
         it into an error: a caller told "failed" would retry a write that is already in."""
-        try:
-            _fsync_dir(self.link.parent)
-            numbers = Numbers.read(self.versions, final)  # committed now (the next writer would settle it anyway)
-            numbers.write(self.versions)
-            self._prune(keep=final)
-        except Exception as error:
-            warnings.warn(f"index '{self.link.name}' was written, but tidying up after it failed "
-                          f"({_first_line(error)}); the next write tries again", stacklevel=3)
+        _settle(self.link, final, lambda: self._prune(keep=final), "was written", stacklevel=4)
 
     def _prune(self, keep: Path) -> None:
         _prune_versions(self.versions, keep, self.replaced)
+
+
+def _settle(link: Path, final: Path, prune: Callable[[], None], done: str, stacklevel: int = 3) -> None:
+    """After LINK was swapped to FINAL (the index DONE: "was written", "was rolled back"): the swap made durable,
+    the commit recorded and old versions pruned (PRUNE). Each failure is a warning, never an error (readers see
+    FINAL already): a swap the disk did not confirm says that a power loss could undo it; the rest is tidying that
+    the next write does again."""
+    name = link.name
+    try:
+        _fsync_dir(link.parent)
+    except OSError as error:
+        warnings.warn(f"index '{name}' {done} and is read as such, but the disk did not confirm it is saved "
+                      f"({_first_line(error)}): a power loss now could undo it; check the disk", stacklevel=stacklevel)
+    try:
+        Numbers.read(final.parent, final).write(final.parent)  # committed now (the next writer would settle it)
+        prune()
+    except Exception as error:
+        warnings.warn(f"index '{name}' {done}, but tidying up after it failed ({_first_line(error)}); the next "
+                      "write tries again", stacklevel=stacklevel)
 
 
 def _point(link: Path, final: Path) -> None:
@@ -166,11 +178,15 @@ class Numbers:
         """Durably (the file and its folder fsynced), replaced atomically."""
         record = versions / NUMBERS
         partial = record.with_name(NUMBERS + ".partial")
-        with open(partial, "w", encoding="utf-8") as file:
-            file.write(json.dumps({"given": self.given, "committed": self.committed}) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, record)
+        try:
+            with open(partial, "w", encoding="utf-8") as file:
+                file.write(json.dumps({"given": self.given, "committed": self.committed}) + "\n")
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(partial, record)
+        except BaseException:
+            partial.unlink(missing_ok=True)  # a full disk left an empty one
+            raise
         _fsync_dir(versions)
 
 
@@ -193,7 +209,15 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
     version = PartialVersion(index_dir, name)
     check_target(index_dir, name)
     sweep_leftovers(index_dir, skip=name)
-    with writer_lock(index_dir, name, wait, busy_hint):  # writers of one name take turns; readers never wait
+    with ExitStack() as held:
+        try:  # writers of one name take turns; readers never wait
+            held.enter_context(writer_lock(index_dir, name, wait, busy_hint))
+        except OSError as error:  # no byte left even for the lock file: the same one line, nothing left behind
+            full = _disk_full_error(name, version.link, error)
+            if full is None:
+                raise
+            _remove_if_empty(version.versions)
+            raise full from None
         _remove_stray_links(index_dir, name)
         for leftover in sorted(version.versions.glob("*.partial")):  # from writes that were killed
             if resume_key is not None and not version.resumed and _build_key(leftover) == resume_key:
@@ -205,8 +229,8 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
         numbers = Numbers.read(version.versions, _current(version.link))
         _remove_orphans(version, numbers.committed)
         version.number = numbers.given + 1
-        Numbers(version.number, numbers.committed).write(version.versions)  # given out before anything is written
         try:
+            Numbers(version.number, numbers.committed).write(version.versions)  # given out before anything is written
             version.folder.mkdir(exist_ok=version.resumed)
             yield version
         except KeyboardInterrupt:
@@ -214,12 +238,9 @@ def writing(index_dir: str | Path, name: str, resume_key: dict | None = None, wa
             version.keep_partial = version.keep_partial or (version.folder / BUILD_STATE).is_file()
             raise
         except Exception as error:
-            full = _disk_full(error)  # whichever library hit it, and however it words it: one line
-            if full:
-                kept = "the previous version is intact" if version.link.is_symlink() else "no index was made"
-                # The machine's, not the input's: a server answers 503, which a client retries.
-                raise UnavailableError(f"index '{name}' was not written: the disk is full ({full}); {kept}; free "
-                                       "some space and run it again") from None
+            full = _disk_full_error(name, version.link, error)  # whichever library hit it, however it words it
+            if full is not None:
+                raise full from None
             raise
         finally:
             if version.folder.name.endswith(".partial") and not version.keep_partial:
@@ -255,6 +276,24 @@ def _remove_stray_links(index_dir: str | Path, name: str) -> None:
         found = _TEMPORARY_LINK.fullmatch(path.name)
         if found and found.group(1) == name:
             path.unlink(missing_ok=True)
+
+
+def _disk_full_error(name: str, link: Path, error: BaseException) -> UnavailableError | None:
+    """The one line of a write of index NAME that found the disk full (None where ERROR is not that)."""
+    full = _disk_full(error)
+    if not full:
+        return None
+    kept = "the previous version is intact" if link.is_symlink() else "no index was made"
+    # The machine's, not the input's: a server answers 503, which a client retries.
+    return UnavailableError(f"index '{name}' was not written: the disk is full ({full}); {kept}; free some space "
+                            "and run it again")
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty, or not there: nothing of this write's
 
 
 def _remove_if_unused(versions: Path, link: Path) -> None:
@@ -374,8 +413,12 @@ def kept_versions(index_dir: str | Path, name: str) -> list[KeptVersion]:
     if not versions.is_dir():
         raise NotFoundError(f"no index named '{name}' in {Path(index_dir).absolute()}")
     current = _current(index_path(index_dir, name))
+    committed = Numbers.read(versions, current).committed
+    # A version numbered above every commit was never current (a writer killed between renaming its folder and
+    # swapping the link left it): no version of the index, and the next write removes it (`_remove_orphans`).
     kept = [KeptVersion(folder, current is not None and folder.name == current.name, name)
-            for folder in _complete(versions)]
+            for folder in _complete(versions)
+            if (current is not None and folder.name == current.name) or version_number(folder) <= committed]
     return sorted(kept, key=lambda version: (version.number, version.folder.name), reverse=True)
 
 
@@ -408,8 +451,7 @@ def rollback(index_dir: str | Path, name: str, version: int | str) -> Path:
         if replaced is None or replaced.name != target.name:
             _remove_stray_links(index_dir, name)  # a rollback killed between its two link steps
             _point(link, target)
-            _fsync_dir(link.parent)
-            _prune_versions(target.parent, target, replaced)
+            _settle(link, target, lambda: _prune_versions(target.parent, target, replaced), "was rolled back")
     return target
 
 
