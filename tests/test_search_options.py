@@ -29,6 +29,9 @@ def test_the_declared_fusions_are_the_registry():
     ({"weight": "0.5"}, "weight must be a number"),
     ({"min_score": 1.5}, "min_score is a cosine: between -1 and 1"),
     ({"min_score": 0.2, "mode": "keyword"}, "keyword search has none"),
+    # hybrid search's settings with one side: refused, not ignored (from a CLI QA run)
+    ({"weight": 0.3, "mode": "dense"}, "^weight says how hybrid search fuses its two sides; mode='dense' searches"),
+    ({"fusion": "rrf", "mode": "keyword"}, "^fusion says how hybrid search fuses its two sides; mode='keyword'"),
     ({"space": "warped"}, "unknown space 'warped'"),
     ({"space": "raw", "mode": "hybrid"}, "space='raw' ranks by the uncalibrated vectors"),
     ({"nprobe": 0}, "nprobe must be at least 1"),

@@ -107,6 +107,10 @@ class SearchOptions:
                                  f"{param('mode', 'dense')} only")
         if self.mode == "keyword" and self.min_score is not None:
             raise _keyword_min_score()
+        if self.mode in ("dense", "keyword") and (self.fusion is not None or self.weight is not None):
+            given = param("fusion") if self.fusion is not None else param("weight")
+            raise RetrieverError(f"{given} says how hybrid search fuses its two sides; {param('mode', self.mode)} "
+                                 "searches one side: leave it out, or search in hybrid mode")
         object.__setattr__(self, "where", parse_where(self.where))  # a JSON text or object, compiled
 
     @classmethod
