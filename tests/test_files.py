@@ -556,3 +556,20 @@ def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tm
                for note in synced.notes)
     kept = Index.open("notes", tmp_path / "home")
     assert kept.document("away.md") is not None and kept.document("box/inside.md") is not None
+
+
+def test_a_pattern_git_cannot_read_is_refused_and_an_ignore_file_s_bad_line_passed_over(tmp_path, tiny_bert):
+    """From a CLI QA run: --include '[' matched no file without a word; a .gitignore holding a lone '!' stopped the
+    build with pathspec's traceback (git passes such a line over)."""
+    from retriever.index import Index
+
+    for pattern in ("[", "*.[md", "!", "\\"):
+        with pytest.raises(RetrieverError, match=r"^include '.*' is no pattern git reads .*: it would match no file$"):
+            FolderOptions(include=(pattern,))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "tides.md").write_text("# Tides\n\nThe moon pulls the sea.\n")
+    (notes / "scratch.tmp.md").write_text("# Scratch\n\nleft out\n")
+    (notes / ".gitignore").write_text("!\n*.tmp.md\n")
+    Index.build(notes, "notes", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
+    assert [row["doc_id"] for row in Index.open("notes", tmp_path / "home").documents()] == ["tides.md"]

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from retriever.corpus import CORPUS_FORMATS, Document, corpus_format
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, param
 from retriever.files.readers import NoText, UnreadableFile, reader_for
 
 # The metadata key of the folder a document was read from (absolute, resolved): `sync` finds its files by it.
@@ -56,6 +56,19 @@ class FolderOptions:
     # The folder holds corpus files instead (.txt one document per line, .jsonl, .csv/.tsv, or .gz of them), each
     # read as it is when given alone, in name order: one meaning of a folder for every engine, overridden here.
     corpus_files: bool = False
+
+    def __post_init__(self) -> None:
+        for option, patterns in (("include", self.include), ("exclude", self.exclude)):
+            for pattern in patterns:  # a pattern pathspec cannot read matches nothing: refused, not ignored
+                if not pattern.strip() or pattern.lstrip().startswith("#"):
+                    continue
+                try:
+                    readable = _patterns([pattern]).patterns[0].regex is not None
+                except ValueError:  # pathspec's GitWildMatchPatternError
+                    readable = False
+                if not readable:
+                    raise RetrieverError(f"{param(option)} {pattern!r} is no pattern git reads (an unclosed '[', a "
+                                         "lone '!' or '\\'?): it would match no file", parameter=option)
 
     def to_record(self) -> dict:
         """What the manifest keeps (`strict` is the build's, not the folder's)."""
@@ -93,6 +106,19 @@ class FolderReport:
 def _patterns(lines: Sequence[str]):
     pathspec = _pathspec()
     return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _ignore_patterns(lines: Sequence[str]):
+    """An ignore file's patterns, as git reads them: a line that is no pattern (a lone '!') is passed over, not a
+    traceback that stops the build."""
+    kept = []
+    for line in lines:
+        try:
+            _patterns([line])
+        except ValueError:  # pathspec's GitWildMatchPatternError
+            continue
+        kept.append(line)
+    return _patterns(kept)
 
 
 def _pathspec():
@@ -160,8 +186,8 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
             ignore_file = folder / name
             try:
                 if ignore_file.is_file():
-                    ignores.append((relative, _patterns(ignore_file.read_text(encoding="utf-8", errors="replace")
-                                                        .splitlines())))
+                    ignores.append((relative, _ignore_patterns(ignore_file.read_text(encoding="utf-8",
+                                                                                     errors="replace").splitlines())))
             except OSError:
                 pass  # a folder that cannot be entered: listing it, below, says so
         try:
