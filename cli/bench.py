@@ -21,9 +21,11 @@ from retriever.text import terminal_safe
 Datasets = Annotated[
     str,
     typer.Argument(
-        help="stsb | sickr | sts12 | sts13 | sts14 | sts15 | sts16 | qnli (pair tasks); qnli-retrieval | stsb-dup | "
-        "sickr-dup (retrieval through an index); beir PATH or beir:PATH (any BEIR folder); the groups sts, "
-        "retrieval and all (the pair tasks); or a comma list",
+        help="stsb | sickr | sts12 | sts13 | sts14 | sts15 | sts16 | qnli (pair tasks); retrieval through an index: "
+        "qnli-retrieval, stsb-dup ... sts16-dup, sickr-dup, bible-parallel, wordnet-define, debian-package, "
+        "foldoc-term, python-doc-page (and linux-, postgresql-, perl-, qt-, rust-, racket-, sqlite-doc-page), "
+        "cranfield | cisi | cacm (real questions judged by people); beir PATH or beir:PATH (any BEIR folder); the "
+        "groups sts, retrieval, ir-classic and all (the pair tasks); or a comma list",
         show_default=False,
     ),
 ]
@@ -80,7 +82,7 @@ def bench(
     ] = None,
     layout: Annotated[
         Optional[str], typer.Option("--layout", help="original | senteval, for STS-B and SICK-R (STS12-16 "
-                                    "exist only in the SentEval layout) " + default("original"))
+                                    "exist only in the SentEval layout, QNLI in GLUE's: glue) " + default("original"))
     ] = None,
     max_length: BenchMaxLength = 64,
     device: options.Device = "auto",

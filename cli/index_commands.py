@@ -396,8 +396,8 @@ def search(
         "--queries", help=".txt (one per line) or BEIR queries.jsonl " + default("none: search QUERY"))] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='one JSON line per query: {"query_id", "query", "mode", "results": [{"rank", "doc_id", "score", '
-        '"dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text"}]} (query_id null for '
-        'QUERY; a side not searched: null)')] = False,
+        '"dense_score", "keyword_score", "dense_rank", "keyword_rank", "title", "text", "metadata", "passage", '
+        '"span", "page", "length"}]} (query_id null for QUERY; a side not searched: null)')] = False,
     full: Annotated[bool, typer.Option(
         "--full", help="show each result's text, wrapped: a long document's match with the text around it "
         "(default: a one-line snippet)")] = False,

@@ -371,6 +371,13 @@ def test_a_folder_or_a_corpus_file_where_another_path_is_meant_says_so(cli, tmp_
         assert (done.returncode, done.stderr) == (1, f"error: {line}\n"), arguments
 
 
+def test_h_is_help_as_for_most_commands(cli):
+    """From a CLI QA run: -h was an unknown option."""
+    for arguments in (["-h"], ["search", "-h"], ["build", "-h"]):
+        done = cli(*arguments)
+        assert done.returncode == 0 and "Usage: retriever" in done.stdout, arguments
+
+
 def test_help_and_version_still_print_in_full(cli):
     from retriever import __version__
 
