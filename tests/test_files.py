@@ -573,3 +573,6 @@ def test_a_pattern_git_cannot_read_is_refused_and_an_ignore_file_s_bad_line_pass
     (notes / ".gitignore").write_text("!\n*.tmp.md\n")
     Index.build(notes, "notes", tmp_path / "home", model=str(tiny_bert), calibrator="none", device="cpu")
     assert [row["doc_id"] for row in Index.open("notes", tmp_path / "home").documents()] == ["tides.md"]
+    # a file added again is named by its path, with no line (a file is a document whole)
+    with pytest.raises(RetrieverError, match=r": 1 id is already in the index: 'tides.md'; to replace it, add with"):
+        Index.open("notes", tmp_path / "home").add(notes)

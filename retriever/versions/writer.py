@@ -22,6 +22,7 @@ import numpy as np
 
 from retriever.calibration import Calibrator
 from retriever.errors import ConflictError, NotFoundError, RetrieverError, param
+from retriever.files.folder import FOLDER_KEY
 from retriever.filters import Filter
 from retriever.versions.folder import link_tree, writing
 from retriever.versions.home import resolve_existing
@@ -177,11 +178,13 @@ class IndexWriter:
         """Refuse (one line, before any encoding) TABLE's documents whose ids are already in the index."""
         clashes = self.existing_ids(table)
         if clashes:
-            shown = ", ".join(f"{d.doc_id!r} (line {d.line})" for d in clashes[:5])
+            # A file of a folder is a document whole: no line to name.
+            shown = ", ".join(f"{d.doc_id!r}" + ("" if FOLDER_KEY in (d.metadata or {}) else f" (line {d.line})")
+                              for d in clashes[:5])
             more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
             noun = "id is" if len(clashes) == 1 else "ids are"
             raise ConflictError(f"{clashes[0].source}: {len(clashes)} {noun} already in the index: {shown}{more}; "
-                                f"to replace them, add with {param('upsert', True)}")
+                                f"to replace {'it' if len(clashes) == 1 else 'them'}, add with {param('upsert', True)}")
 
     def _clashing(self, documents: list) -> list:
         found = self.base.live_rowids([d.doc_id for d in documents]) if documents else {}
