@@ -268,7 +268,8 @@ def _read_jsonl(lines: Iterator[str], path: Path, first_line: int = 1, queries: 
             continue
         where = f"{path} line {number}"
         try:
-            record = _JSON_RECORD.decode(line)
+            # Without its line end: a record cut short is then faulted at its own end, not at "column 1" past it.
+            record = _JSON_RECORD.decode(line.rstrip("\r\n"))
         except json.JSONDecodeError as error:
             raise RetrieverError(f"{where}: not valid JSON ({_json_problem(error)})") from None
         except RecursionError:
