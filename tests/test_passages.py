@@ -131,6 +131,25 @@ def test_a_cut_never_parts_a_letter_from_its_marks_or_a_word_in_any_script(token
             assert end == len(text) or text[end] == " ", (name, text[end - 3:end + 3])
 
 
+def test_text_without_spaces_is_cut_within_the_window_between_whole_characters():
+    """From the review: once marks glued Thai into words, a run between spaces longer than the window was one
+    "word", and the passage ran on to its end (360 tokens where 64 were read): the rest was in no vector."""
+    import unicodedata
+
+    run = "ข้าวมันไก่อร่อยมาก" * 120  # 720 pieces of three characters: past what the encoder reads
+    text = "เริ่ม " + run + " จบ"
+    offsets = [(0, 5)]  # a multilingual tokenizer's pieces of three characters inside the run
+    offsets += [(at, min(at + 3, 6 + len(run))) for at in range(6, 6 + len(run), 3)]
+    offsets += [(len(text) - 2, len(text))]
+    spans = cut_spans(text, offsets, budget=64, overlap=8, most=256)  # a window of 64, an encoder reading 256
+    assert spans[0][0] == 0 and spans[-1][1] == len(text) and len(spans) >= 4
+    for start, end in spans:
+        tokens = sum(1 for low, high in offsets if low >= start and high <= end)
+        assert tokens <= 256, (start, end, tokens)  # all of it read: no text past what the encoder reads
+        for at in (start, end):  # never on a mark: a character stays whole
+            assert at in (0, len(text)) or unicodedata.category(text[at])[0] != "M", text[at - 2:at + 2]
+
+
 def test_settings_are_checked_against_the_encoder():
     assert PassageSettings().checked(256) == PassageSettings(64, 8, whole_rest=256)
     assert PassageSettings().checked(64) == PassageSettings(64, 8, whole_rest=64)

@@ -158,7 +158,7 @@ class PassageCutter:
                 titles_of[i], kept = _title_within(documents[i].title, title.offsets, room - self.window // 2 - 1)
                 title_cost = kept + 1 if kept else 0
                 spans = cut_spans(documents[i].text, encoding.offsets, room - title_cost, self.overlap, first,
-                                  whole_rest=self.whole_rest - self.specials - title_cost)
+                                  whole_rest=self.whole_rest - self.specials - title_cost, most=fits - title_cost)
                 if len(spans) > MAX_PASSAGES:
                     spans, truncated = spans[:MAX_PASSAGES], truncated + 1
                 spans_of[i] = spans
@@ -207,13 +207,15 @@ def passage_text(title: str | None, text: str) -> str:
 
 
 def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int,
-              first: int | None = None, whole_rest: int | None = None) -> list[tuple[int, int]]:
+              first: int | None = None, whole_rest: int | None = None, most: int | None = None) -> list[tuple[int, int]]:
     """Character spans of TEXT cut from its tokens (their OFFSETS) into runs of at most BUDGET tokens, each next
     run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one, and always
     between words (a word the tokenizer splits into pieces is never cut, unless one word is longer than a run).
     FIRST: the first run is the first FIRST tokens as they are (what an encoder reading that many sees); its span
     ends at the last whole word in them. WHOLE_REST (with FIRST): where the tokens after the first run (from
-    OVERLAP back) are at most this many, they are one run."""
+    OVERLAP back) are at most this many, they are one run. MOST: the most tokens the encoder reads of a run (None:
+    no bound): a word longer than a run keeps the run going to its end while the run stays within MOST, and is cut
+    between whole characters past it; the first run never goes past FIRST."""
     count = len(offsets)
     if count <= (budget if first is None else first):
         return [(0, len(text))]
@@ -221,11 +223,13 @@ def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overla
     ends = np.fromiter((end for _, end in offsets), np.int64, count)
     sentence_end = _sentence_ends(text, starts, ends)
     word_start = _word_starts(text, starts, ends)
+    character_start = _character_starts(text, starts, ends)
     spans = []
     begin = 0
     if first is not None:
-        spans.append((0, _mark_end(text, int(ends[_word_back(word_start, first, 0) - 1]))))
-        begin = _word_back(word_start, _next_start(sentence_end, first, max(first - overlap, 1), overlap), 0)
+        spans.append((0, _mark_end(text, int(ends[_word_back(word_start, first, 0, character_start, first) - 1]))))
+        begin = _word_back(word_start, _next_start(sentence_end, first, max(first - overlap, 1), overlap), 0,
+                           character_start, first)
         if whole_rest is not None and count - begin <= whole_rest:
             spans.append((int(starts[begin]), _mark_end(text, int(ends[count - 1]))))
             return spans
@@ -236,10 +240,11 @@ def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overla
             return spans
         half = begin + budget // 2
         found = np.flatnonzero(sentence_end[half:last])
-        last = half + int(found[-1]) + 1 if len(found) else _word_back(word_start, last, begin)
+        last = half + int(found[-1]) + 1 if len(found) else _word_back(
+            word_start, last, begin, character_start, None if most is None else begin + most)
         spans.append((int(starts[begin]), _mark_end(text, int(ends[last - 1]))))
         following = _next_start(sentence_end, last, max(last - overlap, begin + 1), overlap)
-        begin = _word_back(word_start, following, begin)
+        begin = _word_back(word_start, following, begin, character_start, last)  # no text between two runs lost
 
 
 def _next_start(sentence_end: np.ndarray, last: int, following: int, overlap: int) -> int:
@@ -252,10 +257,13 @@ def _next_start(sentence_end: np.ndarray, last: int, following: int, overlap: in
     return following
 
 
-def _word_back(word_start: np.ndarray, position: int, floor: int) -> int:
-    """POSITION moved back to the start of the word its token belongs to, but never to FLOOR or before; where the
-    word starts at or before FLOOR (one word longer than a run), the next word's start after POSITION, or POSITION
-    itself if there is none."""
+def _word_back(word_start: np.ndarray, position: int, floor: int, character_start: np.ndarray | None = None,
+               limit: int | None = None) -> int:
+    """POSITION moved back to the start of the word its token belongs to, but never to FLOOR or before. Where the
+    word starts at or before FLOOR (one word longer than a run), the next word's start after POSITION, where that
+    is at most LIMIT (None: no limit): the word stays whole, in a passage the encoder still reads whole. Past
+    LIMIT (text without spaces between words, as Thai or Chinese, runs far longer than a window), the last token
+    after FLOOR that starts a whole character (CHARACTER_START); POSITION itself where there is none."""
     back = position
     while back > floor and not word_start[back]:
         back -= 1
@@ -264,7 +272,12 @@ def _word_back(word_start: np.ndarray, position: int, floor: int) -> int:
     ahead = position
     while ahead < len(word_start) and not word_start[ahead]:
         ahead += 1
-    return ahead if ahead < len(word_start) else position
+    if limit is None or ahead <= limit:
+        return ahead if ahead < len(word_start) else position
+    back = position
+    while character_start is not None and back > floor and not character_start[back]:
+        back -= 1
+    return back if back > floor else position
 
 
 def _word_starts(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -272,9 +285,30 @@ def _word_starts(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     word (`_inside_word`: WordPiece's "##ob" of "frobnicator" is glued to "fr"; "." and "g" of "e.g" are not) and
     shares no character with the token before (a Hangul syllable the tokenizer decomposed into pieces)."""
     result = np.ones(len(starts), bool)
+    if text.isascii():  # no marks, no joiners, no character split: only letters and digits glue
+        for number in range(1, len(starts)):
+            start = int(starts[number])
+            if start == int(ends[number - 1]) and 0 < start < len(text) and text[start - 1].isalnum() \
+                    and text[start].isalnum():
+                result[number] = False
+        return result
     for number in range(1, len(starts)):
         start = int(starts[number])
         if start < int(ends[number - 1]) or _inside_word(text, start):
+            result[number] = False
+    return result
+
+
+def _character_starts(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each token starts a character whole: it shares no character with the token before (a syllable the
+    tokenizer decomposed), and begins on no combining mark or joiner, nor right after a zero-width joiner."""
+    result = np.ones(len(starts), bool)
+    if text.isascii():
+        return result
+    for number in range(1, len(starts)):
+        start = int(starts[number])
+        if start < int(ends[number - 1]) or (0 < start < len(text) and (
+                unicodedata.category(text[start])[0] == "M" or text[start] in _JOINERS or text[start - 1] == "\u200d")):
             result[number] = False
     return result
 
