@@ -15,8 +15,10 @@ def _interrupted_while_loading(number, frame) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, _interrupted_while_loading)
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.SIG_IGN:  # a job started in the background ignores Ctrl-C: it goes on ignoring it
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
     from cli.main import main as run
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, previous)
     run()

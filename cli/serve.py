@@ -86,7 +86,7 @@ def mcp(
     What an agent host (an editor, a desktop assistant, an agent framework) launches: it gets three tools, search,
     get_document and list_indexes, none of which writes. Each index opens on its first search; a version committed
     later is picked up by the next call. `retriever serve` answers the same tools over HTTP at /mcp, behind its
-    API keys. Ends when the host closes stdin."""
+    API keys. Ends when the host closes stdin, once the requests it sent before are answered."""
     import os
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `serve`: an idle server must not spin the cores

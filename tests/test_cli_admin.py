@@ -468,6 +468,17 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line():
     loading = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert (loading.returncode, loading.stderr) == (130, "interrupted\n")
     assert 'retriever = "cli.entry:main"' in (REPO / "pyproject.toml").read_text()  # what the console script runs
+    # a job started in the background ignores Ctrl-C, and goes on ignoring it (from the review)
+    ignored = textwrap.dedent("""
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        import cli.main
+        cli.main.main = lambda: print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+        from cli.entry import main
+        main()
+    """)
+    kept = subprocess.run([sys.executable, "-c", ignored], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert kept.stdout.strip() == "True", kept.stderr
 
 
 def test_ctrl_c_while_a_command_line_is_parsed_is_one_line(cli, monkeypatch):

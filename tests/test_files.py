@@ -525,6 +525,8 @@ def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_
     # a saved terminal log: its colours, a window title and a charset switch go whole, not only their ESC
     log = b"\x1b]0;build\x07\x1b(B\x1b[1;31mERROR\x1b[0m: disk full\r\n\x1b[32mok\x1b[m [x]\n"
     assert read_text(log).text == "ERROR: disk full\nok [x]"
+    # a window title's sequence cut short takes its ESC ] alone, not the file up to a later BEL (from the review)
+    assert read_text(b"Intro.\nA stray \x1b] here\nThe rest.\nend\x07.").text == "Intro.\nA stray  here\nThe rest.\nend."
 
 
 def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tmp_path, tiny_bert):

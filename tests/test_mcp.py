@@ -307,6 +307,11 @@ def test_over_stdio_requests_piped_in_are_all_answered_when_stdin_closes(index_d
     answers = [json.loads(line) for line in piped.stdout.splitlines() if line.strip()]
     assert sorted(answer["id"] for answer in answers) == [1, 10, 11, 12, 13, 14]
     assert all("result" in answer for answer in answers)
+    # a request the host cancelled gets no answer: the session does not wait a minute for one (from the review)
+    cancelled = lines[:3] + [{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 10}}]
+    subprocess.run([sys.executable, "-m", "cli.main", "mcp", "--index-dir", str(index_dir), "--device", "cpu"],
+                   input="".join(json.dumps(line) + "\n" for line in cancelled), capture_output=True, text=True,
+                   timeout=45, cwd=REPO)
 
 
 def test_a_broken_link_s_target_is_no_path_in_a_server_s_answer():

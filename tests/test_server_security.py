@@ -176,9 +176,9 @@ def test_a_host_header_with_an_impossible_port_is_refused(tmp_path, host):
 
 def test_a_non_ascii_or_unprintable_key_is_refused_at_start_up(tmp_path, monkeypatch, cli):
     """HTTP headers are latin-1 and clients send UTF-8: a non-ASCII key could never match, so it never starts."""
-    import uvicorn
+    import retriever.serve.run as run
 
-    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: pytest.fail("the server started"))
+    monkeypatch.setattr(run, "_run", lambda *args, **kwargs: pytest.fail("the server started"))
     for bad in ("clé-0123456789abcdef", "key-0123456789abcdef\u00a0x", "key-0123456789abcdef\x7f"):
         with pytest.raises(RetrieverError, match="ASCII"):
             resolve_key(bad, None, "RETRIEVER_API_KEY", "--api-key")
@@ -508,6 +508,10 @@ def test_a_port_in_use_or_a_missing_gpu_is_one_line_before_any_index_opens(tmp_p
         raise AssertionError("the indexes were opened")
 
     monkeypatch.setattr(run, "create_app", no_index_opens)
+    first = run.listening_socket("127.0.0.1", 0)  # a server still opening its indexes holds its port already
+    with pytest.raises(RetrieverError, match="is in use"):
+        run.listening_socket("127.0.0.1", first.getsockname()[1])
+    first.close()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -518,3 +522,17 @@ def test_a_port_in_use_or_a_missing_gpu_is_one_line_before_any_index_opens(tmp_p
     if not torch.cuda.is_available():
         with pytest.raises(RetrieverError, match="CUDA is not available on this machine"):
             run.serve(tmp_path, port=port, device="cuda")
+
+
+def test_ctrl_c_stops_the_server_quietly(tmp_path, monkeypatch):
+    """From the review: with the server on a socket of its own, uvicorn's clean shutdown on Ctrl-C raised the
+    KeyboardInterrupt again (uvicorn.run swallowed it), and `retriever serve` ended 130, "interrupted"."""
+    import uvicorn
+
+    import retriever.serve.run as run
+
+    def interrupted(self, sockets=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(uvicorn.Server, "run", interrupted)
+    run.serve(tmp_path, port=0, device="cpu")  # returns: stopped as asked

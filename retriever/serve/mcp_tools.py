@@ -44,7 +44,7 @@ try:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.stdio import stdio_server
     from mcp.shared.message import SessionMessage
-    from mcp_types import ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
+    from mcp_types import ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
     from mcp.server.transport_security import TransportSecuritySettings
@@ -205,8 +205,11 @@ class _Answers:
         self._waiting: set = set()
 
     def asked(self, item) -> None:
-        if isinstance(item.message, JSONRPCRequest):
-            self._waiting.add(item.message.id)
+        message = item.message
+        if isinstance(message, JSONRPCRequest):
+            self._waiting.add(message.id)
+        elif isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
+            self._waiting.discard((message.params or {}).get("requestId"))  # cancelled: the SDK answers nothing
 
     async def all_answered(self) -> None:
         while self._waiting:

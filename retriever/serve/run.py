@@ -116,10 +116,13 @@ def serve(index_dir: str | Path | None = None, host: str = "127.0.0.1", port: in
 
         resolve_device(device)
     listening = listening_socket(host, port)  # before any index opens: a port in use is said at once
-    app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime, access=access)
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log,
-                            http=BoundedHttpProtocol)
-    _run(config, listening)
+    try:
+        app = create_app(index_dir, device=device, preload=True, max_batch=max_batch, runtime=runtime, access=access)
+        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log,
+                                http=BoundedHttpProtocol)
+        _run(config, listening)
+    finally:
+        listening.close()
 
 
 def _run(config, listening: socket.socket) -> None:
@@ -135,7 +138,10 @@ def _run(config, listening: socket.socket) -> None:
                 logging.getLogger("uvicorn.error").info(
                     "listening on http://%s:%d (Ctrl-C stops)", f"[{host}]" if ":" in host else host, port)
 
-    Server(config).run(sockets=[listening])
+    try:
+        Server(config).run(sockets=[listening])
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn shut down cleanly, then raised it again; `uvicorn.run` swallows it
+        pass
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -144,6 +150,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
     listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listening.bind((host, port))
+        listening.listen(2048)  # listening now: a second server's bind of the same port fails (SO_REUSEADDR lets
+        # two sockets bind one address while neither listens)
     except OSError as error:
         listening.close()
         if error.errno == errno.EADDRINUSE:
