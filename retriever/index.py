@@ -59,7 +59,8 @@ from retriever.engines.stages import (
     with_queries,
     write_segment_vectors,
 )
-from retriever.engines.steps import ChangeSummary, now_iso, parse_fit_queries, written_passages
+from retriever.engines.steps import (ChangeSummary, check_encoded_alike, now_iso, parse_fit_queries,
+                                     written_passages)
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
 from retriever.encode.model_card import DeferredEncoder, kit_fits, kit_opener
@@ -511,6 +512,8 @@ class Index:
         if source is not None and source.dim != dim:
             raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; this index's encoder "
                                  f"gives {dim}")
+        if isinstance(source, VectorSource):  # as a build refuses them: queries encoded otherwise rank them poorly
+            check_encoded_alike(source.path, current.manifest.encoder, building=False)
 
         clock = time.perf_counter()
         state = BuildState(None, {}, documents=count)

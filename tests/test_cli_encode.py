@@ -155,9 +155,16 @@ def test_a_build_from_vectors_encoded_otherwise_is_refused_naming_the_options(tm
     refused = cli("build", corpus, "--vectors", out, "--model", tiny_bert, "--calibrator", "none", "--index-dir", home)
     assert refused.returncode == 1 and json.loads(cli("list", "--index-dir", home, "--json").stdout)["indexes"] == []
     assert refused.stderr.strip() == (
-        f"error: {out} was encoded with pooling cls, max_length 16 (vectors.json), and this build would encode its "
+        f"error: {out} was encoded with pooling cls, max_length 16 (vectors.json), and this build encodes its "
         "queries with pooling last-avg, max_length 512: build with --pooling cls --max-length 16, or encode the "
         "corpus again")
     built = cli("build", corpus, "--vectors", out, "--model", tiny_bert, "--calibrator", "none", "--index-dir", home,
-                "--pooling", "cls", "--max-length", "16")
+                "--name", "cls", "--pooling", "cls", "--max-length", "16")
     assert built.returncode == 0, built.stderr
+    # and an add from them to an index of other settings (from the review: only a build refused them)
+    assert cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--index-dir", home,
+               "--name", "plain").returncode == 0
+    added = cli("add", corpus, "--name", "plain", "--vectors", out, "--upsert", "--index-dir", home)
+    assert added.returncode == 1 and added.stderr.strip().endswith(
+        "and this index encodes its queries with pooling last-avg, max_length 512: encode them again as it does "
+        "(retriever encode --pooling last-avg --max-length 512)")

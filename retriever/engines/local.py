@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from retriever.engines.steps import fitted_out_dim, note
+from retriever.engines.steps import check_encoded_alike, fitted_out_dim, note
 from retriever.calibration import Calibrator
 from retriever.corpus import Document, check_exists, corpus_format, given_documents, iter_corpus
 from retriever.engines.base import BuildEngine
@@ -261,7 +261,7 @@ class LocalEngine(BuildEngine):
             raise RetrieverError(f"{source.path} holds {source.dim}-dimensional vectors; {encoder.model_name} "
                                  f"gives {encoder.dim}")
         if isinstance(source, VectorSource):
-            _check_encoded_alike(source.path, encoder.config())
+            check_encoded_alike(source.path, encoder.config())
         return encoder
 
     def encode(self, writer: IndexWriter, encoder: Encoder) -> tuple[VectorSource, int]:
@@ -377,35 +377,6 @@ def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str],
         state.save()
 
 
-
-# What the vectors of `retriever encode` record of their encoder, and the build's option for each.
-_ENCODER_SETTINGS = {"pooling": "pooling", "layers": "layers", "max_length": "max_length"}
-
-
-def _check_encoded_alike(path: Path, config: dict) -> None:
-    """Refuse vectors `retriever encode` wrote (PATH, beside it the record PATH.json) with other encoder settings
-    than the build's CONFIG: the index would encode its queries otherwise than its documents were, and rank them
-    poorly without a word. Vectors without a record are the caller's to vouch for."""
-    try:
-        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8")) if path.is_file() else None
-    except (OSError, ValueError):  # none, or not one `retriever encode` wrote
-        return
-    encoded = record.get("encoder") if isinstance(record, dict) else None
-    if not isinstance(encoded, dict):
-        return
-    differ = [name for name in _ENCODER_SETTINGS if name in encoded and encoded[name] != config.get(name)]
-    model, built = encoded.get("model"), config.get("model")
-    if isinstance(model, str) and isinstance(built, str) and Path(model).name != Path(built).name:
-        differ.insert(0, "model")
-    if differ:
-        said = ", ".join(f"{name} {encoded[name]}" for name in differ)
-        asked = " ".join(param(_ENCODER_SETTINGS.get(name, name),
-                               ",".join(map(str, encoded[name])) if isinstance(encoded[name], list) else encoded[name])
-                         for name in differ)
-        built_with = ", ".join(f"{name} {config.get(name)}" for name in differ)
-        raise RetrieverError(f"{path} was encoded with {said} ({path.with_suffix('.json').name}), and this build "
-                             f"would encode its queries with {built_with}: build with {asked}, or encode the corpus "
-                             "again")
 
 def _encoded_rows(path: Path) -> int:
     """Rows a build's encoded-vectors file holds whole: as many as its header says (rewritten at every flush), if

@@ -7,6 +7,7 @@ neither imports the other and a change to one step is a change to both.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import platform
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -233,3 +234,42 @@ def library_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return versions
+
+
+# What the vectors of `retriever encode` record of their encoder, and the build's option for each.
+_ENCODER_SETTINGS = {"pooling": "pooling", "layers": "layers", "max_length": "max_length"}
+
+
+def check_encoded_alike(path: Path, config: dict, building: bool = True) -> None:
+    """Refuse vectors `retriever encode` wrote (PATH, beside it the record PATH.json) with other encoder settings
+    than CONFIG's (the build's encoder; not BUILDING: the index's record, for an add): the index would encode its
+    queries otherwise than those documents were, and rank them poorly without a word. Vectors without a record are
+    the caller's to vouch for."""
+    try:
+        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):  # none, or not one `retriever encode` wrote
+        return
+    encoded = record.get("encoder") if isinstance(record, dict) else None
+    if not isinstance(encoded, dict):
+        return
+    differ = [name for name in _ENCODER_SETTINGS if name in encoded and encoded[name] != config.get(name)]
+    model, built = encoded.get("model"), config.get("model")
+    if isinstance(model, str) and isinstance(built, str) and Path(model).name != Path(built).name:
+        differ.insert(0, "model")
+    if not differ:
+        return
+
+    def options(settings: dict) -> str:
+        return " ".join(param(_ENCODER_SETTINGS.get(name, name), ",".join(map(str, settings.get(name)))
+                              if isinstance(settings.get(name), list) else settings.get(name)) for name in differ)
+
+    said = ", ".join(f"{name} {encoded[name]}" for name in differ)
+    index_said = ", ".join(f"{name} {config.get(name)}" for name in differ)
+    # Not the add's own parameters: the options of `retriever encode`, spelled as its command line spells them.
+    encode_options = " ".join(f"--{name.replace('_', '-')} " + (",".join(map(str, config.get(name)))
+                                                               if isinstance(config.get(name), list)
+                                                               else str(config.get(name))) for name in differ)
+    fix = (f"build with {options(encoded)}, or encode the corpus again" if building else
+           f"encode them again as it does (retriever encode {encode_options})")
+    raise RetrieverError(f"{path} was encoded with {said} ({path.with_suffix('.json').name}), and this "
+                         f"{'build' if building else 'index'} encodes its queries with {index_said}: {fix}")
