@@ -241,9 +241,6 @@ def build(
         ray_options = RayOptions(ray_address, workers, gpus_per_worker, batch_rows)
     elif any(value is not None for value in (ray_address, workers, gpus_per_worker)):
         raise RetrieverError("--ray-address, --workers and --gpus-per-worker are for --engine ray")
-    if opq and index_type not in ("ivfpq", "auto"):  # auto takes ivfpq past what memory holds: it applies then
-        raise RetrieverError(f"--opq rotates ivfpq's vectors before quantizing; it does nothing for --index-type "
-                             f"{index_type}")
     summary = Index.build(
         corpus, name, home, vectors=vectors, engine=engine, ray_options=ray_options, model=model, pooling=pooling,
         layers=layers, max_length=max_length,

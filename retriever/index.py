@@ -81,7 +81,7 @@ from retriever.store.documents import DocumentTable
 from retriever.store.layout import DOCUMENTS, RAW, ROWIDS, VECTORS
 from retriever.store.segment import finish_segment
 from retriever.store.vectors import train_template
-from retriever.store.spec import IndexSpec
+from retriever.store.spec import IndexSpec, check_index_options
 from retriever.text import check_queries, counted, id_list, query_list
 from retriever.versions.catalog import version_records
 from retriever.versions.folder import rollback
@@ -407,6 +407,7 @@ class Index:
         documents each, read in name order."""
         if engine not in ENGINES:
             raise RetrieverError(f"unknown engine '{engine}'; choose one of {', '.join(ENGINES)}")
+        check_index_options(index_type, index_options)  # before anything is read or encoded
         read_notes: list[str] = []
         corpus = _corpus_argument(corpus, "build")
         if is_file_list(corpus):  # files named one by one: one document each, read here

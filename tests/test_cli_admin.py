@@ -365,7 +365,7 @@ def test_a_folder_or_a_corpus_file_where_another_path_is_meant_says_so(cli, tmp_
              f"model folder {tmp_path / 'empty'} holds no config.json: not a model saved by transformers "
              "(save_pretrained), or not the folder holding its files"}
     cases[("build", tmp_path / "a.jsonl", "--index-type", "flat", "--opq", "--index-dir", tmp_path / "h")] = (
-        "--opq rotates ivfpq's vectors before quantizing; it does nothing for --index-type flat")
+        "--index-type flat takes no opq (an option of another index type)")
     for arguments, line in cases.items():
         done = cli(*arguments)
         assert (done.returncode, done.stderr) == (1, f"error: {line}\n"), arguments

@@ -78,6 +78,13 @@ def test_requests_share_a_search_by_everything_but_min_score():
         SearchOptions(space=None)
 
 
+def test_hybrid_settings_left_by_an_index_that_searches_one_side_are_dropped_not_refused():
+    """From the review: an unset mode resolved to dense (no keyword index, or the raw space) was refused as if the
+    user had asked for dense search with a weight."""
+    assert SearchOptions(weight=0.3).resolved("i", has_keywords=False).mode == "dense"
+    assert SearchOptions(weight=0.3, fusion="rrf", space="raw").resolved("i", has_keywords=True).weight is None
+
+
 def test_of_takes_the_fields_as_keywords_over_given_options():
     base = SearchOptions(k=3, mode="dense")
     assert SearchOptions.of(base, k=7) == SearchOptions(k=7, mode="dense")

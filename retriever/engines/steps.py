@@ -28,7 +28,7 @@ from retriever.store.arrays import load_npy, npy_layout
 from retriever.store.layout import PASSAGES, ROWIDS
 from retriever.store.passages import passage_numbers
 from retriever.store.vectors import VectorStore, train_template
-from retriever.store.spec import INDEX_TYPES, IndexSpec, choose_spec
+from retriever.store.spec import INDEX_TYPES, IndexSpec, check_index_options, choose_spec
 from retriever.text import check_queries, counted
 
 if TYPE_CHECKING:
@@ -136,6 +136,7 @@ def train_index(vectors: int, calibrated_sample: np.ndarray, index_type: str,
 def index_spec(vectors: int, dim: int, index_type: str, index_options: dict | None) -> IndexSpec:
     """The index for VECTORS calibrated vectors of DIM dimensions: INDEX_TYPE, with INDEX_OPTIONS over its
     defaults."""
+    check_index_options(index_type, index_options)
     spec = choose_spec(vectors, dim, index_type)
     return IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(dim)
 

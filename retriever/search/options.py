@@ -128,8 +128,10 @@ class SearchOptions:
         HAS_KEYWORDS, else dense), refused where it needs the keyword index the index lacks; for hybrid search,
         the fusion and weight the index records (HYBRID, `Manifest.hybrid`) where these options leave them unset."""
         if self.space == "raw":
-            return self if self.mode == "dense" else replace(self, mode="dense")
+            return self if self.mode == "dense" else replace(self, mode="dense", fusion=None, weight=None)
         mode = self.mode or ("hybrid" if has_keywords else "dense")
+        if mode == "dense" and self.mode is None:  # the index searches one side: hybrid's settings have no use
+            return replace(self, mode=mode, fusion=None, weight=None)
         if mode != "dense" and not has_keywords:
             raise RetrieverError(f"index '{index}' has no keyword index this release reads (it was written before "
                                  f"keyword search, or before documents were scored whole): compacting it adds one, "

@@ -38,6 +38,16 @@ INDEX_KINDS: dict[str, IndexKind] = {kind.name: kind for kind in (
     IndexKind("ivfpq", ("nlist", "pq_m", "opq", "nprobe", "rerank"), trained=True, compressed=True),
 )}
 INDEX_TYPES = ("auto", *INDEX_KINDS)
+
+
+def check_index_options(index_type: str, options: dict | None) -> None:
+    """Refuse OPTIONS the INDEX_TYPE asked for does not take (--opq with flat): ignored, they would look applied.
+    With auto the type follows the corpus's size, and an option of another type waits for the size that takes it."""
+    kind = INDEX_KINDS.get(index_type)
+    unused = sorted(set(options or {}) - set(kind.options)) if kind is not None else []
+    if unused:
+        raise RetrieverError(f"{param('index_type', index_type)} takes no {', '.join(unused)} (an option of "
+                             "another index type)", parameter="index_options")
 BACKENDS = ("auto", "faiss", "torch")
 
 # `auto` keeps exact search up to this many documents, and takes the graph above: from here on an hnsw walk at the
