@@ -360,7 +360,7 @@ def test_a_folder_or_a_corpus_file_where_another_path_is_meant_says_so(cli, tmp_
              f"{tmp_path}: a folder, where one corpus file is read (.txt, .jsonl, .csv, .tsv, or .gz of them)",
              ("build", tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--name", "two", "--index-dir", tmp_path / "h"):
              f"{tmp_path / 'a.jsonl'}: not a format a reader reads (Markdown, HTML, reStructuredText, text, PDF, Word) "
-             "(a corpus file, .txt, .jsonl, .csv, .tsv, is read alone: build from one, then add the others)",
+             "(a corpus file, .jsonl, .csv, .tsv, is read alone: build from one, then add the others)",
              ("build", tmp_path / "a.jsonl", "--model", tmp_path / "empty", "--index-dir", tmp_path / "h"):
              f"model folder {tmp_path / 'empty'} holds no config.json: not a model saved by transformers "
              "(save_pretrained), or not the folder holding its files"}

@@ -109,9 +109,17 @@ def test_a_long_text_opens_in_full_on_demand(browser, served):
     item = next(hit for hit in hits(browser, "hybrid-results") if hit.get_attribute("data-doc-id") == "lighthouse")
     full = item.find_element(By.CSS_SELECTOR, ".full-text")
     assert not full.is_displayed() and item.find_element(By.CSS_SELECTOR, ".text").text.endswith("…")
-    item.find_element(By.CSS_SELECTOR, "details summary").click()
+    browser.execute_script("""  // the first read of a document fails (the server restarting, say)
+        const fetched = window.fetch; let failed = false;
+        window.fetch = (url, init) => String(url).includes("/documents/") && !failed
+            ? (failed = true, Promise.reject(new TypeError("Failed to fetch"))) : fetched(url, init);""")
+    summary = item.find_element(By.CSS_SELECTOR, "details summary")
+    summary.click()
+    wait.until(lambda driver: "could not be read" in full.text)
+    summary.click()  # closed, and opened again: asked for again (from the review: a failure was kept)
+    summary.click()
     wait.until(expected_conditions.visibility_of(full))
-    wait.until(lambda driver: full.text != "reading…")  # read from the server when opened
+    wait.until(lambda driver: full.text not in ("reading…", "") and "could not be read" not in full.text)
     assert full.text == LONG_TEXT  # the text as given, its last space too
     assert full.find_element(By.CSS_SELECTOR, "mark").text == LONG_TEXT  # where it matched: all of it
     assert not item.find_element(By.CSS_SELECTOR, ".text").is_displayed()  # the snippet is not repeated above it

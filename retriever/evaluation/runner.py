@@ -46,19 +46,21 @@ DISPLAY_NAMES = {
 }
 
 
-# The figure formats matplotlib writes without extra packages, by the file's extension.
-PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
-
-
 def check_plot_path(path: Path) -> None:
     """Refuse a figure's PATH before anything is computed (it was refused, or written elsewhere, after the run): a
-    folder, or a name whose extension is no format matplotlib writes."""
+    folder, or a name whose extension is no format matplotlib writes (where matplotlib is missing, the plot says
+    so itself)."""
     if path.is_dir():
         raise RetrieverError(f"{param('plot')} {path} is a folder; name the figure's file, e.g. "
                              f"{path / 'figure.png'}")
-    if path.suffix.lower() not in PLOT_FORMATS:
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if path.suffix.lower().lstrip(".") not in formats:
         raise RetrieverError(f"{param('plot')} {path}: its extension names the figure's format, one of "
-                             f"{', '.join(PLOT_FORMATS)}")
+                             f"{', '.join('.' + name for name in formats)}")
 
 
 @dataclass(frozen=True)

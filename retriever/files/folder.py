@@ -300,8 +300,8 @@ def read_files(paths: str | Path | Sequence[str | Path], options: FolderOptions 
                 corpus = corpus_format(path) and len(paths) > 1
             except RetrieverError:
                 corpus = False
-            also = (f" (a corpus file, {', '.join(CORPUS_FORMATS)}, is read alone: build from one, then add the "
-                    "others)") if corpus else ""
+            also = (" (a corpus file, .jsonl, .csv, .tsv, is read alone: build from one, then add the others)"
+                    if corpus else "")
             raise RetrieverError(f"{path}: not a format a reader reads (Markdown, HTML, reStructuredText, text, PDF, "
                                  f"Word){also}")
     common = Path(os.path.commonpath([str(path.resolve().parent) for path in paths]))
