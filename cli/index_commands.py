@@ -641,6 +641,11 @@ def delete(
     for note in noted:
         _say(f"{'note' if issubclass(note.category, FilterWarning) else 'warning'}: {note.message}")
     _report("updated", summary, "removed")
+    if summary.documents == 0 and summary.changed:  # a filter that selected everything: the way back, said
+        kept = [kept["version"] for kept in Index.versions(index.name, home) if not kept["current"]]
+        if kept:
+            _say(f"index '{index.name}' holds no document now; the version before is kept until the next write: "
+                 f"retriever rollback {kept[0]} {index_options(home, index.name)}".rstrip())
 
 
 def compact(

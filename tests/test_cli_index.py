@@ -366,6 +366,13 @@ def test_search_where_and_delete_where_on_the_command_line(tmp_path, tiny_bert, 
                           "matches the filter; nothing deleted")
     misspelt = cli("delete", "--where", '{"sectoin": 1}', "--name", "pages", "--index-dir", index_dir)
     assert misspelt.returncode != 0 and misspelt.stderr.count("no document has the field 'sectoin'") == 1  # once
+    # a filter that selects every document: the index is emptied, and the way back is said (from a CLI QA run)
+    emptied = cli("delete", "--where", '{"section": {"$exists": true}}', "--name", "pages", "--index-dir", index_dir)
+    assert emptied.returncode == 0 and emptied.stderr.strip().splitlines()[-1] == (
+        f"index 'pages' holds no document now; the version before is kept until the next write: retriever rollback "
+        f"2 --name pages --index-dir {index_dir}")
+    assert cli("rollback", "2", "--name", "pages", "--index-dir", index_dir).returncode == 0
+    assert json.loads(cli("info", "--name", "pages", "--json", "--index-dir", index_dir).stdout)["documents"] == 2
 
 
 def test_a_one_off_search_encodes_from_the_kept_kit_without_loading_the_model(built, cli, tmp_path, monkeypatch,
