@@ -491,7 +491,7 @@ def test_flow_k_names_and_limits():
     assert make_calibrator("flow-8").min_fit_rows(16) == 9
     with pytest.raises(RetrieverError, match="K <= the vector dimension"):
         make_calibrator("flow-32").fit(correlated_sample(100, 16))
-    with pytest.raises(RetrieverError, match="flow option k"):
+    with pytest.raises(RetrieverError, match="a flow keeps at least 4 dimensions \\(flow-K with K of at least 4"):
         make_calibrator("flow-2")
     with pytest.raises(RetrieverError, match="flow option mixing"):
         make_calibrator("flow", mixing="conv")

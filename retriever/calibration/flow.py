@@ -105,7 +105,7 @@ class FlowCalibrator(Calibrator):
         if not (isinstance(shift_penalty, (int, float)) and shift_penalty >= 0):
             raise RetrieverError(f"flow option shift_penalty must be a number >= 0 (got {shift_penalty!r})")
         if k is not None and (not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 4):
-            raise RetrieverError(f"flow option k must be an integer of at least 4 (got {k!r})")
+            raise RetrieverError(f"a flow keeps at least 4 dimensions (flow-K with K of at least 4; got {k!r})")
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2**64:
             # the batches' NumPy generator and torch's seeding take no other
             raise RetrieverError(f"flow option seed must be an integer from 0 to 2**64 - 1 (got {seed!r})")

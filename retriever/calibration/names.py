@@ -42,8 +42,8 @@ def make_fixed(name: str, **options) -> Calibrator:
             ) from None
     calibrator = make_linear(name)
     if calibrator is None:
-        raise RetrieverError(f"unknown calibrator '{name}'; valid names: {VALID_NAMES} (K a positive integer)",
-                             parameter="calibrator")
+        raise RetrieverError(f"unknown calibrator '{name}'; valid names: {VALID_NAMES} (K a positive integer; at "
+                             "least 4 for a flow)", parameter="calibrator")
     unknown = sorted(set(options) - set(COMMON_OPTIONS))
     if unknown:
         raise RetrieverError(f"calibrator '{name}' takes no option {', '.join(unknown)}")
