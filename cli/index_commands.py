@@ -454,9 +454,19 @@ def search(
         else:
             _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full, mode, min_score,
                         score_meaning(resolved))
+            if mode in ("keyword", "hybrid") and not _has_words(text):  # "no hits" alone read as no match found
+                _say("note: the query holds no word keyword search reads (only punctuation or symbols)"
+                     + ("; ranked by the dense side alone" if mode == "hybrid" else ""))
             if full and any(_in_context(hit)[1] for hit in hits):
                 _say(f"a long document shows its match with {CONTEXT_CHARS:,} characters either side; the whole of "
                      f"one: retriever show {index.name} DOC_ID")
+
+
+def _has_words(text: str) -> bool:
+    """Whether keyword search reads any word of TEXT (its tokenizer's terms: letters, digits, their marks)."""
+    from retriever.store.keywords import Tokenizer
+
+    return bool(Tokenizer.get()(text))
 
 
 # `search --full`: this much of a long document's text either side of where it matched.

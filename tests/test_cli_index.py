@@ -403,3 +403,15 @@ def test_a_one_off_search_encodes_from_the_kept_kit_without_loading_the_model(bu
         for got, expected in zip(answers[label], answers[reference]):
             assert [hit["doc_id"] for hit in got] == [hit["doc_id"] for hit in expected], label
             assert [hit["score"] for hit in got] == pytest.approx([hit["score"] for hit in expected], abs=1e-4)
+
+
+def test_a_query_keyword_search_cannot_read_says_so(built, cli):
+    """From a text QA run: a query of punctuation or symbols said "no hits" in keyword mode, as for words nothing
+    holds, and in hybrid mode was ranked by the dense side alone without a word."""
+    keyword = cli("search", "🍕 !!!", "--mode", "keyword", "--name", "docs", "--index-dir", built)
+    assert keyword.returncode == 0 and "no hits" in keyword.stdout
+    assert keyword.stderr.strip().endswith("note: the query holds no word keyword search reads (only punctuation or "
+                                           "symbols)")
+    hybrid = cli("search", "🍕", "--name", "docs", "--index-dir", built)
+    assert hybrid.stderr.strip().endswith("; ranked by the dense side alone")
+    assert "keyword search reads" not in cli("search", "a guitar", "--name", "docs", "--index-dir", built).stderr
