@@ -276,7 +276,8 @@ def test_the_server_syncs_an_index_built_from_a_folder(folder, tmp_path, tiny_be
         assert {key: synced.json()[key] for key in ("added", "changed", "deleted", "unchanged", "documents")} == \
             {"added": 0, "changed": 0, "deleted": 1, "unchanged": 1, "documents": 1}
         assert "not built from a folder" in one_line_error(client.post("/indexes/plain/sync"), 400)
-        (mine / "recipes" / "bread.markdown").unlink()  # the last file: refused, said without the server's folder, unless asked
+        # the last file gone: refused, said without the server's folder, unless asked
+        (mine / "recipes" / "bread.markdown").unlink()
         refused = one_line_error(client.post("/indexes/mine/sync"), 400)
         assert "nothing deleted" in refused and "allow_empty" in refused and str(mine) not in refused
         emptied = client.post("/indexes/mine/sync", params={"allow_empty": "true"})
@@ -526,7 +527,8 @@ def test_inline_code_and_links_stay_inside_their_sentence_and_blocks_keep_their_
     log = b"\x1b]0;build\x07\x1b(B\x1b[1;31mERROR\x1b[0m: disk full\r\n\x1b[32mok\x1b[m [x]\n"
     assert read_text(log).text == "ERROR: disk full\nok [x]"
     # a window title's sequence cut short takes its ESC ] alone, not the file up to a later BEL (from the review)
-    assert read_text(b"Intro.\nA stray \x1b] here\nThe rest.\nend\x07.").text == "Intro.\nA stray  here\nThe rest.\nend."
+    cut_short = b"Intro.\nA stray \x1b] here\nThe rest.\nend\x07."
+    assert read_text(cut_short).text == "Intro.\nA stray  here\nThe rest.\nend."
 
 
 def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tmp_path, tiny_bert):

@@ -206,8 +206,8 @@ def passage_text(title: str | None, text: str) -> str:
     return f"{title} {text}" if title else text
 
 
-def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int,
-              first: int | None = None, whole_rest: int | None = None, most: int | None = None) -> list[tuple[int, int]]:
+def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int, first: int | None = None,
+              whole_rest: int | None = None, most: int | None = None) -> list[tuple[int, int]]:
     """Character spans of TEXT cut from its tokens (their OFFSETS) into runs of at most BUDGET tokens, each next
     run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one, and always
     between words (a word the tokenizer splits into pieces is never cut, unless one word is longer than a run).

@@ -357,7 +357,8 @@ def search_answer(served: Served, options: SearchOptions, hits: list[SearchHit],
         check_answer_chars(sum(len(hit.text) + len(hit.title or "") for hit in hits),
                            "lower k, or leave include_text off")
     snapshot = served.snapshot
-    notes = filter_notes(options.where, public_fields(snapshot.manifest.metadata_fields), snapshot.field_kinds, own=PUBLIC_OWN_FIELDS)
+    notes = filter_notes(options.where, public_fields(snapshot.manifest.metadata_fields), snapshot.field_kinds,
+                         own=PUBLIC_OWN_FIELDS)
     return SearchAnswer(index=served.name, version=snapshot.manifest.version, mode=options.mode,
                         scores=score_meaning(options), warnings=notes,
                         hits=[Hit(rank=hit.rank, id=hit.doc_id, title=hit.title, score=round(float(hit.score), 6) + 0.0,
