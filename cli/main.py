@@ -59,7 +59,8 @@ def encode(
     """Encode FILE into a (documents x dim) float32 .npy, row i for document i.
 
     Each document is encoded exactly as `build` encodes it (title and text), so OUT feeds `retriever build FILE
-    --vectors OUT`; the record beside it (vectors.json for vectors.npy) names the encoder. Streamed in chunks: an interrupted run resumes when re-run."""
+    --vectors OUT`; the record beside it (vectors.json for vectors.npy) names the encoder. Streamed in chunks: an
+    interrupted run resumes when re-run."""
     from retriever.encode.model_card import encoder_for
     from retriever.engines.stages import count_documents, encode_corpus
     from retriever.progress import stderr_console
