@@ -307,8 +307,7 @@ def _character_starts(text: str, starts: np.ndarray, ends: np.ndarray) -> np.nda
         return result
     for number in range(1, len(starts)):
         start = int(starts[number])
-        if start < int(ends[number - 1]) or (0 < start < len(text) and (
-                unicodedata.category(text[start])[0] == "M" or text[start] in _JOINERS or text[start - 1] == "\u200d")):
+        if start < int(ends[number - 1]) or _joins_before(text, start):
             result[number] = False
     return result
 
@@ -323,22 +322,25 @@ def _in_word(character: str) -> bool:
     return character.isalnum() or unicodedata.category(character)[0] == "M" or character in _JOINERS
 
 
+def _joins_before(text: str, position: int) -> bool:
+    """Whether TEXT[POSITION] belongs to the character before it: a combining mark, a joiner, or what a zero-width
+    joiner joins (False at either end of TEXT)."""
+    return 0 < position < len(text) and (unicodedata.category(text[position])[0] == "M"
+                                         or text[position] in _JOINERS or text[position - 1] == "\u200d")
+
+
 def _inside_word(text: str, position: int) -> bool:
     """Whether a cut before TEXT[POSITION] would split a word, or a character from its marks (an uncased
     tokenizer drops accents, and its tokens' offsets leave them out: "de" and "##ja" of "déjà" written with
     combining accents)."""
-    if not 0 < position < len(text):
-        return False
-    before, after = text[position - 1], text[position]
-    return (unicodedata.category(after)[0] == "M" or after in _JOINERS or before == "\u200d"
-            or (_in_word(before) and _in_word(after)))
+    return _joins_before(text, position) or (0 < position < len(text) and _in_word(text[position - 1])
+                                             and _in_word(text[position]))
 
 
 def _mark_end(text: str, end: int) -> int:
     """END moved past the combining marks and joiners that follow it, and the character a joiner joins: a passage
     ending in a word ends with its last character's accents (an uncased tokenizer's offsets leave them out)."""
-    while 0 < end < len(text) and (unicodedata.category(text[end])[0] == "M" or text[end] in _JOINERS
-                                   or text[end - 1] == "\u200d"):
+    while _joins_before(text, end):
         end += 1
     return end
 

@@ -8,7 +8,6 @@ encoder settings continues from there.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -375,7 +374,6 @@ def _resumable(folder: Path, segment: Path, state: BuildState, notes: list[str],
                      "vectors were gone, so they are encoded again", progress)
         state.encoded, state.truncated, state.vectors = 0, 0, 0
         state.save()
-
 
 
 def _encoded_rows(path: Path) -> int:

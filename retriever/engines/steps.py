@@ -28,7 +28,7 @@ from retriever.store.arrays import load_npy, npy_layout
 from retriever.store.layout import PASSAGES, ROWIDS
 from retriever.store.passages import passage_numbers
 from retriever.store.vectors import VectorStore, train_template
-from retriever.store.spec import INDEX_TYPES, IndexSpec, check_index_options, choose_spec
+from retriever.store.spec import INDEX_TYPES, IndexSpec, choose_spec
 from retriever.text import check_queries, counted
 
 if TYPE_CHECKING:
@@ -136,7 +136,6 @@ def train_index(vectors: int, calibrated_sample: np.ndarray, index_type: str,
 def index_spec(vectors: int, dim: int, index_type: str, index_options: dict | None) -> IndexSpec:
     """The index for VECTORS calibrated vectors of DIM dimensions: INDEX_TYPE, with INDEX_OPTIONS over its
     defaults."""
-    check_index_options(index_type, index_options)
     spec = choose_spec(vectors, dim, index_type)
     return IndexSpec.from_dict({**spec.to_dict(), **(index_options or {})}).for_dim(dim)
 
@@ -237,8 +236,8 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-# What the vectors of `retriever encode` record of their encoder, and the build's option for each.
-_ENCODER_SETTINGS = {"pooling": "pooling", "layers": "layers", "max_length": "max_length"}
+# What the vectors of `retriever encode` record of their encoder that queries must be encoded alike with.
+_ENCODER_SETTINGS = ("pooling", "layers", "max_length")
 
 
 def check_encoded_alike(path: Path, config: dict, building: bool = True) -> None:
@@ -260,17 +259,16 @@ def check_encoded_alike(path: Path, config: dict, building: bool = True) -> None
     if not differ:
         return
 
-    def options(settings: dict) -> str:
-        return " ".join(param(_ENCODER_SETTINGS.get(name, name), ",".join(map(str, settings.get(name)))
-                              if isinstance(settings.get(name), list) else settings.get(name)) for name in differ)
+    def value(settings: dict, name: str):  # layers as the command line takes them: 0,2
+        found = settings.get(name)
+        return ",".join(map(str, found)) if isinstance(found, list) else found
 
     said = ", ".join(f"{name} {encoded[name]}" for name in differ)
     index_said = ", ".join(f"{name} {config.get(name)}" for name in differ)
-    # Not the add's own parameters: the options of `retriever encode`, spelled as its command line spells them.
-    encode_options = " ".join(f"--{name.replace('_', '-')} " + (",".join(map(str, config.get(name)))
-                                                               if isinstance(config.get(name), list)
-                                                               else str(config.get(name))) for name in differ)
-    fix = (f"build with {options(encoded)}, or encode the corpus again" if building else
-           f"encode them again as it does (retriever encode {encode_options})")
+    if building:
+        fix = f"build with {' '.join(param(name, value(encoded, name)) for name in differ)}, or encode the corpus again"
+    else:  # not the add's own parameters: `retriever encode`'s, spelled as its command line spells them
+        options = " ".join(f"--{name.replace('_', '-')} {value(config, name)}" for name in differ)
+        fix = f"encode them again as it does (retriever encode {options})"
     raise RetrieverError(f"{path} was encoded with {said} ({path.with_suffix('.json').name}), and this "
                          f"{'build' if building else 'index'} encodes its queries with {index_said}: {fix}")

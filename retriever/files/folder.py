@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retriever.corpus import CORPUS_FORMATS, Document, corpus_format
+from retriever.corpus import CORPUS_FORMATS, Document
 from retriever.errors import RetrieverError, param
 from retriever.files.readers import NoText, UnreadableFile, reader_for
 
@@ -273,6 +273,9 @@ def _link_target(path: str) -> str:
         return "?"
 
 
+_CORPUS_SUFFIXES = CORPUS_FORMATS + (".gz",)  # a corpus file's name ends so: many documents, not one
+
+
 def is_file_list(corpus: object) -> bool:
     """Whether CORPUS names files to read one document each: a list of `Path`s (a list of strings is a list of
     documents gone wrong, and is refused as one), or one file of a format a reader reads that is not a corpus format
@@ -281,7 +284,7 @@ def is_file_list(corpus: object) -> bool:
         return bool(corpus) and all(isinstance(item, os.PathLike) for item in corpus)
     if isinstance(corpus, (str, os.PathLike)):
         path = Path(corpus)
-        return path.suffix.lower() not in CORPUS_FORMATS + (".gz",) and reader_for(path) is not None
+        return path.suffix.lower() not in _CORPUS_SUFFIXES and reader_for(path) is not None
     return False
 
 
@@ -296,12 +299,9 @@ def read_files(paths: str | Path | Sequence[str | Path], options: FolderOptions 
         if not path.is_file():
             raise RetrieverError(f"{path}: no such file")
         if reader_for(path) is None:
-            try:
-                corpus = corpus_format(path) and len(paths) > 1
-            except RetrieverError:
-                corpus = False
+            corpus_file = len(paths) > 1 and path.suffix.lower() in _CORPUS_SUFFIXES
             also = (" (a corpus file, .jsonl, .csv, .tsv, is read alone: build from one, then add the others)"
-                    if corpus else "")
+                    if corpus_file else "")
             raise RetrieverError(f"{path}: not a format a reader reads (Markdown, HTML, reStructuredText, text, PDF, "
                                  f"Word){also}")
     common = Path(os.path.commonpath([str(path.resolve().parent) for path in paths]))

@@ -31,9 +31,8 @@ _TRAILING = re.compile(r"[ \t]+\n")
 # C0 but tab and the line breaks (LF, CR; VT and FF end a line too), and DEL
 _CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 # A terminal's escape sequences (ECMA-48: colours, cursor moves, a window title), whole: taking out only their ESC
-# left "[31m" in the text of a saved terminal log.
-# A window title's sequence is taken only with its terminator, within a line: one cut short takes its ESC ] alone,
-# not the rest of the file up to some later BEL.
+# left "[31m" in the text of a saved terminal log. A window title's is taken only with its terminator, within a
+# line: one cut short takes its ESC ] alone, not the rest of the file up to some later BEL.
 _ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]{0,512}(?:\x07|\x1b\\)|[ -/]*[0-~])")
 
 
