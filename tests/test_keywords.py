@@ -300,3 +300,32 @@ def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(t
             assert scores[chosen].tolist() == every_scores[expected].tolist()
             skipped_somewhere |= len(found) < len(every)
     assert skipped_somewhere  # the pruning ran, not only the every-match fallback
+
+
+def test_a_segment_remembers_where_terms_lie_and_answers_alike_when_it_starts_over(tmp_path, monkeypatch):
+    """Term places are read from SQLite once, then remembered (absent terms too); past TERM_PLACES terms the
+    segment starts over. Every answer equals a fresh segment's, the first and the later."""
+    from types import SimpleNamespace
+
+    from retriever.store import keywords
+    from retriever.store.keywords import KeywordIndex, KeywordSegment
+
+    texts = [" ".join(np.random.default_rng(number).choice(WORDS, 12)) for number in range(200)]
+
+    class Table:
+        def documents(self):
+            return ((rowid, SimpleNamespace(title=None, text=text)) for rowid, text in enumerate(texts, start=1))
+
+    KeywordIndex().build(tmp_path, Table())
+    monkeypatch.setattr(keywords, "TERM_PLACES", 4)
+    remembering = KeywordSegment(tmp_path)
+    asked = [["harbour", "nowhere", "storm"], ["storm", "fog"], ["nowhere", "bell", "tide", "wind", "wave"],
+             ["harbour", "nowhere", "storm"]]
+    for terms in asked:
+        fresh = KeywordSegment(tmp_path).postings(terms)
+        found = remembering.postings(terms)
+        assert "nowhere" not in found and sorted(found) == sorted(fresh)
+        for term, (positions, counts, start) in fresh.items():
+            assert found[term][2] == start
+            assert found[term][0].tolist() == positions.tolist() and found[term][1].tolist() == counts.tolist()
+        assert len(remembering._places) <= 5  # at most one query's terms past the bound

@@ -71,6 +71,9 @@ STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or
 # parsed and counted in NumPy a few million occurrences at a time: the per-posting work stays in C.
 _OCCURRENCES = "SELECT term, count(*), group_concat(doc) FROM temp.vocabulary GROUP BY term"
 _OCCURRENCES_PER_CHUNK = 4_000_000
+# A segment remembers where this many terms' postings lie (a few megabytes), then starts over.
+TERM_PLACES = 1 << 16
+_UNKNOWN = object()
 
 
 class Tokenizer:
@@ -277,24 +280,35 @@ class KeywordSegment:
         self.counts = np.asarray(load_npy(folder / files[2], mmap_mode="r"))
         if self.positions.dtype != np.int32 or self.counts.dtype != np.uint16 or len(self.positions) != len(self.counts):
             raise RetrieverError(f"{folder}: keyword postings and counts do not match")
+        self._places: dict[str, tuple[int, int] | None] = {}  # term -> (start, count), None: not here
 
     def postings(self, terms: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
         """term -> (positions int32, counts uint16, where they start in the maps) for those of TERMS this segment
-        holds (views of the maps)."""
+        holds (views of the maps). Where a term's postings lie is looked up in SQLite once, then remembered
+        (`TERM_PLACES` terms at most): queries share most of their words, and the segment never changes."""
         if not terms:
             return {}
-        cursor = self.db.execute("SELECT term, start, count FROM terms WHERE term IN "
-                                 "(SELECT value FROM json_each(?))", (json.dumps(list(terms)),))
-        found = {}
-        for term, start, count in cursor:
-            positions = self.positions[start : start + count]
-            # Cheap checks of what a damaged file would make (a full re-hash is `verify`'s): postings inside the
-            # arrays, first and last positions inside the segment.
-            if start < 0 or count < 1 or start + count > len(self.positions) or not (
-                    0 <= positions[0] <= positions[-1] < self.documents):
-                raise DamagedIndexError(f"{self.path}: the postings of {term!r} are out of range")
-            found[term] = (positions, self.counts[start : start + count], start)
-        return found
+        places = self._places
+        known = {term: places.get(term, _UNKNOWN) for term in terms}  # one lookup each: another thread may clear
+        missing = [term for term, place in known.items() if place is _UNKNOWN]
+        if missing:
+            found: dict[str, tuple[int, int] | None] = dict.fromkeys(missing)
+            cursor = self.db.execute("SELECT term, start, count FROM terms WHERE term IN "
+                                     "(SELECT value FROM json_each(?))", (json.dumps(missing),))
+            for term, start, count in cursor:
+                # Cheap checks of what a damaged file would make (a full re-hash is `verify`'s): postings inside
+                # the arrays, first and last positions inside the segment.
+                if start < 0 or count < 1 or start + count > len(self.positions) or not (
+                        0 <= self.positions[start] <= self.positions[start + count - 1] < self.documents):
+                    raise DamagedIndexError(f"{self.path}: the postings of {term!r} are out of range")
+                found[term] = (start, count)
+            if len(places) + len(found) > TERM_PLACES:
+                places.clear()
+            places.update(found)
+            known.update(found)
+        return {term: (self.positions[place[0] : place[0] + place[1]], self.counts[place[0] : place[0] + place[1]],
+                       place[0])
+                for term, place in known.items() if place is not None}
 
     def close(self) -> None:
         self.db.close()

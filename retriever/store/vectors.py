@@ -31,6 +31,7 @@ import faiss
 import numpy as np
 
 from retriever.errors import RetrieverError, param
+from retriever.numeric import row_norms
 from retriever.processes import available_cpus
 from retriever.store.searchers import StoreQuery, StoreSearcher, make_searcher
 from retriever.store.spec import BACKENDS, TRAIN_PER_BUCKET, IndexSpec
@@ -218,7 +219,7 @@ class VectorStore:
             taken = ids[np.isin(ids, self.ids())]
             if len(taken):
                 raise RetrieverError(f"{len(taken)} vector ids already in the index, e.g. {taken[:5].tolist()}")
-        norms = np.linalg.norm(vectors, axis=1)
+        norms = row_norms(vectors)
         off = np.flatnonzero(np.abs(norms - 1) > _NORM_TOLERANCE)
         if len(off):
             raise RetrieverError(f"vectors must be L2-normalized; row {off[0]} has norm {norms[off[0]]:.4f}")
