@@ -156,3 +156,28 @@ def test_the_vector_index_built_while_encoding_gives_the_same_files_byte_for_byt
     assert finished == [streamed]  # offered once, and taken unless a document was cut
     assert built[True] == built[False]
     assert not [name for name in built[True] if name.endswith(".partial")]
+
+
+def test_the_encoding_bar_moves_with_each_batch_and_ends_at_the_documents(tiny_bert, tmp_path, monkeypatch):
+    """A corpus smaller than a chunk: the bar counts documents and moves as each batch is encoded (it sat at 0%
+    until the whole chunk was done), passages counted as their share of their chunk's documents."""
+    import contextlib
+
+    import retriever.engines.stages as stages
+
+    steps: list[float] = []
+
+    @contextlib.contextmanager
+    def recorded(description, total=None, **options):
+        yield steps.append if description == "Encoding" else (lambda n: None)
+
+    monkeypatch.setattr(stages, "progress_bar", recorded)
+    documents = corpus(longs=3, shorts=60)
+    summary = Index.build(documents, "bar", tmp_path, model=str(tiny_bert), max_length=WINDOW, device="cpu",
+                          index_type="flat", batch_size=8, progress=True)
+    assert summary.passages > summary.documents == len(documents)
+    reached = [sum(steps[: number + 1]) for number in range(len(steps))]
+    assert steps[0] == 0  # nothing encoded before (a fresh build)
+    assert len([step for step in steps if step > 0]) > summary.passages // 8 - 1  # a step a batch, about
+    assert all(0 < done < len(documents) for done in reached[1:-2])
+    assert reached[-1] == pytest.approx(len(documents))

@@ -117,8 +117,20 @@ def encode_into(encoder, documents: Iterable[Document] | Iterable[tuple[int, Doc
 
     with progress_bar("Encoding", total=total, enabled=progress) as advance:
         advance(done)
+        shown = 0.0  # of the chunk being encoded, in documents
+
+        def batch_done(texts_done: int) -> None:
+            # The bar counts documents and moves as each batch is encoded (a corpus smaller than a chunk sat at 0%
+            # until its end): a batch of a chunk's texts, passages where documents are cut, is their share of its
+            # documents. The chunk being encoded leads CUTS (the reading thread appends the next behind it).
+            nonlocal shown
+            count, _, rows = cuts[0]
+            step = texts_done * count / max(len(rows) if rows is not None else count, 1)
+            shown += step
+            advance(step)
+
         # The next chunk is read, cut and tokenized on another thread while this one is encoded (`encode_chunks`).
-        for vectors, truncated in encoder.encode_chunks(texts()):
+        for vectors, truncated in encoder.encode_chunks(texts(), on_batch=batch_done if progress else None):
             count, cut_short, rows = cuts.popleft()
             writer.append(vectors)
             writer.flush()
@@ -128,7 +140,8 @@ def encode_into(encoder, documents: Iterable[Document] | Iterable[tuple[int, Doc
             record(count, len(vectors), truncated + cut_short)
             if encoded is not None:
                 encoded(vectors, count)
-            advance(count)
+            advance(count - shown)  # the chunk whole, whatever float rounding left of its batches' shares
+            shown = 0.0
 
 
 @dataclass
