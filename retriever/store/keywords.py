@@ -71,8 +71,9 @@ STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or
 # parsed and counted in NumPy a few million occurrences at a time: the per-posting work stays in C.
 _OCCURRENCES = "SELECT term, count(*), group_concat(doc) FROM temp.vocabulary GROUP BY term"
 _OCCURRENCES_PER_CHUNK = 4_000_000
-# A segment remembers where this many terms' postings lie (a few megabytes), then starts over.
-TERM_PLACES = 1 << 16
+# A segment remembers where this many terms' postings lie (a megabyte or two: an index of many segments keeps one
+# such record per segment and side), then starts over.
+TERM_PLACES = 1 << 13
 _UNKNOWN = object()
 
 
