@@ -72,6 +72,21 @@ def test_a_word_keeps_its_combining_marks():
     assert tokenize("Déjà vu, naïve cafés") == {"deja": 1, "vu": 1, "naiv": 1, "cafe": 1}
 
 
+def test_a_mark_with_no_letter_before_it_is_no_term_and_the_index_builds(tmp_path, tiny_bert):
+    """An accent after a space (or a text of marks alone), its marks removed, was an empty term that FTS5 reads back
+    as NULL: a 365,000-page build stopped with SQLite's NOT NULL error, and a query held a term None."""
+    tokenize = Tokenizer.get()
+    assert tokenize("a \u0301 b") == {"a": 1, "b": 1} and tokenize("\u0308\u0301") == {}
+    records = corpus(30) + [{"_id": "mark", "text": "storm \u0301 lighthouse"}, {"_id": "marks", "text": "\u0301"}]
+    built = Index.build(write_corpus(tmp_path / "c.jsonl", records), "marks", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="none", device="cpu").open()
+    assert "mark" in keyword_scores(built, "lighthouse \u0301")
+    plain = [record for record in records if record["_id"] != "marks"]
+    plain[-1] = {"_id": "mark", "text": "storm lighthouse"}
+    reference = reference_bm25(plain + [{"_id": "marks", "text": ""}], "lighthouse storm")
+    assert keyword_scores(built, "lighthouse storm") == pytest.approx(reference, rel=1e-5)
+
+
 def test_an_index_written_before_marks_were_kept_reads_both_tokenizers_after_an_add(tmp_path, tiny_bert,
                                                                                  monkeypatch):
     """An index whose segments were tokenized without marks takes a new segment written with them: a query finds

@@ -68,8 +68,11 @@ STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or
               "these they this to was will with").split()
 # Each term's occurrences are read from the scratch table as one row, the documents holding it once per occurrence
 # as comma-separated text (fts5vocab yields them in term, then document order: no sort in SQL), and rows are
-# parsed and counted in NumPy a few million occurrences at a time: the per-posting work stays in C.
-_OCCURRENCES = "SELECT term, count(*), group_concat(doc) FROM temp.vocabulary GROUP BY term"
+# parsed and counted in NumPy a few million occurrences at a time: the per-posting work stays in C. A token of
+# combining marks alone (an accent after a space), its marks removed, is an empty term that FTS5 reads back as
+# NULL: no word, not counted (`NO_EMPTY_TERM`, for queries too).
+NO_EMPTY_TERM = "term <> ''"
+_OCCURRENCES = f"SELECT term, count(*), group_concat(doc) FROM temp.vocabulary WHERE {NO_EMPTY_TERM} GROUP BY term"
 _OCCURRENCES_PER_CHUNK = 4_000_000
 # A segment remembers where this many terms' postings lie (a megabyte or two: an index of many segments keeps one
 # such record per segment and side), then starts over.
@@ -114,7 +117,7 @@ class Tokenizer:
         connection = self._connection()
         # The table holds one row, the last text: replacing it drops the text before from FTS5's index.
         connection.execute("INSERT OR REPLACE INTO query (rowid, text) VALUES (1, ?)", (text,))
-        return dict(connection.execute("SELECT term, cnt FROM terms"))
+        return dict(connection.execute(f"SELECT term, cnt FROM terms WHERE {NO_EMPTY_TERM}"))
 
 
 @functools.cache
