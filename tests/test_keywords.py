@@ -344,3 +344,35 @@ def test_a_segment_remembers_where_terms_lie_and_answers_alike_when_it_starts_ov
             assert found[term][2] == start
             assert found[term][0].tolist() == positions.tolist() and found[term][1].tolist() == counts.tolist()
         assert len(remembering._places) <= 5  # at most one query's terms past the bound
+
+
+def test_text_from_every_kind_of_character_builds_and_queries_read_it_as_the_index_does(tmp_path):
+    """Random text from marks, scripts without spaces, emoji, joiners, variation selectors, private use and
+    mathematical letters: the index builds, holds no empty term, and a text's terms as a query reads them are its
+    postings in the index, counts included."""
+    import random
+    from types import SimpleNamespace
+
+    from retriever.store.keywords import KeywordIndex, KeywordSegment
+
+    rng = random.Random(0)
+    pools = [range(0x300, 0x370), range(0x0E00, 0x0E7F), range(0x0900, 0x097F), range(0x0590, 0x05FF),
+             range(0x1F300, 0x1F600), range(0xFE00, 0xFE10), [0x200D, 0x200C, 0x200B, 0xFEFF, 0xAD, 0x85, 0xA0],
+             range(0xE000, 0xE010), range(0x20, 0x7F), range(0x3040, 0x30FF), range(0xAC00, 0xAC40),
+             range(0x1D400, 0x1D420), range(0xFF00, 0xFF60)]
+    texts = ["".join(chr(rng.choice(rng.choice(pools))) for _ in range(rng.randint(0, 30))) for _ in range(2000)]
+
+    class Table:
+        def documents(self):
+            return ((rowid, SimpleNamespace(title=None, text=text)) for rowid, text in enumerate(texts, start=1))
+
+    KeywordIndex().build(tmp_path, Table())
+    segment = KeywordSegment(tmp_path)
+    tokenize = Tokenizer.get()
+    assert segment.documents == len(texts)
+    for position in rng.sample(range(len(texts)), 200):
+        terms = tokenize(texts[position])
+        assert all(terms) and sum(terms.values()) == segment.lengths[position]
+        for term, (positions, counts, _) in segment.postings(list(terms)).items():
+            at = int(np.searchsorted(positions, position))
+            assert positions[at] == position and counts[at] == terms[term]
