@@ -948,7 +948,9 @@ def info(
         ("version", f"{details['version']} ({details['folder']})"),
         ("documents", f"{details['documents']:,} ({counted(details['vectors'], 'vector')} in "
                       f"{counted(len(details['segments']), 'segment')}"
-                      + (f", {details['deleted']:,} of them deleted, until compaction drops them)"
+                      # a deleted document's vectors are all its passages'
+                      + (f", {details['vectors'] - details['passages']:,} of them held for "
+                         f"{counted(details['deleted'], 'deleted document')} until compaction drops them)"
                          if details["deleted"] else ")")),
         *([("passages", f"{details['passages']:,}")] if details["passages"] != details["documents"] else []),
         ("long texts", f"cut into passages of {manifest['passages']['window']} tokens, "

@@ -315,7 +315,8 @@ def _json_problem(error: json.JSONDecodeError) -> str:
         if before.endswith(","):
             comma = len(before) - 1
             return f"trailing comma at column {comma - document.rfind(chr(10), 0, comma)}"
-    return f"{error.msg} at column {error.colno}"
+    # json's own message may end in "at" ("Unterminated string starting at"): the column follows it once
+    return f"{error.msg.removesuffix(' at')} at column {error.colno}"
 
 
 def documents_from_records(records: Iterable[object], source: str = "request") -> list[Document]:

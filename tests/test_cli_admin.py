@@ -879,3 +879,20 @@ def test_list_at_80_columns_never_breaks_a_name_mid_word(cli, tmp_path, tiny_ber
     blocks = shown(80)
     assert all(name in [line.strip() for line in blocks] for name in [*names, long_name]), blocks
     assert not any("│" in line for line in blocks)
+
+def test_info_counts_a_deleted_document_s_vectors_as_vectors(cli, tmp_path, tiny_bert, monkeypatch):
+    """From a QA run: after a delete, info said 'N of them deleted' of the vectors with N the deleted documents; a
+    long document deleted holds a vector per passage until compaction."""
+    import cli.index_commands as commands
+
+    monkeypatch.setattr(commands, "stdout", Console(width=200, soft_wrap=True))
+    corpus = tmp_path / "long.jsonl"
+    notes = [{"_id": f"note{i}", "text": f"a short note {i}"} for i in range(5)]  # the manual: a sixth of the rows,
+    corpus.write_text("".join(json.dumps(record) + "\n" for record in [  # too few for the delete to rewrite them
+        {"_id": "manual", "text": " ".join(f"filler{i}" for i in range(300))}, *notes]))
+    assert cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--max-length", "32").returncode == 0
+    info = json.loads(cli("info", "--json").stdout)
+    assert cli("delete", "manual").returncode == 0
+    shown = " ".join(cli("info").stdout.replace("│", " ").split())
+    held = info["passages"] - len(notes)  # the manual's passages
+    assert held > 1 and f"{held} of them held for 1 deleted document until compaction" in shown, shown

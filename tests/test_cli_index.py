@@ -55,6 +55,8 @@ def test_search_table_add_delete_info(built, cli, tmp_path):
     info = json.loads(cli("info", "--name", "docs", "--json", "--index-dir", built).stdout)
     assert info["documents"] == 4 and info["manifest"]["calibrator"] == {"name": "none"}
     assert info["search_modes"] == ["dense", "keyword", "hybrid"] and info["default_mode"] == "hybrid"
+    shown = " ".join(cli("info", "--name", "docs", "--index-dir", built).stdout.replace("│", " ").split())
+    assert "(5 vectors in 2 segments, 1 of them held for 1 deleted document until compaction" in shown, shown
     assert cli("refit", "--name", "docs", "-c", "whitening", "--index-dir", built).returncode == 0
     info = cli("info", "--name", "docs", "--index-dir", built)
     assert info.returncode == 0 and "whitening" in info.stdout and "isotropy" in info.stdout

@@ -180,6 +180,8 @@ def test_unknown_encoding(tmp_path):
         ('{"_id": "b" "text": "x"}', "not valid JSON (Expecting ',' delimiter at column 13)"),
         # a record cut short: faulted at its own end, not at "column 1" of the line end after it (a CLI QA run)
         ('{"_id": "b", "text": "two"', "not valid JSON (Expecting ',' delimiter at column 27)"),
+        # json's message ends in "at" here: not "starting at at column" (a QA run)
+        ('{"_id": "b", "text": "two', "not valid JSON (Unterminated string starting at column 22)"),
         # Non-string fields are named by their kind: a list may be megabytes, or nested too deeply to write back.
         ('{"_id": [1, 2], "text": "t"}', "id must be a string or an integer, got a list"),
         ('{"_id": {"a": 1}, "text": "t"}', "id must be a string or an integer, got an object"),

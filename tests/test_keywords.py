@@ -87,6 +87,28 @@ def test_a_mark_with_no_letter_before_it_is_no_term_and_the_index_builds(tmp_pat
     assert keyword_scores(built, "lighthouse storm") == pytest.approx(reference, rel=1e-5)
 
 
+def test_an_emoji_s_variation_selector_is_no_term(tmp_path, tiny_bert):
+    """From a QA run: U+FE0F after an emoji (a separator) was a term of its own, so every coloured emoji matched
+    every other; a mark after a space that diacritic removal keeps (Devanagari's stress sign) likewise."""
+    assert Tokenizer.get()("I love this \u2764\ufe0f \u0951") == {"i": 1, "love": 1, "thi": 1}
+    records = [{"_id": "heart", "text": "I love this \u2764\ufe0f"}, {"_id": "plain", "text": "the weather"}]
+    built = Index.build(write_corpus(tmp_path / "c.jsonl", records), "emoji", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="none", device="cpu").open()
+    assert keyword_scores(built, "\u2600\ufe0f") == {} and set(keyword_scores(built, "\u26a0\ufe0f weather")) == {"plain"}
+
+
+def test_a_run_longer_than_fts5_keeps_in_one_token_builds_and_is_found(tmp_path, tiny_bert):
+    """From a QA run: FTS5 cuts a token at 32,768 bytes, inside a character where a text has no separator that long
+    (10,923 Chinese characters): every write of such a text stopped with SQLite's UTF-8 error and a traceback, and a
+    query of one said the index was damaged. The character cut is dropped, by the index and the query alike."""
+    run = "\u7684" * 10923
+    records = corpus(20) + [{"_id": "run", "text": f"{run} harbour"}]
+    built = Index.build(write_corpus(tmp_path / "c.jsonl", records), "runs", tmp_path / "ix", model=str(tiny_bert),
+                        calibrator="none", device="cpu").open()
+    assert next(iter(keyword_scores(built, run))) == "run"
+    assert "run" in keyword_scores(built, "harbour")
+
+
 def test_an_index_written_before_marks_were_kept_reads_both_tokenizers_after_an_add(tmp_path, tiny_bert,
                                                                                  monkeypatch):
     """An index whose segments were tokenized without marks takes a new segment written with them: a query finds

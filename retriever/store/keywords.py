@@ -43,6 +43,7 @@ import functools
 import json
 import sqlite3
 import threading
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,16 +69,29 @@ STOP_WORDS = ("a an and are as at be but by for if in into is it no not of on or
               "these they this to was will with").split()
 # Each term's occurrences are read from the scratch table as one row, the documents holding it once per occurrence
 # as comma-separated text (fts5vocab yields them in term, then document order: no sort in SQL), and rows are
-# parsed and counted in NumPy a few million occurrences at a time: the per-posting work stays in C. A token of
-# combining marks alone (an accent after a space), its marks removed, is an empty term that FTS5 reads back as
-# NULL: no word, not counted (`NO_EMPTY_TERM`, for queries too).
-NO_EMPTY_TERM = "term <> ''"
-_OCCURRENCES = f"SELECT term, count(*), group_concat(doc) FROM temp.vocabulary WHERE {NO_EMPTY_TERM} GROUP BY term"
+# parsed and counted in NumPy a few million occurrences at a time: the per-posting work stays in C. Terms that are
+# no word (`is_word`) are left out, of a text's length too, as a query's terms leave them out.
+_OCCURRENCES = "SELECT term, count(*), group_concat(doc) FROM temp.vocabulary GROUP BY term"
 _OCCURRENCES_PER_CHUNK = 4_000_000
 # A segment remembers where this many terms' postings lie (a megabyte or two: an index of many segments keeps one
 # such record per segment and side), then starts over.
 TERM_PLACES = 1 << 13
 _UNKNOWN = object()
+
+
+def is_word(term: str | None) -> bool:
+    """Whether a term FTS5 read back is a word. Not one: combining marks alone (the tokenizer that keeps marks makes
+    a token of an accent after a space, or of the variation selector that follows an emoji, which is no token
+    character: every coloured emoji was one term), or nothing at all (an accent's token emptied by diacritic
+    removal, which FTS5 reads back as NULL)."""
+    return bool(term) and (term[0] < "\u0300" or not all(unicodedata.category(c)[0] == "M" for c in term))
+
+
+def fts5_text(data: bytes) -> str:
+    """A term as FTS5 stored it, as text. FTS5 cuts a token at 32,768 bytes, inside a character where a text holds
+    no separator for that long (10,923 Chinese characters), and SQLite then fails to read the term as UTF-8: the
+    character cut is dropped, and a query's tokenizer reads the same run the same way."""
+    return data.decode("utf-8", "ignore")
 
 
 class Tokenizer:
@@ -105,6 +119,7 @@ class Tokenizer:
         connection = getattr(self._local, "connection", None)
         if connection is None:
             connection = sqlite3.connect(":memory:", isolation_level=None)  # no BEGIN: each statement commits alone
+            connection.text_factory = fts5_text
             try:
                 connection.execute(f"CREATE VIRTUAL TABLE query USING fts5(text, tokenize={_quote(self.spec)})")
             except sqlite3.OperationalError as error:
@@ -117,7 +132,7 @@ class Tokenizer:
         connection = self._connection()
         # The table holds one row, the last text: replacing it drops the text before from FTS5's index.
         connection.execute("INSERT OR REPLACE INTO query (rowid, text) VALUES (1, ?)", (text,))
-        return dict(connection.execute(f"SELECT term, cnt FROM terms WHERE {NO_EMPTY_TERM}"))
+        return {term: count for term, count in connection.execute("SELECT term, cnt FROM terms") if is_word(term)}
 
 
 @functools.cache
@@ -165,6 +180,7 @@ class KeywordIndex:
             path.unlink(missing_ok=True)
         database, postings_name, counts_name = self.files
         db = sqlite3.connect(partial[database])
+        db.text_factory = fts5_text
         postings = NpyAppender(partial[postings_name], None, "int32")
         counts_file = NpyAppender(partial[counts_name], None, "uint16")
         try:
@@ -218,6 +234,7 @@ def text_postings(texts: list[str], tokenizer: str | None = None
     as `KeywordIndex.build` does: a text at a time costs ten times more): {term: (positions int32 ascending,
     counts)} and each text's length in tokens."""
     db = sqlite3.connect(":memory:")
+    db.text_factory = fts5_text
     try:
         db.execute(f"CREATE VIRTUAL TABLE documents USING fts5(text, content='', "
                    f"tokenize={_quote(tokenizer or default_tokenizer())})")
@@ -515,7 +532,8 @@ def _next_chunk(cursor: sqlite3.Cursor) -> list[tuple[str, int, str]]:
     """The next (term, occurrences, documents) rows of `_OCCURRENCES`, about _OCCURRENCES_PER_CHUNK occurrences."""
     chunk, occurrences = [], 0
     while occurrences < _OCCURRENCES_PER_CHUNK and (row := cursor.fetchone()) is not None:
-        chunk.append(row)
+        if is_word(row[0]):
+            chunk.append(row)
         occurrences += row[1]
     return chunk
 
