@@ -212,7 +212,8 @@ def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overla
     run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one, and always
     between words (a word the tokenizer splits into pieces is never cut, unless one word is longer than a run).
     FIRST: the first run is the first FIRST tokens as they are (what an encoder reading that many sees); its span
-    ends at the last whole word in them. WHOLE_REST (with FIRST): where the tokens after the first run (from
+    ends at the last whole word in them (where they hold the head of the first word alone, at that word's end, and
+    the next run starts with it). WHOLE_REST (with FIRST): where the tokens after the first run (from
     OVERLAP back) are at most this many, they are one run. MOST: the most tokens the encoder reads of a run (None:
     no bound): a word longer than a run keeps the run going to its end while the run stays within MOST, and is cut
     between whole characters past it; the first run never goes past FIRST."""
@@ -227,9 +228,19 @@ def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overla
     spans = []
     begin = 0
     if first is not None:
-        spans.append((0, _mark_end(text, int(ends[_word_back(word_start, first, 0, character_start, first) - 1]))))
-        begin = _word_back(word_start, _next_start(sentence_end, first, max(first - overlap, 1), overlap), 0,
-                           character_start, first)
+        later = np.flatnonzero(word_start[1:]) + 1  # the tokens after the first that start a word
+        second_word = int(later[0]) if len(later) else count
+        if second_word > first and second_word <= budget:
+            # The first run holds the head of the first word alone (a title longer than the window leaves it a
+            # token or two): its span is that word, and the next run starts with it, so that neither ends or
+            # begins inside it.
+            spans.append((0, _mark_end(text, int(ends[second_word - 1]))))
+            begin = 0
+        else:
+            spans.append((0, _mark_end(text, int(ends[_word_back(word_start, first, 0, character_start, first)
+                                                       - 1]))))
+            begin = _word_back(word_start, _next_start(sentence_end, first, max(first - overlap, 1), overlap), 0,
+                               character_start, first)
         if whole_rest is not None and count - begin <= whole_rest:
             spans.append((int(starts[begin]), _mark_end(text, int(ends[count - 1]))))
             return spans
