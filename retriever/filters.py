@@ -133,8 +133,7 @@ class _Compiler:
         for key, value in clause.items():
             if key in ("$and", "$or"):
                 if not isinstance(value, list) or not value:
-                    raise FilterError(f"{key} takes a non-empty list of conditions, got "
-                                      f"{'an empty list' if value == [] else _kind(value)}")
+                    raise FilterError(f"{key} takes a non-empty list of conditions, got {_kind(value)}")
                 if not all(isinstance(item, dict) for item in value):
                     raise FilterError(f"{key} takes a list of objects")
                 joiner = " AND " if key == "$and" else " OR "
@@ -352,5 +351,5 @@ def _kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     if isinstance(value, list):
-        return "a list"
+        return "a list" if value else "an empty list"
     return json.dumps(value) if isinstance(value, (bool, int, float, str)) or value is None else type(value).__name__

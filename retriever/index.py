@@ -71,7 +71,7 @@ from retriever.files.folder import (BROKEN_LINK, FOLDER_KEY, UNLISTABLE, FolderO
 from retriever.files.readers import NoText, UnreadableFile
 from retriever.filters import Filter, FilterWarning, filter_notes, parse_where
 from retriever.metadata import listed_fields
-from retriever.numeric import l2_normalize
+from retriever.numeric import l2_normalize, row_norms
 from retriever.search.fusion_check import hybrid_check, recorded_hybrid
 from retriever.search.options import MODES, SearchOptions
 from retriever.search.results import SearchHit, cut
@@ -220,6 +220,16 @@ class Index:
             raise RetrieverError("no query given: give query texts, or their vectors")
         if not np.isfinite(raw).all():
             raise RetrieverError(f"{param('vectors')} holds a NaN or infinite value")
+        # A row of no length has no direction, and one whose length overflows float32 (1e30s) is normalized to
+        # zeros: either would rank every document alike.
+        with np.errstate(over="ignore"):
+            norms = row_norms(raw)
+        bad = np.flatnonzero(~((norms > 0) & np.isfinite(norms)))
+        if len(bad):
+            row = int(bad[0])
+            raise RetrieverError(f"{param('vectors')} row {row} " + (
+                "is all zeros: a vector of no direction ranks every document alike" if norms[row] == 0 else
+                "is too large: its length overflows float32"))
         return raw
 
     def _warn_of_filter(self, where: Filter | None) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 
 from retriever.errors import RetrieverError
@@ -21,6 +22,13 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # C0 controls except tab and newline, DEL, and the C1 controls (U+0080-U+009F: CSI, OSC, ... on 8-bit terminals);
 # also the bidi overrides that reorder what is shown (Trojan Source).
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# What JSON output escapes besides: the format characters (Unicode's Cf: zero-width spaces and joiners, marks of
+# direction, the byte-order mark, tags) and the line and paragraph separators, which str.splitlines() and
+# JavaScript read as line ends: one JSON line stays one line, and nothing invisible is printed raw.
+_INVISIBLE = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+                        "\u2028\u2029\u2060-\u2064\u206a-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+                        "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+                        "\U000e0020-\U000e007f]")
 # How much of a refused command-line argument an error shows (a query can be long).
 _SHOWN_CHARACTERS = 60
 
@@ -95,6 +103,12 @@ def id_list(doc_ids) -> list[str]:
     return doc_ids
 
 
+def is_blank(text: str) -> bool:
+    """Whether TEXT shows nothing: whitespace, control and format characters alone (a zero-width space, a byte-order
+    mark, NUL), which neither side of search reads as a word (each ranked every document alike)."""
+    return all(character.isspace() or unicodedata.category(character) in ("Cc", "Cf") for character in text)
+
+
 def check_queries(queries: Sequence[str]) -> None:
     """Refuse what would rank documents arbitrarily, or fail inside the tokenizer: no query at all, one that is not
     text, an empty or blank one, or one holding a lone surrogate."""
@@ -104,7 +118,7 @@ def check_queries(queries: Sequence[str]) -> None:
         where = "" if len(queries) == 1 else f" (query {number} of {len(queries)})"
         if not isinstance(query, str):
             raise RetrieverError(f"a query is text, not {type(query).__name__}{where}")
-        if not query.strip():
+        if is_blank(query):
             raise RetrieverError(f"empty query{where}: give some text to search for")
         check_text(query, f"the query{where}")
 
@@ -125,15 +139,19 @@ def _escape(found: re.Match) -> str:
 def terminal_json(value: object, ascii: bool = False, **dumps) -> str:
     """VALUE as JSON for a terminal: exactly what json.dumps(ensure_ascii=False) gives, except that the characters
     `terminal_safe` escapes, which json.dumps leaves raw (DEL, the C1 controls, the bidi overrides, lone
-    surrogates), are written as \\uNNNN escapes. They can only occur inside strings, so the JSON decodes to the same
+    surrogates), and the invisible ones (`_INVISIBLE`) are written as \\uNNNN escapes. They can only occur inside strings, so the JSON decodes to the same
     value; only what reaches the terminal changes. ASCII: every non-ASCII character escaped, for an output that
     cannot encode them."""
     text = json.dumps(value, ensure_ascii=ascii, **dumps)
-    return _SURROGATE.sub(_json_escape, _CONTROL.sub(_json_escape, text))
+    return _SURROGATE.sub(_json_escape, _INVISIBLE.sub(_json_escape, _CONTROL.sub(_json_escape, text)))
 
 
 def _json_escape(found: re.Match) -> str:
-    return f"\\u{ord(found.group()):04x}"
+    code = ord(found.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # JSON writes a character past the BMP as its UTF-16 surrogate pair
+    return f"\\u{0xd800 + (code >> 10):04x}\\u{0xdc00 + (code & 0x3ff):04x}"
 
 
 def counted(number: int, noun: str) -> str:

@@ -208,7 +208,8 @@ def test_the_search_hint_after_build_pastes_into_a_shell(cli, docs, tiny_bert, t
 
 
 def test_empty_or_blank_queries_are_one_line_errors(cli, built_home):
-    for query in ("", "   ", "\t\n"):
+    # zero-width spaces, a byte-order mark: nothing either side reads (from a QA run: each ranked every document alike)
+    for query in ("", "   ", "\t\n", "\u200b\u200b", "\ufeff", "\u2060 \u200d"):
         assert_one_line_error(cli("search", query), "empty query: give some text to search for")
     for query in ("lamp", ""):
         assert_one_line_error(cli("search", query, "--queries", "nowhere.txt"),

@@ -153,6 +153,15 @@ def test_terminal_safe_leaves_no_control_character(text):
     assert terminal_safe(shown) == shown  # nothing left to escape
 
 
+def test_json_output_escapes_invisible_characters_and_line_separators():
+    """From a QA run: a zero-width space, a mark of direction or a byte-order mark was printed raw in --json, and
+    U+2028 split one JSON line in two for str.splitlines()."""
+    value = {"q": "a\u200eb\u061cc\u200bd\ufeffe\u2028f\u2029g tag\U000e0041 \u2764\ufe0f"}
+    text = terminal_json(value)
+    assert json.loads(text) == value and len(text.splitlines()) == 1
+    assert "\\u200e" in text and "\\u2028" in text and "\\udb40\\udc41" in text and "\u2764\ufe0f" in text
+
+
 def test_text_from_windows_shows_its_line_breaks_and_a_lone_carriage_return_stays_escaped():
     """From a QA run: `retriever show` printed a CRLF text's lines ending in \\x0d."""
     assert terminal_safe("line one\r\nline two\rover") == "line one\nline two\\x0dover"

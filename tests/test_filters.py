@@ -120,7 +120,7 @@ def test_document_fields_are_filterable_too(table):
     ('{"$nor": [{"lang": "en"}]}', "unknown operator '$nor'"),
     ('{"$not": [{"lang": "en"}]}', "$not takes one object of conditions, got a list"),
     ('{"group": {"$gt": true}}', "$gt compares with a number or a string"),
-    ('{"group": {"$in": []}}', "$in takes a non-empty list"),
+    ('{"group": {"$in": []}}', "$in takes a non-empty list of values, got an empty list"),
     ('{"group": {"$in": 3}}', "$in takes a non-empty list"),
     ('{"group": {"$exists": 1}}', "$exists takes true or false"),
     ('{"tags": ["a"]}', "compares with a string, number, true/false or null, got a list"),

@@ -787,6 +787,11 @@ def test_an_index_of_vectors_from_outside_is_searched_by_query_vectors_and_lists
         index.search("tea", k=1)
     with pytest.raises(RetrieverError, match="takes 8-dimensional vectors"):
         index.search(None, k=1, mode="dense", vectors=np.ones(5))
+    # from a QA run: each answered the first documents stored, every score 0
+    with pytest.raises(RetrieverError, match="row 1 is all zeros: a vector of no direction"):
+        index.search(None, k=1, mode="dense", vectors=np.stack([vectors[0], np.zeros(8)]))
+    with pytest.raises(RetrieverError, match="row 0 is too large: its length overflows float32"):
+        index.search(None, k=1, mode="dense", vectors=np.full(8, 1e30))
     index.add([{"_id": "v1", "text": "note 1 again"}], vectors=vectors[:1], upsert=True)
     assert [row["doc_id"] for row in index.documents()] == ["v0", "v2", "v3", "v4", "v5", "v1"]
     assert [row["doc_id"] for row in index.documents(["v5", "nope", "v0"])] == ["v5", "v0"]

@@ -212,6 +212,9 @@ def test_bad_search_requests_get_json_errors_with_the_right_status(client, index
     assert "q" in one_line_error(client.get("/search"), 422)
     assert "empty query" in one_line_error(client.get("/search", params={"q": "   "}), 400)
     assert "empty query" in one_line_error(client.post("/search", json={"queries": ["ok", ""]}), 400)
+    # the field at fault named (from a QA run: null), and a query of NUL or a zero-width space is blank too
+    assert client.get("/search", params={"q": "\x00"}).json()["parameter"] == "q"
+    assert client.post("/search", json={"queries": ["ok", "\u200b"]}).json()["parameter"] == "queries"
     assert "no query" in one_line_error(client.post("/search", json={"queries": []}), 400)
     assert "no index named 'nope'" in one_line_error(client.get("/search", params={"q": "x", "index": "nope"}), 404)
     assert "invalid index name" in one_line_error(client.get("/search", params={"q": "x", "index": "my index"}), 400)

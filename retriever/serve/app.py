@@ -288,14 +288,14 @@ def create_app(index_dir: str | Path | None = None, device: str = "auto", preloa
 
     @app.get("/search")
     async def search_get(query: Annotated[SearchQuery, Query()]):
-        check_search([query.q], [None], query.k)  # the API's own bounds, before the options are compiled
+        check_search([query.q], [None], query.k, "q")  # the API's own bounds, before the options are compiled
         return await run_search(query.index, [query.q], [None], search_options(query), hit_parts(query.include))
 
     @app.post("/search")
     async def search_post(request: SearchRequest):
         texts = [item if isinstance(item, str) else item.text for item in request.queries]
         ids = [None if isinstance(item, str) else item.id for item in request.queries]
-        check_search(texts, ids, request.k)
+        check_search(texts, ids, request.k, "queries")
         return await run_search(request.index, texts, ids, search_options(request), hit_parts(request.include))
 
     @app.get("/indexes/{name}/documents/{doc_id:document_id}")

@@ -285,7 +285,7 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
         with refusals_as_tool_errors(parts):
             if index is not None:
                 check_name(index)  # "" is no index (the HTTP API's empty name, the default, is not an argument here)
-            check_search([query], [None], k)
+            check_search([query], [None], k, "query")
             options = SearchOptions(k=k, mode=mode, where=filter)
             return await search_and_answer(parts.indexes, parts.batcher, index, [query], options,
                                            lambda served, options, hits: search_answer(served, options, hits[0],

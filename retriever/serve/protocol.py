@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
 
+from retriever.errors import RetrieverError
 from retriever.search.options import SearchOptions
 from retriever.search.results import HIT_PARTS
 from retriever.text import check_queries, check_text
@@ -135,8 +136,9 @@ def check_answer_chars(chars: int, advice: str) -> None:
                             f"{MAX_ANSWER_CHARS // 2**20} M per request ({advice})")
 
 
-def check_search(texts: list[str], ids: list[str | None], k: int) -> None:
-    """Every query of a request checked on its own, before it can join anyone else's batch."""
+def check_search(texts: list[str], ids: list[str | None], k: int, field: str) -> None:
+    """Every query of a request checked on its own, before it can join anyone else's batch; FIELD: the request's
+    field that holds them (an answer names it as the parameter at fault)."""
     if len(texts) > MAX_QUERIES:
         raise ApiError(413, f"{len(texts)} queries in one request; at most {MAX_QUERIES}")
     if len(texts) * k > MAX_HITS:
@@ -149,4 +151,7 @@ def check_search(texts: list[str], ids: list[str | None], k: int) -> None:
         check_text(text, which)
         if query_id is not None:
             check_text(query_id, f"the id of {which}")
-    check_queries(texts)
+    try:
+        check_queries(texts)
+    except RetrieverError as error:
+        raise RetrieverError(str(error), parameter=error.parameter or field) from None
