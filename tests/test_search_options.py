@@ -64,11 +64,14 @@ def test_options_are_values_whatever_their_filter_was_written_as():
     assert as_text != SearchOptions(k=5, where={"lang": "fr"})
 
 
-def test_requests_share_a_search_by_everything_but_min_score():
-    """min_score is applied to each request's own answer; k decides what the search reads (an hnsw beam of at least
-    k, k x rerank compressed candidates, a filter's plan, hybrid lists of at least k), so it stays in the key."""
+def test_requests_share_a_search_by_everything_but_a_dense_min_score():
+    """A dense search's min_score is applied to each request's own answer; a hybrid search's decides which of its
+    candidates are fused into the top k, so it keys the batch. k decides what the search reads (an hnsw beam of at
+    least k, k x rerank compressed candidates, a filter's plan, hybrid lists of at least k): it stays in the key."""
     floors = [SearchOptions(k=5, mode="dense", min_score=floor) for floor in (None, 0.3, -0.5)]
     assert len({options.batch_key() for options in floors}) == 1
+    hybrid = [SearchOptions(k=5, mode="hybrid", min_score=floor) for floor in (None, 0.3, -0.5)]
+    assert len({options.batch_key() for options in hybrid}) == 3
     assert SearchOptions(k=5, mode="dense").batch_key() != SearchOptions(k=50, mode="dense").batch_key()
     assert [SearchOptions(k=k, mode="hybrid").depth for k in (5, 100, 500)] == [100, 100, 500]
     assert SearchOptions(k=5, mode="hybrid", weight=0.5).batch_key() != SearchOptions(k=5, mode="hybrid").batch_key()

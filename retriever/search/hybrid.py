@@ -33,10 +33,15 @@ def fuse(queries: np.ndarray, dense_scores: np.ndarray, dense_ids: np.ndarray, d
             found.append([])
             continue
         fused = fusion.scores(candidates, options.dense_weight)
+        held = np.arange(len(fused))
+        if options.min_score is not None:
+            # The k best of the candidates whose dense score reaches the floor (`results.at_least`): held to it
+            # after the top k were taken, a fused list kept fewer than k where more candidates reach it.
+            held = np.flatnonzero(candidates.dense >= options.min_score)
         found.append([Ranked(int(candidates.rowids[i]), float(fused[i]), float(candidates.dense[i]),
                              float(candidates.keyword[i]), int(candidates.dense_rank[i]) or None,
                              int(candidates.keyword_rank[i]) or None, int(keys[i]))
-                      for i in top_list(fused, candidates.rowids, options.k).tolist()])
+                      for i in held[top_list(fused[held], candidates.rowids[held], options.k)].tolist()])
     return found
 
 

@@ -151,10 +151,12 @@ class SearchOptions:
 
     def batch_key(self) -> SearchOptions:
         """What requests share one search by (a server's batch): these options, resolved for the index, without
-        min_score, which each request applies to the shared answer (`results.cut`). k stays: the lists a search
-        reads depend on it (an hnsw beam of at least k, k x rerank compressed candidates, a filter's plan, hybrid
-        lists of at least k), so an answer never depends on what else was batched with it."""
-        return replace(self, min_score=None)
+        a dense search's min_score, which each request applies to the shared answer (`results.cut`: the first k of
+        a dense list held to a floor are the k best that reach it); a hybrid search keeps it, since its fusion
+        takes the k best of the candidates that reach it. k stays: the lists a search reads depend on it (an hnsw
+        beam of at least k, k x rerank compressed candidates, a filter's plan, hybrid lists of at least k), so an
+        answer never depends on what else was batched with it."""
+        return self if self.mode == "hybrid" else replace(self, min_score=None)
 
     @property
     def fusion_name(self) -> str:
