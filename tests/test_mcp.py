@@ -76,6 +76,10 @@ async def _exercise(client: Client) -> dict:
         "filter_as_where": ("search", {"query": "x", "where": {"year": 1900}}),  # the library's name for it
         "list_filter": ("search", {"query": "x", "filter": [1, 2]}),
         "empty_index": ("search", {"query": "x", "index": ""}),  # answered from the default index before
+        # taken as k=1 and k=5 before (a QA run), where the HTTP API and the library refuse both
+        "k_true": ("search", {"query": "x", "k": True}),
+        "k_text": ("search", {"query": "x", "k": "5"}),
+        "text_flag": ("search", {"query": "x", "include_text": "yes"}),
         "indexes": ("list_indexes", {}),
     }
     for name, (tool, arguments) in calls.items():
@@ -133,7 +137,7 @@ def _check_answers(found: dict) -> None:
 
     errors = {name: found[name] for name in ("bad_filter", "missing_index", "too_many", "no_query", "number_query",
                                              "too_long", "missing_document", "past_end", "filter_as_where",
-                                             "list_filter", "empty_index")}
+                                             "list_filter", "empty_index", "k_true", "k_text", "text_flag")}
     assert all(result.is_error for result in errors.values())
     text = {name: result.content[0].text for name, result in errors.items()}
     assert all("\n" not in line for line in text.values())
@@ -150,6 +154,8 @@ def _check_answers(found: dict) -> None:
         text["filter_as_where"]  # answered unfiltered before
     assert "invalid index name ''" in text["empty_index"]
     assert text["list_filter"].endswith('filter: must be a JSON object such as {"lang": "en"}, got a list')
+    assert all("k: Input should be a valid integer" in text[name] for name in ("k_true", "k_text"))
+    assert "include_text: Input should be a valid boolean" in text["text_flag"]
 
 
 def _over_http(url: str, key: str | None, host: str | None = None) -> dict:

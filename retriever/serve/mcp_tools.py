@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationError
 
 from retriever.errors import NotFoundError, RetrieverError, UnavailableError
 from retriever.filters import filter_notes
@@ -269,7 +269,7 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
         query: Annotated[str, Field(description="what to look for, in words")],
         index: Annotated[str | None, Field(description="the index to search; default: the default index "
                                                        "(list_indexes marks it)")] = None,
-        k: Annotated[int, Field(ge=1, le=HTTP_MAX_K, description="how many hits")] = 10,
+        k: Annotated[StrictInt, Field(ge=1, le=HTTP_MAX_K, description="how many hits")] = 10,
         mode: Annotated[Literal[MODES] | None, Field(  # type: ignore[valid-type]
             description="dense (meaning), keyword (BM25, exact words) or hybrid (both fused); default: hybrid "
                         "where the index has a keyword index")] = None,
@@ -277,7 +277,7 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
         # ..., got a list") where pydantic would list the branches of a union it tried.
         filter: Annotated[Any, Field(description=SearchOptions.__dataclass_fields__["where"].metadata["help"],
                                      json_schema_extra={"type": ["object", "string", "null"]})] = None,
-        include_text: Annotated[bool, Field(description="also return each hit's whole document text (long "
+        include_text: Annotated[StrictBool, Field(description="also return each hit's whole document text (long "
                                                         "documents run to tens of thousands of characters)")] = False,
     ) -> SearchAnswer:
         """Search an index: the k documents that best answer QUERY, each with the passage where it matched."""
@@ -295,15 +295,15 @@ def create_mcp_server(catalog: Callable[[], Catalog]) -> MCPServer:
     async def get_document(
         id: Annotated[str, Field(description="the document's id, as a hit gives it")],
         index: Annotated[str | None, Field(description="the index it is in; default: the default index")] = None,
-        start: Annotated[int | None, Field(ge=0, description="the start of the part wanted (a hit's span[0], or "
+        start: Annotated[StrictInt | None, Field(ge=0, description="the start of the part wanted (a hit's span[0], or "
                                                              "an answer's end to read on); default: the "
                                                              "document's start")] = None,
-        end: Annotated[int | None, Field(ge=0, description="the end of the part wanted (a hit's span[1]); "
+        end: Annotated[StrictInt | None, Field(ge=0, description="the end of the part wanted (a hit's span[1]); "
                                                            "without it, what follows start")] = None,
-        context: Annotated[int, Field(ge=0, le=MAX_WINDOW_CHARS, description="characters of text to add on each "
+        context: Annotated[StrictInt, Field(ge=0, le=MAX_WINDOW_CHARS, description="characters of text to add on each "
                                                                              "side of start..end (a span)")
                            ] = CONTEXT_CHARS,
-        max_chars: Annotated[int, Field(ge=1, le=MAX_WINDOW_CHARS, description="the most characters "
+        max_chars: Annotated[StrictInt, Field(ge=1, le=MAX_WINDOW_CHARS, description="the most characters "
                                                                                "returned")] = WINDOW_CHARS,
     ) -> DocumentWindow:
         """A stored document: the text around START..END (a hit's span), what follows START alone (an answer's
