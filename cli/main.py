@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import shlex
 import sys
 import typing
 import warnings
@@ -132,11 +133,18 @@ def _usage_message(error) -> str:
             return f"invalid value for {flag}: {given!r} is not {takes}"
         return f"invalid value for {flag}: {_sentence(error.message)}"  # our parsers say what they take
     ctx = getattr(error, "ctx", None)
+    run = _command_run(sys.argv[1:])
     if ctx is not None:
         command = ctx.command_path
     else:  # click's parser raises some (an option without its value) before any context is made
-        run = _command_run(sys.argv[1:])
         command = "retriever" + (f" {run.name}" if run is not None else "")
+    named = getattr(error, "option_name", "") or ""
+    given = next((argument for argument in sys.argv[1:] if argument.startswith(named)), named) if named else ""
+    if isinstance(error, _clicks.NoSuchOption) and run is not None and any(
+            param.param_type_name == "argument" for param in run.params) and (" " in given or named[1:2].isdigit()):
+        # a query or a path that starts with '-' ("-5 degrees") reads as an option: after '--' it is an argument
+        return (f"{_sentence(error.format_message())}: an argument that starts with '-' goes last, after '--' "
+                f"({command} [OPTIONS] -- {shlex.quote(given)})")
     return f"{_sentence(error.format_message())} (see {command} --help)"
 
 

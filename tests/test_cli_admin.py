@@ -337,6 +337,9 @@ WHOLE_K = "is not a whole number from 1 to 10000"
         (["serve", "--shards", "0"], "invalid value for --shards: '0' is not a whole number of at least 1"),
         (["bench", "--seed", "one"], "invalid value for --seed: 'one' is not a whole number"),
         (["search", "q", "--bogus"], "no such option: --bogus (see retriever search --help)"),
+        # a query that starts with '-' (a QA run: nothing said how to search for it)
+        (["search", "-5 degrees"], "no such option: -5: an argument that starts with '-' goes last, after '--' "
+                                   "(retriever search [OPTIONS] -- '-5 degrees')"),
         (["search", "q", "-k"], "option '-k' requires an argument (see retriever search --help)"),
         (["search", "q", "extra"], "got unexpected extra argument(s) (extra) (see retriever search --help)"),
         (["rollback"], "missing argument '[INDEX] VERSION' (see retriever rollback --help)"),
