@@ -56,6 +56,36 @@ def test_a_pdf_says_where_each_page_starts(folder):
     assert page_of(pdf.metadata, pdf.text.index("Funding")) == 2 and page_of({}, 5) is None
 
 
+def test_a_blank_first_page_leaves_every_page_number_right(tmp_path, tiny_bert):
+    """From a QA run: a PDF whose cover page has no text began its text with the blank line joining the pages,
+    which the document's trimming took away: every hit's page was one low."""
+    from retriever.index import Index
+    from tests.files_folder import _pdf
+
+    def write(relative, content):
+        (tmp_path / "pdfs" / relative).write_bytes(content)
+
+    (tmp_path / "pdfs").mkdir()
+    filler = " ".join(f"word{number}" for number in range(60))  # passages of 32 tokens: each page cut apart
+    _pdf(write, "cover.pdf", [" ", f"Second page qxsecond. {filler}", " ", f"Fourth page qxfourth. {filler}"])
+    index = Index.build(tmp_path / "pdfs", "pdfs", tmp_path / "ix", model=str(tiny_bert), calibrator="none",
+                        device="cpu", max_length=32).open()
+    assert index.search("qxsecond", k=1, mode="keyword")[0].page == 2
+
+
+def test_markup_a_reader_does_not_show_stays_out_of_the_text():
+    """From a QA run: front matter written with CR LF line ends was read as text and titled the note; Sphinx's
+    reStructuredText left docutils' error messages, comments, substitution definitions and the directives' source
+    in the text."""
+    from retriever.files.readers import read_markdown, read_rst
+
+    note = read_markdown(b"---\r\ntitle: CRLF Title\r\nsecret: qxsecret\r\n---\r\n\r\n# Heading\r\n\r\nBody.\r\n")
+    assert (note.title, note.text) == ("CRLF Title", "Heading\n\nBody.")
+    guide = read_rst(b"Guide\n=====\n\n.. contents::\n\n.. toctree::\n\n   intro\n\nSee :ref:`install` and |name|.\n\n"
+                     b".. |name| replace:: Named\n\n.. raw:: html\n\n   <b>qxraw</b>\n\n.. a comment qxcomment\n\nText.\n")
+    assert guide.text == "Guide\n\nSee :ref:`install` and Named.\n\nText."
+
+
 def test_include_and_exclude_patterns_choose_the_files(folder):
     only_notes = {d.doc_id for d in read_folder(folder, FolderOptions(include=("notes/**",)))}
     assert only_notes == {"notes/garden.md", "notes/recipes/bread.markdown"}

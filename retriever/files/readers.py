@@ -111,7 +111,8 @@ _FRONT_TITLE = re.compile(r"^title[ \t]*[:=][ \t]*(.+?)[ \t]*$", re.M)
 
 def read_markdown(data: bytes) -> FileText:
     markdown_it = _library("markdown_it", "markdown-it-py", "Markdown")
-    source = decoded(data)
+    # Line ends as one: front matter written on Windows (CR LF) was read as text, its closing --- a heading rule
+    source = _LINE_BREAKS.sub("\n", decoded(data))
     title = None
     front = _FRONT_MATTER.match(source)
     if front:  # not text a reader sees; its title is the file's
@@ -221,6 +222,15 @@ def read_rst(data: bytes) -> FileText:
         raise
     except Exception as error:  # noqa: BLE001 - docutils raises its own kinds for markup it gives up on
         raise UnreadableFile(f"reStructuredText docutils cannot parse ({type(error).__name__})") from None
+    # Not the document's text: docutils' own messages (an unknown directive's, Sphinx's `toctree` and `:ref:` in
+    # most real files, with the directive's source), comments, substitution definitions (their text stands where
+    # they are used), the table of contents a `contents` directive repeats, and raw passthrough.
+    left_out = [node for node in tree.findall(lambda node: isinstance(node, (
+        nodes.system_message, nodes.comment, nodes.substitution_definition, nodes.raw)) or (
+        isinstance(node, nodes.topic) and "contents" in node.get("classes", [])))]
+    for node in left_out:
+        if node.parent is not None:
+            node.parent.remove(node)
     title = tree.get("title") or next((node.astext() for node in tree.findall(nodes.title)), None)
     return FileText(tidy(tree.astext()), title or None)
 
@@ -233,12 +243,17 @@ def read_pdf(data: bytes) -> FileText:
         pdf = pypdf.PdfReader(io.BytesIO(data))
         if pdf.is_encrypted and not pdf.decrypt(""):
             raise UnreadableFile("an encrypted PDF (it needs a password)")
+        # Pages with text joined by a blank line; a page without (a blank cover) starts where the next text does: a
+        # text opening on separators lost them to the document's own trimming, and every page number was one low.
         pages, starts, at = [], [], 0
         for page in pdf.pages:
             text = tidy(page.extract_text() or "")
+            if text and pages:
+                at += 2
             starts.append(at)
-            pages.append(text)
-            at += len(text) + 2  # pages joined by a blank line
+            if text:
+                pages.append(text)
+                at += len(text)
         title = (pdf.metadata.title if pdf.metadata else None) or None
     except UnreadableFile:
         raise
