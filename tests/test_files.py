@@ -86,6 +86,33 @@ def test_markup_a_reader_does_not_show_stays_out_of_the_text():
     assert guide.text == "Guide\n\nSee :ref:`install` and Named.\n\nText."
 
 
+def test_a_word_file_reads_in_order_with_its_tables_headers_and_footers_once():
+    """From a QA run: every table came after every paragraph, a cell merged across three columns was read three
+    times, a nested table and the headers and footers were lost."""
+    import io
+
+    import docx
+
+    from retriever.files.readers import read_docx
+
+    document = docx.Document()
+    document.add_heading("Memo", level=1)
+    document.add_paragraph("Before the table.")
+    table = document.add_table(rows=2, cols=3)
+    table.cell(0, 0).merge(table.cell(0, 2)).text = "merged"
+    table.cell(1, 0).text, table.cell(1, 1).text = "left", "middle"
+    table.cell(1, 2).add_table(rows=1, cols=1).cell(0, 0).text = "nested"
+    document.add_paragraph("After the table.")
+    document.sections[0].header.paragraphs[0].text = "The header"
+    document.sections[0].footer.paragraphs[0].text = "The footer"
+    written = io.BytesIO()
+    document.save(written)
+    found = read_docx(written.getvalue())
+    assert found.title == "Memo"
+    assert found.text.splitlines() == ["Memo", "Before the table.", "merged", "left\tmiddle\tnested",
+                                       "After the table.", "The header", "The footer"]
+
+
 def test_include_and_exclude_patterns_choose_the_files(folder):
     only_notes = {d.doc_id for d in read_folder(folder, FolderOptions(include=("notes/**",)))}
     assert only_notes == {"notes/garden.md", "notes/recipes/bread.markdown"}

@@ -270,18 +270,54 @@ def read_docx(data: bytes) -> FileText:
     docx = _library("docx", "python-docx", "Word files")
     try:
         document = docx.Document(io.BytesIO(data))
+        title = (document.core_properties.title or "").strip() or None
+        # The body's blocks in their order, read from the XML: python-docx's paragraphs and tables lists put every
+        # table after every paragraph, repeat a merged cell once per column it spans, and leave out content
+        # controls and nested tables. Then the headers and footers (each once) and the footnotes.
+        lines = _word_blocks(document.element.body)
+        seen = set()
+        for section in document.sections:
+            for part in (section.header, section.footer):
+                if not part.is_linked_to_previous and id(part.part) not in seen:
+                    seen.add(id(part.part))
+                    lines += _word_blocks(part._element)
+        footnotes = next((related.target_part for related in document.part.rels.values()
+                          if related.reltype.endswith("/footnotes") and not related.is_external), None)
+        if footnotes is not None:
+            from lxml import etree  # python-docx's own XML library
+
+            lines += _word_blocks(etree.fromstring(footnotes.blob))
     except Exception as error:  # noqa: BLE001 - a damaged or not-Word file: zip, XML or package errors
         raise UnreadableFile(f"a damaged Word file ({type(error).__name__})") from None
-    lines, title = [], (document.core_properties.title or "").strip() or None
-    for paragraph in document.paragraphs:
-        text = paragraph.text.strip()
-        if text and title is None and (paragraph.style.name or "").startswith(("Title", "Heading")):
-            title = text
-        lines.append(text)
-    for table in document.tables:
-        for row in table.rows:
-            lines.append("\t".join(cell.text.strip() for cell in row.cells))
-    return FileText(tidy("\n".join(lines)), title)
+    if title is None:
+        title = next((text for style, text in lines if style.startswith(("Title", "Heading")) and text), None)
+    return FileText(tidy("\n".join(text for _, text in lines)), title)
+
+
+_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+
+
+def _word_blocks(element) -> list[tuple[str, str]]:
+    """(style id, text) of each paragraph and table row under a Word XML ELEMENT, in order: a row's cells joined
+    by tabs (a cell's own paragraphs and nested tables by spaces); content controls read as their content; deleted
+    text (w:delText) left out, inserted text kept."""
+    found = []
+    for child in element:
+        if child.tag == f"{_W}p":
+            style = child.find(f"{_W}pPr/{_W}pStyle")
+            text = "".join(node.text or "" if node.tag == f"{_W}t" else " "  # a tab or a line break: a space
+                           for node in child.iter(f"{_W}t", f"{_W}tab", f"{_W}br", f"{_W}cr"))
+            found.append(("" if style is None else style.get(f"{_W}val", ""), text.strip()))
+        elif child.tag == f"{_W}tbl":
+            for row in child.iter(f"{_W}tr"):
+                if row.getparent() is not child:
+                    continue  # a nested table's rows: read within its cell
+                cells = [" ".join(text for _, text in _word_blocks(cell) if text) for cell in row.findall(f"{_W}tc")]
+                found.append(("", "\t".join(cells)))
+        elif child.tag in (f"{_W}sdt", f"{_W}sdtContent", f"{_W}ins", f"{_W}customXml", f"{_W}smartTag",
+                           f"{_W}footnote", f"{_W}endnote", f"{_W}hdr", f"{_W}ftr"):
+            found += _word_blocks(child)
+    return found
 
 
 READERS: tuple[Reader, ...] = (
