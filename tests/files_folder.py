@@ -45,14 +45,15 @@ def make_folder(root: Path) -> Path:
           + LAST_SENTENCES["journal.txt"] + "\n")
     filler = [" ".join(f"Section {page}.{line}: the committee reviewed budgets, staffing, visitor numbers and "
                        f"maintenance of building {line} in detail." for line in range(8)) for page in range(3)]
-    _pdf(write, "reports/annual.pdf", ["The observatory opened its new dome in spring. " + filler[0],
-                                       "Funding came from the regional science council. " + filler[1],
-                                       filler[2] + " " + LAST_SENTENCES["reports/annual.pdf"]], title="Annual report")
+    write_pdf(write, "reports/annual.pdf", ["The observatory opened its new dome in spring. " + filler[0],
+                                            "Funding came from the regional science council. " + filler[1],
+                                            filler[2] + " " + LAST_SENTENCES["reports/annual.pdf"]],
+              title="Annual report")
     _docx(root / "letters/offer.docx", "An offer of partnership", ["Dear colleagues,",
                                                                   LAST_SENTENCES["letters/offer.docx"]])
     # What a build must skip, and say so
     write("reports/broken.pdf", b"%PDF-1.4\n1 0 obj << /Type /Catalog >>\nthis is not a finished pdf")
-    _pdf(write, "reports/locked.pdf", ["A secret page."], password="hunter2")
+    write_pdf(write, "reports/locked.pdf", ["A secret page."], password="hunter2")
     write("legacy/latin1.txt", "Caf\u00e9 cr\u00e8me au comptoir".encode("latin-1"))
     # What a build leaves out without a word: other formats, hidden and ignored files
     write("photos/cat.png", b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
@@ -64,7 +65,8 @@ def make_folder(root: Path) -> Path:
     return root
 
 
-def _pdf(write, relative: str, pages: list[str], title: str | None = None, password: str | None = None) -> None:
+def write_pdf(write, relative: str, pages: list[str], title: str | None = None,
+              password: str | None = None) -> None:
     from fpdf import FPDF
 
     pdf = FPDF()

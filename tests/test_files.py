@@ -60,14 +60,14 @@ def test_a_blank_first_page_leaves_every_page_number_right(tmp_path, tiny_bert):
     """From a QA run: a PDF whose cover page has no text began its text with the blank line joining the pages,
     which the document's trimming took away: every hit's page was one low."""
     from retriever.index import Index
-    from tests.files_folder import _pdf
+    from tests.files_folder import write_pdf
 
     def write(relative, content):
         (tmp_path / "pdfs" / relative).write_bytes(content)
 
     (tmp_path / "pdfs").mkdir()
     filler = " ".join(f"word{number}" for number in range(60))  # passages of 32 tokens: each page cut apart
-    _pdf(write, "cover.pdf", [" ", f"Second page qxsecond. {filler}", " ", f"Fourth page qxfourth. {filler}"])
+    write_pdf(write, "cover.pdf", [" ", f"Second page qxsecond. {filler}", " ", f"Fourth page qxfourth. {filler}"])
     index = Index.build(tmp_path / "pdfs", "pdfs", tmp_path / "ix", model=str(tiny_bert), calibrator="none",
                         device="cpu", max_length=32).open()
     assert index.search("qxsecond", k=1, mode="keyword")[0].page == 2
@@ -82,7 +82,8 @@ def test_markup_a_reader_does_not_show_stays_out_of_the_text():
     note = read_markdown(b"---\r\ntitle: CRLF Title\r\nsecret: qxsecret\r\n---\r\n\r\n# Heading\r\n\r\nBody.\r\n")
     assert (note.title, note.text) == ("CRLF Title", "Heading\n\nBody.")
     guide = read_rst(b"Guide\n=====\n\n.. contents::\n\n.. toctree::\n\n   intro\n\nSee :ref:`install` and |name|.\n\n"
-                     b".. |name| replace:: Named\n\n.. raw:: html\n\n   <b>qxraw</b>\n\n.. a comment qxcomment\n\nText.\n")
+                     b".. |name| replace:: Named\n\n.. raw:: html\n\n   <b>qxraw</b>\n\n"
+                     b".. a comment qxcomment\n\nText.\n")
     assert guide.text == "Guide\n\nSee :ref:`install` and Named.\n\nText."
 
 
