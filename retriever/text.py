@@ -131,6 +131,12 @@ def terminal_safe(text: str) -> str:
     return _SURROGATE.sub(_escape, text)
 
 
+def terminal_safe_name(text: str) -> str:
+    """A name (a document id, a file's path) as `terminal_safe` shows text, its line breaks and tabs escaped too: a
+    name is one line, and a file name holding a newline printed as two."""
+    return terminal_safe(text).replace("\n", "\\x0a").replace("\t", "\\x09")
+
+
 def _escape(found: re.Match) -> str:
     code = ord(found.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
@@ -139,9 +145,9 @@ def _escape(found: re.Match) -> str:
 def terminal_json(value: object, ascii: bool = False, **dumps) -> str:
     """VALUE as JSON for a terminal: exactly what json.dumps(ensure_ascii=False) gives, except that the characters
     `terminal_safe` escapes, which json.dumps leaves raw (DEL, the C1 controls, the bidi overrides, lone
-    surrogates), and the invisible ones (`_INVISIBLE`) are written as \\uNNNN escapes. They can only occur inside strings, so the JSON decodes to the same
-    value; only what reaches the terminal changes. ASCII: every non-ASCII character escaped, for an output that
-    cannot encode them."""
+    surrogates), and the invisible ones (`_INVISIBLE`) are written as \\uNNNN escapes. They can only occur inside
+    strings, so the JSON decodes to the same value; only what reaches the terminal changes. ASCII: every non-ASCII
+    character escaped, for an output that cannot encode them."""
     text = json.dumps(value, ensure_ascii=ascii, **dumps)
     return _SURROGATE.sub(_json_escape, _INVISIBLE.sub(_json_escape, _CONTROL.sub(_json_escape, text)))
 

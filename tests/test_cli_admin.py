@@ -900,3 +900,17 @@ def test_info_counts_a_deleted_document_s_vectors_as_vectors(cli, tmp_path, tiny
     shown = " ".join(cli("info").stdout.replace("│", " ").split())
     held = info["passages"] - len(notes)  # the manual's passages
     assert held > 1 and f"{held} of them held for 1 deleted document until compaction" in shown, shown
+
+
+def test_a_file_name_holding_a_line_break_shows_on_one_line(cli, tmp_path, tiny_bert, monkeypatch):
+    """From a QA run: a file named "line\\nbreak.md" printed as two lines in search's table and show's id."""
+    import cli.index_commands as commands
+
+    monkeypatch.setattr(commands, "stdout", Console(width=200, soft_wrap=True))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "line\nbreak.md").write_text("hello newline file\n", encoding="utf-8")
+    assert cli("build", tmp_path / "notes", "--model", tiny_bert, "--calibrator", "none").returncode == 0
+    table = cli("search", "hello newline", "-k", "1").stdout
+    shown = cli("show", "line\nbreak.md").stdout
+    assert "line\\x0abreak.md" in table and "line\\x0abreak.md" in shown
+    assert not any(line.strip("│ ").startswith("break.md") for line in table.splitlines())
