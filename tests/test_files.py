@@ -87,6 +87,23 @@ def test_markup_a_reader_does_not_show_stays_out_of_the_text():
     assert guide.text == "Guide\n\nSee :ref:`install` and Named.\n\nText."
 
 
+@pytest.mark.parametrize("source, title", [
+    (b'---\ntitle: ""\n---\n\n# Heading One\n\nBody\n', "Heading One"),  # empty: the first heading titles
+    (b"---\ntitle: 'It''s here' # a comment\n---\n\nBody\n", "It's here"),
+    (b"---\ntitle: >\n  Folded\n  title\n---\n\nBody\n", "Folded title"),
+    (b'---\ntitle: "Quoted \\"inner\\""\n---\n\nBody\n', 'Quoted "inner"'),
+    (b'+++\ndate = 2024-01-01\n[params]\ntitle = "Not this"\n+++\n\n# Real\n\nBody\n', "Real"),
+    (b'+++\ntitle = "TOML title"\n+++\n\nBody\n', "TOML title"),
+    (b"---\ntitle: [unclosed\n---\n\n# Heading\n\nBody\n", "Heading"),  # front matter that does not parse
+])
+def test_front_matter_titles_are_read_by_their_formats_parser(source, title):
+    """From a QA run: a pattern read titles as written, quotes, comments and '>' included, and took a title from
+    TOML's [params]."""
+    from retriever.files.readers import read_markdown
+
+    assert read_markdown(source).title == title
+
+
 def test_a_word_file_reads_in_order_with_its_tables_headers_and_footers_once():
     """From a QA run: every table came after every paragraph, a cell merged across three columns was read three
     times, a nested table and the headers and footers were lost."""

@@ -106,7 +106,25 @@ def read_text(data: bytes) -> FileText:
 
 # YAML front matter between --- lines (Jekyll, Hugo, Obsidian), or TOML between +++ lines (Hugo).
 _FRONT_MATTER = re.compile(r"\A(---|\+\+\+)[ \t]*\n(.*?\n)\1[ \t]*\n", re.S)
-_FRONT_TITLE = re.compile(r"^title[ \t]*[:=][ \t]*(.+?)[ \t]*$", re.M)
+
+
+def _front_title(fence: str, block: str) -> str | None:
+    """The title front matter gives (FENCE --- : YAML, +++ : TOML): its top-level `title`, where that is text, read
+    by the format's own parser (a pattern took `'It''s here' # comment` as written, `>` for a folded title, and a
+    `title` inside TOML's [params]); None where it gives none or does not parse (the first heading then titles)."""
+    try:
+        if fence == "---":
+            import yaml  # PyYAML
+
+            data = yaml.safe_load(block)
+        else:
+            import tomllib
+
+            data = tomllib.loads(block)
+    except Exception:  # noqa: BLE001 - front matter that does not parse names no title
+        return None
+    title = data.get("title") if isinstance(data, dict) else None
+    return " ".join(title.split()) if isinstance(title, str) and title.strip() else None
 
 
 def read_markdown(data: bytes) -> FileText:
@@ -116,8 +134,7 @@ def read_markdown(data: bytes) -> FileText:
     title = None
     front = _FRONT_MATTER.match(source)
     if front:  # not text a reader sees; its title is the file's
-        found = _FRONT_TITLE.search(front.group(2))
-        title = found.group(1).strip("'\"") if found else None
+        title = _front_title(front.group(1), front.group(2))
         source = source[front.end():]
     # CommonMark, with GitHub's tables (a table's rows laid out as rows, not as one paragraph of pipes)
     parser = markdown_it.MarkdownIt("commonmark").enable("table")
