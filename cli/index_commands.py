@@ -28,7 +28,7 @@ from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.errors import RetrieverError
 from retriever.versions.home import NAME_RULE, check_name, index_options, resolve_index_dir
 from retriever.progress import stderr_console
-from retriever.text import counted, counted_queries, terminal_json, terminal_safe, terminal_safe_name
+from retriever.text import counted, counted_queries, escape_undecodable, terminal_json, terminal_safe
 
 stdout = Console(soft_wrap=True)
 Calibrator = Annotated[str, typer.Option("--calibrator", "-c", help=options.CALIBRATORS)]
@@ -510,7 +510,7 @@ def _hits_table(title: str, hits, full: bool, mode: str = "dense", min_score: fl
     if not hits:  # a filter that selects nothing, or keywords no document holds: said, not an empty table
         stdout.print(Text(f"{title if full else _snippet(title, stdout.width)}\n  no hits"))
         return
-    rows = [(str(hit.rank), f"{round(hit.score, 3) + 0.0:.3f}", terminal_safe_name(hit.doc_id))  # no -0.000
+    rows = [(str(hit.rank), f"{round(hit.score, 3) + 0.0:.3f}", escape_undecodable(hit.doc_id))  # no -0.000
             for hit in hits]
     sides = [f"{hit.dense_rank or '-'}/{hit.keyword_rank or '-'}" for hit in hits] if mode == "hybrid" else None
     rank, score, ids = (max([cell_len(row[i]) for row in rows] + [len(header)])
@@ -586,7 +586,7 @@ def show(
     for key, value in record.items():
         shown = "" if value is None else str(value)
         table.add_row("id" if key == "doc_id" else key,
-                      Text(terminal_safe_name(shown)) if key in ("doc_id", "source") else _plain(shown))
+                      Text(escape_undecodable(shown)) if key in ("doc_id", "source") else _plain(shown))
     for key, value in metadata.items():  # as JSON: a number and the same digits as text read differently
         table.add_row(_plain(key), _plain(json.dumps(value, ensure_ascii=False)), style="dim")
     stdout.print(table)

@@ -109,17 +109,18 @@ def is_blank(text: str) -> bool:
     return all(character.isspace() or unicodedata.category(character) in ("Cc", "Cf") for character in text)
 
 
-def check_queries(queries: Sequence[str]) -> None:
+def check_queries(queries: Sequence[str], parameter: str | None = None) -> None:
     """Refuse what would rank documents arbitrarily, or fail inside the tokenizer: no query at all, one that is not
-    text, an empty or blank one, or one holding a lone surrogate."""
+    text, an empty or blank one, or one holding a lone surrogate. PARAMETER: where the queries were given (a
+    request's field), named as the parameter at fault."""
     if not queries:
-        raise RetrieverError("no query given")
+        raise RetrieverError("no query given", parameter=parameter)
     for number, query in enumerate(queries, start=1):
         where = "" if len(queries) == 1 else f" (query {number} of {len(queries)})"
         if not isinstance(query, str):
-            raise RetrieverError(f"a query is text, not {type(query).__name__}{where}")
+            raise RetrieverError(f"a query is text, not {type(query).__name__}{where}", parameter=parameter)
         if is_blank(query):
-            raise RetrieverError(f"empty query{where}: give some text to search for")
+            raise RetrieverError(f"empty query{where}: give some text to search for", parameter=parameter)
         check_text(query, f"the query{where}")
 
 
@@ -129,12 +130,6 @@ def terminal_safe(text: str) -> str:
     CR LF ending (text from Windows) is shown as the line break it is."""
     text = _CONTROL.sub(_escape, text.replace("\r\n", "\n"))
     return _SURROGATE.sub(_escape, text)
-
-
-def terminal_safe_name(text: str) -> str:
-    """A name (a document id, a file's path) as `terminal_safe` shows text, its line breaks and tabs escaped too: a
-    name is one line, and a file name holding a newline printed as two."""
-    return terminal_safe(text).replace("\n", "\\x0a").replace("\t", "\\x09")
 
 
 def _escape(found: re.Match) -> str:

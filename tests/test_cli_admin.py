@@ -912,5 +912,5 @@ def test_a_file_name_holding_a_line_break_shows_on_one_line(cli, tmp_path, tiny_
     assert cli("build", tmp_path / "notes", "--model", tiny_bert, "--calibrator", "none").returncode == 0
     table = cli("search", "hello newline", "-k", "1").stdout
     shown = cli("show", "line\nbreak.md").stdout
-    assert "line\\x0abreak.md" in table and "line\\x0abreak.md" in shown
+    assert "line\\nbreak.md" in table and "line\\nbreak.md" in shown
     assert not any(line.strip("│ ").startswith("break.md") for line in table.splitlines())

@@ -326,9 +326,7 @@ def _word_blocks(element) -> list[tuple[str, str]]:
                            for node in child.iter(f"{_W}t", f"{_W}tab", f"{_W}br", f"{_W}cr"))
             found.append(("" if style is None else style.get(f"{_W}val", ""), text.strip()))
         elif child.tag == f"{_W}tbl":
-            for row in child.iter(f"{_W}tr"):
-                if row.getparent() is not child:
-                    continue  # a nested table's rows: read within its cell
+            for row in child.findall(f"{_W}tr"):  # its own rows: a nested table's are read within their cell
                 cells = [" ".join(text for _, text in _word_blocks(cell) if text) for cell in row.findall(f"{_W}tc")]
                 found.append(("", "\t".join(cells)))
         elif child.tag in (f"{_W}sdt", f"{_W}sdtContent", f"{_W}ins", f"{_W}customXml", f"{_W}smartTag",

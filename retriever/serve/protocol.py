@@ -14,7 +14,6 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
 
-from retriever.errors import RetrieverError
 from retriever.search.options import SearchOptions
 from retriever.search.results import HIT_PARTS
 from retriever.text import check_queries, check_text
@@ -151,7 +150,4 @@ def check_search(texts: list[str], ids: list[str | None], k: int, field: str) ->
         check_text(text, which)
         if query_id is not None:
             check_text(query_id, f"the id of {which}")
-    try:
-        check_queries(texts)
-    except RetrieverError as error:
-        raise RetrieverError(str(error), parameter=error.parameter or field) from None
+    check_queries(texts, field)
