@@ -104,6 +104,28 @@ def test_front_matter_titles_are_read_by_their_formats_parser(source, title):
     assert read_markdown(source).title == title
 
 
+def test_an_html_page_in_a_legacy_encoding_is_read_in_the_one_it_declares():
+    """From a QA run: a page declaring windows-1252 (as saved by older editors and sites) was skipped as not UTF-8.
+    Latin-1 is read as a browser reads it (windows-1252: curly quotes, the euro); a page saved as UTF-8 since, its
+    old declaration left in, stays UTF-8; bytes the declared encoding has no character for, an encoding Python does
+    not know, and legacy bytes with no declaration are one line each."""
+    from retriever.files.readers import UnreadableFile, read_html
+
+    page = read_html('<html><head><meta charset="windows-1252"><title>Caf\xe9 \x93menu\x94</title></head>'
+                     '<body><p>Cr\xe8me br\xfbl\xe9e \x80 5</p></body></html>'.encode("latin-1"))
+    assert (page.title, page.text) == ("Café “menu”", "Crème brûlée € 5")
+    old = read_html('<meta http-equiv="Content-Type" content="text/html; charset=ISO-8859-1"><p>na\xefve \x85</p>'
+                    .encode("latin-1"))
+    assert old.text == "naïve …"
+    assert read_html('<meta charset="koi8-r"><p>Привет</p>'.encode("koi8-r")).text == "Привет"
+    assert read_html('<meta charset="iso-8859-1"><p>déjà “vu”</p>'.encode("utf-8")).text == "déjà “vu”"
+    for data, why in [('<meta charset="windows-1252"><p>\x81</p>', "not windows-1252 text as it declares: byte 0x81"),
+                      ('<meta charset="bogus"><p>\xe9</p>', "encoding it declares is one Python does not know"),
+                      ("<p>caf\xe9</p>", "not UTF-8 text: byte 0xe9 at offset 6")]:
+        with pytest.raises(UnreadableFile, match=why):
+            read_html(data.encode("latin-1"))
+
+
 def test_a_word_file_reads_in_order_with_its_tables_headers_and_footers_once():
     """From a QA run: every table came after every paragraph, a cell merged across three columns was read three
     times, a nested table and the headers and footers were lost."""

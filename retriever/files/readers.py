@@ -221,8 +221,38 @@ def _shown_text(soup, bs4) -> str:
     return tidy("".join(pieces))
 
 
+# Labels HTML reads as windows-1252 (the Encoding Standard, which every browser follows): a page that says latin-1
+# or ASCII and holds a curly quote or a euro sign (0x80-0x9f) means windows-1252's characters there.
+_WINDOWS_1252 = frozenset({"ascii", "us-ascii", "iso-8859-1", "iso8859-1", "iso_8859-1", "latin1", "latin-1", "l1",
+                           "cp819", "ibm819", "iso-ir-100", "csisolatin1", "windows-1252", "cp1252", "x-cp1252"})
+
+
+def html_decoded(data: bytes) -> str:
+    """HTML's bytes as text: as `decoded` reads any file (UTF-8, or UTF-16 by its byte-order mark), else in the
+    encoding the page declares in its first 1,024 bytes (`<meta charset>`, or the `http-equiv` Content-Type), as a
+    browser reads it. UTF-8 comes first: a page declaring a legacy encoding whose bytes are valid UTF-8 was saved
+    as UTF-8 since (a legacy text of any length is almost never valid UTF-8)."""
+    try:
+        return decoded(data)
+    except UnreadableFile as not_utf8:
+        from bs4.dammit import EncodingDetector  # Beautiful Soup is installed with the package
+
+        label = EncodingDetector.find_declared_encoding(data[:1024], is_html=True)
+        if not label or label.lower().replace("_", "-") in ("utf-8", "utf8", "utf-16", "utf-16le", "utf-16be"):
+            raise not_utf8
+        label = label.lower()
+        try:
+            return data.decode("cp1252" if label in _WINDOWS_1252 else label)
+        except LookupError:
+            raise UnreadableFile(f"not UTF-8 text, and the encoding it declares is one Python does not know: "
+                                 f"{label!r} (save it as UTF-8)") from None
+        except UnicodeDecodeError as error:
+            raise UnreadableFile(f"not {label} text as it declares: byte 0x{data[error.start]:02x} at offset "
+                                 f"{error.start:,}") from None
+
+
 def read_html(data: bytes) -> FileText:
-    text, title = html_text(decoded(data))
+    text, title = html_text(html_decoded(data))
     return FileText(text, title)
 
 
