@@ -25,6 +25,7 @@ from cli import options
 from cli.interrupts import on_interrupt
 from cli.options import default
 from retriever.defaults import DEFAULT_FIT_SAMPLE
+from retriever.encode.passages import MAX_PASSAGES
 from retriever.errors import RetrieverError
 from retriever.versions.home import NAME_RULE, check_name, index_options, resolve_index_dir
 from retriever.progress import stderr_console
@@ -271,7 +272,11 @@ def _long_documents(summary) -> str:
     if summary.cut:
         said.append(f"{counted(summary.cut, 'document')} longer than the encoder reads cut into passages "
                     f"({counted(summary.passages, 'vector')} in all)")
-    if summary.truncated:
+    if summary.truncated and summary.cut:  # cut into passages as far as a document's passages may go
+        said.append(f"{counted(summary.truncated, 'document')} longer than {MAX_PASSAGES:,} passages: dense search "
+                    f"reads the first {MAX_PASSAGES:,} of {'it' if summary.truncated == 1 else 'each'}, keyword "
+                    f"search all of {'it' if summary.truncated == 1 else 'them'}")
+    elif summary.truncated:
         said.append(f"{counted(summary.truncated, 'document')} truncated at the max length")
     return "; ".join(said)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib
 import json
 import re
 import os
@@ -579,7 +580,7 @@ def test_a_one_document_corpus_builds_uncalibrated_with_a_warning(cli, tmp_path,
                           "32 dimensions)")
 
 
-def test_counts_agree_with_their_nouns(cli, tmp_path, tiny_bert):
+def test_counts_agree_with_their_nouns(cli, tmp_path, tiny_bert, monkeypatch):
     corpus = tmp_path / "long.txt"
     corpus.write_text("word " * 2000 + "\n")
     done = cli("encode", corpus, "--out", tmp_path / "v.npy", "--model", tiny_bert)
@@ -589,6 +590,14 @@ def test_counts_agree_with_their_nouns(cli, tmp_path, tiny_bert):
     assert "1 document longer than the encoder reads cut into passages (29 vectors in all)" in done.stderr
     done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--no-passages", "--name", "cut")
     assert "1 document truncated at the max length" in done.stderr
+    # A document past the passages a document may have (65,536; 5 here) keeps the first ones, and says so.
+    corpus.write_text("word " * 2000 + "qxtail\n")
+    for module in ("retriever.encode.passages", "cli.index_commands"):
+        monkeypatch.setattr(importlib.import_module(module), "MAX_PASSAGES", 5)
+    done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--name", "capped")
+    assert ("1 document longer than the encoder reads cut into passages (5 vectors in all); 1 document longer than "
+            "5 passages: dense search reads the first 5 of it, keyword search all of it") in done.stderr
+    assert json.loads(cli("search", "qxtail", "--name", "capped", "--mode", "keyword", "--json").stdout)["results"]
     assert_one_line_error(cli("delete", "absent", "--name", "long"), "1 id is not in the index: 'absent'")
     done = cli("verify", "long")
     assert done.returncode == 0 and "files, " in done.stderr

@@ -34,6 +34,14 @@ def search(index: Index, query: str, **options):
     return index.search([query], **options)[0]
 
 
+def assert_reads_as(tokenizer, head: str, whole: str, max_length: int) -> None:
+    """HEAD, a cut document's first passage, is WHOLE's head, cut at white space, and an encoder reading MAX_LENGTH
+    tokens reads of it what it reads of WHOLE, and still truncates it."""
+    assert whole.startswith(head) and len(head) < len(whole) and whole[len(head)].isspace()
+    read = [tokenizer(text, truncation=True, max_length=max_length)["input_ids"] for text in (whole, head)]
+    assert read[0] == read[1] and len(tokenizer(head)["input_ids"]) > max_length
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tiny_bert):
     from transformers import AutoTokenizer
@@ -64,8 +72,10 @@ def test_a_long_document_is_cut_into_overlapping_windows_that_cover_it(tokenizer
     passages = cutter.cut([document])
     spans = passages.spans.tolist()
     assert len(spans) > 5 and spans[0][0] == 0 and spans[-1][1] == len(document.text)
-    # The first passage is what the encoder reads of the whole document: its vector is the one it always had.
-    assert passages.texts[0] == document_text(document)
+    # The first passage is what the encoder reads of the whole document: its vector is the one it always had. It
+    # is given the document's head alone (the tokenizer need not read the rest), cut at white space, which the
+    # encoder still truncates at the same token.
+    assert_reads_as(tokenizer, passages.texts[0], document_text(document), WINDOW)
     for number, ((start, end), (next_start, _)) in enumerate(zip(spans, spans[1:])):
         assert next_start < end  # each next passage repeats the end of the one before
         assert number == 0 or document.text[end - 1] == "."  # the later ones cut at a sentence's end
@@ -418,7 +428,8 @@ def test_a_document_the_encoder_reads_whole_is_never_cut(tokenizer):
     long = Document("long", long_text(0, sentences=12), None, "c", 2)
     passages = cutter.cut([middle, long])
     assert passages.counts()[0] == 1 and passages.texts[0] == middle.text
-    assert passages.counts()[1] > 5 and passages.texts[1] == long.text  # its first: what the encoder reads of it
+    assert passages.counts()[1] > 5  # its first: what the encoder reads of it
+    assert_reads_as(tokenizer, passages.texts[1], long.text, 64)
     assert len(tokenizer(long.text[: passages.spans[1][1]])["input_ids"]) == 64
     assert all(len(tokenizer(text)["input_ids"]) <= 16 for text in passages.texts[2:])
 
@@ -530,3 +541,28 @@ def test_a_window_too_short_is_refused_zero_included(window):
     """0 once built with the default window, where 15 and -5 were refused."""
     with pytest.raises(RetrieverError, match="too short"):
         PassageSettings(window=window).checked(256)
+
+
+def test_a_text_of_megabytes_is_tokenized_in_pieces_and_only_as_far_as_its_passages_reach(tokenizer, monkeypatch):
+    """A 50 MB file held all its tokens' objects at once (12 GB at its peak) and was tokenized past the last
+    passage a document may have. Cut a piece at a time (small pieces here), a text gets the very spans it gets whole;
+    past MAX_PASSAGES it keeps the first of them, counted as truncated, and the tokenizer stops soon after."""
+    import retriever.encode.passages as passages_module
+
+    text = " ".join(f"{long_text(number)} Déjà vu, naïve café № {number}:\nnext line." for number in range(6))
+    documents = [Document("big", text, "A title", "c", 1), Document("small", "A short one.", None, "c", 2)]
+    cutter = PassageCutter(tokenizer, PassageSettings().checked(WINDOW), WINDOW)
+    whole = cutter.cut(documents)
+    monkeypatch.setattr(passages_module, "PIECE_CHARACTERS", 300)
+    pieces = cutter.cut(documents)
+    assert len(text) > 30 * 300 and whole.counts().tolist()[0] > 20
+    assert pieces.spans.tolist() == whole.spans.tolist() and pieces.texts == whole.texts and pieces.truncated == 0
+
+    read = []
+    monkeypatch.setattr(cutter._backend, "encode", lambda piece, **options: read.append(piece) or
+                        type(cutter._backend).encode(cutter._backend, piece, **options), raising=False)
+    monkeypatch.setattr(passages_module, "MAX_PASSAGES", 5)
+    capped = cutter.cut(documents)
+    assert capped.counts().tolist() == [5, 1] and capped.truncated == 1
+    assert capped.spans.tolist() == whole.spans.tolist()[:5] + whole.spans.tolist()[-1:]
+    assert read and sum(map(len, read)) < len(text) / 3  # not read to its end

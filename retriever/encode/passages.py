@@ -28,6 +28,7 @@ A passage is a character span of the document's text; the passages of the docume
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,8 +44,15 @@ from retriever.errors import RetrieverError, param
 DEFAULT_WINDOW = 64
 DEFAULT_OVERLAP_SHARE = 0.125
 # A document cut into more passages than this keeps its first ones (row id and passage number share one int64
-# key, `retriever.store.passages`): about 14 million words at the default window.
+# key, `retriever.store.passages`): at the default window, about 13 MB of English text (the rest of such a
+# document reaches keyword search only).
 MAX_PASSAGES = 2**16
+# A text longer than this many characters is tokenized a piece at a time (`PassageCutter._token_offsets`).
+PIECE_CHARACTERS = 2**17
+# The tokens past a cut document's first read that its first passage's text holds: the encoder, reading the title
+# and the text together, reads the same tokens of it as of the whole text, and still finds more than it reads.
+HEAD_MARGIN = 16
+_WHITE_SPACE = re.compile(r"\s")
 _SENTENCE_ENDS = ".!?\u3002\uff01\uff1f"
 _CLOSING = "\"')]}\u201d\u2019"
 
@@ -141,15 +149,18 @@ class PassageCutter:
         # A text of no more UTF-8 bytes than the encoder has room for tokens fits without tokenizing: no tokenizer
         # makes more tokens than bytes, bar a leading word-start marker.
         long = [i for i, text in enumerate(texts) if len(text.encode("utf-8")) + 1 > fits]
-        long = [i for i, n in zip(long, self._lengths([texts[i] for i in long])) if n > fits]
+        long = [i for i, (tokens, _) in zip(long, self._token_offsets([texts[i] for i in long], fits + 1))
+                if len(tokens) > fits]
         room = self.window - self.specials
         spans_of: dict[int, list[tuple[int, int]]] = {}
         truncated = 0
         titles_of: dict[int, str | None] = {}
+        heads: dict[int, int] = {}
         if long:
             titles = self._backend.encode_batch([documents[i].title or "" for i in long], add_special_tokens=False)
-            encodings = self._backend.encode_batch([documents[i].text for i in long], add_special_tokens=False)
-            for i, title, encoding in zip(long, titles, encodings):
+            # Past the tokens MAX_PASSAGES passages and one more can reach, a text is not read.
+            tokens = self._token_offsets([documents[i].text for i in long], fits + (MAX_PASSAGES + 1) * room)
+            for i, title, (token_offsets, whole) in zip(long, titles, tokens):
                 title_room = len(title.ids) + (1 if title.ids else 0)
                 # The first passage is what the encoder reads of the whole document (its vector today's).
                 first = max(fits - title_room, 1)
@@ -157,11 +168,12 @@ class PassageCutter:
                 # passage cut short, at a word's end (else the encoder, reading title first, would see no text).
                 titles_of[i], kept = _title_within(documents[i].title, title.offsets, room - self.window // 2 - 1)
                 title_cost = kept + 1 if kept else 0
-                spans = cut_spans(documents[i].text, encoding.offsets, room - title_cost, self.overlap, first,
+                spans = cut_spans(documents[i].text, token_offsets, room - title_cost, self.overlap, first,
                                   whole_rest=self.whole_rest - self.specials - title_cost, most=fits - title_cost)
-                if len(spans) > MAX_PASSAGES:
+                if len(spans) > MAX_PASSAGES or not whole:
                     spans, truncated = spans[:MAX_PASSAGES], truncated + 1
                 spans_of[i] = spans
+                heads[i] = _head_end(documents[i].text, token_offsets, first + HEAD_MARGIN)
         all_spans, offsets, passage_texts = [], [0], []
         for i, (document, text) in enumerate(zip(documents, texts)):
             spans = spans_of.get(i)
@@ -170,16 +182,59 @@ class PassageCutter:
                 passage_texts.append(text)
             else:
                 all_spans.extend(spans)
-                passage_texts.append(text)  # the whole text: the encoder reads its first `max_length` tokens
+                # The encoder reads the first `max_length` tokens of the whole text: given only its head, it reads
+                # the same tokens without tokenizing the rest (a text of megabytes took seconds and gigabytes).
+                passage_texts.append(passage_text(document.title, document.text[: heads[i]]))
                 passage_texts.extend(passage_text(titles_of[i], document.text[start:end]) for start, end in spans[1:])
             offsets.append(len(all_spans))
         return Passages(np.asarray(all_spans, np.int64).reshape(-1, 2), np.asarray(offsets, np.int64),
                         passage_texts, truncated)
 
-    def _lengths(self, texts: list[str]) -> list[int]:
-        if not texts:
-            return []
-        return [len(encoding.ids) for encoding in self._backend.encode_batch(texts, add_special_tokens=False)]
+    def _token_offsets(self, texts: list[str], most: int) -> list[tuple[np.ndarray, bool]]:
+        """Each text's tokens' (start, end) offsets (int64, tokens x 2), at least MOST of them where it has more,
+        and whether they are all of its tokens. A text of more than PIECE_CHARACTERS is tokenized a piece at a
+        time, each piece but the first starting at a space or line break, and stops once it has MOST: the
+        tokenizer splits words at white space before anything else, so the pieces' tokens are the whole text's,
+        and a text of tens of megabytes never holds all its tokens' objects at once (they took gigabytes)."""
+        short = [text for text in texts if len(text) <= PIECE_CHARACTERS]
+        encoded = iter(self._backend.encode_batch(short, add_special_tokens=False) if short else [])
+        found = []
+        for text in texts:
+            if len(text) <= PIECE_CHARACTERS:
+                found.append((_offset_array(next(encoded).offsets), True))
+                continue
+            parts, count, start = [], 0, 0
+            while start < len(text) and count < most:
+                end = _piece_end(text, start)
+                piece = _offset_array(self._backend.encode(text[start:end], add_special_tokens=False).offsets)
+                parts.append(piece + start)
+                count, start = count + len(piece), end
+            found.append((np.concatenate(parts), start >= len(text)))
+        return found
+
+
+def _offset_array(offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+    return np.array(offsets, np.int64).reshape(-1, 2)
+
+
+def _piece_end(text: str, start: int) -> int:
+    """Where the piece of TEXT from START ends: at the last space or line break within PIECE_CHARACTERS (the next
+    piece starts with it), else (no white space there: the tokens at the seam may differ from the whole text's by
+    a word piece) after PIECE_CHARACTERS, or at the text's end."""
+    end = start + PIECE_CHARACTERS
+    if end >= len(text):
+        return len(text)
+    cut = max(text.rfind(" ", start + 1, end), text.rfind("\n", start + 1, end))
+    return cut if cut > start else end
+
+
+def _head_end(text: str, offsets: np.ndarray, tokens: int) -> int:
+    """Where TEXT's head of at least TOKENS tokens (their OFFSETS) ends: at the first white space after them, so
+    that no word of the head is cut; the whole text where it has no more."""
+    if tokens >= len(offsets):
+        return len(text)
+    space = _WHITE_SPACE.search(text, int(offsets[tokens - 1, 1]))
+    return space.start() if space else len(text)
 
 
 def _title_within(title: str | None, offsets: Sequence[tuple[int, int]], tokens: int) -> tuple[str | None, int]:
@@ -206,8 +261,9 @@ def passage_text(title: str | None, text: str) -> str:
     return f"{title} {text}" if title else text
 
 
-def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overlap: int, first: int | None = None,
-              whole_rest: int | None = None, most: int | None = None) -> list[tuple[int, int]]:
+def cut_spans(text: str, offsets: Sequence[tuple[int, int]] | np.ndarray, budget: int, overlap: int,
+              first: int | None = None, whole_rest: int | None = None, most: int | None = None
+              ) -> list[tuple[int, int]]:
     """Character spans of TEXT cut from its tokens (their OFFSETS) into runs of at most BUDGET tokens, each next
     run starting OVERLAP tokens back; cuts fall at sentence ends where the run's second half has one, and always
     between words (a word the tokenizer splits into pieces is never cut, unless one word is longer than a run).
@@ -217,11 +273,11 @@ def cut_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int, overla
     OVERLAP back) are at most this many, they are one run. MOST: the most tokens the encoder reads of a run (None:
     no bound): a word longer than a run keeps the run going to its end while the run stays within MOST, and is cut
     between whole characters past it; the first run never goes past FIRST."""
+    offsets = np.asarray(offsets, np.int64).reshape(-1, 2)
     count = len(offsets)
     if count <= (budget if first is None else first):
         return [(0, len(text))]
-    starts = np.fromiter((start for start, _ in offsets), np.int64, count)
-    ends = np.fromiter((end for _, end in offsets), np.int64, count)
+    starts, ends = offsets[:, 0], offsets[:, 1]
     sentence_end = _sentence_ends(text, starts, ends)
     word_start = _word_starts(text, starts, ends)
     character_start = _character_starts(text, starts, ends)

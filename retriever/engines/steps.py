@@ -43,7 +43,7 @@ class ChangeSummary:
     folder: str
     documents: int  # in the index afterwards
     changed: int  # documents added, removed or re-calibrated
-    truncated: int = 0
+    truncated: int = 0  # documents cut at the max length; where passages are cut, those past MAX_PASSAGES of them
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. "resumed after 32,768 encoded documents"
