@@ -21,6 +21,16 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return unit_rows(vectors).astype(np.float32, copy=False)
 
 
+def l2_normalize_in_place(vectors: np.ndarray) -> np.ndarray:
+    """`l2_normalize` of an array the caller owns (a calibrator's transform gives a new one), its rows scaled in
+    place where it is float32: a new array as large costs the first touch of each of its pages, several times the
+    division itself (a tenth of a second for 50,000 vectors of 384 dimensions, many times in a build)."""
+    if vectors.dtype != np.float32 or not vectors.flags.writeable:
+        return l2_normalize(vectors)
+    vectors /= np.maximum(row_norms(vectors), 1e-12)[:, None]
+    return vectors
+
+
 # What a query's products run on. OpenBLAS threads a matrix-vector product past about 9,000 numbers and a matrix
 # product past about 260,000 multiplications (one 768-d vector through a 768 x 768 matrix), and its worker threads
 # then go on spinning for a while: on a machine of few cores they take a core from what comes next (the next

@@ -13,10 +13,10 @@ from retriever.engines.stages import (
     calibrated_blocks,
     chunked,
     fitted_query_count,
-    l2_normalize,
     with_queries,
     write_segment_vectors,
 )
+from retriever.numeric import l2_normalize, l2_normalize_in_place
 from retriever.store.arrays import ArraySource, VectorSource, vector_source
 from retriever.store.layout import RAW, ROWIDS
 from retriever.store.spec import IndexSpec
@@ -32,6 +32,11 @@ def test_chunks_keep_order_and_the_last_one_is_short():
 def test_unit_vectors_and_a_zero_vector_stays_zero():
     unit = l2_normalize(np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32))
     np.testing.assert_allclose(unit, [[0.6, 0.8], [0.0, 0.0]])
+    # a calibrator's fresh float32 output is scaled where it lies; anything else comes back as a new float32 array
+    owned = np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32)
+    assert l2_normalize_in_place(owned) is owned and np.array_equal(owned, unit)
+    given = np.array([[3.0, 4.0]])
+    assert l2_normalize_in_place(given).dtype == np.float32 and given.tolist() == [[3.0, 4.0]]
 
 
 def test_the_fit_sample_adds_at_most_fit_sample_queries():

@@ -45,7 +45,7 @@ class Calibrator(ABC):
 
     @abstractmethod
     def transform(self, X: np.ndarray) -> np.ndarray:
-        """Calibrated vectors, float32 (n, d_out)."""
+        """Calibrated vectors, float32 (n, d_out): a new array, the caller's to change (normalized in place)."""
 
     @abstractmethod
     def config(self) -> dict:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from retriever.calibration.check import DEPTH, CheckSet, count_ahead, paired_scores
-from retriever.numeric import l2_normalize
+from retriever.numeric import l2_normalize_in_place
 
 KINDS = ("title", "sentence", "span", "known-item")
 # A sentence ends at . ! or ? (and any closing quote or bracket) followed by space and a capital, digit or opening
@@ -246,7 +246,7 @@ class CheckRounds:
         if ranked is None:
             # the stored vectors through TRANSFORM, L2-normalized, once: the others' block and the sources' (in
             # pseudo-query order); the rest of a round's pool is the targets, calibrated as they are first asked
-            stored = l2_normalize(transform(self._stored))
+            stored = l2_normalize_in_place(transform(self._stored))
             ranked = self._ranked[transform] = _Ranked(*(
                 stored[np.array([self._stored_at[int(p)] for p in positions.tolist()], np.int64)]
                 for positions in (self.others, self.sources)))
@@ -299,7 +299,7 @@ class _Ranked:
         """Add the next pseudo-queries (raw QUERIES and TARGETS) passed through TRANSFORM."""
         if not len(queries):
             return
-        queries, targets = l2_normalize(transform(queries)), l2_normalize(transform(targets))
+        queries, targets = l2_normalize_in_place(transform(queries)), l2_normalize_in_place(transform(targets))
         scores = paired_scores(queries, targets)
         self.others_ahead = np.concatenate([self.others_ahead, count_ahead(queries, scores, self.others, cap=DEPTH)])
         self.queries, self.targets = np.concatenate([self.queries, queries]), np.concatenate([self.targets, targets])

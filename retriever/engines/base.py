@@ -200,8 +200,7 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
         query_vectors = queries_to_fit(query_texts, query_vectors, fitted, prefitted, encoder, notes, progress)
         # Sized by the vectors it holds: a passage each. Where nothing is fitted or trained, no sample is read.
         ready = untrained_index(fitted, source.rows, encoder.dim, spec.index_type, spec.index_options)
-        calibrated_sample = (None if ready is not None else
-                             fit(fitted, reads, spec.fit_sample, seed, query_vectors, check))
+        sample = None if ready is not None else fit(fitted, reads, spec.fit_sample, seed, query_vectors, check)
         # The pseudo-queries are encoded as the fit's check and the hybrid check read them: timed apart.
         encoded = check.seconds if check is not None else 0.0
         timings["fit"] = time.perf_counter() - clock - encoded
@@ -215,8 +214,8 @@ def run_build(engine: BuildEngine, name: str, index_dir: Path, replace: bool = T
 
         clock = time.perf_counter()
         index_spec, template = ((ready, None) if ready is not None else
-                                train_index(source.rows, calibrated_sample, spec.index_type, spec.index_options))
-        del calibrated_sample
+                                train_index(source.rows, sample, fitted, spec.index_type, spec.index_options))
+        del sample
         save_fitted(writer.folder, fitted, index_spec, template)  # what every segment is calibrated with
         timings["train_index"] = time.perf_counter() - clock
 

@@ -32,7 +32,7 @@ from retriever.corpus import Document, document_text, iter_corpus
 from retriever.calibration.pseudo_queries import CheckRounds
 from retriever.encode.passages import PassageCutter, PassageSettings
 from retriever.errors import RetrieverError
-from retriever.numeric import l2_normalize
+from retriever.numeric import l2_normalize_in_place
 from retriever.versions.integrity import sha256_file
 from retriever.progress import progress_bar, stderr_console
 from retriever.store.arrays import BLOCK_ROWS, NpyAppender, RowSubset, VectorSource, load_npy
@@ -288,13 +288,13 @@ def fit(calibrator: Calibrator, source: VectorSource, fit_sample: int | None, se
         queries: np.ndarray | None = None, check: CheckSet | CheckRounds | None = None) -> np.ndarray:
     """Stage 3: fit CALIBRATOR on at most FIT_SAMPLE of SOURCE's vectors, plus at most FIT_SAMPLE raw QUERIES
     vectors when given (`--fit-queries`: so the calibrated space also covers what users will search with), checking
-    its candidates on CHECK where it takes one (`auto`); returns the documents' sample calibrated and L2-normalized
-    (what an IVF index trains its buckets on)."""
+    its candidates on CHECK where it takes one (`auto`); returns the documents' sample, raw (what an IVF index
+    trains its buckets on once calibrated, `steps.train_index`)."""
     rows = fit_sample_rows(source.rows, fit_sample, seed)
     sample = np.concatenate(list(source.blocks())) if rows is None else source.take(rows)
     if not calibrator.fitted:
         fit_calibrator(calibrator, with_queries(sample, queries, fit_sample, seed), check)
-    return l2_normalize(calibrator.transform(sample))
+    return sample
 
 
 def check_set(calibrator: Calibrator, rows: int, documents_at, vectors_at, encoder, seed: int,
@@ -373,7 +373,7 @@ def calibrated_blocks(source: VectorSource, calibrator: Calibrator, first_rowid:
             else:
                 rows = np.asarray(passages[start : start + len(block)], np.int64)
                 keys, spans = rows[:, 0], rows[:, 1:]
-            yield keys, block, l2_normalize(calibrator.transform(block)), spans
+            yield keys, block, l2_normalize_in_place(calibrator.transform(block)), spans
             start += len(block)
             advance(len(block))
 
@@ -470,7 +470,7 @@ class IndexWhileEncoding:
         if self._writer is None:  # made here: faiss's thread count is set per thread
             self._writer = SegmentVectorWriter(self._folder, self._dim, self._out_dim, self.spec, None)
             set_threads(self.threads)  # None: every core
-        self._writer.store.add(keys, l2_normalize(self.calibrator.transform(vectors)))
+        self._writer.store.add(keys, l2_normalize_in_place(self.calibrator.transform(vectors)))
         if self._held is None:
             self._writer.raw.append(keys, vectors)
             return

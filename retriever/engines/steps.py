@@ -19,6 +19,7 @@ import numpy as np
 from retriever import __version__
 from retriever.calibration import Calibrator, fit_sample_rows, make_calibrator, too_few_to_fit
 from retriever.errors import RetrieverError, param
+from retriever.numeric import l2_normalize_in_place
 from retriever.versions.home import check_target, index_options as options_hint
 from retriever.versions.layout import CALIBRATOR, SEGMENTS, TEMPLATE
 from retriever.versions.manifest import Manifest, SegmentEntry
@@ -126,12 +127,15 @@ def enough_to_fit(calibrator: Calibrator, prefitted: bool, documents: int, fit_s
     reason = RetrieverError(f"only {counted(documents, 'document')}: {shortfall}").render({"calibrator": "--calibrator"})
     return make_calibrator("none"), {"asked": calibrator.name, "reason": reason}
 
-def train_index(vectors: int, calibrated_sample: np.ndarray, index_type: str,
+def train_index(vectors: int, sample: np.ndarray, calibrator: Calibrator, index_type: str,
                 index_options: dict | None) -> tuple[IndexSpec, object]:
     """The index spec for VECTORS vectors (INDEX_TYPE, with INDEX_OPTIONS over its defaults) and its trained
-    template (the IVF quantizer every segment shares; None for flat and hnsw)."""
-    spec = index_spec(vectors, calibrated_sample.shape[1], index_type, index_options)
-    return spec, train_template(spec, calibrated_sample)
+    template (the IVF quantizer every segment shares, trained on the raw SAMPLE as fitted CALIBRATOR calibrates it;
+    None for flat and hnsw, which calibrate nothing here)."""
+    spec = index_spec(vectors, fitted_out_dim(calibrator, sample.shape[1]), index_type, index_options)
+    if not spec.kind.trained:
+        return spec, None
+    return spec, train_template(spec, l2_normalize_in_place(calibrator.transform(sample)))
 
 def index_spec(vectors: int, dim: int, index_type: str, index_options: dict | None) -> IndexSpec:
     """The index for VECTORS calibrated vectors of DIM dimensions: INDEX_TYPE, with INDEX_OPTIONS over its

@@ -253,7 +253,7 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
     from retriever.engines.steps import fitted_out_dim
     from retriever.versions.layout import CALIBRATOR, SEGMENTS, TEMPLATE
     from retriever.engines.stages import write_segment_vectors
-    from retriever.numeric import l2_normalize
+    from retriever.numeric import l2_normalize_in_place
     from retriever.store.arrays import load_npy
     from retriever.store.documents import DocumentTable
     from retriever.store.segment import finish_segment
@@ -288,7 +288,7 @@ def write_segment(folder: str | Path, segment: str, shards: Sequence[int], shard
             keys, spans = rowids, None
             if split:
                 keys, spans = passages[:, 0], passages[:, 1:]
-            yield keys, vectors, l2_normalize(calibrator.transform(vectors)), spans
+            yield keys, vectors, l2_normalize_in_place(calibrator.transform(vectors)), spans
 
     try:
         write_segment_vectors(target, blocks(), dim, fitted_out_dim(calibrator, dim),

@@ -33,7 +33,7 @@ import numpy as np
 from retriever.calibration.check import CONFIDENCE, INTERIM_CONFIDENCE, CheckSet, paired_bootstrap, verdict
 from retriever.calibration.pseudo_queries import CheckRounds, check_rounds
 from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
-from retriever.numeric import l2_normalize
+from retriever.numeric import l2_normalize_in_place
 from retriever.search.fusion import make_fusion, scored_candidates, top_list
 from retriever.store.keywords import B, K1, Tokenizer, text_postings
 
@@ -81,8 +81,8 @@ def target_ndcg(scores: np.ndarray, keys: np.ndarray, target: int) -> float:
 def query_results(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
     """Per pseudo-query nDCG@10 of its target: "dense", "keyword" and "FUSION@w" for each of WEIGHTS (FUSION: the
     default fusion's name)."""
-    pool = l2_normalize(transform(np.concatenate([check.targets, check.distractors])))
-    queries = l2_normalize(transform(check.queries))
+    pool = l2_normalize_in_place(transform(np.concatenate([check.targets, check.distractors])))
+    queries = l2_normalize_in_place(transform(check.queries))
     keywords = PoolBM25(list(check.pool_texts))
     keys = np.arange(len(pool))
     fusion = make_fusion(DEFAULT_FUSION)
