@@ -103,8 +103,8 @@ def report(path: Path, note: str | None = None) -> str:
         median = float(np.median([runs[number]["wall_s"] for number in mine]))
         ratio, floor_ratio = "", ""
         floor = float(np.median([runs[number]["cpu_s"] / runs[number]["cpus"] for number in mine])) if timed else 0.0
-        if code != first:
-            beside = alternated_with([_label(run) for run in runs], mine, first)
+        beside = alternated_with([_label(run) for run in runs], mine, first) if code != first else []
+        if beside:  # a third code's runs, none of them beside the first code's, get no ratio
             baseline = float(np.median([runs[other]['wall_s'] for other in beside]))
             ratio, floor_ratio = f"{median / baseline:.2f}x", f"{floor / baseline:.2f}x"
         lines.append(f"| {code} | {len(mine)} | {median:.2f} | {ratio} |" + (
