@@ -27,6 +27,7 @@ from cli.options import default
 from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.encode.passages import MAX_PASSAGES
 from retriever.errors import RetrieverError
+from retriever.files.folder import FOLDER_KEY
 from retriever.versions.home import NAME_RULE, check_name, index_options, resolve_index_dir
 from retriever.progress import stderr_console
 from retriever.text import counted, counted_queries, escape_undecodable, terminal_json, terminal_safe
@@ -568,7 +569,7 @@ def show(
         "--json", help='print {"doc_id", "title", "text", "source", "line", "metadata"} instead of a table')] = False,
     index_dir: options.IndexDir = None,
 ) -> None:
-    """Show one stored document in full: id, title, text, and the file and line it came from.
+    """Show one stored document in full: id, title, text, and the file (and line, of a corpus file) it came from.
 
     Control characters are shown escaped (\\x1b, \\u202e); --json is exact JSON, with them as \\u escapes."""
     from retriever.index import Index
@@ -585,13 +586,18 @@ def show(
         _print_json(record)
         return
     metadata = record.pop("metadata") or {}
+    if metadata.get(FOLDER_KEY) == record["source"] and isinstance(metadata.get("path"), str):
+        # A file read from a folder: where it lies, not the folder and a line number (a file is one document).
+        file = str(Path(record.pop("source"), metadata["path"]))
+        record.pop("line")
+        record["file"] = file
     table = Table(show_header=False, title=_plain(f"index '{index}'"), title_justify="left")
     table.add_column("field", no_wrap=True, style="bold")
     table.add_column("value", overflow="fold")
     for key, value in record.items():
         shown = "" if value is None else str(value)
         table.add_row("id" if key == "doc_id" else key,
-                      Text(escape_undecodable(shown)) if key in ("doc_id", "source") else _plain(shown))
+                      Text(escape_undecodable(shown)) if key in ("doc_id", "source", "file") else _plain(shown))
     for key, value in metadata.items():  # as JSON: a number and the same digits as text read differently
         table.add_row(_plain(key), _plain(json.dumps(value, ensure_ascii=False)), style="dim")
     stdout.print(table)
@@ -954,6 +960,7 @@ def info(
         calibrator += f" ({fallback['asked']} was asked for: {fallback['reason']})"
     rows = [
         ("version", f"{details['version']} ({details['folder']})"),
+        *([("read from", _read_from(manifest))] if manifest.get("source") else []),
         ("documents", f"{details['documents']:,} ({counted(details['vectors'], 'vector')} in "
                       f"{counted(len(details['segments']), 'segment')}"
                       # a deleted document's vectors are all its passages'
@@ -993,6 +1000,16 @@ def info(
         cell.overflow = "fold"  # a long path folds whole: it is the one value users copy
         table.add_row(key, cell)
     stdout.print(table)
+
+
+def _read_from(manifest: dict) -> str:
+    """Where the index's documents were read from: a corpus file, or a folder and the patterns `sync` reads it by."""
+    source, folder = escape_undecodable(str(manifest["source"])), manifest.get("folder")
+    if not folder:
+        return source
+    patterns = "".join(f", {option} " + " ".join(repr(pattern) for pattern in folder[option])
+                       for option in ("include", "exclude") if folder.get(option))
+    return f"the folder {source}{patterns} (as `retriever sync` reads it again)"
 
 
 def _pairs(record: dict) -> str:

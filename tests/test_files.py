@@ -126,6 +126,16 @@ def test_an_html_page_in_a_legacy_encoding_is_read_in_the_one_it_declares():
             read_html(data.encode("latin-1"))
 
 
+def test_a_title_is_one_line(tmp_path):
+    """From a QA run: an HTML title written over two lines, and a file named with a line break, wrapped `show`."""
+    from retriever.files.folder import read_folder
+
+    (tmp_path / "g.html").write_text("<title>Gamma\n   rays</title><p>Gamma radiation.</p>")
+    (tmp_path / "two\nlines.txt").write_text("Some text.")
+    assert {document.doc_id: document.title for document in read_folder(tmp_path)} == {
+        "g.html": "Gamma rays", "two\nlines.txt": "two lines.txt"}
+
+
 def test_a_word_file_reads_in_order_with_its_tables_headers_and_footers_once():
     """From a QA run: every table came after every paragraph, a cell merged across three columns was read three
     times, a nested table and the headers and footers were lost."""
@@ -214,6 +224,13 @@ def test_the_cli_builds_a_folder_says_what_it_skipped_and_a_hit_says_its_page(fo
                 "-k", "1")
     (hit,) = json.loads(found.stdout)["results"]
     assert hit["doc_id"] == "reports/annual.pdf" and hit["page"] == 3 and hit["metadata"]["type"] == "pdf"
+    # show names a file where it lies (a QA run: it said the folder, and "line 1" of a file)
+    shown = cli("show", "reports/annual.pdf", "--name", "mine", "--index-dir", home).stdout
+    assert str(folder / "reports" / "annual.pdf") in "".join(shown.replace("│", "").split()) and "line " not in shown
+    # info says which folder, and by which patterns, sync reads again
+    described = "".join(cli("info", "mine", "--index-dir", home).stdout.replace("│", "").split())
+    assert "".join(f"read from the folder {folder}, exclude 'site/' (as `retriever sync` reads it again)".split()) \
+        in described
     assert cli("build", folder / "journal.txt", "--name", "x", "--index-dir", home, "--strict").stderr.startswith(
         "error: --include, --exclude, --strict and --corpus-files choose the files of a folder")
     strict = cli("build", folder, "--name", "strict", "--index-dir", home, "--strict")
@@ -648,11 +665,12 @@ def test_a_sync_keeps_a_file_behind_a_broken_link_and_does_not_hang_on_a_pipe(tm
     drive.rename(tmp_path / "unmounted")
     os.mkfifo(tmp_path / "pipe")
     os.symlink(tmp_path / "pipe", notes / "pipe.md")  # a link is read whatever it names
+    os.mkfifo(notes / "fifo.md")  # and a pipe in the folder itself was passed over without a word
     synced = Index.open("notes", tmp_path / "home").sync()
     assert (synced.added, synced.changed, synced.deleted, synced.stale, synced.change) == (0, 0, 0, 2, None)
     assert any(note.startswith("skipped away.md: a broken symbolic link") and note.endswith("indexed version kept")
                for note in synced.notes)
-    assert "skipped pipe.md: not a regular file" in synced.notes
+    assert {"skipped pipe.md: not a regular file", "skipped fifo.md: not a regular file"} <= set(synced.notes)
     assert any(note.startswith("skipped box: a broken symbolic link") and note.endswith("indexed documents kept")
                for note in synced.notes)
     kept = Index.open("notes", tmp_path / "home")

@@ -245,6 +245,8 @@ def _walk(root: Path, options: FolderOptions, report: FolderReport, on_skip: Cal
                 taken.add(real_file)
                 reached.add(real_file)
                 yield Path(entry.path), path
+            else:  # a named pipe, a socket or a device: a read would wait or never end
+                skip(path, "not a regular file")
 
     yield from walk(root, "", [])
 
@@ -380,7 +382,9 @@ def read_file(path: Path, relative: str, source: str, max_bytes: int = MAX_FILE_
                 "sha256": hashlib.sha256(data).hexdigest()}
     if found.page_starts is not None and len(found.page_starts) <= MAX_PAGES_RECORDED:
         metadata["page_starts"] = list(found.page_starts)
-    return Document(relative, found.text, found.title or path.name, source, 1, metadata)
+    # A title is one line, as a browser's tab shows one: an HTML <title> or a file's name may hold line breaks.
+    title = " ".join((found.title or path.name).split()) or path.name
+    return Document(relative, found.text, title, source, 1, metadata)
 
 
 def _size(count: int) -> str:
