@@ -858,6 +858,10 @@ def versions(
                       f"{record['documents']:,}" if "documents" in record else "",
                       _plain(calibrator.split(" (")[0] if "calibrator" in record else calibrator))
     stdout.print(table)
+    if records and not any(record["current"] for record in records):  # the name's link is gone; its versions are not
+        newest = records[0]["version"] or records[0]["folder"]
+        _say(f"no version of '{name}' is current (searches find no index of that name): "
+             f"retriever rollback {newest} {index_options(home, name)}".rstrip() + " makes the newest current again")
 
 
 def rollback(

@@ -151,3 +151,32 @@ def test_a_version_never_swapped_in_is_removed_by_the_next_write_and_its_number_
     (orphan / MANIFEST).write_text(json.dumps(manifest))
     assert Index.open("notes", home, device="cpu").delete(["n0"]).version == 3
     assert not orphan.exists() and [v["version"] for v in Index.versions("notes", home)] == [3, 1]
+
+
+def test_versions_whose_link_is_gone_are_kept_by_a_rollback_and_a_build(cli, tmp_path, tiny_bert):
+    """From a QA run: with the index's link gone (removed by hand, a copy of the home that skipped links, a killed
+    `remove`), a rollback to one kept version deleted the other, and a build without --replace went ahead and
+    deleted every kept version."""
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text(FIRST)
+    second.write_text(SECOND)
+    home = tmp_path / "home"
+    assert cli("build", first, "--name", "notes", "--model", tiny_bert, "--calibrator", "none",
+               "--index-dir", home).returncode == 0
+    assert cli("add", "notes", second, "--index-dir", home).returncode == 0
+    (home / "notes").unlink()
+    listed = cli("versions", "--name", "notes", "--index-dir", home)
+    assert "no version of 'notes' is current" in listed.stderr and "retriever rollback 2" in listed.stderr
+    refused = cli("build", second, "--name", "notes", "--model", tiny_bert, "--calibrator", "none",
+                  "--index-dir", home)
+    assert refused.returncode != 0 and "has no current version" in refused.stderr and "--replace" in refused.stderr
+    assert cli("rollback", "1", "--name", "notes", "--index-dir", home).returncode == 0
+    versions = json.loads(cli("versions", "--name", "notes", "--index-dir", home, "--json").stdout)["versions"]
+    assert [(v["version"], v["current"]) for v in versions] == [(2, False), (1, True)]  # 2 kept, as a rollback keeps
+
+    (home / "notes").unlink()
+    rebuilt = cli("build", second, "--name", "notes", "--model", tiny_bert, "--calibrator", "none", "--replace",
+                  "--index-dir", home)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    versions = json.loads(cli("versions", "--name", "notes", "--index-dir", home, "--json").stdout)["versions"]
+    assert [(v["version"], v["current"]) for v in versions] == [(3, True), (2, False)]  # the newest kept

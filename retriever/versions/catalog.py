@@ -121,6 +121,17 @@ def refuse_replacing(index_dir: str | Path, name: str) -> None:
     """Refuse to build NAME over an index of that name, saying what it holds and how to go ahead."""
     link = index_path(index_dir, check_name(name))
     if not link.is_symlink():
+        try:
+            kept = kept_versions(index_dir, name)
+        except RetrieverError:
+            return
+        if kept:  # the link is gone (removed by hand, left out of a copy), its versions are not: still an index
+            numbers = ", ".join(str(version.number or version.folder.name) for version in kept)
+            raise ConflictError(f"index '{name}' has no current version (its link in {Path(index_dir).absolute()} "
+                                f"is gone) but keeps versions {numbers}: `retriever rollback {name} "
+                                f"{kept[0].number or kept[0].folder.name}` makes the newest current again; building "
+                                f"it again keeps that one: pass {param('replace', True)}, or choose another "
+                                f"{param('name')}")
         return
     what = ""
     try:

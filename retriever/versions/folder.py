@@ -137,7 +137,13 @@ def _point(link: Path, final: Path) -> None:
 
 def _prune_versions(versions: Path, current: Path, replaced: Path | None) -> None:
     """The retention rule (KEEP_VERSIONS): the current version and the one it replaced; the others are removed.
-    By folder name: all of them live in VERSIONS, however its path was spelled (a link resolves elsewhere)."""
+    By folder name: all of them live in VERSIONS, however its path was spelled (a link resolves elsewhere). Where
+    none was current before (REPLACED None: the name's link was gone, removed by hand, left out of a copy of the
+    home, or a `remove` killed half way), the newest other version stands for the one replaced: a rollback or a
+    build then kept it, where they removed every other version."""
+    if replaced is None:
+        others = [path for path in _complete(versions) if path.name != current.name]
+        replaced = max(others, key=lambda path: (version_number(path), path.name), default=None)
     kept = {current.name, *([replaced.name] if replaced is not None else [])}
     for path in versions.iterdir():
         if path.is_dir() and not path.name.endswith(".partial") and path.name not in kept:
