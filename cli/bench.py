@@ -65,7 +65,8 @@ def bench(
     mode: Annotated[str, typer.Option(
         "--mode", help="retrieval tasks: comma-separated search modes, each scored on the same index: dense, keyword "
         "(BM25), hybrid")] = "dense",
-    seed: Annotated[int, typer.Option("--seed", help="seed of the flow's initialisation and batch order")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**64 - 1,
+                                      help="seed of the flow's initialisation and batch order")] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object instead of the table")] = False,
     plot: Annotated[
         Optional[Path],

@@ -38,7 +38,7 @@ FitQueries = Annotated[Optional[Path], typer.Option(
     "--fit-queries", help="example queries (.txt, one per line, or BEIR queries.jsonl), no labels: the calibrator "
     "is fitted on the documents plus these, so it also fits what users search with " + default("none: documents only"))]
 Seed = Annotated[Optional[int], typer.Option(
-    "--seed", help="seed for the flow's fit (deterministic per seed) " + default("0"))]
+    "--seed", min=0, max=2**64 - 1, help="seed for the flow's fit (deterministic per seed) " + default("0"))]
 Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 # What an interrupted write leaves: every write builds a new version and swaps it in only when complete.
 UNCHANGED = "index '{name}' is unchanged (the previous version is intact)"

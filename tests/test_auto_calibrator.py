@@ -14,6 +14,7 @@ from retriever.calibration.auto import AutoCalibrator
 from retriever.calibration.check import CheckSet
 from retriever.calibration.flow import FlowCalibrator
 from retriever.calibration.linear import Identity, Whitening
+from retriever.errors import RetrieverError
 
 
 def space(n: int, dim: int, distorted: bool, seed: int = 0) -> tuple[np.ndarray, CheckSet]:
@@ -109,6 +110,12 @@ def test_the_decision_and_the_check_are_saved_and_loaded_with_the_chosen_weights
     assert isinstance(loaded, AutoCalibrator) and loaded.decision == auto.decision
     assert np.array_equal(loaded.transform(X), auto.transform(X))
     assert loaded.describe().startswith(f"auto chose {auto.chosen.name}: it beat the raw vectors")
+
+
+def test_a_seed_the_check_cannot_take_is_refused_at_once():
+    for seed in (-1, 2**64, 1.5, True):
+        with pytest.raises(RetrieverError, match="auto option seed must be an integer from 0 to 2\\*\\*64 - 1"):
+            make_calibrator("auto", seed=seed)
 
 
 def test_same_seed_same_decision_and_vectors():

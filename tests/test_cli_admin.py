@@ -310,6 +310,9 @@ def test_help_renders_the_default_notes_and_choices(cli, monkeypatch):
     assert_usage_error(cli("build", "x.txt", "--pooling", "mean"),
                        "'mean' is not one of cls, last-avg, last2-avg, first-last-avg")
     assert_usage_error(cli("search", "q", "--device", "gpu"), "'gpu' is not one of auto, cpu, cuda, cuda:N")
+    # a negative seed reached auto's check after the corpus was encoded, and ended in a traceback (a QA run)
+    for command in (["build", "x.txt"], ["refit", "x"], ["check", "x"], ["bench", "stsb"]):
+        assert_usage_error(cli(*command, "--seed", "-1"), "--seed", "'-1' is not a whole number from 0 to")
 
 
 # --- usage errors: one line each ---------------------------------------------------------------------------------
@@ -336,7 +339,8 @@ WHOLE_K = "is not a whole number from 1 to 10000"
          "invalid value for --batch-size: 'x' is not a whole number"),
         (["serve", "--port", "70000"], "invalid value for --port: '70000' is not a whole number from 1 to 65535"),
         (["serve", "--shards", "0"], "invalid value for --shards: '0' is not a whole number of at least 1"),
-        (["bench", "--seed", "one"], "invalid value for --seed: 'one' is not a whole number"),
+        (["bench", "--seed", "one"], "invalid value for --seed: 'one' is not a whole number from 0 to "
+                                     "18446744073709551615"),
         (["search", "q", "--bogus"], "no such option: --bogus (see retriever search --help)"),
         # a query that starts with '-' (a QA run: nothing said how to search for it)
         (["search", "-5 degrees"], "no such option: -5: an argument that starts with '-' goes last, after '--' "

@@ -79,6 +79,10 @@ def test_load_beir_reads_graded_qrels_and_skips_unjudged(tmp_path):
     assert loaded.corpus["d1"] == ("T", "one") and loaded.corpus["d2"] == (None, "two")
     with pytest.raises(RetrieverError, match="not a BEIR folder: no qrels/dev.tsv"):
         load_beir(tmp_path, split="dev")
+    for score in ("1.5", "abc", ""):  # a traceback from int() (a QA run)
+        (tmp_path / "qrels" / "test.tsv").write_text(f"query-id\tcorpus-id\tscore\nq1\td1\t2\nq1\td2\t{score}\n")
+        with pytest.raises(RetrieverError, match=f"test.tsv line 3: the score must be a whole number \\(got '{score}'\\)"):
+            load_beir(tmp_path)
 
 
 def test_a_document_that_only_shares_the_query_number_counts_and_one_without_text_stays_relevant(tmp_path):

@@ -61,6 +61,9 @@ class AutoCalibrator(Calibrator):
 
     def __init__(self, seed: int = 0, device: str = "auto", decision: dict | None = None):
         # `decision` is accepted so that from_config(config()) works on a saved record; a new fit remakes it.
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+            # the check's NumPy generators take no other (a negative one failed after the corpus was encoded)
+            raise RetrieverError(f"auto option seed must be an integer from 0 to 2**64 - 1 (got {seed!r})")
         self.seed, self.device = int(seed), device
         self.dim = None
         self.chosen: Calibrator | None = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,7 +83,10 @@ def load_beir(folder: str | Path, split: str = "test", name: str | None = None) 
             continue  # the header
         if len(fields) != 3:
             raise RetrieverError(f"{qrels_path} line {number}: expected query-id, corpus-id, score")
-        query, doc, grade = fields[0], fields[1], int(fields[2])
+        query, doc, grade = fields[0], fields[1], fields[2].strip()
+        if not re.fullmatch(r"-?[0-9]{1,9}", grade):  # a relevance grade is a whole number, as trec_eval reads it
+            raise RetrieverError(f"{qrels_path} line {number}: the score must be a whole number (got {grade!r})")
+        grade = int(grade)
         if grade > 0 and query in queries and (doc in corpus or doc in empty):
             qrels.setdefault(query, {})[doc] = grade
     themselves = frozenset(query for query in qrels if query in corpus and _same_text(corpus[query][1], queries[query]))
