@@ -686,8 +686,12 @@ def compact(
     home = _home(index_dir)
     index = Index.open(_pick(home, _one_name(index, name), writing=True), home, device="cpu")
     on_interrupt(UNCHANGED.format(name=index.name))
-    before = len(index.snapshot.segments)
+    before, version = len(index.snapshot.segments), index.snapshot.manifest.version
     summary = index.compact()
+    if summary.version == version:  # nothing to merge or drop
+        for note in summary.notes:
+            _say(note)
+        return
     _report("compacted", summary, f"deleted dropped, {counted(before, 'segment')} merged")
 
 

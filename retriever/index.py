@@ -684,10 +684,19 @@ class Index:
         return self._summary(writer, final, removed, started, notes=_merge_notes(writer))
 
     def compact(self) -> ChangeSummary:
-        """Merge every segment into one and drop the deleted documents for good."""
+        """Merge every segment into one and drop the deleted documents for good. An index of at most one segment
+        and no deleted document is compact already: no new version (one would push the version before it out of
+        the two kept), and the summary says so in its notes."""
         started = time.perf_counter()
         with self._writer() as writer:
             dropped = len(writer.tombstones)
+            if not dropped and len(writer.manifest.segments) <= 1:
+                base = writer.base
+                return ChangeSummary(
+                    self.name, str(base.folder), base.manifest.documents, 0, seconds=time.perf_counter() - started,
+                    notes=[f"index '{self.name}' is compact already ({counted(len(base.manifest.segments), 'segment')}"
+                           ", no deleted document): no new version"], version=base.manifest.version,
+                    opener=_version_opener(base.folder, self.name, base.index_dir, base.device))
             writer.merge([entry.name for entry in writer.manifest.segments])
             final = writer.commit(merge=False)
         return self._summary(writer, final, dropped, started)

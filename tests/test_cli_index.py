@@ -122,6 +122,12 @@ def test_verify_compact_and_search_options(built, cli, tmp_path, tiny_bert):
     assert cli("delete", "docs.txt:1", "--name", "docs", "--index-dir", built).returncode == 0
     done = cli("compact", "--name", "docs", "--index-dir", built)
     assert done.returncode == 0 and "compacted index 'docs': 3 documents" in done.stderr, done.stderr
+    # compact again: nothing to merge or drop, so no new version, and the one before stays kept (a QA run)
+    kept = json.loads(cli("versions", "docs", "--json", "--index-dir", built).stdout)["versions"]
+    done = cli("compact", "--name", "docs", "--index-dir", built)
+    assert done.returncode == 0 and done.stderr.strip() == ("index 'docs' is compact already (1 segment, no deleted "
+                                                             "document): no new version")
+    assert json.loads(cli("versions", "docs", "--json", "--index-dir", built).stdout)["versions"] == kept
     corpus = tmp_path / "many.txt"
     corpus.write_text("".join(f"document number {i} about topic {i % 7}\n" for i in range(300)), encoding="utf-8")
     done = cli("build", corpus, "--model", tiny_bert, "--calibrator", "none", "--index-type", "ivf",
