@@ -6,7 +6,6 @@ The table (or, with --json, one JSON object) goes to stdout; progress and logs g
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import typer
 
 from cli import options
 from cli.options import default
+from cli.output import print_json
 from retriever.text import terminal_safe
 
 Datasets = Annotated[
@@ -130,7 +130,7 @@ def bench(
         highlight=False,
     )
     if json_output:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        print_json(report.to_json())  # one line, as every other --json
     else:
         _print_tables(report)
 

@@ -24,13 +24,14 @@ from rich.text import Text
 from cli import options
 from cli.interrupts import on_interrupt
 from cli.options import default
+from cli.output import print_json
 from retriever.defaults import DEFAULT_FIT_SAMPLE
 from retriever.encode.passages import MAX_PASSAGES
 from retriever.errors import RetrieverError
 from retriever.files.folder import FOLDER_KEY
 from retriever.versions.home import NAME_RULE, check_name, index_options, resolve_index_dir
 from retriever.progress import stderr_console
-from retriever.text import counted, counted_queries, escape_undecodable, terminal_json, terminal_safe
+from retriever.text import counted, counted_queries, escape_undecodable, terminal_safe
 
 stdout = Console(soft_wrap=True)
 Calibrator = Annotated[str, typer.Option("--calibrator", "-c", help=options.CALIBRATORS)]
@@ -77,17 +78,6 @@ def _pick(home: Path, name: str | None, writing: bool = False) -> str:
     if name is None:
         _say(f"using index '{chosen}'")
     return chosen
-
-
-def _print_json(value) -> None:
-    """One JSON line on stdout: exact, terminal-safe (`terminal_json`), and all ASCII where stdout cannot encode
-    every character (PYTHONIOENCODING=ascii, a legacy console code page), so it never fails half-written."""
-    try:
-        "\u00e9\U0010ffff".encode(sys.stdout.encoding or "ascii")
-        takes_unicode = True
-    except (UnicodeEncodeError, LookupError):
-        takes_unicode = False
-    print(terminal_json(value, ascii=not takes_unicode))
 
 
 def _plain(text: str) -> Text:
@@ -315,7 +305,7 @@ def list_indexes(
     records = describe_indexes(home)
     interrupted = interrupted_builds(home)
     if as_json:
-        _print_json({"index_dir": str(home), "indexes": records, "interrupted_builds": interrupted})
+        print_json({"index_dir": str(home), "indexes": records, "interrupted_builds": interrupted})
         return
     for build in interrupted:
         done = (f"{build['encoded']:,} of {counted(build['documents'], 'document')} encoded"
@@ -456,7 +446,7 @@ def search(
             results = index.search([text for _, text in batch], settings, progress=True)
     for (query_id, text), hits in zip(batch, results):
         if as_json:
-            _print_json(search_record(query_id, text, hits, mode))
+            print_json(search_record(query_id, text, hits, mode))
         else:
             _hits_table(text if query_id is None else f"{query_id}: {text}", hits, full, mode, min_score,
                         score_meaning(resolved))
@@ -583,7 +573,7 @@ def show(
         raise RetrieverError(f"no document {doc_id!r} in index '{index}'")
     record = {key: row[key] for key in ("doc_id", "title", "text", "source", "line", "metadata")}
     if as_json:
-        _print_json(record)
+        print_json(record)
         return
     metadata = record.pop("metadata") or {}
     if metadata.get(FOLDER_KEY) == record["source"] and isinstance(metadata.get("path"), str):
@@ -765,7 +755,7 @@ def check(
     opened = Index.open(_pick(home, _one_name(index, name)), home, device="cpu")
     record = opened.check(fit_sample=fit_sample, seed=seed or 0, progress=not as_json)
     if as_json:
-        print(json.dumps({"index": opened.name, **record}))
+        print_json({"index": opened.name, **record})
         return
     kinds = list(record["kinds"])
     chosen, current = record["auto"]["chosen"], record["current"]
@@ -844,7 +834,7 @@ def versions(
     name = _pick(home, _one_name(index, name))
     records = version_records(home, name)
     if as_json:
-        _print_json({"name": name, "versions": records})
+        print_json({"name": name, "versions": records})
         return
     table = Table(title=_plain(f"index '{name}': {counted(len(records), 'kept version')} (* current)"),
                   title_justify="left")
@@ -947,7 +937,7 @@ def info(
     home = _home(index_dir)
     details = Index.open(_pick(home, _one_name(index, name)), home, device="cpu").info()
     if as_json:  # one line, as every other --json: a pipe reads it line by line
-        _print_json(details)
+        print_json(details)
         return
     manifest = details["manifest"]
     table = Table(title=_plain(f"index '{manifest['name']}'"), show_header=False, title_justify="left")

@@ -245,6 +245,7 @@ def test_bench_beir_folder_through_the_index(beir_folder, tiny_bert, tmp_path, c
     done = cli("bench", "beir", beir_folder, "--model", tiny_bert, "--calibrator", "none,sn", "--json",
                    "--cache-dir", tmp_path / "cache", "--max-length", "32")
     assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1  # one JSON line, as every other --json (it was indented: a QA run)
     document = json.loads(done.stdout)
     records = document["results"]
     assert {(r["calibrator"], r["metric"]) for r in records} == {
