@@ -154,6 +154,8 @@ def test_malformed_input_is_refused(bad, message):
 def test_too_few_vectors_to_fit():
     with pytest.raises(RetrieverError, match="needs at least 2 vectors"):
         make_calibrator("sn").fit(sample(n=1))
+    with pytest.raises(RetrieverError, match=r"'auto' needs at least 1 vector to fit \(got 0\)"):  # not "1 vectors"
+        make_calibrator("auto").fit(sample(n=1)[:0])
 
 
 def test_calibrator_load_dispatches_on_the_saved_name(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.errors import RetrieverError
+from retriever.text import counted
 
 CONFIG_FILE = "calibrator.json"
 # Rows per chunk when streaming over X: bounds memory on large memmaps (65,536 x 768 float64 is 400 MB).
@@ -139,7 +140,7 @@ class Calibrator(ABC):
         check_matrix(X)
         if X.shape[0] < min_rows:
             raise RetrieverError(
-                f"calibrator '{self.name}' needs at least {min_rows} vectors to fit (got {X.shape[0]})"
+                f"calibrator '{self.name}' needs at least {counted(min_rows, 'vector')} to fit (got {X.shape[0]:,})"
             )
         return X.shape[1]
 
