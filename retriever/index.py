@@ -684,14 +684,14 @@ class Index:
         return self._summary(writer, final, removed, started, notes=_merge_notes(writer))
 
     def compact(self) -> ChangeSummary:
-        """Merge every segment into one and drop the deleted documents for good. An index of at most one segment
-        and no deleted document is compact already: no new version (one would push the version before it out of
-        the two kept), and the summary says so in its notes."""
+        """Merge every segment into one and drop the deleted documents for good. An index of at most one segment,
+        no deleted document and nothing an earlier release wrote (`Segment.written_as_today`) is compact already: no
+        new version (one would push the version before it out of the two kept), and the summary's notes say so."""
         started = time.perf_counter()
         with self._writer() as writer:
             dropped = len(writer.tombstones)
-            if not dropped and len(writer.manifest.segments) <= 1:
-                base = writer.base
+            base = writer.base
+            if not dropped and len(base.segments) <= 1 and all(segment.written_as_today for segment in base.segments):
                 return ChangeSummary(
                     self.name, str(base.folder), base.manifest.documents, 0, seconds=time.perf_counter() - started,
                     notes=[f"index '{self.name}' is compact already ({counted(len(base.manifest.segments), 'segment')}"

@@ -566,3 +566,12 @@ def test_a_text_of_megabytes_is_tokenized_in_pieces_and_only_as_far_as_its_passa
     assert capped.counts().tolist() == [5, 1] and capped.truncated == 1
     assert capped.spans.tolist() == whole.spans.tolist()[:5] + whole.spans.tolist()[-1:]
     assert read and sum(map(len, read)) < len(text) / 3  # not read to its end
+
+
+def test_compaction_of_a_segment_of_passages_with_nothing_to_drop_writes_no_version(index):
+    summary = index.compact()
+    assert summary.version == index.snapshot.manifest.version and summary.changed == 0
+    assert summary.notes == ["index 'p' is compact already (1 segment, no deleted document): no new version"]
+    index.delete(["long1"])
+    deleted = index.snapshot.manifest.version
+    assert index.compact().version == deleted + 1  # a deleted document to drop: a new version

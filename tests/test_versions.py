@@ -180,3 +180,29 @@ def test_versions_whose_link_is_gone_are_kept_by_a_rollback_and_a_build(cli, tmp
     assert rebuilt.returncode == 0, rebuilt.stderr
     versions = json.loads(cli("versions", "--name", "notes", "--index-dir", home, "--json").stdout)["versions"]
     assert [(v["version"], v["current"]) for v in versions] == [(3, True), (2, False)]  # the newest kept
+
+
+def test_a_rollback_to_a_damaged_kept_version_names_that_version(cli, tmp_path, tiny_bert):
+    """From a QA run: rolling back to a damaged kept version said the index was damaged and to rebuild it, while
+    the current version was intact; a damaged current version said only "rebuild"."""
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text(FIRST)
+    second.write_text(SECOND)
+    home = tmp_path / "home"
+    assert cli("build", first, "--name", "notes", "--model", tiny_bert, "--calibrator", "none",
+               "--index-dir", home).returncode == 0
+    assert cli("add", "notes", second, "--index-dir", home).returncode == 0
+    (older,) = [folder for folder in (home / ".versions" / "notes").iterdir()
+                if folder.is_dir() and folder.name != (home / "notes").resolve().name]
+    damaged = older / "calibrator" / "calibrator.json"
+    damaged.unlink()  # its own file: versions share unchanged files as hard links
+    damaged.write_text('{"name": "whitening"}')
+    refused = cli("rollback", "1", "--name", "notes", "--index-dir", home)
+    line = refused.stderr.strip()
+    assert refused.returncode != 0 and "\n" not in line
+    assert line.startswith("error: version 1 of index 'notes' is damaged: calibrator/calibrator.json has 21 bytes")
+    assert line.endswith("; it cannot be made current, and the current version is as it was")
+    assert cli("verify", "notes", "--index-dir", home).returncode == 0
+    current = (home / "notes").resolve()
+    (current / "calibrator" / "calibrator.json").write_text('{"name": "whitening"}')
+    assert "roll back to a kept version" in cli("verify", "notes", "--index-dir", home).stderr

@@ -36,7 +36,7 @@ from retriever.errors import RetrieverError
 from retriever.store.layout import DOCUMENTS, KEYWORDS, PASSAGE_KEYWORDS, PASSAGES, RAW, ROWIDS, SPANS, VECTORS
 from retriever.store.arrays import NpyAppender, load_npy, read_rows
 from retriever.store.documents import DocumentTable
-from retriever.store.keywords import PASSAGE_FILES, KeywordIndex, KeywordSegment
+from retriever.store.keywords import PASSAGE_FILES, KeywordIndex, KeywordSegment, default_tokenizer
 from retriever.store.passages import PASSAGE_BITS, coverages, cut_positions, document_of, document_runs, keys_of
 from retriever.store.vectors import VectorStore
 from retriever.store.spec import IndexSpec
@@ -158,6 +158,16 @@ class Segment:
     def split(self) -> bool:
         """Whether some document here is cut into passages (its vectors keyed by passage key, not row id)."""
         return self.passage_keys is not None
+
+    @property
+    def written_as_today(self) -> bool:
+        """Whether this release would write this segment as it is: its keyword indexes there, scoring documents
+        whole, with today's tokenizer, and a unit per passage of its cut documents alone. Compaction writes anew a
+        segment that is not (an earlier release's), whatever it has to drop."""
+        indexes = [self.keywords] + ([self.passage_keywords] if self.split else [])
+        if any(index is None or index.tokenizer != default_tokenizer() for index in indexes) or self.keywords_stale:
+            return False
+        return not self.split or len(self.passage_unit_keys) == len(cut_positions(self.passage_keys))
 
     @property
     def keys(self) -> np.ndarray:

@@ -449,7 +449,10 @@ def rollback(index_dir: str | Path, name: str, version: int | str) -> Path:
     target = found[0].folder
     link = index_path(index_dir, name)
     with writer_lock(index_dir, name, wait=False, busy_hint="wait for it to finish, then roll back"):
-        verify_files(target, read_manifest(target, name=name), name=name)
+        # The version asked for is the one at fault, not the index (its current version may be intact).
+        label, hint = (f"version {found[0].number or target.name} of index '{name}'",
+                       "it cannot be made current, and the current version is as it was")
+        verify_files(target, read_manifest(target, label=label, hint=hint), label=label, hint=hint)
         replaced = _current(link)
         # The version replaced here is committed, whatever a writer that died after its swap did not record: it
         # must never pass for an orphan (`_remove_orphans`), nor its number be given out again.

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from retriever.errors import DamagedIndexError, RetrieverError
 from retriever.versions.layout import BUILD_STATE, MANIFEST
-from retriever.versions.manifest import FileEntry, Manifest, check_format, record_checksum
+from retriever.versions.manifest import DAMAGE_HINT, FileEntry, Manifest, check_format, record_checksum
 
 
-def damaged_index(label: str, problem: str) -> DamagedIndexError:
-    return DamagedIndexError(f"{label} is damaged: {problem}; rebuild the index")
+def damaged_index(label: str, problem: str, hint: str = DAMAGE_HINT) -> DamagedIndexError:
+    return DamagedIndexError(f"{label} is damaged: {problem}; {hint}")
 
 
 def sha256_file(path: Path) -> str:
@@ -36,52 +36,57 @@ def file_entry(path: Path) -> FileEntry:
     return FileEntry(path.stat().st_size, sha256_file(path))
 
 
-def read_manifest(folder: Path, name: str | None = None) -> Manifest:
+def read_manifest(folder: Path, name: str | None = None, label: str | None = None, hint: str = DAMAGE_HINT
+                  ) -> Manifest:
     """The manifest of a complete version, after the cheap checks: its own checksum, every file's size and its
     fields' types (`Manifest.from_record`).
 
-    NAME (the index's name) is what error messages call the index; the version folder's name otherwise."""
-    label = f"index '{name}'" if name else f"index {folder.name}"
+    NAME (the index's name) is what error messages call the index; the version folder's name otherwise; LABEL,
+    given, instead ("version 3 of index 'notes'"); HINT what a damage's message says to do."""
+    label = label or (f"index '{name}'" if name else f"index {folder.name}")
     manifest_path = folder / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RetrieverError(f"{label} is incomplete: {folder} has no {MANIFEST}; rebuild the index") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise damaged_index(label, f"{manifest_path} is not valid JSON") from error
+        raise damaged_index(label, f"{manifest_path} is not valid JSON", hint) from error
     if not isinstance(manifest, dict):
-        raise damaged_index(label, f"{manifest_path} lists no files")
+        raise damaged_index(label, f"{manifest_path} lists no files", hint)
     check_format(manifest, label)
     files = manifest.get("files")
     # Without its file list a manifest could vouch for nothing, so it is damaged too.
     if not files or not isinstance(files, dict) or not all(_is_entry(entry) for entry in files.values()):
-        raise damaged_index(label, f"{manifest_path} lists no files")
+        raise damaged_index(label, f"{manifest_path} lists no files", hint)
     if manifest.get("checksum") != record_checksum(manifest):
-        raise damaged_index(label, f"{manifest_path} does not match its own checksum")
+        raise damaged_index(label, f"{manifest_path} does not match its own checksum", hint)
     # The checksum catches accidents, not a manifest written on purpose: a path must stay inside the version.
     outside = next((relative for relative in files if not _inside(relative)), None)
     if outside is not None:
-        raise damaged_index(label, f"{manifest_path} lists a file outside its version: {outside[:80]!r}")
+        raise damaged_index(label, f"{manifest_path} lists a file outside its version: {outside[:80]!r}",
+                            hint)
     for relative, entry in files.items():
         try:
             size = (folder / relative).stat().st_size
         except FileNotFoundError:
-            raise damaged_index(label, f"{relative} is missing") from None
+            raise damaged_index(label, f"{relative} is missing", hint) from None
         if size != entry["bytes"]:
-            raise damaged_index(label, f"{relative} has {size} bytes, its manifest says {entry['bytes']}")
+            raise damaged_index(label, f"{relative} has {size} bytes, its manifest says {entry['bytes']}", hint)
     return Manifest.from_record(manifest, label)
 
 
-def verify_files(folder: Path, manifest: Manifest, name: str | None = None, progress=None) -> int:
-    """Re-hash every file the manifest lists (the full check `retriever verify` runs); returns the bytes read."""
-    label = f"index '{name}'" if name else f"index {folder.name}"
+def verify_files(folder: Path, manifest: Manifest, name: str | None = None, progress=None,
+                 label: str | None = None, hint: str = DAMAGE_HINT) -> int:
+    """Re-hash every file the manifest lists (the full check `retriever verify` runs); returns the bytes read.
+    LABEL and HINT: what a damage's message calls the version and says to do (as `read_manifest`)."""
+    label = label or (f"index '{name}'" if name else f"index {folder.name}")
     total = 0
     for relative, entry in manifest.files.items():
         path = folder / relative
         if not path.is_file():
-            raise damaged_index(label, f"{relative} is missing")
+            raise damaged_index(label, f"{relative} is missing", hint)
         if sha256_file(path) != entry.sha256:
-            raise damaged_index(label, f"{relative} does not match its manifest checksum")
+            raise damaged_index(label, f"{relative} does not match its manifest checksum", hint)
         total += entry.bytes
         if progress:
             progress(entry.bytes)

@@ -27,6 +27,10 @@ FORMAT_VERSION = 2
 # Formats this release reads; 1 had no segments (one FAISS file per index) and must be rebuilt.
 READABLE_FORMATS = (2,)
 
+# What to do about a damaged version: the version before it may be intact (a write keeps it).
+DAMAGE_HINT = ("rebuild the index, or roll back to a kept version (`retriever versions` lists them; a rollback checks "
+               "every file of it first)")
+
 
 class EncoderRecord(TypedDict):
     """`Encoder.config()`: what a query must be encoded with to land in the index's space."""
@@ -142,7 +146,7 @@ class Manifest:
     def from_record(cls, record: Any, label: str = "index") -> Manifest:
         """The manifest RECORD (parsed JSON) after its type checks; LABEL names the index in errors."""
         def damaged(problem: str) -> DamagedIndexError:
-            return DamagedIndexError(f"{label} is damaged: its manifest {problem}; rebuild the index")
+            return DamagedIndexError(f"{label} is damaged: its manifest {problem}; {DAMAGE_HINT}")
 
         if not isinstance(record, dict):
             raise damaged("is not a JSON object")
