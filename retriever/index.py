@@ -39,6 +39,7 @@ from retriever.calibration import (
     too_few_to_fit,
 )
 from retriever.calibration.diagnostics import isotropy, retrieval_check
+from retriever.calibration.linear import Identity
 from retriever.calibration.pseudo_queries import CheckRounds
 from retriever.corpus import Document, check_exists, corpus_format, given_documents, iter_corpus, unread_keys
 from retriever.engines import ENGINES
@@ -748,9 +749,12 @@ class Index:
             template = train_template(spec, calibrated_sample)
             writer.replace_calibrator(fitted, spec, template)
             # The dense side changed: the hybrid weight is decided again, in the new space (a calibrator that
-            # takes no check leaves no evidence, and the default stays).
+            # takes no check leaves no evidence, and the default stays). Raw vectors before and after (`none`
+            # refitted where none was used, by name or by auto's choice) change nothing: the decision stays.
+            unchanged = check is None and _keeps_raw(fitted) and _keeps_raw(current.calibrator)
+            hybrid = current.manifest.hybrid if unchanged else hybrid_check(check, fitted.transform, seed)
             writer.manifest = writer.manifest.replace(
-                dim=int(calibrated_sample.shape[1]), refitted=now_iso(), hybrid=hybrid_check(check, fitted.transform, seed),
+                dim=int(calibrated_sample.shape[1]), refitted=now_iso(), hybrid=hybrid,
                 fit={"sample": len(sample), "of": len(current), "seed": seed,
                      **({"queries": fitted_query_count(query_vectors, fit_sample), "queries_from": queries_from}
                         if query_vectors is not None else {})})
@@ -779,6 +783,11 @@ class Index:
         return ChangeSummary(self.name, str(final), writer.manifest.documents, changed, truncated,
                              time.perf_counter() - started, timings or {}, notes or [], writer.manifest.version,
                              opener=_version_opener(final, self.name, snapshot.index_dir, snapshot.device))
+
+
+def _keeps_raw(calibrator: Calibrator) -> bool:
+    """Whether CALIBRATOR (fitted) leaves the raw vectors as they are: `none`, or `auto` having chosen it."""
+    return isinstance(getattr(calibrator, "chosen", calibrator), Identity)
 
 
 def _read_files(corpus, options: FolderOptions, notes: list[str]) -> list[Document]:

@@ -273,6 +273,23 @@ def test_refit_changes_the_calibrator_without_reencoding(tiny_index, tmp_path, m
     assert inode(old / "documents.db") == inode(new / "documents.db")  # documents and raw vectors reused
 
 
+def test_a_refit_that_leaves_the_raw_vectors_keeps_the_hybrid_weight_decided(tmp_path, tiny_bert, monkeypatch):
+    """From a QA run: an index whose auto check kept the raw vectors, refitted with `none` (the same vectors), went
+    back to the default weight and ranked its hybrid results otherwise."""
+    import retriever.index
+    from retriever.defaults import DEFAULT_WEIGHT
+
+    decided = {"fusion": "zscore-union", "weight": 0.4, "reason": "decided by a check (here, by hand)"}
+    monkeypatch.setattr(retriever.index, "hybrid_check", lambda *args: dict(decided))
+    built = Index.build([{"_id": str(i), "text": text} for i, text in enumerate(DOCS)], "kept", tmp_path,
+                        model=str(tiny_bert), calibrator="none", device="cpu").open()
+    monkeypatch.undo()
+    before = built.snapshot.manifest.hybrid
+    assert before["weight"] == 0.4
+    assert built.refit("none").open().snapshot.manifest.hybrid == before
+    assert built.refit("whitening").open().snapshot.manifest.hybrid["weight"] == DEFAULT_WEIGHT  # new vectors
+
+
 def test_info_reports_isotropy_before_and_after(tiny_index):
     details = tiny_index.info()
     raw, calibrated = details["isotropy"]["raw"], details["isotropy"]["calibrated"]
