@@ -9,6 +9,7 @@ import sys
 import numpy as np
 
 from retriever import __version__
+from tests.helpers import assert_one_line_error
 
 
 def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
@@ -168,3 +169,29 @@ def test_a_build_from_vectors_encoded_otherwise_is_refused_naming_the_options(tm
     assert added.returncode == 1 and added.stderr.strip().endswith(
         "and this index encodes its queries with pooling last-avg, max_length 512: encode them again as it does "
         "(retriever encode --pooling last-avg --max-length 512)")
+
+
+def test_an_output_that_cannot_be_written_is_one_line_naming_it(tmp_path, tiny_bert, cli, monkeypatch):
+    """From a QA run: a folder where the record goes said "Is a directory: w.json.partial" (a file of ours) after
+    encoding everything; a file where a folder should be said "File exists"; a full disk named no file."""
+    import errno
+
+    from retriever.store.arrays import NpyAppender
+
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("one text\nanother text\n")
+    (tmp_path / "w.json").mkdir()
+    for out, said in ((tmp_path / "w.npy", f"{tmp_path / 'w.npy'}: its record w.json is a folder"),
+                      (corpus / "x.npy", f"{corpus / 'x.npy'}: {corpus} is a file, not a folder")):
+        assert_one_line_error(cli("encode", corpus, "--out", out, "--model", tiny_bert), said)
+        assert not out.exists()
+
+    def full(self) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(NpyAppender, "flush", full)
+    out = tmp_path / "v.npy"
+    done = cli("encode", corpus, "--out", out, "--model", tiny_bert)  # after the progress bar, one line
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+        f"error: writing {out} failed (No space left on device); 0 of 2 documents are encoded: re-run the same command "
+        "to resume")

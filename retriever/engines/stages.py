@@ -160,6 +160,7 @@ def encode_corpus(corpus: str | Path, out: str | Path, encoder, encoding: str = 
     """
     out = Path(out)
     record_path = out.with_suffix(".json")
+    _check_output(out, record_path)
     total = count_documents(corpus, encoding) if total is None else total
     if total == 0:
         raise RetrieverError(f"{corpus}: no documents (the file is empty or all blank lines)")
@@ -180,11 +181,28 @@ def encode_corpus(corpus: str | Path, out: str | Path, encoder, encoding: str = 
         state["truncated"] += chunk_truncated
         write_json_atomically(record_path, {**fresh, "complete": False, **state})
 
-    with writer:
-        encode_into(encoder, islice(iter_corpus(corpus, encoding), done, None), writer, record, total, done, progress,
-                    chunk_rows)
-    write_json_atomically(record_path, {**fresh, "complete": True, **state})
+    try:
+        with writer:
+            encode_into(encoder, islice(iter_corpus(corpus, encoding), done, None), writer, record, total, done,
+                        progress, chunk_rows)
+        write_json_atomically(record_path, {**fresh, "complete": True, **state})
+    except OSError as error:  # a full disk, a quota: which file, and that the rows written so far are kept
+        raise RetrieverError(f"writing {out} failed ({error.strerror or type(error).__name__}); "
+                             f"{state['rows']:,} of {total:,} documents are encoded: re-run the same command to "
+                             "resume") from None
     return EncodeResult(state["rows"], state["truncated"], done)
+
+
+def _check_output(out: Path, record_path: Path) -> None:
+    """Refuse, before anything is encoded, an OUT that cannot be written: a folder in its place or in its record's,
+    or a file where a folder above it should be (the errors said "Is a directory" of a file of ours)."""
+    for path in (out, record_path):
+        if path.is_dir():
+            raise RetrieverError(f"{out}: {'it' if path == out else f'its record {record_path.name}'} is a folder; "
+                                 "choose another name for the vectors")
+    above = next((folder for folder in out.parents if folder.exists() or folder.is_symlink()), None)
+    if above is not None and not above.is_dir():
+        raise RetrieverError(f"{out}: {above} is a file, not a folder")
 
 
 def _read_record(path: Path) -> dict | None:
