@@ -91,6 +91,10 @@ app.command()(serve)
 app.command()(mcp)
 
 
+def _say_waiting(name: str, holder: str) -> None:
+    print(f"waiting: index '{name}' is being written by {holder}; this write goes next", file=sys.stderr, flush=True)
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     print(f"warning: {terminal_safe(str(message))}", file=sys.stderr)  # the advice, not our source line
 
@@ -236,6 +240,10 @@ def main() -> None:
     what it left behind, exit code 130."""
     warnings.showwarning = _show_warning
     _replace_unencodable()
+    from retriever.versions.folder import LOCK_WAIT_NOTICES
+
+    if _say_waiting not in LOCK_WAIT_NOTICES:  # once: tests run many commands in one process
+        LOCK_WAIT_NOTICES.append(_say_waiting)
     try:
         _check_arguments(sys.argv[1:])
         # Not standalone: a usage error comes here to be worded as one line, not drawn as typer's usage box; an

@@ -176,6 +176,24 @@ def test_remove_yes_never_asks_and_refuses_while_a_writer_runs(cli, built_home, 
     assert cli("remove", "docs", "-y").returncode == 0 and not (built_home / "docs").exists()
 
 
+def test_a_write_that_waits_for_another_says_so(cli, built_home):
+    """From a QA run: a delete queued behind a running refit sat silent for as long as the refit ran."""
+    import threading
+
+    lock_path = built_home / VERSIONS / "docs" / LOCK
+    with open(lock_path, "r+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        release = threading.Timer(0.5, fcntl.flock, (lock, fcntl.LOCK_UN))
+        release.start()
+        done = cli("delete", "docs.txt:1", "--name", "docs")
+        release.join()
+    assert done.returncode == 0, done.stderr
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("waiting: index 'docs' is being written by another retriever process (pid ")
+    assert first.endswith("); this write goes next") and "updated index 'docs'" in done.stderr
+    assert "waiting" not in cli("delete", "docs.txt:2", "--name", "docs").stderr  # only where it waits
+
+
 # --- names, queries, result tables -----------------------------------------------------------------------------
 
 

@@ -467,6 +467,9 @@ def rollback(index_dir: str | Path, name: str, version: int | str) -> Path:
 # Called with (index name, seconds) each time a writer lock is taken, after however long it waited: a server
 # reports how long its writes queue behind each other (`retriever.serve.metrics`).
 LOCK_WAIT_OBSERVERS: list[Callable[[str, float], None]] = []
+# Called with (index name, who holds the lock) when a writer starts to wait for another: the CLI says so, where a
+# write would otherwise sit silent for as long as the other one runs.
+LOCK_WAIT_NOTICES: list[Callable[[str, str], None]] = []
 # The lock files (device, inode) a writer of this process holds: a refusal then names this process, not its pid as
 # another one's (a server's other request holds it).
 _HELD_HERE: set[tuple[int, int]] = set()
@@ -488,7 +491,14 @@ def writer_lock(index_dir: str | Path, name: str, wait: bool = True, busy_hint: 
         # Opened without truncating: the holder's pid must stay readable to a writer that is refused.
         descriptor = os.open(versions / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not wait:
+                    raise
+                for notice in LOCK_WAIT_NOTICES if observed else ():
+                    notice(name, _lock_holder(descriptor))
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
         except BlockingIOError:
             holder = _lock_holder(descriptor)
             os.close(descriptor)
