@@ -240,6 +240,7 @@ def main() -> None:
     what it left behind, exit code 130."""
     warnings.showwarning = _show_warning
     _replace_unencodable()
+    interrupts.on_terminate()
     from retriever.versions.folder import LOCK_WAIT_NOTICES
 
     if _say_waiting not in LOCK_WAIT_NOTICES:  # once: tests run many commands in one process
@@ -265,7 +266,7 @@ def main() -> None:
         sys.exit(1)
     except (interrupts.Interrupted, KeyboardInterrupt) as interrupted:
         print(interrupts.message(interrupted), file=sys.stderr)
-        sys.exit(130)
+        sys.exit(143 if interrupts.terminated(interrupted) else 130)
     except OSError as error:  # the last guard: a file problem the library did not word itself
         where = f": {error.filename}" if error.filename is not None else ""
         print(f"error: {_one_line(f'{error.strerror or error}{where}')}", file=sys.stderr)

@@ -476,6 +476,41 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
     assert "built index 'docs': 40 documents" in again.stderr
 
 
+def test_sigterm_during_a_build_unwinds_as_ctrl_c_does(cli, built_home, tiny_bert, tmp_path):
+    """From a QA run: `kill` (SIGTERM) exited 143 without a word and left its partial folder until the next write.
+    It is unwound as Ctrl-C is: one line, exit 143 as a shell reports it, the build resumable."""
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("".join(f"Document number {i} about topic {i % 5}.\n" for i in range(40)), encoding="utf-8")
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import retriever.index as index
+        from retriever.encode.encoder import Encoder
+        from retriever.encode.query_kit import QueryKitEncoder
+        build = index.Index.build.__func__
+        index.Index.build = classmethod(lambda cls, *a, **k: build(cls, *a, **{{**k, "chunk_rows": 8}}))
+        calls = [0]
+        def terminated(encode):
+            def encode_tokenized(self, tokenized, *args):
+                calls[0] += 1
+                if calls[0] == 3:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return encode(self, tokenized, *args)
+            return encode_tokenized
+        for encoder in (Encoder, QueryKitEncoder):
+            encoder.encode_tokenized = terminated(encoder.encode_tokenized)
+        sys.argv = ["retriever", "build", {str(corpus)!r}, "--model", {str(tiny_bert)!r}, "--calibrator", "none",
+                    "--replace"]
+        from cli.main import main
+        main()
+    """)
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert killed.returncode == 143, killed.stderr
+    assert killed.stderr.strip().splitlines()[-1] == (
+        "terminated: index 'docs' is unchanged (the previous version is intact); re-run the same command to resume")
+    assert "Traceback" not in killed.stderr
+    assert json.loads(cli("list", "--json").stdout)["interrupted_builds"][0]["encoded"] == 16
+
+
 def test_ctrl_c_while_the_command_line_loads_is_one_line():
     """From a CLI QA run: a Ctrl-C in the first tenth of a second (the imports of typer, rich and the library)
     printed the traceback of whichever import it landed in. The console script (`cli.entry`) says "interrupted"."""
