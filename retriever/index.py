@@ -711,7 +711,8 @@ class Index:
         `build`: example queries fitted on too (texts are encoded with the index's encoder)."""
         started = time.perf_counter()
         dim = self.snapshot.manifest.encoder["dim"]
-        name = calibrator or self.snapshot.manifest.calibrator["name"]
+        # None: the index's own; "" is no calibrator's name (it refitted the index's own without a word)
+        name = self.snapshot.manifest.calibrator["name"] if calibrator is None else calibrator
         fitted = make_calibrator(name, **(calibrator_options or {}))
         fitted.check_dim(dim)  # before any query is encoded
         query_texts, query_vectors, queries_from = parse_fit_queries(fit_queries, "utf-8")

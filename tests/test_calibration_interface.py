@@ -61,7 +61,7 @@ def test_default_name_is_auto_and_names_are_case_insensitive():
         assert name in CALIBRATOR_NAMES
 
 
-@pytest.mark.parametrize("name", ["bert-flow", "natsv", "whitening-", "whitening-x", "sn+natsv", "pca-5"])
+@pytest.mark.parametrize("name", ["bert-flow", "natsv", "whitening-", "whitening-x", "sn+natsv", "pca-5", "", " "])
 def test_unknown_name_lists_the_valid_ones(name):
     with pytest.raises(RetrieverError, match=r"unknown calibrator .*valid names: auto, flow, flow-K, .*whitening, whitening-K, sn"):
         make_calibrator(name)

@@ -37,7 +37,8 @@ CALIBRATOR_NAMES = (
 
 def make_calibrator(name: str | None = DEFAULT_CALIBRATOR, **options) -> Calibrator:
     """An unfitted calibrator by name; keyword options configure the flow (levels, depth, width, lr, ...)."""
-    name = (name or DEFAULT_CALIBRATOR).strip().lower()
+    # None is the default; an empty name is no calibrator's (`refit -c ""` quietly refitted with auto)
+    name = (DEFAULT_CALIBRATOR if name is None else name).strip().lower()
     if name == AutoCalibrator.name:
         unknown = sorted(set(options) - set(COMMON_OPTIONS))
         if unknown:
