@@ -206,3 +206,13 @@ def test_a_rollback_to_a_damaged_kept_version_names_that_version(cli, tmp_path, 
     current = (home / "notes").resolve()
     (current / "calibrator" / "calibrator.json").write_text('{"name": "whitening"}')
     assert "roll back to a kept version" in cli("verify", "notes", "--index-dir", home).stderr
+
+
+def test_versions_of_a_name_whose_only_build_was_interrupted_says_there_is_no_index(cli, tmp_path):
+    """From a QA run: it printed an empty table headed "0 kept versions" and exit code 0."""
+    home = tmp_path / "home"
+    (home / ".versions" / "q" / "20260101T000000000000-abcdef.partial").mkdir(parents=True)
+    done = cli("versions", "q", "--index-dir", home)
+    assert done.returncode == 1 and done.stdout == "" and done.stderr.strip() == (
+        f"error: no index named 'q' in {home} (a build of it was interrupted before its first version: "
+        "`retriever list` shows what it left)")

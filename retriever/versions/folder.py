@@ -425,6 +425,9 @@ def kept_versions(index_dir: str | Path, name: str) -> list[KeptVersion]:
     kept = [KeptVersion(folder, current is not None and folder.name == current.name, name)
             for folder in _complete(versions)
             if (current is not None and folder.name == current.name) or version_number(folder) <= committed]
+    if not kept:  # a build killed before its first commit left its work to resume, and no version
+        raise NotFoundError(f"no index named '{name}' in {Path(index_dir).absolute()} (a build of it was "
+                            "interrupted before its first version: `retriever list` shows what it left)")
     return sorted(kept, key=lambda version: (version.number, version.folder.name), reverse=True)
 
 
