@@ -80,9 +80,10 @@ WRITES = {
     "compact": lambda index, tmp: index.compact(),
     "refit": lambda index, tmp: index.refit(),
 }
-# What each write does with each damage: refuse it (it reads those bytes into the new version), or link the file
-# with its old manifest entry (the new version is as damaged, and says so), or drop it (refit writes every
-# vector index again from the raw vectors: nothing of the damaged file is left).
+# What each write does with each damage that leaves the file's time as it was (bit rot): refuse it (it reads those
+# bytes into the new version), or link the file with its old manifest entry (the new version is as damaged, and
+# says so), or drop it (refit writes every vector index again from the raw vectors: nothing of the damaged file is
+# left). Damage written in place (a newer time than the version's manifest) is refused by every write.
 OUTCOMES = {
     ("raw.npy, 4 KB flipped", "add"): "linked",
     ("raw.npy, 4 KB flipped", "delete"): "linked",
@@ -107,14 +108,19 @@ OUTCOMES = {
 }
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["written in place", "rotted, its time kept"])
 @pytest.mark.parametrize("damage, write", list(OUTCOMES))
-def test_no_write_launders_damage(home, tmp_path, damage, write):
+def test_no_write_launders_damage(home, tmp_path, damage, write, in_place):
     before = current(home)
+    times = {path: path.stat() for path in before.rglob("*") if path.is_file()}
     SILENT[damage](before)
+    if not in_place:
+        for path, status in times.items():
+            os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
     with pytest.raises(DamagedIndexError, match="does not match its manifest checksum"):
         verify_index("tiny", home)
     index = Index.open("tiny", home, device="cpu")  # sizes and parses are fine: only hashes can tell
-    outcome = OUTCOMES[(damage, write)]
+    outcome = OUTCOMES[(damage, write)] if not in_place else "refused"
     if outcome == "refused":
         with pytest.raises(DamagedIndexError, match="does not match its manifest checksum; nothing was written") as raised:
             WRITES[write](index, tmp_path)
@@ -309,3 +315,27 @@ def test_a_bug_in_the_search_path_is_not_reported_as_damage(home, monkeypatch, c
         "internal error (ZeroDivisionError); the server log has the details")
     logged = [record for record in caplog.records if record.exc_info]
     assert logged and logged[-1].exc_info[0] is ZeroDivisionError  # with its traceback
+
+
+def test_a_write_over_a_file_changed_since_its_version_refuses_and_keeps_the_intact_one(tmp_path, tiny_bert):
+    """From a QA run: a byte flipped in a segment an add had linked on, then a delete: the delete linked the damaged
+    file on unread, and pruning removed the only intact version. A file modified after its version was committed is
+    re-hashed before a write links it, and the write is refused."""
+    from retriever.versions.home import index_path
+
+    home = tmp_path / "home"
+    index = Index.build([{"_id": f"a{i}", "text": f"note {i} on cats"} for i in range(30)], "c", home,
+                        model=str(tiny_bert), calibrator="none", device="cpu").open()
+    index = index.add([{"_id": f"b{i}", "text": f"note {i} on ships"} for i in range(30)]).open()
+    raw = index_path(home, "c").resolve() / "segments" / "000002" / "raw.npy"
+    with open(raw, "r+b") as file:  # in place, as `dd conv=notrunc` does: same size, a newer time
+        file.seek(200)
+        byte = file.read(1)
+        file.seek(200)
+        file.write(bytes([byte[0] ^ 1]))
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 10**9))  # the clock's step, made certain
+    with pytest.raises(DamagedIndexError, match="segments/000002/raw.npy does not match its manifest checksum; "
+                                             "nothing was written"):
+        Index.open("c", home, device="cpu").delete(["a1"])
+    versions = [version["version"] for version in Index.versions("c", home)]
+    assert versions == [2, 1]  # the intact version 1 kept

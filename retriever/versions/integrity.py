@@ -141,7 +141,27 @@ def verify_read(folder: Path, relatives, known: dict[str, FileEntry], name: str)
 
 def _refused(name: str, problem: str) -> DamagedIndexError:
     return DamagedIndexError(f"index '{name}' is damaged: {problem}; nothing was written (a new version would "
-                             "carry the damage on); rebuild the index")
+                             f"carry the damage on); {DAMAGE_HINT}")
+
+
+def changed_since_commit(folder: Path, manifest: Manifest) -> list[str]:
+    """The files MANIFEST lists that were modified after it was written (or are gone): a writer re-hashes these
+    before linking them into a new version (`verify_read`). One stat a file: a file edited in place (a byte
+    flipped by hand, a tool that rewrote it) has a newer time than the manifest written after it; bit rot that
+    leaves the time as it was is for `verify`. A home copied without its times makes some files look newer:
+    hashed once more, no harm."""
+    try:
+        committed = (folder / MANIFEST).stat().st_mtime_ns
+    except OSError:
+        return []
+    changed = []
+    for relative in manifest.files:
+        try:
+            if (folder / relative).stat().st_mtime_ns > committed:
+                changed.append(relative)
+        except OSError:
+            changed.append(relative)  # missing: `verify_read` says so
+    return changed
 
 
 def write_manifest(folder: Path, manifest: Manifest, previous: Path | None = None,

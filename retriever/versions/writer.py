@@ -26,7 +26,7 @@ from retriever.files.folder import FOLDER_KEY
 from retriever.filters import Filter
 from retriever.versions.folder import link_tree, writing
 from retriever.versions.home import resolve_existing
-from retriever.versions.integrity import read_manifest, write_manifest
+from retriever.versions.integrity import changed_since_commit, read_manifest, write_manifest
 from retriever.versions.layout import CALIBRATOR, SEGMENTS, TEMPLATE, TOMBSTONES
 from retriever.store.layout import DOCUMENTS, RAW, ROWIDS, VECTORS, segment_name
 from retriever.versions.manifest import Manifest, SegmentEntry
@@ -97,7 +97,9 @@ class IndexWriter:
                 if self._base is not self._given:
                     stack.callback(self._base.close)
                 base = self._base
-                base.check_read(TOMBSTONES)  # written again, with whatever this write changes
+                # Written again, with whatever this write changes; and every file changed since the version was
+                # committed (a write links the rest on unread, and pruning would leave only damaged versions).
+                base.check_read(TOMBSTONES, *changed_since_commit(base.folder, base.manifest))
                 link_tree(base.folder, self.folder, skip=lambda relative: relative == TOMBSTONES)
                 self.tombstones = base.tombstones
                 self.manifest = base.manifest.replace(segments=tuple(
