@@ -114,6 +114,19 @@ def test_an_ivf_index_of_a_few_vectors_trains_without_faiss_warning(capfd):
     assert template is not None and "WARNING" not in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("opq", [False, True])
+def test_an_ivfpq_index_of_a_few_thousand_vectors_trains_without_faiss_warnings(capfd, opq):
+    """From a QA run: ivfpq on 3,000 documents printed FAISS's clustering warning 96 times (each part's 256 codes),
+    with --opq 400 times; the codes train as before, and a store of them finds a vector's own row."""
+    vectors = normalized(np.random.default_rng(3), 3000, 32)
+    spec = IndexSpec.from_dict({"type": "ivfpq", "opq": opq}).for_dim(32)
+    template = train_template(spec, vectors)
+    assert template.is_trained and "WARNING" not in capfd.readouterr().err
+    store = VectorStore(template, spec, device="cpu")
+    store.add(np.arange(3000), vectors)
+    assert store.search(vectors[:50], 1)[1][:, 0].tolist() == list(range(50))
+
+
 def test_a_vector_index_that_does_not_fit_on_disk_is_an_os_error_and_nothing_on_stderr(tmp_path, capfd,
                                                                                        monkeypatch):
     """From a crash QA run: with a few KiB free, FAISS's own file printed "file ... close error: No space left on

@@ -100,7 +100,17 @@ def train_template(spec: IndexSpec, sample: np.ndarray) -> faiss.Index | None:
     index = faiss.index_factory(dim, description, faiss.METRIC_INNER_PRODUCT)
     # Fewer than 39 training points a bucket only where there are fewer than 39 vectors in all, in one bucket (its
     # centroid is their mean): FAISS's warning about it would be the only line of a small build not its own.
-    faiss.extract_index_ivf(index).cp.min_points_per_centroid = 1
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    ivf.cp.min_points_per_centroid = 1
+    quantizer = None
+    if spec.kind.compressed:
+        # Likewise each part's 256 codes, under 9,984 vectors: FAISS warned once a part (96 lines at 3,000 vectors),
+        # and an OPQ rotation's PQ once a part and iteration (400 lines); at least 256 are asked for above.
+        ivf.pq.cp.min_points_per_centroid = 1
+        if spec.opq:
+            quantizer = faiss.ProductQuantizer(dim, spec.pq_m, 8)  # held here while the rotation trains with it
+            quantizer.cp.min_points_per_centroid = 1
+            faiss.downcast_VectorTransform(faiss.downcast_index(index).chain.at(0)).pq = quantizer
     index.train(sample)
     return index
 
