@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import shlex
@@ -24,7 +25,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    suggest_commands=False,  # ours: `_usage_message`
 )
+# Commands that delete: suggested for a mistyped command only where it is close to one (`remov`), not merely alike
+# (`rename` was answered "Did you mean 'remove'?").
+DELETING = frozenset({"remove"})
 
 
 def _version(value: bool) -> None:
@@ -149,7 +154,16 @@ def _usage_message(error) -> str:
         # a query or a path that starts with '-' ("-5 degrees") reads as an option: after '--' it is an argument
         return (f"{_sentence(error.format_message())}: an argument that starts with '-' goes last, after '--' "
                 f"({command} [OPTIONS] -- {shlex.quote(given)})")
-    return f"{_sentence(error.format_message())} (see {command} --help)"
+    message = _sentence(error.format_message())
+    unknown = ctx.command.commands if ctx is not None and isinstance(getattr(ctx.command, "commands", None), dict) \
+        else {}
+    typed = next((argument for argument in sys.argv[1:] if not argument.startswith("-")), "")
+    if unknown and typed and typed not in unknown and message.startswith("no such command"):
+        close = difflib.get_close_matches(typed, [name for name in unknown if name not in DELETING])
+        close += difflib.get_close_matches(typed, sorted(DELETING), cutoff=0.8)
+        if close:
+            message += f". Did you mean {', '.join(map(repr, close))}?"
+    return f"{message} (see {command} --help)"
 
 
 def _flag(param) -> str:

@@ -368,6 +368,10 @@ WHOLE_K = "is not a whole number from 1 to 10000"
         (["rollback"], "missing argument '[INDEX] VERSION' (see retriever rollback --help)"),
         (["encode", "x.txt"], "missing option '--out' / '-o' (see retriever encode --help)"),
         (["frobnicate"], "no such command 'frobnicate' (see retriever --help)"),
+        (["serch", "q"], "no such command 'serch'. Did you mean 'search', 'serve', 'bench'? (see retriever --help)"),
+        # a command that deletes is suggested for a near miss only (a QA run: `rename` was told of `remove`)
+        (["rename", "a", "b"], "no such command 'rename' (see retriever --help)"),
+        (["remov", "a"], "no such command 'remov'. Did you mean 'remove'? (see retriever --help)"),
     ],
 )
 def test_a_bad_command_line_is_one_error_line(cli, arguments, line):
