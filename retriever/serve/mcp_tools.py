@@ -216,9 +216,11 @@ class _Answers:
             await anyio.sleep(0.02)
 
     async def send(self, item) -> None:
+        # Counted as answered once the transport's writer has taken it: counted before, the session could end
+        # while an answer was still being handed over, and it was lost (a test's run answered 3 of 5).
+        await self._stream.send(item)
         if isinstance(item.message, (JSONRPCResponse, JSONRPCError)):
             self._waiting.discard(item.message.id)
-        await self._stream.send(item)
 
     async def __aenter__(self):
         await self._stream.__aenter__()
