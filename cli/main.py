@@ -155,11 +155,11 @@ def _usage_message(error) -> str:
         return (f"{_sentence(error.format_message())}: an argument that starts with '-' goes last, after '--' "
                 f"({command} [OPTIONS] -- {shlex.quote(given)})")
     message = _sentence(error.format_message())
-    unknown = ctx.command.commands if ctx is not None and isinstance(getattr(ctx.command, "commands", None), dict) \
+    commands = ctx.command.commands if ctx is not None and isinstance(getattr(ctx.command, "commands", None), dict) \
         else {}
     typed = next((argument for argument in sys.argv[1:] if not argument.startswith("-")), "")
-    if unknown and typed and typed not in unknown and message.startswith("no such command"):
-        close = difflib.get_close_matches(typed, [name for name in unknown if name not in DELETING])
+    if commands and typed and typed not in commands and message.startswith("no such command"):
+        close = difflib.get_close_matches(typed, [name for name in commands if name not in DELETING])
         close += difflib.get_close_matches(typed, sorted(DELETING), cutoff=0.8)
         if close:
             message += f". Did you mean {', '.join(map(repr, close))}?"
