@@ -26,13 +26,14 @@ import gzip
 import hashlib
 import json
 import platform
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(REPO))
+from benchmarks.study_cli import checkout  # noqa: E402
 
 
 def corpus_text(data: Path, megabytes: float) -> str:
@@ -55,10 +56,7 @@ def _resident_gb() -> float:
 
 def run(code: Path, megabytes: float) -> dict:
     """Cut the text with CODE's cutter in this process (a fresh one: `main` runs it so)."""
-    commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(code), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True).stdout.strip())
+    commit, dirty = checkout(code)
     sys.path.insert(0, str(code.resolve()))
     import retriever
     from retriever.corpus import Document

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,12 +38,11 @@ BY_TEXT = "default search, by text"
 
 def run(code: Path, work: Path, corpus: Path | None = None, vectors_file: Path | None = None, model: str | None = None,
         calibrator: str | None = None, by_text: bool = False) -> dict:
-    commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(code), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True).stdout.strip())
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.study_cli import checkout
+
+    commit, dirty = checkout(code)
     sys.path.insert(0, str(code.resolve()))
-    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
     from benchmarks.passage_cost import vector_pool, write_corpora
     from retriever.evaluation.data import resolve_data_dir
     from retriever.evaluation.retrieval_tasks import qnli_retrieval

@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,13 +39,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO))
 from benchmarks.search_p50 import alternated_with  # noqa: E402
+from benchmarks.study_cli import checkout  # noqa: E402
 
 
 def run(code: Path, corpus: Path, vectors: Path) -> dict:
-    commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(code), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True).stdout.strip())
+    commit, dirty = checkout(code)
     sys.path.insert(0, str(code.resolve()))
     import retriever
     from retriever.index import Index

@@ -432,11 +432,9 @@ def test_long_values_are_shortened_in_error_lines(cli, built_home):
 # --- Ctrl-C and stray OS errors ----------------------------------------------------------------------------------
 
 
-def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home, docs, tiny_bert, tmp_path):
-    """A real SIGINT while encoding a rebuild of 'docs' (in chunks of 8, the third chunk interrupted): exit 130,
-    one line saying the index is unchanged, the previous version still searches, and the same command resumes."""
-    corpus = tmp_path / "docs.txt"
-    corpus.write_text("".join(f"Document number {i} about topic {i % 5}.\n" for i in range(40)), encoding="utf-8")
+def killed_build(corpus: Path, tiny_bert, signal_name: str) -> subprocess.CompletedProcess:
+    """`retriever build CORPUS --replace` of 'docs' in a process of its own, in chunks of 8, sent SIGNAL_NAME (SIGINT:
+    Ctrl-C) as its third batch is encoded."""
     # A job started with '&' from a non-interactive shell (a CI runner, nohup) inherits SIGINT as ignored, and
     # Python then keeps it ignored; the child restores the handler a terminal's Ctrl-C would meet.
     script = textwrap.dedent(f"""
@@ -448,21 +446,29 @@ def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home
         build = index.Index.build.__func__
         index.Index.build = classmethod(lambda cls, *a, **k: build(cls, *a, **{{**k, "chunk_rows": 8}}))
         calls = [0]
-        def interrupted(encode):  # by the model or from its kit, whichever encodes
+        def signalled(encode):  # by the model or from its kit, whichever encodes
             def encode_tokenized(self, tokenized, *args):
                 calls[0] += 1
                 if calls[0] == 3:
-                    os.kill(os.getpid(), signal.SIGINT)
+                    os.kill(os.getpid(), signal.{signal_name})
                 return encode(self, tokenized, *args)
             return encode_tokenized
         for encoder in (Encoder, QueryKitEncoder):
-            encoder.encode_tokenized = interrupted(encoder.encode_tokenized)
+            encoder.encode_tokenized = signalled(encoder.encode_tokenized)
         sys.argv = ["retriever", "build", {str(corpus)!r}, "--model", {str(tiny_bert)!r}, "--calibrator", "none",
                     "--replace"]
         from cli.main import main
         main()
     """)
-    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_ctrl_c_during_a_build_is_one_line_and_the_build_resumes(cli, built_home, docs, tiny_bert, tmp_path):
+    """A real SIGINT while encoding a rebuild of 'docs' (in chunks of 8, the third chunk interrupted): exit 130,
+    one line saying the index is unchanged, the previous version still searches, and the same command resumes."""
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("".join(f"Document number {i} about topic {i % 5}.\n" for i in range(40)), encoding="utf-8")
+    killed = killed_build(corpus, tiny_bert, "SIGINT")
     assert killed.returncode == 130, killed.stderr
     assert killed.stderr.strip().splitlines()[-1] == (
         "interrupted: index 'docs' is unchanged (the previous version is intact); re-run the same command to resume")
@@ -485,29 +491,7 @@ def test_sigterm_during_a_build_unwinds_as_ctrl_c_does(cli, built_home, tiny_ber
     It is unwound as Ctrl-C is: one line, exit 143 as a shell reports it, the build resumable."""
     corpus = tmp_path / "docs.txt"
     corpus.write_text("".join(f"Document number {i} about topic {i % 5}.\n" for i in range(40)), encoding="utf-8")
-    script = textwrap.dedent(f"""
-        import os, signal, sys
-        import retriever.index as index
-        from retriever.encode.encoder import Encoder
-        from retriever.encode.query_kit import QueryKitEncoder
-        build = index.Index.build.__func__
-        index.Index.build = classmethod(lambda cls, *a, **k: build(cls, *a, **{{**k, "chunk_rows": 8}}))
-        calls = [0]
-        def terminated(encode):
-            def encode_tokenized(self, tokenized, *args):
-                calls[0] += 1
-                if calls[0] == 3:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                return encode(self, tokenized, *args)
-            return encode_tokenized
-        for encoder in (Encoder, QueryKitEncoder):
-            encoder.encode_tokenized = terminated(encoder.encode_tokenized)
-        sys.argv = ["retriever", "build", {str(corpus)!r}, "--model", {str(tiny_bert)!r}, "--calibrator", "none",
-                    "--replace"]
-        from cli.main import main
-        main()
-    """)
-    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    killed = killed_build(corpus, tiny_bert, "SIGTERM")
     assert killed.returncode == 143, killed.stderr
     assert killed.stderr.strip().splitlines()[-1] == (
         "terminated: index 'docs' is unchanged (the previous version is intact); re-run the same command to resume")

@@ -153,10 +153,9 @@ def test_a_version_never_swapped_in_is_removed_by_the_next_write_and_its_number_
     assert not orphan.exists() and [v["version"] for v in Index.versions("notes", home)] == [3, 1]
 
 
-def test_versions_whose_link_is_gone_are_kept_by_a_rollback_and_a_build(cli, tmp_path, tiny_bert):
-    """From a QA run: with the index's link gone (removed by hand, a copy of the home that skipped links, a killed
-    `remove`), a rollback to one kept version deleted the other, and a build without --replace went ahead and
-    deleted every kept version."""
+def two_versions(cli, tmp_path, tiny_bert):
+    """An index 'notes' in a home of its own: built (version 1), then added to (version 2); the home and the corpus
+    added."""
     first, second = tmp_path / "first.txt", tmp_path / "second.txt"
     first.write_text(FIRST)
     second.write_text(SECOND)
@@ -164,6 +163,14 @@ def test_versions_whose_link_is_gone_are_kept_by_a_rollback_and_a_build(cli, tmp
     assert cli("build", first, "--name", "notes", "--model", tiny_bert, "--calibrator", "none",
                "--index-dir", home).returncode == 0
     assert cli("add", "notes", second, "--index-dir", home).returncode == 0
+    return home, second
+
+
+def test_versions_whose_link_is_gone_are_kept_by_a_rollback_and_a_build(cli, tmp_path, tiny_bert):
+    """From a QA run: with the index's link gone (removed by hand, a copy of the home that skipped links, a killed
+    `remove`), a rollback to one kept version deleted the other, and a build without --replace went ahead and
+    deleted every kept version."""
+    home, second = two_versions(cli, tmp_path, tiny_bert)
     (home / "notes").unlink()
     listed = cli("versions", "--name", "notes", "--index-dir", home)
     assert "no version of 'notes' is current" in listed.stderr and "retriever rollback 2" in listed.stderr
@@ -185,13 +192,7 @@ def test_versions_whose_link_is_gone_are_kept_by_a_rollback_and_a_build(cli, tmp
 def test_a_rollback_to_a_damaged_kept_version_names_that_version(cli, tmp_path, tiny_bert):
     """From a QA run: rolling back to a damaged kept version said the index was damaged and to rebuild it, while
     the current version was intact; a damaged current version said only "rebuild"."""
-    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
-    first.write_text(FIRST)
-    second.write_text(SECOND)
-    home = tmp_path / "home"
-    assert cli("build", first, "--name", "notes", "--model", tiny_bert, "--calibrator", "none",
-               "--index-dir", home).returncode == 0
-    assert cli("add", "notes", second, "--index-dir", home).returncode == 0
+    home, second = two_versions(cli, tmp_path, tiny_bert)
     (older,) = [folder for folder in (home / ".versions" / "notes").iterdir()
                 if folder.is_dir() and folder.name != (home / "notes").resolve().name]
     damaged = older / "calibrator" / "calibrator.json"
