@@ -60,7 +60,7 @@ from retriever.engines.stages import (
     with_queries,
     write_segment_vectors,
 )
-from retriever.engines.steps import (ChangeSummary, check_encoded_alike, now_iso, parse_fit_queries,
+from retriever.engines.steps import (ChangeSummary, check_encoded_alike, fitted_out_dim, now_iso, parse_fit_queries,
                                      written_passages)
 from retriever.encode.external import is_external
 from retriever.encode.passages import PassageSettings
@@ -72,7 +72,7 @@ from retriever.files.folder import (BROKEN_LINK, FOLDER_KEY, UNLISTABLE, FolderO
 from retriever.files.readers import NoText, UnreadableFile
 from retriever.filters import Filter, FilterWarning, filter_notes, parse_where
 from retriever.metadata import listed_fields
-from retriever.numeric import l2_normalize, row_norms
+from retriever.numeric import l2_normalize_in_place, row_norms
 from retriever.search.fusion_check import hybrid_check, recorded_hybrid
 from retriever.search.options import MODES, SearchOptions
 from retriever.search.results import SearchHit, cut
@@ -742,12 +742,14 @@ class Index:
             check = (check_set(fitted, passages, documents_at, vectors_at, self._encoder_for(current), seed,
                                progress) if fitted.uses_check else None)  # only auto needs the model here
             fit_calibrator(fitted, with_queries(sample, query_vectors, fit_sample, seed), check)
-            calibrated_sample = l2_normalize(fitted.transform(sample))
+            out_dim = fitted_out_dim(fitted, dim)
             spec_record = dict(current.manifest.index)
-            if calibrated_sample.shape[1] != current.manifest.dim:
+            if out_dim != current.manifest.dim:
                 spec_record.pop("pq_m", None)  # set again for the new dimension
-            spec = IndexSpec.from_dict(spec_record).for_dim(calibrated_sample.shape[1])
-            template = train_template(spec, calibrated_sample)
+            spec = IndexSpec.from_dict(spec_record).for_dim(out_dim)
+            # The sample is calibrated only for an index that trains on it (flat and hnsw train nothing).
+            template = (train_template(spec, l2_normalize_in_place(fitted.transform(sample))) if spec.kind.trained
+                        else None)
             writer.replace_calibrator(fitted, spec, template)
             # The dense side changed: the hybrid weight is decided again, in the new space (a calibrator that
             # takes no check leaves no evidence, and the default stays). Raw vectors before and after (`none`
@@ -755,7 +757,7 @@ class Index:
             unchanged = check is None and _keeps_raw(fitted) and _keeps_raw(current.calibrator)
             hybrid = current.manifest.hybrid if unchanged else hybrid_check(check, fitted.transform, seed)
             writer.manifest = writer.manifest.replace(
-                dim=int(calibrated_sample.shape[1]), refitted=now_iso(), hybrid=hybrid,
+                dim=out_dim, refitted=now_iso(), hybrid=hybrid,
                 fit={"sample": len(sample), "of": len(current), "seed": seed,
                      **({"queries": fitted_query_count(query_vectors, fit_sample), "queries_from": queries_from}
                         if query_vectors is not None else {})})
