@@ -296,14 +296,20 @@ def test_maxscore_keeps_its_best_where_float32_rounding_exceeds_a_common_term_s_
             assert found[top_list(scores, found, count)].tolist() == every[top_list(every_scores, every, count)].tolist()
 
 
-def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(tmp_path):
+@pytest.mark.parametrize("cores", [1, 3])
+def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(tmp_path, monkeypatch, cores):
     """Word frequencies as in real text (a few words in most documents, a long tail), three segments and some
     deletions: for queries mixing common and rare words, every COUNT the best found by MaxScore (common terms
-    skipped, then replacing their ceilings one by one) are the best of every match, scores included."""
+    skipped, then replacing their ceilings one by one) are the best of every match, scores included; searched a
+    segment at a time, and each segment in slices on three cores (merged, ties to the lower position)."""
     from types import SimpleNamespace
 
     from retriever.search.fusion import top_list
+    from retriever.store import keywords
     from retriever.store.keywords import KeywordIndex, KeywordScorer, KeywordSegment
+
+    monkeypatch.setattr(keywords, "SLICE_UNITS", 500)  # segments of 2,500: three slices where three cores are
+    monkeypatch.setattr(keywords, "available_cpus", lambda: cores)
 
     rng = np.random.default_rng(7)
     vocabulary = np.array([f"w{number}" for number in range(3000)])

@@ -122,9 +122,11 @@ def _lowest_bit(word):
 
 
 @_compiled
-def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_plus_1, norm, dead, count, floor):
-    """The COUNT best documents of one segment by MaxScore (Turtle and Flood 1995), a window of documents at a time
-    as Lucene's MaxScoreBulkScorer does: (positions, exact float32 scores), the best first in no particular order.
+def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_plus_1, norm, dead, count, floor,
+              first, last):
+    """The COUNT best documents at positions FIRST to LAST (excluded) of one segment by MaxScore (Turtle and Flood
+    1995), a window of documents at a time as Lucene's MaxScoreBulkScorer does: (positions, exact float32 scores),
+    the best first in no particular order.
 
     The query's terms are given by ascending CEILINGS (an upper bound of what each adds to a document): term i's
     postings are POSITIONS[STARTS[i]:ENDS[i]] (ascending) with COUNTS, its BM25 weight WEIGHTS[i], and its place in
@@ -135,17 +137,18 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
     documents are then taken in order: the low-ceiling terms are looked up, highest ceiling first, while the
     document can still reach the threshold, and a document that can is scored exactly. DEAD: deleted positions,
     ascending. Documents are ordered by score, then lower position: one holding an equal score later does not
-    displace one found before."""
+    displace one found before. Slices of a segment are searched apart (on several cores) and their bests merged."""
     terms = len(starts)
     cumulative = np.empty(terms + 1, np.float64)  # cumulative[i]: the ceilings of terms below i
     cumulative[0] = 0.0
     for i in range(terms):
         cumulative[i + 1] = cumulative[i] + ceilings[i]
     heads = starts.copy()  # the walked terms' next posting; the looked-up terms' last find
-    exact_heads = starts.copy()  # every term's last find, for the exact scores (documents ascend)
+    for i in range(terms):
+        heads[i] = _gallop(positions, starts[i], ends[i], first)
+    exact_heads = heads.copy()  # every term's last find, for the exact scores (documents ascend)
     contribution = np.zeros(terms, np.float32)
-    documents = norm.shape[0]
-    width = min(WINDOW, documents)
+    width = max(1, min(WINDOW, last - first))
     partial = np.zeros(width, np.float64)
     marks = np.zeros((width + 63) // 64, np.uint64)
     best_positions = np.empty(count, np.int32)
@@ -157,10 +160,10 @@ def max_score(positions, counts, starts, ends, weights, ceilings, canonical, k1_
     essential = 0  # terms below this index are looked up only, not walked
     while essential < terms and cumulative[essential + 1] < threshold - margin:
         essential += 1
-    dead_at = 0
-    base = 0
-    while base < documents:
-        limit = min(documents, base + min(width, max(FIRST_WINDOW, base)))
+    dead_at = np.searchsorted(dead, first)
+    base = first
+    while base < last:
+        limit = min(last, base + min(width, max(FIRST_WINDOW, base - first)))
         walked = essential  # fixed for the window: its terms' contributions are in PARTIAL
         for i in range(walked, terms):
             at = heads[i]

@@ -45,12 +45,14 @@ import sqlite3
 import threading
 import unicodedata
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from retriever.errors import DamagedIndexError, RetrieverError
+from retriever.processes import available_cpus
 from retriever.store.layout import (COUNTS, KEYWORDS, PASSAGE_COUNTS, PASSAGE_KEYWORDS, PASSAGE_POSTINGS,
                                     PASSAGES, POSTINGS, SPANS)
 from retriever.store.arrays import NpyAppender, load_npy
@@ -76,6 +78,9 @@ _OCCURRENCES_PER_CHUNK = 4_000_000
 # A segment remembers where this many terms' postings lie (a megabyte or two: an index of many segments keeps one
 # such record per segment and side), then starts over.
 TERM_PLACES = 1 << 13
+# A segment of at least twice this many units is searched in slices of at least this many, on as many cores: a
+# slice this large costs far more than handing it to another thread.
+SLICE_UNITS = 1 << 17
 _UNKNOWN = object()
 
 
@@ -416,9 +421,9 @@ class QueryMatches:
             # A term adds less than weight x (k1 + 1) to any document; a little more, for float32 rounding.
             ceilings = weights.astype(np.float64) * float(self.scorer.k1_plus_1) * (1 + 1e-5)
             order = np.argsort(ceilings, kind="stable")
-            found, exact = _kernels().max_score(keywords.positions, keywords.counts, starts[order], ends[order],
-                                             weights[order], ceilings[order], order, self.scorer.k1_plus_1, norm,
-                                             dead, count, floor)
+            arguments = (keywords.positions, keywords.counts, starts[order], ends[order], weights[order],
+                         ceilings[order], order, self.scorer.k1_plus_1, norm, dead, count, floor)
+            found, exact = max_score_in_slices(arguments, len(norm))
             segments.append(np.full(len(found), number, np.int32))
             positions.append(found)
             scores.append(exact)
@@ -555,6 +560,30 @@ def _postings_of(chunk: list[tuple[str, int, str]]) -> tuple[list[str], np.ndarr
     counts = np.diff(np.append(starts, len(key)))
     held = np.bincount(term_of[starts], minlength=len(chunk))
     return terms, documents[starts].astype(np.int32), counts, held
+
+
+def max_score_in_slices(arguments: tuple, units: int) -> tuple[np.ndarray, np.ndarray]:
+    """`keyword_kernels.max_score` over a segment of UNITS units: a large one in slices side by side, one per core
+    (the kernel releases the GIL; this thread searches the first), their bests merged; ties to the lower position,
+    as the kernel breaks them. Each slice's threshold rises on its own: a shared one cost more than it saved."""
+    count = arguments[10]
+    slices = max(1, min(available_cpus(), units // SLICE_UNITS))
+    if slices == 1:
+        return _kernels().max_score(*arguments, 0, units)
+    cuts = [units * number // slices for number in range(slices + 1)]
+    others = [_slice_pool().submit(_kernels().max_score, *arguments, first, last)
+              for first, last in zip(cuts[1:-1], cuts[2:])]
+    parts = [_kernels().max_score(*arguments, cuts[0], cuts[1]), *(other.result() for other in others)]
+    positions = np.concatenate([found for found, _ in parts])
+    scores = np.concatenate([exact for _, exact in parts])
+    best = np.lexsort((positions, -scores))[:count]
+    return positions[best], scores[best]
+
+
+@functools.cache
+def _slice_pool() -> ThreadPoolExecutor:
+    """Threads for the slices of a segment's keyword search: one per core but the searching thread's own."""
+    return ThreadPoolExecutor(max(1, available_cpus() - 1), thread_name_prefix="keyword-slice")
 
 
 def _kernels():
