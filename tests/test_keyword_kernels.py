@@ -66,13 +66,9 @@ def test_best_in_runs_gives_a_tie_to_the_first_unit_reaching_the_best():
 
 @pytest.mark.parametrize("documents", [4000, 150_000])  # one window, and windows of growing width
 @pytest.mark.parametrize("count", [1, 10, 60])
-def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower_position(documents, count,
-                                                                                          monkeypatch):
-    """Whole, and in three slices on three cores, merged (`keywords.max_score_in_slices`)."""
+def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower_position(documents, count):
+    """Whole, and in three slices side by side, merged (`keywords.max_score_in_slices`)."""
     from retriever.store import keywords
-
-    monkeypatch.setattr(keywords, "SLICE_UNITS", documents // 4)
-    monkeypatch.setattr(keywords, "available_cpus", lambda: 3)
     generator = np.random.default_rng(count)
     terms = 6
     norm = np.round(0.3 + 0.9 * generator.random(documents), 1).astype(np.float32)  # few lengths: many ties
@@ -94,7 +90,7 @@ def test_max_score_finds_the_best_of_every_document_with_ties_going_to_the_lower
         arguments = (np.concatenate(lists), np.concatenate(counts), starts, ends, weights[order], ceilings[order],
                      order.astype(np.int64), K1_PLUS_1, norm, dead, count, floor)
         for found, scores in (kernels.max_score(*arguments, 0, documents),
-                              keywords.max_score_in_slices(arguments, documents)):
+                              keywords.max_score_in_slices(arguments, [0, documents // 5, documents // 2, documents])):
             ranked = np.lexsort((found, -scores))
             assert found[ranked].tolist() == best.tolist()
             np.testing.assert_array_equal(scores, exact[found])
@@ -117,19 +113,17 @@ def test_the_kernels_compile_where_no_cache_folder_can_be_written(monkeypatch):
         importlib.reload(kernels)
 
 
-def test_slices_merged_give_a_tie_to_the_lower_position(monkeypatch):
+def test_slices_merged_give_a_tie_to_the_lower_position():
     """Every document scoring alike, searched in three slices: the best are the first documents, as one search
     over the whole segment finds them."""
     from retriever.store import keywords
 
-    monkeypatch.setattr(keywords, "SLICE_UNITS", 1000)
-    monkeypatch.setattr(keywords, "available_cpus", lambda: 3)
     documents, count = 3000, 10
     positions, counts = np.arange(documents, dtype=np.int32), np.ones(documents, np.uint16)
     arguments = (positions, counts, np.array([0], np.int64), np.array([documents], np.int64),
                  np.array([WEIGHT], np.float32), np.array([WEIGHT * float(K1_PLUS_1) * (1 + 1e-5)]),
                  np.array([0], np.int64), K1_PLUS_1, np.ones(documents, np.float32), np.array([5], np.int32), count,
                  0.0)
-    found, scores = keywords.max_score_in_slices(arguments, documents)
+    found, scores = keywords.max_score_in_slices(arguments, [0, 1000, 2000, documents])
     assert sorted(found.tolist()) == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]  # 5 is deleted
     assert len(set(scores.tolist())) == 1

@@ -346,6 +346,28 @@ def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(t
     assert skipped_somewhere  # the pruning ran, not only the every-match fallback
 
 
+def test_a_segment_is_cut_into_slices_of_about_equal_work(tmp_path):
+    """Short units first, long ones after: the slices searched side by side hold about equal work (length plus
+    the mean length each), not equal counts, so the long units' slice does not set the pace alone."""
+    from types import SimpleNamespace
+
+    from retriever.store.keywords import KeywordIndex, KeywordSegment
+
+    texts = ["word"] * 1000 + [" ".join(f"w{number}" for number in range(49))] * 1000  # lengths 1, then 49
+
+    class Table:
+        def documents(self):
+            return ((rowid, SimpleNamespace(title=None, text=text)) for rowid, text in enumerate(texts, start=1))
+
+    KeywordIndex().build(tmp_path, Table())
+    segment = KeywordSegment(tmp_path)
+    assert segment.cuts(1) == [0, 2000]
+    # A short unit costs 1 + 25, a long one 49 + 25: half the work is the short ones and 324 long ones.
+    first, cut, last = segment.cuts(2)
+    assert (first, last) == (0, 2000) and abs(cut - 1324) <= 1
+    assert segment.cuts(4) == sorted(set(segment.cuts(4)))
+
+
 def test_a_segment_remembers_where_terms_lie_and_answers_alike_when_it_starts_over(tmp_path, monkeypatch):
     """Term places are read from SQLite once, then remembered (absent terms too); past TERM_PLACES terms the
     segment starts over. Every answer equals a fresh segment's, the first and the later."""

@@ -307,6 +307,21 @@ class KeywordSegment:
         if self.positions.dtype != np.int32 or self.counts.dtype != np.uint16 or len(self.positions) != len(self.counts):
             raise RetrieverError(f"{folder}: keyword postings and counts do not match")
         self._places: dict[str, tuple[int, int] | None] = {}  # term -> (start, count), None: not here
+        self._costs: np.ndarray | None = None
+
+    def cuts(self, slices: int) -> list[int]:
+        """The unit positions cutting this segment into SLICES slices of about equal search cost, from 0 to the
+        number of units. A unit costs its length plus the mean length: a query walks postings, which long units
+        hold more of, and visits units, long or short. (Slices of equal unit counts were far apart in work where
+        long units cluster, and the slowest sets the pace.)"""
+        costs = self._costs
+        if costs is None:  # once per segment (two racing threads compute the same array)
+            lengths = self.lengths.astype(np.float64)
+            costs = self._costs = np.cumsum(lengths + (lengths.mean() if len(lengths) else 0.0))
+        if slices <= 1 or not len(costs):
+            return [0, len(costs)]
+        inner = np.searchsorted(costs, costs[-1] * np.arange(1, slices) / slices).tolist()
+        return [0, *inner, len(costs)]
 
     def postings(self, terms: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
         """term -> (positions int32, counts uint16, where they start in the maps) for those of TERMS this segment
@@ -423,7 +438,7 @@ class QueryMatches:
             order = np.argsort(ceilings, kind="stable")
             arguments = (keywords.positions, keywords.counts, starts[order], ends[order], weights[order],
                          ceilings[order], order, self.scorer.k1_plus_1, norm, dead, count, floor)
-            found, exact = max_score_in_slices(arguments, len(norm))
+            found, exact = max_score_in_slices(arguments, keywords.cuts(slices_for(len(norm))))
             segments.append(np.full(len(found), number, np.int32))
             positions.append(found)
             scores.append(exact)
@@ -562,21 +577,25 @@ def _postings_of(chunk: list[tuple[str, int, str]]) -> tuple[list[str], np.ndarr
     return terms, documents[starts].astype(np.int32), counts, held
 
 
-def max_score_in_slices(arguments: tuple, units: int) -> tuple[np.ndarray, np.ndarray]:
-    """`keyword_kernels.max_score` over a segment of UNITS units: a large one in slices side by side, one per core
-    (the kernel releases the GIL; this thread searches the first), their bests merged; ties to the lower position,
-    as the kernel breaks them. Each slice's threshold rises on its own: a shared one cost more than it saved."""
-    count = arguments[10]
-    slices = max(1, min(available_cpus(), units // SLICE_UNITS))
-    if slices == 1:
-        return _kernels().max_score(*arguments, 0, units)
-    cuts = [units * number // slices for number in range(slices + 1)]
-    others = [_slice_pool().submit(_kernels().max_score, *arguments, first, last)
+def slices_for(units: int) -> int:
+    """How many slices a segment of UNITS units is searched in: one per core, each of at least SLICE_UNITS."""
+    return max(1, min(available_cpus(), units // SLICE_UNITS))
+
+
+def max_score_in_slices(arguments: tuple, cuts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """`keyword_kernels.max_score` (ARGUMENTS, then a slice's first and last) over the slices between CUTS, side by
+    side (the kernel releases the GIL; this thread searches the first), their bests merged with ties to the lower
+    position, as the kernel breaks them. Each slice's threshold rises on its own: a shared one cost more than it
+    saved."""
+    kernels = _kernels()
+    if len(cuts) == 2:
+        return kernels.max_score(*arguments, cuts[0], cuts[1])
+    others = [_slice_pool().submit(kernels.max_score, *arguments, first, last)
               for first, last in zip(cuts[1:-1], cuts[2:])]
-    parts = [_kernels().max_score(*arguments, cuts[0], cuts[1]), *(other.result() for other in others)]
+    parts = [kernels.max_score(*arguments, cuts[0], cuts[1]), *(other.result() for other in others)]
     positions = np.concatenate([found for found, _ in parts])
     scores = np.concatenate([exact for _, exact in parts])
-    best = np.lexsort((positions, -scores))[:count]
+    best = np.lexsort((positions, -scores))[: arguments[10]]
     return positions[best], scores[best]
 
 
