@@ -296,12 +296,13 @@ def test_maxscore_keeps_its_best_where_float32_rounding_exceeds_a_common_term_s_
             assert found[top_list(scores, found, count)].tolist() == every[top_list(every_scores, every, count)].tolist()
 
 
-@pytest.mark.parametrize("cores", [1, 3])
-def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(tmp_path, monkeypatch, cores):
+@pytest.mark.parametrize(("cores", "spread"), [(1, True), (3, True), (3, False)])
+def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(tmp_path, monkeypatch, cores, spread):
     """Word frequencies as in real text (a few words in most documents, a long tail), three segments and some
     deletions: for queries mixing common and rare words, every COUNT the best found by MaxScore (common terms
     skipped, then replacing their ceilings one by one) are the best of every match, scores included; searched a
-    segment at a time, and each segment in slices on three cores (merged, ties to the lower position)."""
+    segment at a time, and each segment in slices on three cores (merged, ties to the lower position) unless the
+    query keeps to one thread (as hybrid search's keyword side does)."""
     from types import SimpleNamespace
 
     from retriever.search.fusion import top_list
@@ -332,7 +333,7 @@ def test_maxscore_on_zipf_text_in_three_segments_keeps_the_best_of_every_match(t
     skipped_somewhere = False
     for _ in range(40):
         words = [*rng.choice(vocabulary[:20], int(rng.integers(1, 5))), *rng.choice(vocabulary[20:], int(rng.integers(1, 5)))]
-        matches = scorer.match(" ".join(words), stop_words=False)
+        matches = scorer.match(" ".join(words), stop_words=False, spread=spread)
         every_segments, every, every_scores = matches.every_match()
         every_keys = every_segments.astype(np.int64) * 10**6 + every
         for count in (1, 10, 100):

@@ -100,16 +100,17 @@ class KeywordSearcher:
         """SEGMENT's mask of passage keyword units whose documents are not deleted."""
         return ~np.isin(segment.documents_of(segment.passage_unit_keys), self.snapshot.tombstones)
 
-    def lists(self, texts: Sequence[str], depth: int, stop_words: bool,
-              matches: Matches | None = None) -> list[KeywordList]:
+    def lists(self, texts: Sequence[str], depth: int, stop_words: bool, matches: Matches | None = None,
+              spread: bool = True) -> list[KeywordList]:
         """Each text's keyword top DEPTH (with MATCHES, among those row ids), with its matches kept for scoring
-        other candidates. STOP_WORDS: leave out a query's stop words where it has other words."""
+        other candidates. STOP_WORDS: leave out a query's stop words where it has other words. SPREAD: search a
+        large segment on every core (`QueryMatches.candidates`)."""
         documents, passages = self.scorers()
         sides = []
         for text in texts:
             # The postings are read here (SQLite and their arrays): damaged ones are one line naming the index.
             with self.snapshot.reading(SEGMENTS, errors=(sqlite3.DatabaseError,)):
-                whole = documents.match(text, stop_words)
+                whole = documents.match(text, stop_words, spread)
                 query = KeywordQuery(whole, passages.weighted(whole) if passages is not None else None)
             sides.append(KeywordList(query, *self._top(query, depth, matches)))
         return sides

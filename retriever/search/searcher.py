@@ -68,9 +68,11 @@ class Searcher:
                                                                side.keys.tolist()), start=1)]
                 for side in sides])
         # Hybrid: the two sides one after the other (measured on 2 cores, a thread for the keyword side gained
-        # nothing beside the dense search and lost beside the encoder: benchmarks/results/README.md, hybrid at 1M).
+        # nothing beside the dense search and lost beside the encoder: benchmarks/results/README.md, hybrid at 1M),
+        # and the keyword side on this thread alone: the dense search's FAISS threads spin on the other cores a
+        # while after it, and a slice handed there waits for them.
         dense_scores, dense_ids, dense_keys = self.dense.top_passages(vectors, plan.dense, plan.matches)
-        sides = self.keyword.lists(texts, plan.depth, plan.options.drops_stop_words, plan.matches)
+        sides = self.keyword.lists(texts, plan.depth, plan.options.drops_stop_words, plan.matches, spread=False)
         return ranked_hits(self.snapshot, fuse(vectors, dense_scores, dense_ids, dense_keys, sides, plan.options,
                                                self.dense, self.keyword))
 

@@ -373,8 +373,9 @@ class QueryMatches:
     A document's score adds its terms' contributions in one fixed order whichever way it is computed, so any split
     of the documents into segments gives the same numbers."""
 
-    def __init__(self, scorer: KeywordScorer, terms: list[TermPostings]):
+    def __init__(self, scorer: KeywordScorer, terms: list[TermPostings], spread: bool = True):
         self.scorer, self.terms = scorer, terms
+        self.spread = spread  # a large segment's best searched in slices on every core (`candidates`)
         self._arrays: list[tuple[np.ndarray, ...] | None] = [None] * len(scorer.segments)
 
     def scores(self, segment: int, positions: np.ndarray) -> np.ndarray:
@@ -422,8 +423,9 @@ class QueryMatches:
     def candidates(self, count: int, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment numbers, positions, exact scores) of matching live documents, sure to hold the COUNT best
         (ties: the lower position first) of those scoring at least FLOOR, found by MaxScore in each segment
-        (`keyword_kernels.max_score`). A segment's COUNT-th best score is a floor for the next segments': a
-        document below it cannot be among the COUNT best of the version."""
+        (`keyword_kernels.max_score`; a large segment in slices on every core where this query spreads). A
+        segment's COUNT-th best score is a floor for the next segments': a document below it cannot be among the
+        COUNT best of the version."""
         if not self.terms:
             return np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)
         floor = float(floor)
@@ -438,7 +440,8 @@ class QueryMatches:
             order = np.argsort(ceilings, kind="stable")
             arguments = (keywords.positions, keywords.counts, starts[order], ends[order], weights[order],
                          ceilings[order], order, self.scorer.k1_plus_1, norm, dead, count, floor)
-            found, exact = max_score_in_slices(arguments, keywords.cuts(slices_for(len(norm))))
+            slices = slices_for(len(norm)) if self.spread else 1
+            found, exact = max_score_in_slices(arguments, keywords.cuts(slices))
             segments.append(np.full(len(found), number, np.int32))
             positions.append(found)
             scores.append(exact)
@@ -507,9 +510,10 @@ class KeywordScorer:
         self.norms = [(k1 * (1 - b + b * segment.lengths.astype(np.float32) / max(self.average_length, 1e-9)))
                       .astype(np.float32) for segment in self.segments]
 
-    def match(self, query: str, stop_words: bool = True) -> QueryMatches:
+    def match(self, query: str, stop_words: bool = True, spread: bool = True) -> QueryMatches:
         """The query's terms, weighted by the version's live documents, with their postings. STOP_WORDS: leave out
-        the query's stop words (as the tokenizer stems them) when it has other terms."""
+        the query's stop words (as the tokenizer stems them) when it has other terms. SPREAD: search a large
+        segment on every core (`QueryMatches.candidates`)."""
         terms = self.terms(query)
         if stop_words:
             kept = {term: count for term, count in terms.items() if term not in self.stop_terms}
@@ -524,7 +528,7 @@ class KeywordScorer:
                 weight = np.float32(count * np.log1p((n - frequency + 0.5) / (frequency + 0.5)))
                 found.append(TermPostings(term, weight, [held[term][:2] if term in held else None for held in postings],
                                           [held[term][2] if term in held else None for held in postings]))
-        return QueryMatches(self, found)
+        return QueryMatches(self, found, spread)
 
     def terms(self, text: str) -> dict[str, int]:
         """TEXT's terms and their counts, as the segments' tokenizers read it (where they differ, each one's
@@ -538,14 +542,15 @@ class KeywordScorer:
         return found
 
     def weighted(self, query: QueryMatches) -> QueryMatches:
-        """QUERY's terms, with the weights QUERY gives them (its scorer's statistics), over these segments."""
+        """QUERY's terms, with the weights QUERY gives them (its scorer's statistics), over these segments, searched
+        as QUERY is (its spread)."""
         terms = [term.term for term in query.terms]
         postings = [segment.postings(terms) for segment in self.segments]
         found = [TermPostings(term.term, term.weight, [held[term.term][:2] if term.term in held else None
                                                        for held in postings],
                               [held[term.term][2] if term.term in held else None for held in postings])
                  for term in query.terms if any(term.term in held for held in postings)]
-        return QueryMatches(self, found)
+        return QueryMatches(self, found, query.spread)
 
 
 def _next_chunk(cursor: sqlite3.Cursor) -> list[tuple[str, int, str]]:
