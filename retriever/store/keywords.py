@@ -78,8 +78,8 @@ _OCCURRENCES_PER_CHUNK = 4_000_000
 # A segment remembers where this many terms' postings lie (a megabyte or two: an index of many segments keeps one
 # such record per segment and side), then starts over.
 TERM_PLACES = 1 << 13
-# A segment of at least twice this many units is searched in slices of at least this many, on as many cores: a
-# slice this large costs far more than handing it to another thread.
+# A segment is searched in a slice per this many units, up to one per core (`slices_for`): a search of this many
+# costs far more than handing it to another thread.
 SLICE_UNITS = 1 << 17
 _UNKNOWN = object()
 
@@ -583,7 +583,7 @@ def _postings_of(chunk: list[tuple[str, int, str]]) -> tuple[list[str], np.ndarr
 
 
 def slices_for(units: int) -> int:
-    """How many slices a segment of UNITS units is searched in: one per core, each of at least SLICE_UNITS."""
+    """How many slices a segment of UNITS units is searched in: one per SLICE_UNITS units, up to one per core."""
     return max(1, min(available_cpus(), units // SLICE_UNITS))
 
 
