@@ -16,7 +16,35 @@ import os
 import signal
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.context import SpawnContext, SpawnProcess
+
+
+_pools: dict[str, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_thread_pool(name: str, workers: int) -> ThreadPoolExecutor:
+    """This process's pool of WORKERS threads named NAME, made on first use and shared by every caller. A forked
+    child starts without any (`_forget_pools`): its copy of the parent's pool names threads the child does not have,
+    and work handed to it would wait forever."""
+    pool = _pools.get(name)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(name)
+            if pool is None:
+                pool = _pools[name] = ThreadPoolExecutor(workers, thread_name_prefix=name)
+    return pool
+
+
+def _forget_pools() -> None:
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()  # the parent's may have been held by one of its other threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def available_cpus() -> int:

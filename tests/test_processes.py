@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 KILLED_PARENT = """
@@ -40,3 +42,32 @@ def test_a_worker_whose_parent_is_killed_exits_and_lets_go_of_its_output():
     while _running(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _running(worker)
+
+
+FORKED_SEARCH = """
+import os, signal
+import numpy as np
+from retriever.store import keywords
+
+documents = 3000
+arguments = (np.arange(documents, dtype=np.int32), np.ones(documents, np.uint16), np.array([0], np.int64),
+             np.array([documents], np.int64), np.array([1.7], np.float32), np.array([4.0]), np.array([0], np.int64),
+             np.float32(2.2), np.ones(documents, np.float32), np.array([], np.int32), 3, 0.0)
+print(keywords.max_score_in_slices(arguments, [0, 1000, 2000, documents])[0].tolist(), flush=True)
+child = os.fork()
+if child == 0:
+    signal.alarm(10)  # were the parent's pool handed on, the slices would wait for threads the child lacks
+    print(keywords.max_score_in_slices(arguments, [0, 1000, 2000, documents])[0].tolist(), flush=True)
+    os._exit(0)
+os._exit(os.waitpid(child, 0)[1])
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_forked_child_searches_in_slices_with_threads_of_its_own():
+    """A process that searched a large keyword segment (its slices on a pool of threads), then forked, as a
+    user's script or server may: the child's search finishes, with the parent's answer."""
+    done = subprocess.run([sys.executable, "-c", FORKED_SEARCH], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["[0, 1, 2]", "[0, 1, 2]"]

@@ -45,14 +45,13 @@ import sqlite3
 import threading
 import unicodedata
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from retriever.errors import DamagedIndexError, RetrieverError
-from retriever.processes import available_cpus
+from retriever.processes import available_cpus, shared_thread_pool
 from retriever.store.layout import (COUNTS, KEYWORDS, PASSAGE_COUNTS, PASSAGE_KEYWORDS, PASSAGE_POSTINGS,
                                     PASSAGES, POSTINGS, SPANS)
 from retriever.store.arrays import NpyAppender, load_npy
@@ -595,19 +594,14 @@ def max_score_in_slices(arguments: tuple, cuts: list[int]) -> tuple[np.ndarray, 
     kernels = _kernels()
     if len(cuts) == 2:
         return kernels.max_score(*arguments, cuts[0], cuts[1])
-    others = [_slice_pool().submit(kernels.max_score, *arguments, first, last)
-              for first, last in zip(cuts[1:-1], cuts[2:])]
+    # Threads for the slices: one per core but this thread's own.
+    pool = shared_thread_pool("keyword-slice", max(1, available_cpus() - 1))
+    others = [pool.submit(kernels.max_score, *arguments, first, last) for first, last in zip(cuts[1:-1], cuts[2:])]
     parts = [kernels.max_score(*arguments, cuts[0], cuts[1]), *(other.result() for other in others)]
     positions = np.concatenate([found for found, _ in parts])
     scores = np.concatenate([exact for _, exact in parts])
     best = np.lexsort((positions, -scores))[: arguments[10]]
     return positions[best], scores[best]
-
-
-@functools.cache
-def _slice_pool() -> ThreadPoolExecutor:
-    """Threads for the slices of a segment's keyword search: one per core but the searching thread's own."""
-    return ThreadPoolExecutor(max(1, available_cpus() - 1), thread_name_prefix="keyword-slice")
 
 
 def _kernels():

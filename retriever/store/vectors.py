@@ -19,7 +19,6 @@ when faiss has no GPU support; also on the CPU, which is how the tests check it 
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -32,7 +31,7 @@ import numpy as np
 
 from retriever.errors import RetrieverError, param
 from retriever.numeric import row_norms
-from retriever.processes import available_cpus
+from retriever.processes import available_cpus, shared_thread_pool
 from retriever.store.searchers import StoreQuery, StoreSearcher, make_searcher
 from retriever.store.spec import BACKENDS, TRAIN_PER_BUCKET, IndexSpec
 
@@ -385,10 +384,9 @@ class VectorStore:
                              self.stored_vectors)
 
 
-@functools.cache
 def _scan_pool() -> ThreadPoolExecutor:
     """Threads for scanning a filter's matches side by side (one per core)."""
-    return ThreadPoolExecutor(max(1, faiss.omp_get_max_threads()), thread_name_prefix="filter-scan")
+    return shared_thread_pool("filter-scan", max(1, faiss.omp_get_max_threads()))
 
 
 def _new_hnsw(dim: int, spec: IndexSpec) -> faiss.IndexHNSWFlat:
