@@ -6,6 +6,8 @@ its `__spec__` under `python -m`), and a script that builds an index at its top 
 `spawn_context()` need nothing of the main module (they run functions of this library), so it is hidden from the
 spawn while each process starts. Spawn, not fork: the parent may hold a CUDA context and threads (the tokenizer's,
 the encoder's prefetching), which a fork cannot copy.
+
+Also this process's own pools of threads (`shared_thread_pool`), which a user's fork must not inherit.
 """
 
 from __future__ import annotations
