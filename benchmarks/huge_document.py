@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO))
-from benchmarks.study_cli import checkout  # noqa: E402
+from benchmarks.study_cli import append_run, checkout  # noqa: E402
 
 
 def corpus_text(data: Path, megabytes: float) -> str:
@@ -174,11 +174,7 @@ def main() -> None:
         args.out.write_text(json.dumps(found, indent=1) + "\n")
         return
     found = run(args.code, args.megabytes)
-    found["command"] = " ".join(["python", "benchmarks/huge_document.py", *sys.argv[1:]])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as out:
-        out.write(json.dumps(found) + "\n")
-    print(json.dumps(found))
+    append_run(__file__, found, args.out)
 
 
 if __name__ == "__main__":

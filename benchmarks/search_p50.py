@@ -178,10 +178,9 @@ def main() -> None:
     if args.corpus is None and (args.vectors or args.model or args.calibrator):
         parser.error("--vectors, --model and --calibrator describe a --corpus's build")
     found = run(args.code, args.work, args.corpus, args.vectors, args.model, args.calibrator, args.by_text)
-    print(json.dumps(found), file=sys.stderr)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as out:
-        out.write(json.dumps(found) + "\n")
+    from benchmarks.study_cli import append_run  # the repository is on the path once `run` has run
+
+    append_run(__file__, found, args.out)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(REPO))
 from benchmarks.search_p50 import alternated_with  # noqa: E402
-from benchmarks.study_cli import checkout  # noqa: E402
+from benchmarks.study_cli import append_run, checkout  # noqa: E402
 
 
 def run(code: Path, corpus: Path, vectors: Path) -> dict:
@@ -131,11 +131,7 @@ def main() -> None:
         args.out.write_text(report(args.runs, args.note))
         return
     found = run(args.code, args.corpus.resolve(), args.vectors.resolve())
-    found["command"] = " ".join(["python", "benchmarks/vectors_build_speed.py", *sys.argv[1:]])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as file:
-        file.write(json.dumps(found) + "\n")
-    print(json.dumps(found))
+    append_run(__file__, found, args.out)
 
 
 if __name__ == "__main__":

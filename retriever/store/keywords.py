@@ -600,7 +600,7 @@ def max_score_in_slices(arguments: tuple, cuts: list[int]) -> tuple[np.ndarray, 
     parts = [kernels.max_score(*arguments, cuts[0], cuts[1]), *(other.result() for other in others)]
     positions = np.concatenate([found for found, _ in parts])
     scores = np.concatenate([exact for _, exact in parts])
-    best = np.lexsort((positions, -scores))[: arguments[10]]
+    best = np.lexsort((positions, -scores))[: arguments[10]]  # the kernel's COUNT
     return positions[best], scores[best]
 
 
