@@ -61,6 +61,13 @@ def test_weight_one_is_the_dense_order_and_zero_the_keyword_order(name):
     assert found.rowids[dense_first].tolist() == [10, 12] and found.rowids[keyword_first].tolist() == [11, 12]
 
 
+@pytest.mark.parametrize("name", sorted(Fusion.registry))
+def test_scores_at_several_weights_are_each_weights_own(name):
+    fusion = make_fusion(name)
+    for weight, fused in zip((0.0, 0.3, 0.5, 0.9, 1.0), fusion.scores_by_weight(candidates(), (0.0, 0.3, 0.5, 0.9, 1.0))):
+        assert np.array_equal(fused, fusion.scores(candidates(), weight))
+
+
 def test_a_side_with_nothing_listed_leaves_the_other_to_decide():
     found = Candidates(np.array([1, 2]), np.array([0.3, 0.6], np.float32), np.zeros(2, np.float32),
                        np.array([2, 1]), np.zeros(2, int))

@@ -13,9 +13,13 @@ from retriever.search.fusion_check import (
     MIN_QUERIES,
     PoolBM25,
     decision,
+    WEIGHTS,
     hybrid_check,
+    query_results,
     recorded_hybrid,
 )
+from retriever.numeric import l2_normalize_in_place
+from retriever.search.fusion import make_fusion, scored_candidates, top_list
 from retriever.search.options import SearchOptions
 
 WORDS = [f"w{i:03d}" for i in range(400)]
@@ -76,6 +80,38 @@ def test_pool_bm25_is_the_keyword_indexs_bm25_text_by_text():
                 tf = terms[i][term]
                 expected[i] += count * idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * lengths[i] / lengths.mean()))
         assert np.allclose(pool.scores(query), expected, rtol=1e-5, atol=1e-6), query
+
+
+def reference_ndcg(scores: np.ndarray, keys: np.ndarray, target: int) -> float:
+    """nDCG@10 of TARGET as a search ranks it: the top 10 by `fusion.top_list`, then where the target is."""
+    order = keys[top_list(scores, keys, 10)].tolist()
+    return 1.0 / np.log2(order.index(target) + 2) if target in order else 0.0
+
+
+def test_each_pseudo_querys_ndcg_is_its_targets_place_in_the_searchs_own_top_lists():
+    # Vectors and words drawn from few values, so that many documents tie on both sides and the ties decide
+    rng = np.random.default_rng(3)
+    count, dim = 40, 4
+    targets = rng.integers(-1, 2, (count, dim)).astype(np.float32)
+    distractors = rng.integers(-1, 2, (160, dim)).astype(np.float32)
+    queries = np.where(rng.random((count, 1)) < 0.5, targets, rng.integers(-1, 2, (count, dim))).astype(np.float32)
+    pool_texts = [" ".join(rng.choice(WORDS[:6], 3)) for _ in range(count + 160)]
+    query_texts = [" ".join(rng.choice(WORDS[:8], 2)) for _ in range(count)]
+    check = CheckSet(queries.copy(), targets, ["span"] * count, distractors, query_texts, pool_texts)
+    found = query_results(check, identity)
+
+    pool = l2_normalize_in_place(np.concatenate([targets, distractors]))
+    keys = np.arange(len(pool))
+    fusion, bm25 = make_fusion(DEFAULT_FUSION), PoolBM25(pool_texts)
+    for number, dense in enumerate(l2_normalize_in_place(queries.copy()) @ pool.T):  # one batch, as scored there
+        keyword = bm25.scores(query_texts[number])
+        assert found["dense"][number] == reference_ndcg(dense, keys, number)
+        assert found["keyword"][number] == (reference_ndcg(keyword, keys, number) if keyword.any() else 0.0)
+        candidates = scored_candidates(dense, keyword, 100)
+        for weight in WEIGHTS:
+            assert found[f"{fusion.name}@{weight}"][number] == reference_ndcg(
+                fusion.scores(candidates, weight), candidates.rowids, number)
+    assert 0 < found["dense"].mean() < 1 and 0 < found["keyword"].mean() < 1  # ties were there to break
 
 
 def test_a_dense_side_that_finds_nothing_gives_both_sides_the_same_weight():

@@ -23,6 +23,7 @@ Which is the default, and its weight, is a measured choice (`benchmarks/hybrid.p
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +61,10 @@ class Fusion(ABC):
     @abstractmethod
     def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
         """The fused score of each candidate (higher is better)."""
+
+    def scores_by_weight(self, candidates: Candidates, weights: Sequence[float]) -> list[np.ndarray]:
+        """`scores` at each of WEIGHTS, the same figures: a fusion that reads each side once overrides it."""
+        return [self.scores(candidates, weight) for weight in weights]
 
 
 class ReciprocalRank(Fusion):
@@ -99,12 +104,18 @@ class UnionZScore(Fusion):
                "score compares across queries")
 
     def scores(self, candidates: Candidates, weight: float) -> np.ndarray:
-        def standard(scores: np.ndarray) -> np.ndarray:
-            spread = float(scores.std()) if len(scores) else 0.0
-            if spread <= 1e-6:  # one candidate, or a side that scores them all alike (no query word occurs): no say
-                return np.zeros(len(scores))
-            return (scores - scores.mean()) / spread
-        return weight * standard(candidates.dense) + (1 - weight) * standard(candidates.keyword)
+        return self.scores_by_weight(candidates, [weight])[0]
+
+    def scores_by_weight(self, candidates: Candidates, weights: Sequence[float]) -> list[np.ndarray]:
+        dense, keyword = self._standard(candidates.dense), self._standard(candidates.keyword)
+        return [weight * dense + (1 - weight) * keyword for weight in weights]
+
+    @staticmethod
+    def _standard(scores: np.ndarray) -> np.ndarray:
+        spread = float(scores.std()) if len(scores) else 0.0
+        if spread <= 1e-6:  # one candidate, or a side that scores them all alike (no query word occurs): no say
+            return np.zeros(len(scores))
+        return (scores - scores.mean()) / spread
 
 
 class NullZScore(Fusion):

@@ -34,7 +34,7 @@ from retriever.calibration.check import CONFIDENCE, INTERIM_CONFIDENCE, CheckSet
 from retriever.calibration.pseudo_queries import CheckRounds, check_rounds
 from retriever.defaults import DEFAULT_FUSION, DEFAULT_WEIGHT
 from retriever.numeric import l2_normalize_in_place
-from retriever.search.fusion import make_fusion, scored_candidates, top_list
+from retriever.search.fusion import make_fusion, scored_candidates
 from retriever.store.keywords import B, K1, Tokenizer, text_postings
 
 WEIGHTS = (0.5, 0.6, 0.7, 0.8, 0.9)  # the fused figures the record shows beside the sides'
@@ -71,11 +71,13 @@ class PoolBM25:
         return scores
 
 
-def target_ndcg(scores: np.ndarray, keys: np.ndarray, target: int) -> float:
-    """nDCG@10 of TARGET (one relevant key) in the top 10 of KEYS by SCORES, ties broken as search breaks them."""
-    order = keys[top_list(scores, keys, 10)]
-    found = np.flatnonzero(order == target)
-    return float(1.0 / np.log2(found[0] + 2)) if len(found) else 0.0
+def target_ndcg(scores: np.ndarray, target: int) -> float:
+    """nDCG@10 of the document at position TARGET (the one relevant) in the top 10 of SCORES, ties broken as search
+    breaks them, by the lower position (`fusion.top_list` with positions for keys): its rank is how many score
+    higher, or the same at a lower position, counted rather than sorted."""
+    score = scores[target]
+    ahead = int(np.count_nonzero(scores > score)) + int(np.count_nonzero(scores[:target] == score))
+    return float(1.0 / np.log2(ahead + 2)) if ahead < 10 else 0.0
 
 
 def query_results(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
@@ -84,22 +86,23 @@ def query_results(check: CheckSet, transform: Callable[[np.ndarray], np.ndarray]
     pool = l2_normalize_in_place(transform(np.concatenate([check.targets, check.distractors])))
     queries = l2_normalize_in_place(transform(check.queries))
     keywords = PoolBM25(list(check.pool_texts))
-    keys = np.arange(len(pool))
     fusion = make_fusion(DEFAULT_FUSION)
-    found: dict[str, list[float]] = {label: [] for label in ("dense", "keyword",
-                                                             *(f"{fusion.name}@{w}" for w in WEIGHTS))}
+    found = {label: np.zeros(len(queries)) for label in ("dense", "keyword", *(f"{fusion.name}@{w}" for w in WEIGHTS))}
     for start in range(0, len(queries), BATCH):
         similarities = queries[start : start + BATCH] @ pool.T
         for offset, dense in enumerate(similarities):
             number = start + offset
             keyword = keywords.scores(check.query_texts[number])
+            found["dense"][number] = target_ndcg(dense, number)
+            if keyword.any():
+                found["keyword"][number] = target_ndcg(keyword, number)
             candidates = scored_candidates(dense, keyword, CANDIDATES)
-            found["dense"].append(target_ndcg(dense, keys, number))
-            found["keyword"].append(target_ndcg(keyword, keys, number) if keyword.any() else 0.0)
-            for weight in WEIGHTS:
-                found[f"{fusion.name}@{weight}"].append(target_ndcg(fusion.scores(candidates, weight),
-                                                                    candidates.rowids, number))
-    return {label: np.asarray(values) for label, values in found.items()}
+            # the candidates' row ids are pool positions in ascending order: the target's place among them, if any
+            at = int(np.searchsorted(candidates.rowids, number))
+            if at < len(candidates.rowids) and candidates.rowids[at] == number:
+                for weight, fused in zip(WEIGHTS, fusion.scores_by_weight(candidates, WEIGHTS)):
+                    found[f"{fusion.name}@{weight}"][number] = target_ndcg(fused, at)
+    return found
 
 
 def hybrid_check(check: CheckSet | CheckRounds | None, transform: Callable[[np.ndarray], np.ndarray],
