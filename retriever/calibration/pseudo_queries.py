@@ -268,14 +268,16 @@ class CheckRounds:
         if size <= start:
             return
         made, sources = self.made[start:size], self.sources[start:size]
-        queries = self.encoder.encode([query.query for query in made], progress=self.progress,
-                                      description="Encoding pseudo-queries")
-        queries = np.asarray(queries, np.float32)
-        targets = np.empty_like(queries)
         rewritten = np.array([query.target is not None for query in made], dtype=bool)
-        if rewritten.any():
-            targets[rewritten] = self.encoder.encode([query.target for query in made if query.target is not None],
-                                                     progress=self.progress, description="Encoding their targets")
+        # the queries and the rewritten targets in one call: the encoder batches texts of like length together,
+        # and two calls would each end in a short, padded batch
+        encoded = np.asarray(self.encoder.encode([query.query for query in made]
+                                                 + [query.target for query in made if query.target is not None],
+                                                 progress=self.progress, description="Encoding pseudo-queries"),
+                             np.float32)
+        queries = encoded[: len(made)]
+        targets = np.empty_like(queries)
+        targets[rewritten] = encoded[len(made):]
         if (~rewritten).any():  # known-item: the document as stored
             targets[~rewritten] = self._stored[[self._stored_at[int(source)] for source in sources[~rewritten]]]
         self._queries.append(queries)
