@@ -11,6 +11,9 @@ abstracts (title and text, JSONL), written from `RETRIEVER_DATA` into a temporar
 
     python benchmarks/build_vs_encode.py tokens --out benchmarks/results/build_vs_encode/tokens.json
 
+`merge FILES --out PATH` gathers runs of one code into one file (each corpus's times, the ratio of their medians):
+single-round runs of two checkouts taking turns (`PYTHONPATH=../before` for the other's `retriever`), read as two runs.
+
 `tokens` counts, without encoding anything, the tokens the encoder reads for each corpus: `retriever encode` (each
 text's first max-length tokens), the default build's passages (the build's own cutter), and auto's check if it reads
 every pseudo-query it makes (the build's own sample: each query, and each target that is its document with the
@@ -56,9 +59,10 @@ def write_corpora(folder: Path) -> dict[str, Path]:
     return {"300 short records": short, "cranfield (1,398 abstracts)": cranfield}
 
 
-def run(rounds: int, runtimes: list[str] | None = None) -> dict:
-    """Each corpus encoded and built ROUNDS times, in turns; with RUNTIMES, once on each (`--runtime`) per round,
-    in turn too, so the default build on each runtime is timed in the same run."""
+def run(rounds: int, runtimes: list[str] | None = None, corpora: list[str] | None = None) -> dict:
+    """Each corpus (or those of CORPORA, by the first word of their labels: "300", "cranfield") encoded and built
+    ROUNDS times, in turns; with RUNTIMES, once on each (`--runtime`) per round, in turn too, so the default build
+    on each runtime is timed in the same run."""
     retriever = str(Path(sys.executable).parent / "retriever")
     found = {"machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
              "rounds": rounds, "corpora": []}
@@ -69,6 +73,8 @@ def run(rounds: int, runtimes: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="retriever-build-cost-") as folder:
         folder = Path(folder)
         for label, corpus in write_corpora(folder).items():
+            if corpora and label.split()[0] not in corpora:
+                continue
             seconds = {f"{step}{_suffix(runtime)}": [] for runtime in runtimes or [None]
                        for step in ("encode", "build")}
             for number in range(rounds):
@@ -198,20 +204,45 @@ def report(paths: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def merge(paths: list[Path], label: str | None) -> dict:
+    """Runs of one code (each `run`'s file, every corpus timed alike) as one: each corpus's times gathered in the
+    order given, the ratio of their medians, so single-round runs of two checkouts taking turns read as two runs of
+    several rounds."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    found = {key: value for key, value in runs[0].items() if key not in ("command", "label")}
+    found["rounds"] = sum(run["rounds"] for run in runs)
+    found["merged"] = [run.get("command", path.name) for run, path in zip(runs, paths)]
+    for record in found["corpora"]:
+        times = [other for run in runs for other in run["corpora"] if other["corpus"] == record["corpus"]]
+        for key in [key for key in record if key.endswith("_s")]:
+            record[key] = [seconds for other in times for seconds in other[key]]
+        for key in [key for key in record if key.startswith("ratio")]:
+            suffix = key[len("ratio"):]
+            record[key] = round(float(np.median(record[f"build{suffix}_s"]) / np.median(record[f"encode{suffix}_s"])), 2)
+    return {**found, "label": label} if label else found
+
+
 def main() -> None:
     def run_arguments(running: argparse.ArgumentParser) -> None:
         running.add_argument("--rounds", type=int, default=3)
         running.add_argument("--runtimes", default=None,
                              help="comma-separated --runtime values, each timed in turn (default: none named)")
+        running.add_argument("--corpora", default=None,
+                             help='comma-separated corpora by their first word, "300" or "cranfield" (default: both)')
         running.add_argument("--label", default=None,
                              help="the report's heading for this run (default: the file's name)")
 
     def measured(args: argparse.Namespace) -> dict:
-        found = run(args.rounds, args.runtimes.split(",") if args.runtimes else None)
+        found = run(args.rounds, args.runtimes.split(",") if args.runtimes else None,
+                    args.corpora.split(",") if args.corpora else None)
         return {**found, "label": args.label} if args.label else found
 
+    def merge_arguments(merging: argparse.ArgumentParser) -> None:
+        merging.add_argument("files", nargs="+", type=Path)
+        merging.add_argument("--label", default=None)
+
     study_main(__file__, __doc__, report, run=(run_arguments, measured),
-               tokens=(None, lambda args: tokens()))
+               tokens=(None, lambda args: tokens()), merge=(merge_arguments, lambda args: merge(args.files, args.label)))
 
 
 if __name__ == "__main__":
