@@ -218,7 +218,8 @@ def merge(paths: list[Path], label: str | None) -> dict:
             record[key] = [seconds for other in times for seconds in other[key]]
         for key in [key for key in record if key.startswith("ratio")]:
             suffix = key[len("ratio"):]
-            record[key] = round(float(np.median(record[f"build{suffix}_s"]) / np.median(record[f"encode{suffix}_s"])), 2)
+            build, encode = np.median(record[f"build{suffix}_s"]), np.median(record[f"encode{suffix}_s"])
+            record[key] = round(float(build / encode), 2)
     return {**found, "label": label} if label else found
 
 
@@ -242,7 +243,8 @@ def main() -> None:
         merging.add_argument("--label", default=None)
 
     study_main(__file__, __doc__, report, run=(run_arguments, measured),
-               tokens=(None, lambda args: tokens()), merge=(merge_arguments, lambda args: merge(args.files, args.label)))
+               tokens=(None, lambda args: tokens()),
+               merge=(merge_arguments, lambda args: merge(args.files, args.label)))
 
 
 if __name__ == "__main__":

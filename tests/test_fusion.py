@@ -63,8 +63,8 @@ def test_weight_one_is_the_dense_order_and_zero_the_keyword_order(name):
 
 @pytest.mark.parametrize("name", sorted(Fusion.registry))
 def test_scores_at_several_weights_are_each_weights_own(name):
-    fusion = make_fusion(name)
-    for weight, fused in zip((0.0, 0.3, 0.5, 0.9, 1.0), fusion.scores_by_weight(candidates(), (0.0, 0.3, 0.5, 0.9, 1.0))):
+    fusion, weights = make_fusion(name), (0.0, 0.3, 0.5, 0.9, 1.0)
+    for weight, fused in zip(weights, fusion.scores_by_weight(candidates(), weights)):
         assert np.array_equal(fused, fusion.scores(candidates(), weight))
 
 
