@@ -188,7 +188,8 @@ def given_documents(items: Sequence[Document | dict]) -> list[Document]:
 
 def check_documents(documents: Sequence[Document]) -> None:
     """Documents given in Python (`Index.build`, `Index.add`) get the checks a corpus file's get: each a
-    `Document` with a non-empty id and text of valid Unicode (`retriever.text.check_text`), ids unique."""
+    `Document` with a non-empty id, a title or a non-empty text, both of valid Unicode (`retriever.text.check_text`),
+    ids unique."""
     for number, document in enumerate(documents, start=1):
         where = f"document {number} of {len(documents)}"
         if not isinstance(document, Document):
@@ -198,9 +199,11 @@ def check_documents(documents: Sequence[Document]) -> None:
             value = getattr(document, field_name)
             if value is None and field_name == "title":
                 continue
-            if not isinstance(value, str) or (field_name != "title" and not value.strip()):
+            if not isinstance(value, str) or (field_name == "doc_id" and not value.strip()):
                 raise RetrieverError(f"{where}: {field_name} must be a non-empty string")
             check_text(value, f"{where}'s {field_name}")
+        if not document.text.strip() and not (document.title or "").strip():
+            raise RetrieverError(f"{where}: text must be a non-empty string where there is no title")
     check_unique_ids(documents)
 
 
@@ -400,11 +403,11 @@ def _document(raw_id: object, raw_text: object, raw_title: object, where: str, p
     if not isinstance(raw_text, str):
         raise RetrieverError(f'{where}: "text" must be a string, got {_shown(raw_text)}')
     text = check_text(raw_text, f'{where}: "text"')
-    if not text.strip():
-        raise RetrieverError(f"{where}: empty text (document {doc_id!r})")
     if raw_title is not None and not isinstance(raw_title, str):
         raise RetrieverError(f'{where}: "title" must be a string, got {_shown(raw_title)}')
     title = check_text(raw_title, f'{where}: "title"') if raw_title and raw_title.strip() else None
+    if not text.strip() and title is None:  # a title alone is something to find (a paper without its abstract)
+        raise RetrieverError(f"{where}: empty text (document {doc_id!r})")
     return Document(doc_id=doc_id, text=text, title=title, source=str(path), line=line, metadata=metadata)
 
 

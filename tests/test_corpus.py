@@ -6,7 +6,9 @@ import pytest
 from retriever.corpus import (
     Document,
     check_unique_ids,
+    document_text,
     documents_from_records,
+    given_documents,
     iter_corpus,
     read_corpus,
     read_queries,
@@ -165,6 +167,7 @@ def test_unknown_encoding(tmp_path):
         ('{"text": "no id"}', 'missing "_id" (or "id")'),
         ('{"_id": "d"}', 'missing "text"'),
         ('{"_id": "d", "text": "   "}', "empty text (document 'd')"),
+        ('{"_id": "d", "title": "  ", "text": ""}', "empty text (document 'd')"),  # a blank title is no title
         ('{"_id": "d", "text": 5}', '"text" must be a string, got 5'),
         ('{"_id": true, "text": "t"}', "id must be a string or an integer, got true"),
         ('{"_id": "", "text": "t"}', "empty id"),
@@ -255,6 +258,26 @@ def test_csv_row_with_wrong_field_count_and_empty_text(tmp_path):
     assert error_of(path) == f"{path} line 3: 3 fields, the header has 2"
     path = write(tmp_path, "corpus.tsv", "id\ttext\n1\ta\n2\t  \n")
     assert error_of(path) == f"{path} line 3: empty text (document '2')"
+
+
+def test_a_record_with_a_title_and_no_text_is_a_document_of_its_title(tmp_path):
+    """A paper without its abstract (BEIR corpora hold them) is read, not refused with its whole file."""
+    path = write(tmp_path, "corpus.jsonl", '{"_id": "a", "title": "Swept wings", "text": ""}\n'
+                                           '{"_id": "b", "text": "a body"}\n')
+    first, second = read_corpus(path)
+    assert (first.doc_id, first.title, first.text) == ("a", "Swept wings", "")
+    assert document_text(first) == "Swept wings " and second.title is None
+    path = write(tmp_path, "corpus.csv", "id,title,text\n1,Swept wings,\n")
+    assert [(doc.title, doc.text) for doc in read_corpus(path)] == [("Swept wings", "")]
+
+
+def test_documents_given_in_python_need_a_title_or_a_text():
+    given = given_documents([Document("a", "", "Swept wings"), {"_id": "b", "title": "Heat", "text": " "}])
+    assert [(doc.title, doc.text) for doc in given] == [("Swept wings", ""), ("Heat", " ")]
+    for untitled in (Document("a", "  "), Document("a", "", "  ")):
+        with pytest.raises(RetrieverError, match="document 1 of 1: text must be a non-empty string where there "
+                                                 "is no title"):
+            given_documents([untitled])
 
 
 def test_duplicate_ids_listed_with_lines(tmp_path):

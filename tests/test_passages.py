@@ -575,3 +575,19 @@ def test_compaction_of_a_segment_of_passages_with_nothing_to_drop_writes_no_vers
     index.delete(["long1"])
     deleted = index.snapshot.manifest.version
     assert index.compact().version == deleted + 1  # a deleted document to drop: a new version
+
+
+def test_a_document_of_a_title_alone_is_one_passage_found_by_its_title(tokenizer, tiny_bert, tmp_path):
+    """A record with a title and no text (a paper without its abstract) is found by its title on both sides, as one
+    passage however long the title: there is no text past the read to cut."""
+    title = " ".join(f"heading{number % 7} subject" for number in range(150))  # far past the read
+    documents = [Document("short", "", "Violin harbour maps", "c", 1), Document("long", "", title, "c", 2),
+                 *corpus(longs=1, shorts=10)]
+    passages = PassageCutter(tokenizer, PassageSettings().checked(WINDOW), WINDOW).cut(documents[:2])
+    assert passages.spans.tolist() == [[0, 0], [0, 0]]
+    index = Index.build(documents, "t", tmp_path, model=str(tiny_bert), max_length=WINDOW, calibrator="none",
+                        device="cpu").open()
+    for mode in ("keyword", "dense", "hybrid"):
+        hits = search(index, "Violin harbour maps", k=3, mode=mode)
+        assert (hits[0].doc_id, hits[0].text, hits[0].passage, hits[0].span) == ("short", "", "", (0, 0)), mode
+    assert search(index, "heading3 subject", k=1, mode="keyword")[0].doc_id == "long"
