@@ -492,6 +492,11 @@ def test_every_host_the_request_names_is_checked(tmp_path):
         assert status(b"GET /indexes HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1") == 400
         for host in (b"localhost:99999", b"localhost:abc", b"localhost:"):
             assert status(b"GET /indexes HTTP/1.1\r\nHost: " + host) == 421, host
+        # No Host (HTTP/1.0 lets a client leave it out), or a blank one: a 400 that says so, not a name refused
+        for request in (b"GET /indexes HTTP/1.0", b"GET /indexes HTTP/1.1", b"GET /indexes HTTP/1.1\r\nHost: "):
+            answer = _raw_request(url, request + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            assert status(request) == 400
+            assert json.loads(answer.partition(b"\r\n\r\n")[2])["detail"].startswith("the request names no host")
 
 
 def test_a_port_in_use_or_a_missing_gpu_is_one_line_before_any_index_opens(tmp_path, monkeypatch):

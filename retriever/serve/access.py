@@ -209,8 +209,11 @@ class AccessGuard:
         host its request line names (absolute form), if it does. Every one must be a name served."""
         if len(hosts) > 1:  # which one a proxy or a framework reads varies: none is trusted (RFC 9112 says 400)
             return _refusal(400, "more than one Host header; send one")
-        if not hosts or not all(self.policy.host_allowed(host) for host in hosts + [authority] if host is not None):
-            return _refusal(421 if hosts and hosts[0] else 400, "this server does not answer to that Host name (a "
+        if not hosts or not hosts[0].strip():  # left out (HTTP/1.0 allows it) or blank
+            return _refusal(400, "the request names no host: send a Host header with the address the server was "
+                            "started on")
+        if not all(self.policy.host_allowed(host) for host in hosts + [authority] if host is not None):
+            return _refusal(421, "this server does not answer to that Host name (a "
                             "guard against DNS rebinding); use the address it was started on, or add the name to "
                             "its allowed hosts")
         if not self.policy.needs_key or path in OPEN_PATHS or (path.startswith(OPEN_PREFIXES) and ".." not in path):
